@@ -1,0 +1,112 @@
+"""Every Prometheus metric the collector exposes: names, labels, units. Dashboards import this.
+
+Seconds are base units; histograms carry a ``request_id`` exemplar; ``request_id`` is never a
+label; every label has a bounded set of values (``service``, ``model``, ``replica`` are capped,
+overflow -> ``other``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hopline.middleware.contract import TIME_STAGES, VIEWS
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str  # the base name; histograms expose _bucket/_sum/_count, counters _total
+    kind: str  # histogram | counter | gauge
+    labels: tuple[str, ...]
+    help: str
+
+    @property
+    def series(self) -> str:
+        """The name a PromQL query selects (counters carry the ``_total`` suffix)."""
+        return self.name + "_total" if self.kind == "counter" else self.name
+
+
+SCOPE = ("service", "model", "replica")
+
+STAGE_SECONDS = Metric(
+    "hopline_stage_seconds", "histogram", ("stage",) + SCOPE,
+    "Time a request spent in one stage (connect, network, gateway, frontend, queue, prefill, decode, ...).",
+)
+TTFT_SECONDS = Metric(
+    "hopline_ttft_seconds", "histogram", ("view",) + SCOPE,
+    "Time to first token as the client, the gateway or the engine sees it.",
+)
+E2E_SECONDS = Metric(
+    "hopline_e2e_seconds", "histogram", ("view",) + SCOPE,
+    "End-to-end request latency as the client, the gateway or the engine sees it.",
+)
+ITL_SECONDS = Metric(
+    "hopline_itl_seconds", "histogram", ("view",) + SCOPE,
+    "Inter-token latency: (e2e - ttft) / (output_tokens - 1), per view.",
+)
+PROMPT_TOKENS = Metric(
+    "hopline_prompt_tokens", "histogram", SCOPE, "Prompt length in tokens per request."
+)
+OUTPUT_TOKENS = Metric(
+    "hopline_output_tokens", "histogram", SCOPE, "Output length in tokens per request."
+)
+REQUESTS = Metric(
+    "hopline_requests", "counter", ("outcome",) + SCOPE,
+    "Requests by outcome: ok, error, rejected, disconnected, incomplete.",
+)
+IN_FLIGHT = Metric(
+    "hopline_requests_in_flight", "gauge", ("model", "replica"),
+    "Requests the engine received and has not finished.",
+)
+KV_CACHE_BYTES = Metric(
+    "hopline_kv_cache_bytes", "gauge", ("model", "replica"),
+    "KV-cache bytes held by in-flight requests (prompt + output so far x bytes per token).",
+)
+EVENTS = Metric("hopline_events", "counter", ("hop",), "Hop events accepted, by hop.")
+EVENTS_REJECTED = Metric(
+    "hopline_events_rejected", "counter", ("reason",), "Hop events rejected, by reason."
+)
+EVENTS_DUPLICATE = Metric(
+    "hopline_events_duplicate", "counter", (), "Hop events dropped as duplicates (same eid or key)."
+)
+INCOMPLETE_REQUESTS = Metric(
+    "hopline_incomplete_requests", "counter", ("missing",),
+    "Requests that expired or were evicted before completing, by the first missing hop.",
+)
+CONNECTIONS = Metric(
+    "hopline_connections", "counter", ("reused",) + SCOPE,
+    "Client requests by whether they reused a pooled connection (true) or opened one (false).",
+)
+WITHOUT_MAX_TOKENS = Metric(
+    "hopline_requests_without_max_tokens", "counter", SCOPE,
+    "Requests that set no max_tokens / max_completion_tokens.",
+)
+NEGATIVE_STAGES = Metric(
+    "hopline_negative_stages", "counter", ("stage",),
+    "Stages computed below zero: an instrumentation or clock problem, never clamped.",
+)
+OPEN_REQUESTS = Metric(
+    "hopline_open_requests", "gauge", (), "Requests the collector is still joining."
+)
+
+ALL: tuple[Metric, ...] = (
+    STAGE_SECONDS, TTFT_SECONDS, E2E_SECONDS, ITL_SECONDS, PROMPT_TOKENS, OUTPUT_TOKENS,
+    REQUESTS, IN_FLIGHT, KV_CACHE_BYTES, EVENTS, EVENTS_REJECTED, EVENTS_DUPLICATE,
+    INCOMPLETE_REQUESTS, CONNECTIONS, WITHOUT_MAX_TOKENS, NEGATIVE_STAGES, OPEN_REQUESTS,
+)
+
+STAGE_LABEL_VALUES = TIME_STAGES  # connect network gateway queue prefill frontend engine upstream... decode
+VIEW_LABEL_VALUES = VIEWS
+OUTCOMES = ("ok", "error", "rejected", "disconnected", "incomplete")
+
+# Buckets for LLM latencies: 1 ms .. 30 min (the client library's defaults stop at 10 s).
+LATENCY_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
+    1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0,
+)
+ITL_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2,
+    0.3, 0.5, 1.0, 2.0,
+)
+TOKEN_BUCKETS = (
+    1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072,
+)

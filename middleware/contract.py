@@ -1,0 +1,485 @@
+"""The hop event contract (v1) and the stage table: the only things hopline's parts share.
+
+Everything that emits, stores or analyses hop events reads this module:
+
+* ``HOPS`` and the request-ID rule (``normalize_request_id``, the one place engine prefixes
+  such as ``chatcmpl-`` are stripped);
+* ``validate_event`` (one event in, a clean dict out, or ``EventError`` saying what was wrong)
+  and fast NDJSON (de)serialization with orjson;
+* ``INPUTS`` and ``STAGES``: the stage table of DESIGN.md as data. ``compute_stages`` evaluates
+  it in plain Python (the collector); the analyzer derives Polars expressions from the very same
+  objects. ``tests/middleware/golden_stages.json`` holds events in / stages out for both.
+
+Stages never subtract timestamps taken on different hosts: every formula below is a difference
+of two timestamps of one component, a duration measured inside one, or a remainder (``network``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+VERSION = 1
+
+# --- hops -------------------------------------------------------------------------------------
+
+CLIENT_HOPS = ("client.sent", "client.first_token", "client.last_token", "client.error")
+GATEWAY_HOPS = (
+    "gateway.received",
+    "gateway.admitted",
+    "gateway.forwarded",
+    "gateway.first_token",
+    "gateway.last_token",
+    "gateway.rejected",
+    "gateway.error",
+)
+ENGINE_HOPS = (
+    "engine.received",
+    "engine.scheduled",
+    "engine.first_token",
+    "engine.last_token",
+    "engine.stats",
+    "engine.error",
+)
+HOPS: tuple[str, ...] = CLIENT_HOPS + GATEWAY_HOPS + ENGINE_HOPS
+HOP_SET = frozenset(HOPS)
+ERROR_HOPS = frozenset({"client.error", "gateway.rejected", "gateway.error", "engine.error"})
+# The hop after which a component has nothing more to say about a request.
+FINAL_HOPS = {
+    "client": ("client.last_token", "client.error"),
+    "gateway": ("gateway.last_token", "gateway.rejected", "gateway.error"),
+    "engine": ("engine.last_token", "engine.error"),
+}
+
+
+def component(hop: str) -> str:
+    """``"engine.first_token"`` -> ``"engine"``."""
+    return hop.partition(".")[0]
+
+
+# Fields every event may carry, with their JSON types; everything else is an attribute.
+CORE_FIELDS = ("v", "eid", "ts", "request_id", "hop", "attempt", "service", "replica", "model")
+ATTRIBUTE_TYPES: dict[str, tuple[type, ...]] = {
+    "stream": (bool,),
+    "n": (int,),
+    "prompt_tokens": (int,),
+    "output_tokens": (int,),
+    "cached_tokens": (int,),
+    "max_tokens": (int,),
+    "max_tokens_set": (bool,),
+    "status": (int,),
+    "error": (str,),
+    "upstream": (str,),
+    "route": (str,),
+    "region": (str,),
+    "finish_reason": (str,),
+    "output_chunks": (int,),
+    "max_gap_s": (int, float),
+    "max_gap_at": (int, float),
+    "pool_wait_s": (int, float),
+    "connect_s": (int, float),
+    "tls_s": (int, float),
+    "conn_reused": (bool,),
+    "queue_s": (int, float),
+    "prefill_s": (int, float),
+    "decode_s": (int, float),
+}
+
+# --- request IDs -------------------------------------------------------------------------------
+
+REQUEST_ID_MAX = 64
+_REQUEST_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+ENGINE_ID_PREFIXES = ("chatcmpl-", "cmpl-")
+
+
+def new_request_id() -> str:
+    """A fresh request ID: 32 hex characters (a UUID4 without dashes)."""
+    return uuid.uuid4().hex
+
+
+def new_eid() -> str:
+    """A fresh event ID: a random 64-bit number as 16 hex characters."""
+    return os.urandom(8).hex()
+
+
+def is_valid_request_id(value: object) -> bool:
+    return isinstance(value, str) and _REQUEST_ID_RE.fullmatch(value) is not None
+
+
+def normalize_request_id(value: object) -> str | None:
+    """The request ID in hopline's form, or None when ``value`` is not a usable ID.
+
+    Strips the prefixes engines put in front of the caller's ID (vLLM reports ``X-Request-Id:
+    abc`` as ``chatcmpl-abc`` on chat and ``cmpl-abc`` on completions), once, then applies the
+    rule: 1-64 characters of ``[A-Za-z0-9._:-]``.
+    """
+    if isinstance(value, bytes):
+        try:
+            value = value.decode("ascii")
+        except UnicodeDecodeError:
+            return None
+    if not isinstance(value, str):
+        return None
+    for prefix in ENGINE_ID_PREFIXES:
+        if value.startswith(prefix) and len(value) > len(prefix):
+            value = value[len(prefix) :]
+            break
+    return value if _REQUEST_ID_RE.fullmatch(value) else None
+
+
+# --- validation and serialization --------------------------------------------------------------
+
+
+class EventError(ValueError):
+    """An event that breaks the contract; the message says which field and why."""
+
+
+def _describe(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def validate_event(obj: object) -> dict[str, Any]:
+    """Check one decoded event against the contract and return it normalized.
+
+    Normalized means: ``v`` and ``attempt`` filled in (1 and 0), ``ts`` a float, engine
+    prefixes stripped from ``request_id``. Unknown fields are kept untouched. Raises
+    ``EventError`` with a message naming the offending field.
+    """
+    if not isinstance(obj, dict):
+        raise EventError(f"event must be a JSON object, got {type(obj).__name__}")
+    event = dict(obj)
+    v = event.get("v", VERSION)
+    if v != VERSION or isinstance(v, bool):
+        raise EventError(f"unsupported contract version v={_describe(v)} (this reader knows v=1)")
+    event["v"] = VERSION
+    ts = event.get("ts")
+    if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts) or ts <= 0:
+        raise EventError(f"ts must be positive Unix epoch seconds, got {_describe(ts)}")
+    event["ts"] = float(ts)
+    hop = event.get("hop")
+    if hop not in HOP_SET:
+        raise EventError(f"unknown hop {_describe(hop)}")
+    if "request_id" not in event:
+        raise EventError("request_id is missing")
+    rid = normalize_request_id(event["request_id"])
+    if rid is None:
+        raise EventError(
+            f"request_id must be 1-{REQUEST_ID_MAX} characters of [A-Za-z0-9._:-], got "
+            f"{_describe(event['request_id'])}"
+        )
+    event["request_id"] = rid
+    attempt = event.get("attempt", 0)
+    if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 0:
+        raise EventError(f"attempt must be an integer >= 0, got {_describe(attempt)}")
+    event["attempt"] = attempt
+    eid = event.get("eid")
+    if eid is not None and (not isinstance(eid, str) or not 0 < len(eid) <= 64):
+        raise EventError(f"eid must be a string of 1-64 characters, got {_describe(eid)}")
+    for name in ("service", "replica", "model"):
+        value = event.get(name)
+        if value is not None and (not isinstance(value, str) or len(value) > 256):
+            raise EventError(f"{name} must be a string of at most 256 characters, got {_describe(value)}")
+    for name, types in ATTRIBUTE_TYPES.items():
+        value = event.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, types) or (bool not in types and isinstance(value, bool)):
+            expected = " or ".join(t.__name__ for t in types)
+            raise EventError(f"{name} must be {expected}, got {_describe(value)}")
+    return event
+
+
+def dedup_key(event: Mapping[str, Any]) -> tuple:
+    """The duplicate key: ``eid`` when present, else (request_id, attempt, hop, ts)."""
+    eid = event.get("eid")
+    if eid is not None:
+        return ("eid", eid)
+    return (event["request_id"], event.get("attempt", 0), event["hop"], event["ts"])
+
+
+def dumps(event: Mapping[str, Any]) -> bytes:
+    """One event as one NDJSON line (with the trailing newline)."""
+    return orjson.dumps(event, option=orjson.OPT_APPEND_NEWLINE | orjson.OPT_NON_STR_KEYS)
+
+
+def iter_ndjson(data: bytes | Iterable[bytes]) -> Iterator[tuple[int, dict[str, Any] | None, str | None]]:
+    """Parse NDJSON into ``(line_number, event, error)``; exactly one of event / error is set.
+
+    Blank lines are skipped; line numbers start at 1 and count every line, so an error can be
+    located in the original input.
+    """
+    lines = data.splitlines() if isinstance(data, (bytes, bytearray)) else data
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = orjson.loads(line)
+        except orjson.JSONDecodeError as exc:
+            yield number, None, f"not JSON: {exc}"
+            continue
+        try:
+            yield number, validate_event(obj), None
+        except EventError as exc:
+            yield number, None, str(exc)
+
+
+# --- the stage table ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Input:
+    """One per-request input to the stage table, read from the request's events.
+
+    ``attr`` None means the hop's timestamp. ``default`` applies when the hop is present but
+    lacks the attribute (a reused connection reports no ``connect_s``: it cost 0).
+    """
+
+    name: str
+    hop: str
+    attr: str | None = None
+    default: float | None = None
+
+
+@dataclass(frozen=True)
+class Formula:
+    """``sum(sign * value)`` over ``terms``; null when any term is null or a condition fails.
+
+    ``stream``: only for streaming (True) or non-streaming (False) requests.
+    ``when_null``: only when every name listed is null (a fallback row of DESIGN.md).
+    """
+
+    terms: tuple[tuple[int, str], ...]
+    stream: bool | None = None
+    when_null: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A named quantity: the first formula that yields a value wins (a null-aware coalesce).
+
+    ``kind``: ``view`` (TTFT / end-to-end as one component sees it), ``stage`` (a term of the
+    TTFT sum), ``fallback`` (stands in for stages that cannot be split), ``phase`` (after the
+    first token).
+    """
+
+    name: str
+    kind: str
+    formulas: tuple[Formula, ...]
+
+
+def _f(*spec: str, stream: bool | None = None, when_null: tuple[str, ...] = ()) -> Formula:
+    """``_f("a", "-b", "-c")`` == a - b - c."""
+    return Formula(
+        tuple((-1, s[1:]) if s.startswith("-") else (1, s) for s in spec),
+        stream=stream,
+        when_null=when_null,
+    )
+
+
+# Which event each input comes from. For every hop the event of the request's highest attempt
+# is used (earliest on a tie): a retried or failed-over request is measured on its final try,
+# and the gateway's first `received` precedes every upstream attempt, so failed attempts'
+# time lands in `gateway`.
+INPUTS: tuple[Input, ...] = (
+    Input("client_sent", "client.sent"),
+    Input("client_first", "client.first_token"),
+    Input("client_last", "client.last_token"),
+    Input("gateway_received", "gateway.received"),
+    Input("gateway_forwarded", "gateway.forwarded"),
+    Input("gateway_first", "gateway.first_token"),
+    Input("gateway_last", "gateway.last_token"),
+    Input("engine_received", "engine.received"),
+    Input("engine_scheduled", "engine.scheduled"),
+    Input("engine_first", "engine.first_token"),
+    Input("engine_last", "engine.last_token"),
+    Input("pool_wait_s", "client.sent", "pool_wait_s", default=0.0),
+    Input("connect_s", "client.sent", "connect_s", default=0.0),
+    Input("tls_s", "client.sent", "tls_s", default=0.0),
+    Input("stats_queue_s", "engine.stats", "queue_s"),
+    Input("stats_prefill_s", "engine.stats", "prefill_s"),
+    Input("stats_decode_s", "engine.stats", "decode_s"),
+)
+# Per-request attributes that are not stage inputs: first hop in the list that carries it wins.
+ATTRIBUTE_SOURCES: dict[str, tuple[str, ...]] = {
+    "stream": ("client.sent", "engine.received", "gateway.received"),
+    "n": ("engine.received", "client.sent"),
+    "output_tokens": ("client.last_token", "engine.last_token", "engine.stats", "gateway.last_token"),
+    "prompt_tokens": ("engine.stats", "engine.received", "client.last_token", "engine.last_token"),
+    "cached_tokens": ("engine.stats", "engine.last_token"),
+    "max_tokens": ("engine.received", "client.sent", "engine.stats"),
+    "max_tokens_set": ("engine.received", "client.sent"),
+    "finish_reason": ("client.last_token", "engine.last_token", "gateway.last_token"),
+    "conn_reused": ("client.sent",),
+    "upstream": ("gateway.forwarded",),
+}
+
+STAGES: tuple[Stage, ...] = (
+    # views: what each component sees
+    Stage("client_ttft", "view", (_f("client_first", "-client_sent", stream=True),)),
+    Stage("client_e2e", "view", (_f("client_last", "-client_sent"),)),
+    Stage("gateway_ttft", "view", (_f("gateway_first", "-gateway_received", stream=True),)),
+    Stage("gateway_e2e", "view", (_f("gateway_last", "-gateway_received"),)),
+    Stage("engine_ttft", "view", (_f("engine_first", "-engine_received", stream=True),)),
+    Stage("engine_e2e", "view", (_f("engine_last", "-engine_received"),)),
+    # the terms of client_ttft (or of client_e2e for a non-streaming request)
+    Stage("connect", "stage", (_f("pool_wait_s", "connect_s", "tls_s"),)),
+    Stage("gateway", "stage", (_f("gateway_forwarded", "-gateway_received"),)),
+    Stage(
+        "queue",
+        "stage",
+        (_f("stats_queue_s"), _f("engine_scheduled", "-engine_received")),
+    ),
+    Stage(
+        "prefill",
+        "stage",
+        (_f("stats_prefill_s"), _f("engine_first", "-engine_scheduled", stream=True)),
+    ),
+    Stage("frontend", "stage", (_f("engine_ttft", "-queue", "-prefill"),)),
+    Stage(
+        "engine",
+        "fallback",
+        (
+            _f("engine_ttft", when_null=("queue",)),
+            _f("engine_e2e", stream=False, when_null=("queue",)),
+        ),
+    ),
+    Stage(
+        "network",
+        "stage",
+        (
+            _f("client_ttft", "-connect", "-gateway", "-engine_ttft"),
+            _f("client_ttft", "-connect", "-engine_ttft"),
+            _f("client_e2e", "-connect", "-gateway", "-engine_e2e", stream=False),
+            _f("client_e2e", "-connect", "-engine_e2e", stream=False),
+        ),
+    ),
+    Stage(
+        "upstream_network",
+        "fallback",
+        (
+            _f("gateway_ttft", "-gateway", "-engine_ttft", when_null=("client_sent",)),
+            _f("gateway_e2e", "-gateway", "-engine_e2e", stream=False, when_null=("client_sent",)),
+        ),
+    ),
+    Stage(
+        "upstream",
+        "fallback",
+        (
+            _f("client_ttft", "-connect", "-gateway", when_null=("engine_received",)),
+            _f("client_ttft", "-connect", when_null=("engine_received",)),
+            _f("client_e2e", "-connect", "-gateway", stream=False, when_null=("engine_received",)),
+            _f("client_e2e", "-connect", stream=False, when_null=("engine_received",)),
+        ),
+    ),
+    # after the first token
+    Stage(
+        "decode",
+        "phase",
+        (_f("engine_last", "-engine_first"), _f("stats_decode_s")),
+    ),
+)
+STAGE_NAMES = tuple(s.name for s in STAGES)
+# The terms of the TTFT sum, in the order a request meets them (DESIGN.md):
+# client_ttft == connect + network + gateway + frontend + queue + prefill
+TTFT_STAGES = ("connect", "network", "gateway", "frontend", "queue", "prefill")
+# Everything that can be reported as time spent somewhere (terms, fallbacks, decode).
+TIME_STAGES = tuple(s.name for s in STAGES if s.kind != "view")
+VIEWS = ("client", "gateway", "engine")
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """Per-token speed: ``numerator / (output_tokens - 1)`` for ``output_tokens >= 2``, ``n == 1``."""
+
+    name: str
+    numerator: tuple[tuple[int, str], ...]
+
+
+RATIOS: tuple[Ratio, ...] = (
+    Ratio("client_itl", ((1, "client_e2e"), (-1, "client_ttft"))),
+    Ratio("gateway_itl", ((1, "gateway_e2e"), (-1, "gateway_ttft"))),
+    Ratio("engine_itl", ((1, "decode"),)),
+)
+
+
+def _pick(events: Iterable[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
+    """For each hop, the event of the highest attempt (earliest ts on a tie)."""
+    chosen: dict[str, Mapping[str, Any]] = {}
+    for ev in events:
+        hop = ev["hop"]
+        cur = chosen.get(hop)
+        key = (ev.get("attempt", 0), -ev["ts"])
+        if cur is None or key > (cur.get("attempt", 0), -cur["ts"]):
+            chosen[hop] = ev
+    return chosen
+
+
+def request_inputs(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """The stage table's inputs plus per-request attributes, from one request's events."""
+    by_hop = _pick(events)
+    values: dict[str, Any] = {}
+    for inp in INPUTS:
+        ev = by_hop.get(inp.hop)
+        if ev is None:
+            values[inp.name] = None
+        elif inp.attr is None:
+            values[inp.name] = ev["ts"]
+        else:
+            value = ev.get(inp.attr)
+            values[inp.name] = inp.default if value is None else value
+    for name, hops in ATTRIBUTE_SOURCES.items():
+        values[name] = next(
+            (by_hop[h][name] for h in hops if h in by_hop and by_hop[h].get(name) is not None), None
+        )
+    return values
+
+
+def evaluate(values: dict[str, Any]) -> dict[str, float | None]:
+    """Apply ``STAGES`` and ``RATIOS`` to a dict of inputs (mutated in place and returned)."""
+    stream = values.get("stream")
+    for stage in STAGES:
+        result = None
+        for formula in stage.formulas:
+            if formula.stream is not None and stream is not formula.stream:
+                continue
+            if any(values.get(name) is not None for name in formula.when_null):
+                continue
+            total = 0.0
+            for sign, name in formula.terms:
+                term = values.get(name)
+                if term is None:
+                    break
+                total += sign * term
+            else:
+                result = total
+                break
+        values[stage.name] = result
+    out_tokens, n = values.get("output_tokens"), values.get("n")
+    for ratio in RATIOS:
+        result = None
+        if out_tokens is not None and out_tokens >= 2 and (n is None or n == 1):
+            terms = [values.get(name) for _, name in ratio.numerator]
+            if all(t is not None for t in terms):
+                result = sum(s * t for (s, _), t in zip(ratio.numerator, terms)) / (out_tokens - 1)
+        values[ratio.name] = result
+    return values
+
+
+def compute_stages(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """Inputs, attributes, every stage and ratio for one request's (validated) events."""
+    return evaluate(request_inputs(events))
+
+
+def negative_stages(stages: Mapping[str, Any], tolerance: float = 1e-9) -> list[str]:
+    """Names of stages (views included) below zero: an instrumentation or clock problem."""
+    return [
+        s.name for s in STAGES if stages.get(s.name) is not None and stages[s.name] < -tolerance
+    ]

@@ -1,0 +1,52 @@
+"""The stage table, evaluated in plain Python, reproduces the golden fixture (worked by hand)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hopline.middleware.contract import STAGE_NAMES, compute_stages, negative_stages, validate_event
+
+GOLDEN = json.loads((Path(__file__).parents[1] / "golden_stages.json").read_text())
+CASES = {c["name"]: c for c in GOLDEN["cases"]}
+
+
+def test_fixture_covers_every_stage_and_the_rows_design_asks_for():
+    names = set(CASES)
+    assert {"complete_streaming", "no_gateway", "no_client", "no_engine_split", "hosted_api",
+            "non_streaming", "failover", "client_retry", "negative_stage"} <= names
+    # every stage of the table takes a value in at least one case, so no formula goes untested
+    seen = {k for c in CASES.values() for k, v in c["expected"].items() if v is not None}
+    assert set(STAGE_NAMES) <= seen
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_golden_case(name):
+    case = CASES[name]
+    events = [validate_event(e) for e in case["events"]]
+    got = compute_stages(events)
+    tol = GOLDEN["tolerance_s"]
+    for stage, want in case["expected"].items():
+        if want is None:
+            assert got[stage] is None, f"{name}: {stage} should be null, got {got[stage]}"
+        else:
+            assert got[stage] == pytest.approx(want, abs=tol), f"{name}: {stage}"
+    assert negative_stages(got) == case["negative"]
+
+
+# the identity holds for streaming requests with client and engine hops
+SUM_CASES = sorted(n for n, c in CASES.items() if c["expected"]["client_ttft"] is not None and c["expected"]["network"] is not None)
+
+
+def test_sum_cases_are_the_streaming_ones_with_both_ends():
+    assert SUM_CASES == ["client_retry", "complete_streaming", "failover", "negative_stage", "no_engine_split", "no_gateway"]
+
+
+@pytest.mark.parametrize("name", SUM_CASES)
+def test_ttft_is_the_sum_of_its_stages(name):
+    got = compute_stages([validate_event(e) for e in CASES[name]["events"]])
+    engine_part = got["engine"] if got["queue"] is None else got["frontend"] + got["queue"] + got["prefill"]
+    total = got["connect"] + got["network"] + (got["gateway"] or 0.0) + engine_part
+    assert total == pytest.approx(got["client_ttft"], abs=GOLDEN["tolerance_s"])
