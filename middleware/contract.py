@@ -92,6 +92,25 @@ ATTRIBUTE_TYPES: dict[str, tuple[type, ...]] = {
     "decode_s": (int, float),
 }
 
+# How stored events are typed (the collector's Parquet files; the analyzer reads the same):
+# core fields, then every known attribute, then ``attrs``: the JSON text of all other fields.
+STORAGE_COLUMNS: dict[str, str] = {
+    "v": "Int16",
+    "eid": "String",
+    "ts": "Float64",
+    "request_id": "String",
+    "hop": "String",
+    "attempt": "Int32",
+    "service": "String",
+    "replica": "String",
+    "model": "String",
+    **{
+        name: {(bool,): "Boolean", (int,): "Int64", (str,): "String"}.get(types, "Float64")
+        for name, types in ATTRIBUTE_TYPES.items()
+    },
+    "attrs": "String",
+}
+
 # --- request IDs -------------------------------------------------------------------------------
 
 REQUEST_ID_MAX = 64
