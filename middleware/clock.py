@@ -4,6 +4,9 @@
 this module is imported; afterwards time advances with the monotonic ``perf_counter``, so an
 NTP step in the middle of a request cannot make a stage negative. (Across processes and hosts
 clocks still differ, which is why stages only subtract timestamps of one component.)
+
+On Linux ``perf_counter`` is ``CLOCK_MONOTONIC``, shared by every process of the machine, so a
+child forked after import keeps a valid anchor.
 """
 
 from __future__ import annotations
@@ -11,9 +14,21 @@ from __future__ import annotations
 import time
 
 _perf = time.perf_counter
-_ANCHOR_PERF = _perf()
-_ANCHOR_WALL = time.time()
-_OFFSET = _ANCHOR_WALL - _ANCHOR_PERF
+
+
+def _anchor() -> float:
+    """The offset from ``perf_counter`` to epoch seconds, read between two ``perf_counter`` calls.
+
+    Taking the midpoint of the two readings halves the error a preemption between the calls
+    could add.
+    """
+    before = _perf()
+    wall = time.time()
+    after = _perf()
+    return wall - (before + after) / 2
+
+
+_OFFSET = _anchor()
 
 
 def now() -> float:

@@ -2,14 +2,23 @@
 
 ``Emitter.emit`` is all a middleware calls per hop: it builds a small dict and appends it to a
 bounded deque (no serialization, no I/O, no lock, never an exception into the host). A daemon
-thread drains the deque every ``flush_interval`` seconds, gives each event its ``eid`` and hands
-the batch to a sink (``hopline.middleware.sinks``), which serializes and writes it.
+thread, started at the first ``emit``, drains the deque every ``flush_interval`` seconds (or as
+soon as a batch is full), gives each event its ``eid`` and hands the batch to a sink
+(``hopline.middleware.sinks``), which serializes and writes it. The ``eid`` is given once, when
+the event leaves the buffer, so every retry of a batch resends the same IDs and the collector
+can drop the duplicates.
 
     emitter = Emitter("file:/var/log/hopline/events.ndjson", service="kite-chat")
     emitter.emit("client.sent", request_id, stream=True)
 
 ``get_emitter()`` returns the process-wide emitter configured from the environment
 (``HOPLINE_SINK``, ``HOPLINE_SERVICE``, ``HOPLINE_REPLICA``, ``HOPLINE_MODEL``, ``HOPLINE_TOKEN``).
+
+Losing events is preferred to slowing the host: when the buffer is full (the sink is slower
+than the traffic, or the collector is down and a batch is being retried), new events are
+dropped and counted (``stats()``). Every emitter is closed (flushed) at interpreter exit. A
+process forked after events were emitted (gunicorn and uvicorn workers) starts with an empty
+buffer and its own worker thread at its first ``emit``; the parent keeps shipping its own events.
 """
 
 from __future__ import annotations
@@ -17,22 +26,35 @@ from __future__ import annotations
 import atexit
 import os
 import threading
+import time
+import weakref
 from collections import deque
 from typing import Any
 
 from hopline.middleware import clock
 from hopline.middleware.contract import VERSION, new_eid
-from hopline.middleware.log import logger
-from hopline.middleware.sinks import Sink, make_sink
+from hopline.middleware.log import logger, warn_throttled
+from hopline.middleware.sinks import NullSink, Sink, make_sink
 
 DEFAULT_CAPACITY = 10_000
+CLOSE_TIMEOUT = 5.0
+CLOSE_GRACE = 1.0
+
+_now = clock.now
 
 
 class Emitter:
     """Buffers hop events in memory and ships them to a sink from a background thread.
 
-    ``capacity`` bounds the buffer: when it is full, new events are dropped and counted in
-    ``dropped`` (the host is never slowed down to wait for a slow sink).
+    Args:
+        sink: a sink object, or a spec for ``make_sink`` (``stdout``, ``file:PATH``,
+            ``http://HOST:PORT``…); None means stdout.
+        service, replica, model: added to every event (an ``emit`` keyword overrides them).
+        capacity: the most events buffered; when full, new events are dropped and counted.
+        flush_interval: seconds between drains when fewer than ``batch_size`` events wait.
+        batch_size: the most events handed to the sink at once.
+
+    Raises ``ValueError`` (naming the argument) for a bad sink spec or a non-positive size.
     """
 
     def __init__(
@@ -46,39 +68,73 @@ class Emitter:
         flush_interval: float = 0.2,
         batch_size: int = 1000,
     ) -> None:
-        self.sink = make_sink(sink) if sink is None or isinstance(sink, str) else sink
-        self.static = {
-            k: v for k, v in (("service", service), ("replica", replica), ("model", model)) if v
-        }
+        for name, value in (("capacity", capacity), ("flush_interval", flush_interval), ("batch_size", batch_size)):
+            if not value > 0:
+                raise ValueError(f"{name} must be positive, got {value!r}")
+        self.sink: Sink = make_sink(sink) if sink is None or isinstance(sink, str) else sink
+        self.static = {k: v for k, v in (("service", service), ("replica", replica), ("model", model)) if v}
         self.capacity = capacity
         self.flush_interval = flush_interval
         self.batch_size = batch_size
-        self.dropped = 0  # buffer full, or the sink gave up on a batch
-        self.errors = 0  # bugs inside hopline, caught
         self.sent = 0
+        self.dropped_full = 0  # buffer full (written by emitting threads only)
+        self.dropped_sink = 0  # the sink could not deliver them (written by the drainer only)
+        self.dropped_closed = 0  # emitted after close()
+        self.errors = 0  # bugs inside hopline or its sink, caught and counted
         self._buffer: deque[dict[str, Any]] = deque()
-        self._wake = threading.Event()
+        self._wake_at = batch_size - 1  # buffer length at which an emit wakes the worker early
         self._closed = False
-        self._lock = threading.Lock()  # serializes drains (worker vs flush); never held by emit
-        self._thread = threading.Thread(target=self._run, name="hopline-emitter", daemon=True)
-        self._thread.start()
-        atexit.register(self.close)
+        self._close_deadline: float | None = None  # monotonic; past it, drains drop instead of write
+        self._cold = True  # no worker yet (first emit, first emit after a fork) or closed
+        self._worker: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+        self._lock = threading.Lock()  # serializes drains (worker vs flush/close); never taken by emit
+        self._wake = threading.Event()
+        _live.add(self)
 
     # -- request path ---------------------------------------------------------------------------
 
     def emit(self, hop: str, request_id: str, ts: float | None = None, **attrs: Any) -> None:
         """Record one hop event. ``ts`` defaults to now (see ``hopline.middleware.clock``)."""
         try:
-            if len(self._buffer) >= self.capacity:
-                self.dropped += 1
+            if self._cold and not self._warm_up():
+                self.dropped_closed += 1
                 return
-            event = {"v": VERSION, "ts": clock.now() if ts is None else ts, "request_id": request_id, "hop": hop}
-            event.update(self.static)
-            if attrs:
-                event.update(attrs)
-            self._buffer.append(event)
-        except Exception:  # never into the host
+            buffer = self._buffer
+            queued = len(buffer)
+            if queued >= self.capacity:
+                self.dropped_full += 1
+                return
+            buffer.append(
+                {
+                    "v": VERSION,
+                    "ts": _now() if ts is None else ts,
+                    "request_id": request_id,
+                    "hop": hop,
+                    **self.static,
+                    **attrs,
+                }
+            )
+            if queued == self._wake_at:
+                self._wake.set()
+        except Exception:  # noqa: BLE001 - never into the host
             self.errors += 1
+
+    def _warm_up(self) -> bool:
+        """Start the worker (first emit in this process); False once closed."""
+        with self._start_lock:
+            if self._closed:
+                return False
+            if self._cold:
+                self._worker = threading.Thread(target=self._run, name="hopline-emitter", daemon=True)
+                try:
+                    self._worker.start()
+                except RuntimeError as exc:  # interpreter shutting down: events wait for close()
+                    self._worker = None
+                    self.errors += 1
+                    logger.error("emitter_worker_not_started", error=str(exc))
+                self._cold = False
+        return True
 
     # -- background -----------------------------------------------------------------------------
 
@@ -86,58 +142,133 @@ class Emitter:
         while not self._closed:
             self._wake.wait(self.flush_interval)
             self._wake.clear()
-            self._drain()
+            try:
+                with self._lock:
+                    self._drain(self._close_deadline)
+            except Exception as exc:  # noqa: BLE001 - a bug must not kill the worker
+                self.errors += 1
+                warn_throttled("emitter_drain_failed", "emitter_drain_failed", error=repr(exc))
 
-    def _drain(self) -> None:
-        with self._lock:
-            buffer = self._buffer
-            while buffer:
-                batch = []
-                try:
-                    while buffer and len(batch) < self.batch_size:
-                        event = buffer.popleft()
-                        if "eid" not in event:
-                            event["eid"] = new_eid()
-                        batch.append(event)
-                except IndexError:
-                    pass
-                if not batch:
-                    break
-                try:
-                    lost = self.sink.write(batch)
-                except Exception as exc:
-                    self.dropped += len(batch)
-                    self.errors += 1
-                    logger.warning("sink_write_failed", sink=repr(self.sink), events=len(batch), error=str(exc))
-                else:
-                    lost = lost or 0
-                    self.dropped += lost
-                    self.sent += len(batch) - lost
+    def _drain(self, deadline: float | None = None) -> None:
+        """Hand everything buffered to the sink, batch by batch (caller holds ``_lock``).
+
+        Past ``deadline`` (monotonic; shutdown), what is left is dropped and counted instead.
+        """
+        buffer = self._buffer
+        while buffer:
+            if deadline is not None and time.monotonic() >= deadline:
+                lost = 0
+                while buffer:
+                    buffer.popleft()
+                    lost += 1
+                self.dropped_sink += lost
+                logger.warning("emitter_close_timeout", sink=repr(self.sink), dropped=lost)
+                return
+            batch = []
+            while buffer and len(batch) < self.batch_size:
+                event = buffer.popleft()
+                if "eid" not in event:
+                    event["eid"] = new_eid()
+                batch.append(event)
+            try:
+                lost = self.sink.write(batch) or 0
+            except Exception as exc:  # noqa: BLE001 - a sink bug costs the batch, nothing more
+                lost = len(batch)
+                self.errors += 1
+                warn_throttled("sink_write_raised", "sink_write_failed", sink=repr(self.sink), error=repr(exc))
+            self.dropped_sink += lost
+            self.sent += len(batch) - lost
 
     def flush(self) -> None:
         """Write everything buffered so far (blocking; never call it on a request path)."""
-        self._drain()
-        try:
-            self.sink.flush()
-        except Exception as exc:
-            self.errors += 1
-            logger.warning("sink_flush_failed", sink=repr(self.sink), error=str(exc))
+        with self._lock:
+            self._drain()
+            self._sink_call("flush")
 
-    def close(self) -> None:
-        """Flush and stop the worker; later ``emit`` calls are still safe (and buffered)."""
-        if self._closed:
-            return
-        self._closed = True
+    def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
+        """Flush and stop the worker, giving up after ``timeout`` seconds (what is still buffered
+        then is dropped and counted). Later ``emit`` calls are dropped and counted."""
+        with self._start_lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._cold = True
+        deadline = self._close_deadline = time.monotonic() + timeout
+        set_deadline = getattr(self.sink, "set_deadline", None)
+        if set_deadline is not None:
+            set_deadline(deadline)
         self._wake.set()
-        self._thread.join(timeout=5)
-        self.flush()
+        worker = self._worker
+        # Grace past the deadline: a drainer notices it between batches, after the sink call.
+        grace = deadline + CLOSE_GRACE
+        if worker is not None and worker is not threading.current_thread():
+            worker.join(max(grace - time.monotonic(), 0))
+        if not self._lock.acquire(timeout=max(grace - time.monotonic(), 0)):
+            logger.warning("emitter_close_timeout", sink=repr(self.sink), buffered=len(self._buffer))
+            return
         try:
-            self.sink.close()
-        except Exception:
+            self._drain(deadline)
+            self._sink_call("flush")
+            self._sink_call("close")
+        finally:
+            self._lock.release()
+
+    def _sink_call(self, name: str) -> None:
+        try:
+            getattr(self.sink, name)()
+        except Exception as exc:  # noqa: BLE001
             self.errors += 1
+            warn_throttled(f"sink_{name}_failed", f"sink_{name}_failed", sink=repr(self.sink), error=repr(exc))
 
     def stats(self) -> dict[str, int]:
-        return {"buffered": len(self._buffer), "sent": self.sent, "dropped": self.dropped, "errors": self.errors}
+        """Counters since start (per process: a forked child starts from zero)."""
+        dropped = self.dropped_full + self.dropped_sink + self.dropped_closed
+        return {
+            "buffered": len(self._buffer),
+            "sent": self.sent,
+            "dropped": dropped,
+            "dropped_full": self.dropped_full,
+            "dropped_sink": self.dropped_sink,
+            "dropped_closed": self.dropped_closed,
+            "errors": self.errors,
+        }
+
+    def _after_fork_in_child(self) -> None:
+        """The parent's worker does not exist here and its locks may be held mid-drain: start
+        afresh. Buffered events are the parent's to send (it still will), so they go."""
+        self._buffer = deque()
+        self._lock = threading.Lock()
+        self._start_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._worker = None
+        self._cold = True
+        self.sent = self.dropped_full = self.dropped_sink = self.dropped_closed = self.errors = 0
+        reset = getattr(self.sink, "after_fork_in_child", None)
+        if reset is not None:
+            reset()
+
+    def __repr__(self) -> str:
+        return f"Emitter({self.sink!r}, {self.static})"
+
+
+# Every emitter alive in this process: closed at exit, reset in a forked child.
+_live: weakref.WeakSet[Emitter] = weakref.WeakSet()
+
+
+def _close_all() -> None:
+    for emitter in list(_live):
+        emitter.close()
+
+
+def _after_fork_in_child() -> None:
+    global _default_lock
+    _default_lock = threading.Lock()
+    for emitter in list(_live):
+        emitter._after_fork_in_child()
+
+
+atexit.register(_close_all)
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 _default: Emitter | None = None
@@ -145,13 +276,23 @@ _default_lock = threading.Lock()
 
 
 def get_emitter() -> Emitter:
-    """The process-wide emitter, configured from ``HOPLINE_*`` environment variables."""
+    """The process-wide emitter, configured from ``HOPLINE_*`` environment variables.
+
+    A ``HOPLINE_SINK`` that cannot be understood is logged once, naming the value, and the
+    emitter discards events (counted as dropped) rather than raising into the host.
+    """
     global _default
     if _default is None:
         with _default_lock:
             if _default is None:
+                spec = os.environ.get("HOPLINE_SINK") or "stdout"
+                try:
+                    sink = make_sink(spec, token=os.environ.get("HOPLINE_TOKEN"))
+                except ValueError as exc:
+                    logger.error("hopline_sink_invalid", HOPLINE_SINK=spec, error=str(exc))
+                    sink = NullSink()
                 _default = Emitter(
-                    os.environ.get("HOPLINE_SINK") or "stdout",
+                    sink,
                     service=os.environ.get("HOPLINE_SERVICE"),
                     replica=os.environ.get("HOPLINE_REPLICA"),
                     model=os.environ.get("HOPLINE_MODEL"),
