@@ -1,0 +1,82 @@
+"""What hopline's dashboards share: variables, the firing-alerts annotation, links, JSON output.
+
+Variables chain service -> model -> replica, each multi-select with "All" (``.*``), read from
+``hopline_requests_total`` (every request the collector joined carries all three labels).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from grafana_foundation_sdk.builders.dashboard import (
+    AnnotationQuery,
+    Dashboard,
+    DashboardLink,
+    DatasourceVariable,
+    QueryVariable,
+)
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models.dashboard import (
+    DashboardCursorSync,
+    DashboardLinkType,
+    VariableRefresh,
+    VariableSort,
+)
+
+from hopline.collector import metric_names as m
+
+from .panels import DATASOURCE
+from .rules import ALERT_PREFIX
+
+TAG = "hopline"
+ALERTS_EXPR = f'ALERTS{{alertname=~"{ALERT_PREFIX}.*", alertstate="firing"}}'
+# Prometheus annotation fields the SDK's AnnotationQuery cannot express (added to the JSON)
+ALERT_ANNOTATION_EXTRAS = {
+    "step": "60s",
+    "titleFormat": "{{alertname}}",
+    "textFormat": "{{service}} {{model}} {{replica}} {{stage}}",
+    "tagKeys": "severity,replica",
+    "useValueForTime": False,
+}
+ALERT_ANNOTATION_NAME = "hopline alerts"
+
+
+def _label_values(label: str, filters: tuple[str, ...]) -> str:
+    matchers = ", ".join(f'{name}=~"${name}"' for name in filters)
+    series = m.REQUESTS.series + (f"{{{matchers}}}" if matchers else "")
+    return f"label_values({series}, {label})"
+
+
+def _variable(name: str, label: str, filters: tuple[str, ...]) -> QueryVariable:
+    if name not in m.REQUESTS.labels:
+        raise ValueError(f"{m.REQUESTS.series} has no label {name}")
+    return (QueryVariable(name).label(label).datasource(DATASOURCE).query(_label_values(name, filters))
+            .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED).sort(VariableSort.ALPHABETICAL_CASE_INSENSITIVE_ASC)
+            .multi(True).include_all(True).all_value(".*"))
+
+
+def dashboard(title: str, uid: str, description: str) -> Dashboard:
+    """An empty hopline dashboard: variables, alert annotations, links to its sibling dashboards."""
+    return (
+        Dashboard(title).uid(uid).description(description).tags([TAG, "llm", "generated"])
+        .refresh("30s").time("now-1h", "now").timezone("browser").tooltip(DashboardCursorSync.CROSSHAIR)
+        .editable()
+        .with_variable(DatasourceVariable("datasource").label("Prometheus").type("prometheus"))
+        .with_variable(_variable("service", "Service", ()))
+        .with_variable(_variable("model", "Model", ("service",)))
+        .with_variable(_variable("replica", "Replica", ("service", "model")))
+        .annotation(AnnotationQuery().name(ALERT_ANNOTATION_NAME).datasource(DATASOURCE).enable(True)
+                    .icon_color("red").expr(ALERTS_EXPR))
+        .link(DashboardLink("hopline").type(DashboardLinkType.DASHBOARDS).tags([TAG])
+              .as_dropdown(True).include_vars(True).keep_time(True))
+    )
+
+
+def to_json(d: Dashboard) -> dict[str, Any]:
+    """The dashboard as Grafana stores it (file provisioning or the ``dashboard`` of an API POST)."""
+    model = json.loads(JSONEncoder(sort_keys=True).encode(d.build()))
+    for annotation in model["annotations"]["list"]:
+        if annotation["name"] == ALERT_ANNOTATION_NAME:
+            annotation.update(ALERT_ANNOTATION_EXTRAS)
+    return model
