@@ -1,0 +1,59 @@
+"""The collector's settings in one frozen dataclass, shared by the CLI, the app factory and tests.
+
+Every limit that bounds memory or disk lives here with its default and the reason for it, so a
+reader can see what the collector will hold on to whatever arrives.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+FSYNC_POLICIES = ("batch", "interval", "none")
+
+_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)([smhd]?)")
+_UNIT_SECONDS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str) -> float:
+    """``"14d"`` -> 1209600.0; units s, m, h, d (bare numbers are seconds)."""
+    match = _DURATION_RE.fullmatch(text.strip())
+    if match is None:
+        raise ValueError(f"not a duration: {text!r} (use e.g. 90s, 15m, 6h, 14d)")
+    return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+
+
+@dataclass(frozen=True)
+class CollectorConfig:
+    data_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 9400
+    token: str | None = None  # when set, POST /v1/events needs "Authorization: Bearer <token>"
+    # model name -> KV-cache bytes per token (see hopline.collector.kv_cache)
+    kv_bytes_per_token: dict[str, int] = field(default_factory=dict)
+    retention_s: float = 14 * 86400.0
+    tail: tuple[str, ...] = ()  # globs of NDJSON files written by the file sink
+    tail_interval_s: float = 0.5
+    # batch: write + fsync before every acknowledgement (survives power loss);
+    # interval: write before acknowledging, fsync at most every fsync_interval_s (survives a
+    # killed process, may lose the last interval on power loss); none: write only, the OS decides.
+    fsync: str = "batch"
+    fsync_interval_s: float = 1.0
+    max_body_bytes: int = 8 * 1024 * 1024  # 413 above this, compressed or not
+    max_decompressed_bytes: int = 64 * 1024 * 1024  # gzip bombs stop here (413)
+    # join
+    grace_s: float = 2.0  # after the final hops arrived, wait this long for late hops (engine.stats)
+    ttl_s: float = 15 * 60.0  # sliding: a request without max_tokens can decode for minutes
+    max_open_requests: int = 100_000  # beyond: the least recently active request is evicted
+    completed_cache: int = 10_000  # finished requests kept for GET /v1/requests/{id}
+    dedup_capacity: int = 500_000  # eids remembered per generation (two generations are kept)
+    dedup_window_s: float = 600.0  # a generation older than this is forgotten
+    label_cap: int = 64  # distinct values per label (service, model, replica); overflow -> "other"
+    compact_interval_s: float = 60.0  # how often closed hours are compacted and retention applied
+    compact_delay_s: float = 60.0  # an hour is compacted this long after it closed
+
+    def __post_init__(self) -> None:
+        if self.fsync not in FSYNC_POLICIES:
+            raise ValueError(f"fsync must be one of {', '.join(FSYNC_POLICIES)}, got {self.fsync!r}")
+        object.__setattr__(self, "data_dir", Path(self.data_dir))

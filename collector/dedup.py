@@ -1,0 +1,42 @@
+"""Bounded memory of recently seen event keys, to drop duplicates from sink retries.
+
+Two generations of sets: lookups check both, inserts go to the current one, and the current one
+becomes the previous one (the old previous is forgotten) when it holds ``capacity`` keys or is
+``window_s`` old. Memory stays under two generations whatever arrives; a retry is recognised
+as long as it comes within one generation (seconds to minutes; sink retries come within seconds).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Hashable
+
+
+class RecentKeys:
+    def __init__(self, capacity: int = 500_000, window_s: float = 600.0) -> None:
+        self.capacity = capacity
+        self.window_s = window_s
+        self._current: set[Hashable] = set()
+        self._previous: set[Hashable] = set()
+        self._started = time.monotonic()
+
+    def add(self, key: Hashable) -> bool:
+        """Remember ``key``; False when it was already there (a duplicate)."""
+        if key in self._current or key in self._previous:
+            return False
+        current = self._current
+        if len(current) >= self.capacity or time.monotonic() - self._started > self.window_s:
+            self._previous = current
+            current = self._current = set()
+            self._started = time.monotonic()
+        current.add(key)
+        return True
+
+    def forget(self, keys: list[Hashable]) -> None:
+        """Drop keys again (their events could not be stored, so a retry must be accepted)."""
+        for key in keys:
+            self._current.discard(key)
+            self._previous.discard(key)
+
+    def __len__(self) -> int:
+        return len(self._current) + len(self._previous)

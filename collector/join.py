@@ -1,0 +1,370 @@
+"""Joins hop events into requests, decides when a request is finished, and records its metrics.
+
+Per-request state is keyed by request ID. A request is *complete* when, for every component
+that reported on it (client, gateway, engine), the component's final hop
+(``contract.FINAL_HOPS``) arrived for the highest attempt that component reported; it is then
+finished after ``grace_s`` more seconds, so late hops (``engine.stats`` comes after
+``engine.last_token``) still count. Events may arrive in any order: a new, higher attempt
+re-opens a request that looked complete. A request that stays incomplete expires ``ttl_s``
+after its last event (sliding; long generations keep it alive) and is counted by its first
+missing hop. At most ``max_open`` requests are open: beyond that the least recently active one
+is evicted and counted the same way, so memory is bounded whatever arrives.
+
+A request's events are kept as their stored NDJSON lines (smaller than dicts) and decoded once
+when it finishes. Finished requests stay in a bounded LRU for ``GET /v1/requests/{id}``.
+
+Engine load (requests in flight, KV-cache bytes held per replica) follows
+``engine.received`` -> ``engine.last_token`` / ``engine.error`` per attempt, as the events arrive.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import orjson
+
+from hopline.collector.metrics import Recorder
+from hopline.middleware.contract import (
+    ATTRIBUTE_SOURCES,
+    ERROR_HOPS,
+    FINAL_HOPS,
+    RATIOS,
+    STAGE_NAMES,
+    compute_stages,
+    negative_stages,
+)
+
+FINAL_HOP_SET = frozenset(h for hops in FINAL_HOPS.values() for h in hops)
+ENGINE_DONE = frozenset(FINAL_HOPS["engine"])
+# The hops of a healthy request in the order it meets them; the first one absent (of the
+# components that reported) names why an unfinished request is incomplete. Hops that not every
+# deployment emits (gateway.admitted, engine.scheduled) are never "missing".
+EXPECTED_ORDER = (
+    "client.sent",
+    "gateway.received",
+    "gateway.forwarded",
+    "engine.received",
+    "engine.first_token",
+    "gateway.first_token",
+    "client.first_token",
+    "engine.last_token",
+    "gateway.last_token",
+    "client.last_token",
+)
+FIRST_TOKEN_HOPS = frozenset(h for h in EXPECTED_ORDER if h.endswith(".first_token"))
+OUTER_FIRST = ("client", "gateway", "engine")
+MAX_EVENTS_PER_REQUEST = 512  # events beyond this are stored but not joined (bounded memory)
+
+
+class OpenRequest:
+    """A request still being joined: its events (NDJSON lines) and per-component progress."""
+
+    __slots__ = ("lines", "progress", "last_seen", "due", "engine")
+
+    def __init__(self, now: float) -> None:
+        self.lines: list[bytes] = []
+        # component -> [highest attempt seen, final hop seen for that attempt]
+        self.progress: dict[str, list] = {}
+        self.last_seen = now
+        self.due: float | None = None  # when complete: the time it will be finished
+        # engine attempt -> (model, replica, kv_bytes) while held; None once released
+        self.engine: dict[int, tuple[str | None, str | None, int] | None] | None = None
+
+    def complete(self) -> bool:
+        return bool(self.progress) and all(final for _, final in self.progress.values())
+
+
+class FinishedRequest:
+    """A finished request in the LRU: its lines plus how it ended."""
+
+    __slots__ = ("lines", "state", "outcome", "missing")
+
+    def __init__(self, lines: list[bytes], state: str, outcome: str, missing: str | None) -> None:
+        self.lines = lines
+        self.state = state
+        self.outcome = outcome
+        self.missing = missing
+
+
+def request_scope(events: Iterable[Mapping[str, Any]]) -> dict[str, str | None]:
+    """service, model, replica of one request (DESIGN.md).
+
+    service: the client's, else the gateway's. replica: the engine replica that served the final
+    attempt (engine hops), else the gateway's ``upstream`` of its final attempt. model: the
+    engine's, else the request's (any other hop's).
+    """
+    service = {"client": None, "gateway": None}
+    engine_attempt, engine_replica, engine_model = -1, None, None
+    upstream_attempt, upstream = -1, None
+    model = None
+    for ev in events:
+        comp = ev["hop"].partition(".")[0]
+        attempt = ev.get("attempt", 0)
+        if comp == "engine":
+            if attempt > engine_attempt:
+                engine_attempt, engine_replica, engine_model = attempt, None, None
+            if attempt == engine_attempt:
+                engine_replica = engine_replica or ev.get("replica")
+                engine_model = engine_model or ev.get("model")
+        else:
+            if service[comp] is None:
+                service[comp] = ev.get("service")
+            if ev["hop"] == "gateway.forwarded" and attempt > upstream_attempt and ev.get("upstream"):
+                upstream_attempt, upstream = attempt, ev["upstream"]
+            model = model or ev.get("model")
+    return {
+        "service": service["client"] or service["gateway"],
+        "model": engine_model or model,
+        "replica": engine_replica or upstream,
+    }
+
+
+def is_disconnect(event: Mapping[str, Any]) -> bool:
+    """An error event that says the downstream client went away (status 499 or 'disconnect')."""
+    return event.get("status") == 499 or "disconnect" in str(event.get("error") or "").lower()
+
+
+def request_outcome(events: list[Mapping[str, Any]]) -> str:
+    """ok | error | rejected | disconnected, from the outermost component's final hop.
+
+    The outermost component that reported (client, else gateway, else engine) speaks for the
+    request: its final hop of its highest attempt decides. A gateway rejection (auth, rate limit)
+    makes the request ``rejected`` whatever the client made of it.
+    """
+    final: dict[str, tuple[int, float, Mapping[str, Any]]] = {}
+    for ev in events:
+        if ev["hop"] in FINAL_HOP_SET:
+            comp = ev["hop"].partition(".")[0]
+            key = (ev.get("attempt", 0), ev["ts"], ev)
+            if comp not in final or key[:2] > final[comp][:2]:
+                final[comp] = key
+    gateway = final.get("gateway")
+    if gateway is not None and gateway[2]["hop"] == "gateway.rejected":
+        return "rejected"
+    for comp in OUTER_FIRST:
+        if comp in final:
+            ev = final[comp][2]
+            if ev["hop"] not in ERROR_HOPS:
+                return "ok"
+            return "disconnected" if is_disconnect(ev) else "error"
+    return "incomplete"
+
+
+def first_missing(events: list[Mapping[str, Any]]) -> str:
+    """The first hop of ``EXPECTED_ORDER`` absent from a request, among the components that reported."""
+    hops = {ev["hop"] for ev in events}
+    components = {h.partition(".")[0] for h in hops}
+    stream = next((ev["stream"] for ev in events if ev.get("stream") is not None), None)
+    for hop in EXPECTED_ORDER:
+        if hop.partition(".")[0] not in components or hop in hops:
+            continue
+        if stream is False and hop in FIRST_TOKEN_HOPS:
+            continue
+        return hop
+    # every expected hop is there, yet a final hop of the highest attempt is not
+    return next(
+        (hops_[0] for comp, hops_ in FINAL_HOPS.items() if comp in components),
+        "unknown",
+    )
+
+
+def timeline(request_id: str, lines: list[bytes], state: str, outcome: str | None, missing: str | None) -> dict:
+    """The JSON answer of ``GET /v1/requests/{id}``: hops in time order, stages, attributes."""
+    events = sorted((orjson.loads(line) for line in lines), key=lambda e: (e["ts"], e.get("attempt", 0)))
+    values = compute_stages(events)
+    return {
+        "request_id": request_id,
+        "state": state,
+        "outcome": outcome,
+        "missing": missing,
+        **request_scope(events),
+        "stages": {name: values[name] for name in STAGE_NAMES},
+        "ratios": {r.name: values[r.name] for r in RATIOS},
+        "attributes": {name: values[name] for name in ATTRIBUTE_SOURCES if name != "upstream"},
+        "negative": negative_stages(values),
+        "hops": events,
+    }
+
+
+class Joiner:
+    """Open requests, their completion and expiry, and the LRU of finished ones."""
+
+    def __init__(
+        self,
+        recorder: Recorder,
+        *,
+        grace_s: float = 2.0,
+        ttl_s: float = 900.0,
+        max_open: int = 100_000,
+        finished_cache: int = 10_000,
+        kv_bytes_per_token: Mapping[str, int] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.recorder = recorder
+        self.grace_s = grace_s
+        self.ttl_s = ttl_s
+        self.max_open = max_open
+        self.finished_cache = finished_cache
+        self.kv_bytes_per_token = dict(kv_bytes_per_token or {})
+        self.clock = clock
+        self.open: OrderedDict[str, OpenRequest] = OrderedDict()  # least recently active first
+        self.finished: OrderedDict[str, FinishedRequest] = OrderedDict()
+        self._due: deque[tuple[float, str]] = deque()  # (due time, request id), in time order
+        self.counts = {"complete": 0, "expired": 0, "evicted": 0, "late_events": 0, "overflow_events": 0}
+
+    # -- ingest ---------------------------------------------------------------------------------
+
+    def add(self, events: list[dict[str, Any]], lines: list[bytes]) -> None:
+        """Join validated events (with their stored lines); then finish whatever is due."""
+        now = self.clock()
+        open_, finished = self.open, self.finished
+        for ev, line in zip(events, lines):
+            rid = ev["request_id"]
+            req = open_.get(rid)
+            if req is None:
+                done = finished.get(rid)
+                if done is not None:  # a late hop of a finished request: keep it for the timeline
+                    if len(done.lines) < MAX_EVENTS_PER_REQUEST:
+                        done.lines.append(line)
+                    self.counts["late_events"] += 1
+                    continue
+                req = open_[rid] = OpenRequest(now)
+            else:
+                open_.move_to_end(rid)
+                req.last_seen = now
+            if len(req.lines) >= MAX_EVENTS_PER_REQUEST:
+                self.counts["overflow_events"] += 1
+                continue
+            req.lines.append(line)
+            hop = ev["hop"]
+            comp, _, _ = hop.partition(".")
+            attempt = ev.get("attempt", 0)
+            progress = req.progress.get(comp)
+            if progress is None:
+                req.progress[comp] = [attempt, hop in FINAL_HOP_SET]
+            elif attempt > progress[0]:
+                progress[0], progress[1] = attempt, hop in FINAL_HOP_SET
+            elif attempt == progress[0] and hop in FINAL_HOP_SET:
+                progress[1] = True
+            if comp == "engine":
+                self._engine_load(req, ev, hop, attempt)
+            if req.due is None and req.complete():
+                if self.grace_s <= 0:
+                    self._finish(rid, req)
+                else:
+                    req.due = now + self.grace_s
+                    self._due.append((req.due, rid))
+        if len(open_) > self.max_open:
+            self._evict(len(open_) - self.max_open)
+        self.sweep(now)
+
+    def _engine_load(self, req: OpenRequest, ev: Mapping[str, Any], hop: str, attempt: int) -> None:
+        if req.engine is None:
+            req.engine = {}
+        if hop == "engine.received":
+            if attempt in req.engine:  # released already (its final hop came first) or a repeat
+                return
+            model, replica = ev.get("model"), ev.get("replica")
+            prompt = ev.get("prompt_tokens")
+            per_token = self.kv_bytes_per_token.get(model or "", 0)
+            kv = prompt * per_token if prompt else 0
+            req.engine[attempt] = (model, replica, kv)
+            self.recorder.engine_load(model, replica, 1, kv)
+        elif hop in ENGINE_DONE:
+            self._release(req, attempt)
+
+    def _release(self, req: OpenRequest, attempt: int) -> None:
+        engine = req.engine
+        if engine is None:
+            return
+        held = engine.get(attempt)
+        engine[attempt] = None
+        if held is not None:
+            model, replica, kv = held
+            self.recorder.engine_load(model, replica, -1, -kv)
+
+    # -- finishing ------------------------------------------------------------------------------
+
+    def sweep(self, now: float | None = None) -> None:
+        """Finish requests whose grace ended; expire those idle for longer than the TTL."""
+        now = self.clock() if now is None else now
+        due, open_ = self._due, self.open
+        while due and due[0][0] <= now:
+            when, rid = due.popleft()
+            req = open_.get(rid)
+            if req is None or req.due != when:
+                continue
+            if req.complete():
+                self._finish(rid, req)
+            else:  # a new attempt arrived during the grace period
+                req.due = None
+        cutoff = now - self.ttl_s
+        while open_:
+            rid, req = next(iter(open_.items()))
+            if req.last_seen > cutoff:
+                break
+            self._give_up(rid, "expired")
+
+    def _evict(self, count: int) -> None:
+        for _ in range(count):
+            rid = next(iter(self.open))
+            self._give_up(rid, "evicted")
+
+    def _finish(self, rid: str, req: OpenRequest) -> None:
+        del self.open[rid]
+        events = [orjson.loads(line) for line in req.lines]
+        values = compute_stages(events)
+        scope = request_scope(events)
+        outcome = request_outcome(events)
+        recorder = self.recorder
+        recorder.request(
+            rid, values, recorder.scope(scope["service"], scope["model"], scope["replica"]),
+            outcome, negative_stages(values),
+        )
+        self._release_all(req)
+        self.counts["complete"] += 1
+        self._remember(rid, FinishedRequest(req.lines, "complete", outcome, None))
+
+    def _give_up(self, rid: str, why: str) -> None:
+        req = self.open.pop(rid)
+        events = [orjson.loads(line) for line in req.lines]
+        missing = first_missing(events)
+        scope = request_scope(events)
+        recorder = self.recorder
+        recorder.incomplete(missing, recorder.scope(scope["service"], scope["model"], scope["replica"]))
+        self._release_all(req)
+        self.counts[why] += 1
+        self._remember(rid, FinishedRequest(req.lines, why, "incomplete", missing))
+
+    def _release_all(self, req: OpenRequest) -> None:
+        if req.engine:
+            for attempt in list(req.engine):
+                self._release(req, attempt)
+
+    def _remember(self, rid: str, done: FinishedRequest) -> None:
+        finished = self.finished
+        finished[rid] = done
+        finished.move_to_end(rid)
+        while len(finished) > self.finished_cache:
+            finished.popitem(last=False)
+
+    def finish_all(self) -> None:
+        """Finish every complete request now (shutdown); incomplete ones stay unreported."""
+        for rid, req in list(self.open.items()):
+            if req.complete():
+                self._finish(rid, req)
+
+    # -- reading --------------------------------------------------------------------------------
+
+    def lookup(self, rid: str) -> dict | None:
+        """The timeline of an open or recently finished request, or None."""
+        req = self.open.get(rid)
+        if req is not None:
+            return timeline(rid, req.lines, "open", None, None)
+        done = self.finished.get(rid)
+        if done is not None:
+            return timeline(rid, done.lines, done.state, done.outcome, done.missing)
+        return None

@@ -1,0 +1,187 @@
+"""Prometheus metrics of the collector: built by a factory on an explicit registry.
+
+``build_metrics(registry)`` creates every metric named in ``metric_names`` on the registry it is
+given (never the global one, so two collectors in one process or one test never clash).
+``Recorder`` is what the join calls: it caps label values (overflow -> ``other``) and keeps the
+bound children per label tuple, because ``.labels(...)`` costs more than the observation itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from hopline.collector import metric_names as names
+from hopline.middleware.contract import TIME_STAGES
+
+OTHER = "other"
+UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class Metrics:
+    stage_seconds: Histogram
+    ttft_seconds: Histogram
+    e2e_seconds: Histogram
+    itl_seconds: Histogram
+    prompt_tokens: Histogram
+    output_tokens: Histogram
+    requests: Counter
+    in_flight: Gauge
+    kv_cache_bytes: Gauge
+    events: Counter
+    events_rejected: Counter
+    events_duplicate: Counter
+    incomplete_requests: Counter
+    connections: Counter
+    without_max_tokens: Counter
+    negative_stages: Counter
+    open_requests: Gauge
+
+
+_BUCKETS = {
+    names.ITL_SECONDS.name: names.ITL_BUCKETS,
+    names.PROMPT_TOKENS.name: names.TOKEN_BUCKETS,
+    names.OUTPUT_TOKENS.name: names.TOKEN_BUCKETS,
+}
+
+
+def _make(metric: names.Metric, registry: CollectorRegistry) -> Histogram | Counter | Gauge:
+    if metric.kind == "histogram":
+        buckets = _BUCKETS.get(metric.name, names.LATENCY_BUCKETS)
+        return Histogram(metric.name, metric.help, metric.labels, registry=registry, buckets=buckets)
+    if metric.kind == "counter":
+        return Counter(metric.name, metric.help, metric.labels, registry=registry)
+    return Gauge(metric.name, metric.help, metric.labels, registry=registry)
+
+
+def build_metrics(registry: CollectorRegistry) -> Metrics:
+    """Every metric of ``metric_names.ALL`` registered on ``registry``."""
+    m = {metric.name: _make(metric, registry) for metric in names.ALL}
+    return Metrics(
+        stage_seconds=m[names.STAGE_SECONDS.name],
+        ttft_seconds=m[names.TTFT_SECONDS.name],
+        e2e_seconds=m[names.E2E_SECONDS.name],
+        itl_seconds=m[names.ITL_SECONDS.name],
+        prompt_tokens=m[names.PROMPT_TOKENS.name],
+        output_tokens=m[names.OUTPUT_TOKENS.name],
+        requests=m[names.REQUESTS.name],
+        in_flight=m[names.IN_FLIGHT.name],
+        kv_cache_bytes=m[names.KV_CACHE_BYTES.name],
+        events=m[names.EVENTS.name],
+        events_rejected=m[names.EVENTS_REJECTED.name],
+        events_duplicate=m[names.EVENTS_DUPLICATE.name],
+        incomplete_requests=m[names.INCOMPLETE_REQUESTS.name],
+        connections=m[names.CONNECTIONS.name],
+        without_max_tokens=m[names.WITHOUT_MAX_TOKENS.name],
+        negative_stages=m[names.NEGATIVE_STAGES.name],
+        open_requests=m[names.OPEN_REQUESTS.name],
+    )
+
+
+class LabelCap:
+    """Admits the first ``cap`` distinct values of a label; later ones become ``other``."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self._seen: set[str] = set()
+
+    def __call__(self, value: str | None) -> str:
+        if not value:
+            return UNKNOWN
+        seen = self._seen
+        if value in seen:
+            return value
+        if len(seen) < self.cap:
+            seen.add(value)
+            return value
+        return OTHER
+
+
+# (stage value name in the computed stages, label value) for the per-view histograms
+_TTFT = tuple((f"{view}_ttft", view) for view in names.VIEW_LABEL_VALUES)
+_E2E = tuple((f"{view}_e2e", view) for view in names.VIEW_LABEL_VALUES)
+_ITL = tuple((f"{view}_itl", view) for view in names.VIEW_LABEL_VALUES)
+
+
+class Recorder:
+    """Observes finished requests and hop events on ``Metrics``, with capped labels and cached children."""
+
+    def __init__(self, metrics: Metrics, label_cap: int = 64) -> None:
+        self.m = metrics
+        self.service = LabelCap(label_cap)
+        self.model = LabelCap(label_cap)
+        self.replica = LabelCap(label_cap)
+        self._children: dict[tuple, Any] = {}
+
+    def _child(self, metric: Any, labels: tuple[str, ...]) -> Any:
+        key = (id(metric), labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
+    def scope(self, service: str | None, model: str | None, replica: str | None) -> tuple[str, str, str]:
+        """The capped (service, model, replica) label values of one request."""
+        return self.service(service), self.model(model), self.replica(replica)
+
+    # -- per event ------------------------------------------------------------------------------
+
+    def event(self, hop: str) -> None:
+        self._child(self.m.events, (hop,)).inc()
+
+    def rejected(self, reason: str, count: int = 1) -> None:
+        self._child(self.m.events_rejected, (reason,)).inc(count)
+
+    def duplicates(self, count: int) -> None:
+        self.m.events_duplicate.inc(count)
+
+    def engine_load(self, model: str | None, replica: str | None, requests: int, kv_bytes: int) -> None:
+        """Add (or with negative numbers remove) in-flight requests and their KV bytes on a replica."""
+        labels = (self.model(model), self.replica(replica))
+        self._child(self.m.in_flight, labels).inc(requests)
+        if kv_bytes:
+            self._child(self.m.kv_cache_bytes, labels).inc(kv_bytes)
+
+    # -- per finished request -------------------------------------------------------------------
+
+    def request(
+        self,
+        request_id: str,
+        stages: Mapping[str, Any],
+        scope: tuple[str, str, str],
+        outcome: str,
+        negative: list[str],
+    ) -> None:
+        """One finished request: stages, views, tokens, outcome, connection reuse, max_tokens."""
+        exemplar = {"request_id": request_id}
+        child = self._child
+        m = self.m
+        for name in negative:
+            child(m.negative_stages, (name,)).inc()
+        for stage in TIME_STAGES:
+            value = stages.get(stage)
+            if value is not None and stage not in negative:
+                child(m.stage_seconds, (stage, *scope)).observe(value, exemplar)
+        for metric, views in ((m.ttft_seconds, _TTFT), (m.e2e_seconds, _E2E), (m.itl_seconds, _ITL)):
+            for key, view in views:
+                value = stages.get(key)
+                if value is not None and value >= 0:
+                    child(metric, (view, *scope)).observe(value, exemplar)
+        for metric, key in ((m.prompt_tokens, "prompt_tokens"), (m.output_tokens, "output_tokens")):
+            value = stages.get(key)
+            if value is not None:
+                child(metric, scope).observe(value, exemplar)
+        child(m.requests, (outcome, *scope)).inc()
+        reused = stages.get("conn_reused")
+        if reused is not None:
+            child(m.connections, ("true" if reused else "false", *scope)).inc()
+        if stages.get("max_tokens_set") is False:
+            child(m.without_max_tokens, scope).inc()
+
+    def incomplete(self, missing: str, scope: tuple[str, str, str]) -> None:
+        self._child(self.m.incomplete_requests, (missing,)).inc()
+        self._child(self.m.requests, ("incomplete", *scope)).inc()

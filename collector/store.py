@@ -1,0 +1,213 @@
+"""The durable event store: every accepted event is on disk before it is acknowledged.
+
+Layout (hive partitions by *ingest* time, UTC; the analyzer reads the same)::
+
+    DIR/events/date=YYYY-MM-DD/hour=HH/events.ndjson    the open hour: contract NDJSON lines
+    DIR/events/date=YYYY-MM-DD/hour=HH/events.parquet   a compacted hour (STORAGE_COLUMNS)
+
+A closed hour holds one or the other (briefly both after a crash during compaction; then the
+Parquet file is complete and the NDJSON file is removed on the next compaction pass). Readers
+take ``*.parquet`` and ``*.ndjson`` of every hour and only complete lines of an NDJSON file.
+
+Partitioning by ingest time, with the writer's hour never moving backwards (not even when the
+wall clock steps back, nor across restarts: it starts after the newest compacted hour), means a
+late or far-future event can never land in an hour that was already compacted.
+
+Durability (``fsync``): ``batch`` writes and fsyncs each batch before it is acknowledged
+(survives power loss); ``interval`` writes each batch before acknowledging and fsyncs at most
+every ``fsync_interval_s`` (survives a killed process: written data lives in the kernel's page
+cache); ``none`` writes and leaves flushing to the OS. A write that fails (disk full, read-only,
+permissions) is rolled back to the previous end of file and raises ``StoreError``: nothing that
+was not stored is acknowledged. A torn last line left by a crash mid-write (never acknowledged)
+is cut off when the file is opened again.
+"""
+
+from __future__ import annotations
+
+import calendar
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from hopline.collector.compaction import PARQUET_NAME, compact_hour, fsync_dir, trim_partial_line
+
+NDJSON_NAME = "events.ndjson"
+HOUR = 3600
+
+
+class StoreError(Exception):
+    """The events could not be stored; the message is the reason given to the sender (503)."""
+
+
+def hour_dir(root: Path, hour_start: int) -> Path:
+    """``root/date=YYYY-MM-DD/hour=HH`` for the UTC hour starting at ``hour_start``."""
+    t = time.gmtime(hour_start)
+    return root / f"date={t.tm_year:04d}-{t.tm_mon:02d}-{t.tm_mday:02d}" / f"hour={t.tm_hour:02d}"
+
+
+def parse_hour_dir(path: Path) -> int | None:
+    """The hour start of a ``date=…/hour=…`` directory, or None for anything else."""
+    try:
+        date = path.parent.name.removeprefix("date=")
+        hour = int(path.name.removeprefix("hour="))
+        if not 0 <= hour < 24:
+            return None
+        return calendar.timegm(time.strptime(date, "%Y-%m-%d")) + hour * HOUR
+    except ValueError:
+        return None
+
+
+class EventStore:
+    """Appends batches of NDJSON bytes to the current hour's file; compacts and expires old hours.
+
+    ``append`` is blocking (write + fsync): call it from one writer thread, which keeps batches
+    in order. ``compact`` and ``expire`` may run in another thread.
+    """
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        fsync: str = "batch",
+        fsync_interval_s: float = 1.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.root = Path(data_dir) / "events"
+        self.fsync = fsync
+        self.fsync_interval_s = fsync_interval_s
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._fd: int | None = None
+        self._size = 0
+        self._hour = 0
+        self._dirty = False
+        self._last_sync = time.monotonic()
+        self.appended_bytes = 0
+
+    # -- writing --------------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Create the store (raises StoreError when the directory is unusable)."""
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot create {self.root}: {exc.strerror}") from None
+        if not os.access(self.root, os.W_OK | os.X_OK):
+            raise StoreError(f"data directory {self.root} is not writable")
+        compacted = [h for h in self._hours() if (hour_dir(self.root, h) / PARQUET_NAME).exists()]
+        self._hour = max(compacted, default=0) + HOUR if compacted else 0
+
+    def _hours(self) -> list[int]:
+        hours = (parse_hour_dir(p) for p in self.root.glob("date=*/hour=*") if p.is_dir())
+        return sorted(h for h in hours if h is not None)
+
+    def _current_fd(self) -> int:
+        hour = max(int(self.clock()) // HOUR * HOUR, self._hour)
+        if self._fd is not None and hour == self._hour:
+            return self._fd
+        self._close_fd()
+        directory = hour_dir(self.root, hour)
+        created = not directory.exists()
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / NDJSON_NAME
+        if path.exists():
+            trim_partial_line(path)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._fd, self._hour, self._size = fd, hour, os.fstat(fd).st_size
+        if created and self.fsync != "none":
+            for d in (directory, directory.parent, self.root):
+                fsync_dir(d)
+        return fd
+
+    def append(self, data: bytes) -> None:
+        """Write ``data`` (complete NDJSON lines) durably per the fsync policy, or raise StoreError."""
+        if not data:
+            return
+        with self._lock:
+            try:
+                fd = self._current_fd()
+            except OSError as exc:
+                raise StoreError(f"cannot open the event file: {exc.strerror or exc}") from None
+            before = self._size
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                if self.fsync == "batch":
+                    os.fdatasync(fd)
+                elif self.fsync == "interval":
+                    self._dirty = True
+                    if time.monotonic() - self._last_sync >= self.fsync_interval_s:
+                        self._sync()
+            except OSError as exc:
+                try:
+                    os.ftruncate(fd, before)
+                except OSError:
+                    pass
+                raise StoreError(f"cannot write events: {exc.strerror or exc}") from None
+            self._size = before + len(data)
+            self.appended_bytes += len(data)
+
+    def _sync(self) -> None:
+        if self._fd is not None and self._dirty:
+            os.fdatasync(self._fd)
+        self._dirty = False
+        self._last_sync = time.monotonic()
+
+    def sync(self) -> None:
+        """fsync what was written (the ``interval`` policy's timer and shutdown call this)."""
+        with self._lock:
+            try:
+                self._sync()
+            except OSError:
+                pass
+
+    def _close_fd(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            try:
+                if self.fsync != "none":
+                    os.fdatasync(fd)
+            finally:
+                os.close(fd)
+
+    def close(self) -> None:
+        with self._lock:
+            self._close_fd()
+
+    # -- housekeeping ---------------------------------------------------------------------------
+
+    def compact(self, delay_s: float = 60.0) -> list[Path]:
+        """Compact every hour that closed at least ``delay_s`` ago; returns the Parquet files written."""
+        now = self.clock()
+        with self._lock:  # roll the writer forward, so a quiet collector's last hour closes too
+            if self._fd is not None and int(now) // HOUR * HOUR > self._hour:
+                self._close_fd()
+            current = self._hour if self._fd is not None else max(int(now) // HOUR * HOUR, self._hour)
+            self._hour = current
+        written = []
+        for hour in self._hours():
+            if hour < current and hour + HOUR + delay_s <= now:
+                path = compact_hour(hour_dir(self.root, hour))
+                if path is not None:
+                    written.append(path)
+        return written
+
+    def expire(self, retention_s: float) -> list[Path]:
+        """Delete hours that ended more than ``retention_s`` ago; returns the directories removed."""
+        cutoff = self.clock() - retention_s
+        removed = []
+        for hour in self._hours():
+            if hour + HOUR <= cutoff and hour < self._hour:
+                directory = hour_dir(self.root, hour)
+                shutil.rmtree(directory, ignore_errors=True)
+                removed.append(directory)
+                try:
+                    directory.parent.rmdir()  # the date directory, once its last hour is gone
+                except OSError:
+                    pass
+        return removed
+
