@@ -1,0 +1,134 @@
+"""vLLM stat logger plugin: one ``engine.stats`` event per finished request.
+
+vLLM measures queue, prefill and decode inside its engine core, with ``time.monotonic()`` in
+another process; only the durations reach the API-server process, in
+``IterationStats.finished_requests`` (``FinishedRequestStats``). This logger forwards those
+durations, stamped with this process's clock at the moment the request finished, so the stage
+table can split the engine's TTFT into queue, prefill and frontend without comparing clocks.
+
+vLLM loads it from the entry-point group ``vllm.stat_logger_plugins`` in ``AsyncLLM.__init__``
+(the API-server process, where ``hopline.middleware.engine.EngineMiddleware`` also runs; ``vllm
+serve`` has no flag for it; ``VLLM_PLUGINS``, when set, must name ``hopline``). It is inert
+unless ``HOPLINE_SINK`` is set. Configuration, as for every hopline emitter: ``HOPLINE_SINK``,
+``HOPLINE_SERVICE``, ``HOPLINE_REPLICA``, ``HOPLINE_MODEL`` (default: vLLM's served model name).
+
+The request ID is ``FinishedRequestStats.request_id`` (vLLM >= 0.20): the caller's
+``X-Request-Id`` behind vLLM's ``chatcmpl-`` / ``cmpl-`` prefix. Older vLLM reports no ID; such
+requests are counted in ``skipped`` and nothing is emitted. vLLM gives a stat logger no request
+headers, so the attempt number comes from ``note_attempt``, which the engine middleware calls for
+requests that carry ``X-Hopline-Attempt`` > 0; everything else is attempt 0.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from hopline.middleware.contract import normalize_request_id
+from hopline.middleware.emit import Emitter, get_emitter
+from hopline.middleware.log import logger
+
+try:
+    from vllm.v1.metrics.loggers import StatLoggerBase
+except ImportError:  # no vLLM here: the class stays importable, vLLM never loads it
+    StatLoggerBase = object  # type: ignore[assignment,misc]
+
+ATTEMPTS_CAPACITY = 10_000
+# request_id -> attempt, only for attempts > 0; same process and event loop as the middleware.
+_attempts: dict[str, int] = {}
+
+
+def note_attempt(request_id: str, attempt: int) -> None:
+    """Remember that ``request_id`` is on ``attempt`` (> 0) for its coming ``engine.stats``.
+
+    Bounded: past ``ATTEMPTS_CAPACITY`` entries the oldest are forgotten (their stats then say
+    attempt 0). An entry is kept after use because ``n > 1`` finishes one request several times.
+    """
+    if attempt <= 0:
+        return
+    _attempts.pop(request_id, None)
+    _attempts[request_id] = attempt
+    while len(_attempts) > ATTEMPTS_CAPACITY:
+        del _attempts[next(iter(_attempts))]
+
+
+def _served_model_name(vllm_config: Any) -> str | None:
+    """vLLM's served model name (what its Prometheus ``model_name`` label says)."""
+    name = getattr(getattr(vllm_config, "model_config", None), "served_model_name", None)
+    if isinstance(name, (list, tuple)):
+        name = name[0] if name else None
+    return name if isinstance(name, str) and name else None
+
+
+class HoplineStatLogger(StatLoggerBase):
+    """Emits ``engine.stats`` from vLLM's per-request durations; never raises into vLLM.
+
+    ``skipped`` counts finished requests without a usable request ID, ``errors`` failures
+    inside this logger (both caught and dropped).
+    """
+
+    def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+        self.engine_index = engine_index
+        self.skipped = 0
+        self.errors = 0
+        self._emitter: Emitter | None = None
+        self._model: str | None = None
+        if not os.environ.get("HOPLINE_SINK"):
+            return
+        try:
+            if not os.environ.get("HOPLINE_MODEL"):
+                self._model = _served_model_name(vllm_config)
+            self._emitter = get_emitter()
+        except Exception as exc:  # a bad HOPLINE_SINK must not stop vLLM from starting
+            self.errors += 1
+            logger.warning("vllm_stat_logger_disabled", error=str(exc))
+
+    def record(
+        self,
+        scheduler_stats: Any,
+        iteration_stats: Any,
+        mm_cache_stats: Any = None,
+        engine_idx: int = 0,
+    ) -> None:
+        """Called by vLLM once per engine step; does work only when requests finished."""
+        if self._emitter is None or iteration_stats is None:
+            return
+        try:
+            finished = iteration_stats.finished_requests
+            if finished:
+                for stats in finished:
+                    self._emit(stats)
+        except Exception:
+            self.errors += 1
+
+    def _emit(self, stats: Any) -> None:
+        request_id = normalize_request_id(getattr(stats, "request_id", None))
+        if request_id is None:
+            if not self.skipped:
+                logger.warning("vllm_stats_without_request_id", hint="vLLM >= 0.20 reports request IDs")
+            self.skipped += 1
+            return
+        attrs: dict[str, Any] = {
+            "queue_s": stats.queued_time,
+            "prefill_s": stats.prefill_time,
+            "decode_s": stats.decode_time,
+            "prompt_tokens": stats.num_prompt_tokens,
+            "output_tokens": stats.num_generation_tokens,
+            "cached_tokens": stats.num_cached_tokens,
+            "finish_reason": str(stats.finish_reason),
+        }
+        if stats.max_tokens_param is not None:
+            attrs["max_tokens"] = stats.max_tokens_param
+        if self._model is not None:
+            attrs["model"] = self._model
+        attempt = _attempts.get(request_id)
+        if attempt is not None:
+            attrs["attempt"] = attempt
+        self._emitter.emit("engine.stats", request_id, **attrs)  # type: ignore[union-attr]
+
+    def log_engine_initialized(self) -> None:
+        if self._emitter is not None:
+            logger.info("vllm_stat_logger_ready", engine=self.engine_index, model=self._model)
+
+    def log(self) -> None:
+        """vLLM's periodic stats tick: nothing to do, events are shipped by the emitter."""
