@@ -338,14 +338,14 @@ class HttpSink:
         verify: Any = True,
     ) -> None:
         self.url = events_url(url)
-        self.timeout = timeout
         self.retry_budget = retry_budget
         self.backoff = backoff
         self.verify = verify
         self._headers = {"Content-Type": "application/x-ndjson", "User-Agent": "hopline"}
         if token:
             self._headers["Authorization"] = f"Bearer {token}"
-        self._client: httpx.Client | None = None
+        self._timeouts = httpx.Timeout(timeout, connect=min(timeout, 2.0)).as_dict()
+        self._transport: httpx.HTTPTransport | None = None
         self._deadline: float | None = None  # monotonic; set by the emitter on shutdown
         self._interrupt = threading.Event()
         self.posts = 0  # HTTP requests made (tests and debugging)
@@ -369,7 +369,7 @@ class HttpSink:
         delay = self.backoff[0]
         while True:
             try:
-                response = self._http().post(self.url, content=b"".join(lines), headers=self._headers)
+                response = self._send(b"".join(lines))
             except httpx.HTTPError as exc:  # connection refused, timeouts, protocol errors
                 problem = f"{type(exc).__name__}: {exc}"
                 retry_after = None
@@ -432,24 +432,32 @@ class HttpSink:
         )
         return min(len(rejected), len(lines))
 
-    def _http(self) -> httpx.Client:
-        if self._client is None:
-            self._client = httpx.Client(
-                timeout=httpx.Timeout(self.timeout, connect=min(self.timeout, 2.0)), verify=self.verify
-            )
-        return self._client
+    def _send(self, body: bytes) -> httpx.Response:
+        """One POST through httpx's transport directly: ``httpx.Client`` would log every request
+        at INFO on the ``httpx`` logger, i.e. into the host's logs, once per batch."""
+        if self._transport is None:
+            self._transport = httpx.HTTPTransport(verify=self.verify)
+        request = httpx.Request(
+            "POST", self.url, content=body, headers=self._headers, extensions={"timeout": self._timeouts}
+        )
+        response = self._transport.handle_request(request)
+        try:
+            response.read()
+        finally:
+            response.close()
+        return response
 
     def flush(self) -> None:
         """Nothing buffered here: ``write`` returns once the batch is answered or given up."""
 
     def close(self) -> None:
-        if self._client is not None:
-            client, self._client = self._client, None
-            client.close()
+        if self._transport is not None:
+            transport, self._transport = self._transport, None
+            transport.close()
 
     def after_fork_in_child(self) -> None:
         """Forget the parent's pooled connections (closing them here would disturb the parent)."""
-        self._client = None
+        self._transport = None
         self._interrupt = threading.Event()
 
     def __repr__(self) -> str:
