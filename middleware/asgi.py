@@ -1,0 +1,232 @@
+"""What the gateway and engine middleware share: ASGI types, request-ID adoption, response watching.
+
+``Exchange`` is the per-request object both pure-ASGI middlewares create in ``__call__`` (never
+state on the middleware itself). It is fed every response message *after* it was forwarded, with
+the time taken just before forwarding, and emits ``<component>.first_token``, ``.last_token`` and
+``.error`` (or ``gateway.rejected``). Nothing in here may raise into the host: the middlewares call
+it inside ``try`` blocks and count what goes wrong in the emitter's ``errors``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from hopline.middleware import clock
+from hopline.middleware.contract import new_request_id, normalize_request_id
+from hopline.middleware.emit import Emitter, get_emitter
+from hopline.middleware.log import logger
+from hopline.middleware.sse import MAX_JSON_BYTES, StreamReader, error_summary, response_summary
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+REQUEST_ID_HEADER = b"x-request-id"
+ATTEMPT_HEADER = b"x-hopline-attempt"
+MAX_ATTEMPT = 1000
+
+
+def resolve_emitter(emitter: Emitter | None, owner: str) -> Emitter | None:
+    """``emitter``, else the one configured from ``HOPLINE_*``; None (pass-through) if that fails.
+
+    A broken hopline configuration must not stop the host from starting: it is logged and the
+    middleware stays out of the way.
+    """
+    if emitter is not None:
+        return emitter
+    try:
+        return get_emitter()
+    except Exception as exc:
+        logger.error("hopline_disabled", middleware=owner, error=str(exc))
+        return None
+
+
+def parse_attempt(raw: bytes | str | None) -> int:
+    """The ``X-Hopline-Attempt`` value as an int in [0, MAX_ATTEMPT]; 0 when absent or invalid."""
+    if raw is None:
+        return 0
+    try:
+        value = int(raw)
+    except ValueError:
+        return 0
+    return value if 0 <= value <= MAX_ATTEMPT else 0
+
+
+def adopt_request_id(raw: bytes | str | None, where: str) -> str:
+    """The incoming request ID in hopline's form, or a fresh one when it is missing or unusable.
+
+    A hostile value (too long, control characters, ...) is replaced and never logged raw: only
+    its length is.
+    """
+    if raw is None:
+        return new_request_id()
+    rid = normalize_request_id(raw)
+    if rid is None:
+        logger.warning("request_id_replaced", where=where, reason="invalid", length=len(raw))
+        return new_request_id()
+    return rid
+
+
+def read_request_headers(scope: Scope) -> tuple[bytes | None, bytes | None]:
+    """The raw ``X-Request-Id`` and ``X-Hopline-Attempt`` values of an ASGI scope."""
+    rid = attempt = None
+    for name, value in scope.get("headers") or ():
+        lower = name.lower()
+        if lower == REQUEST_ID_HEADER:
+            rid = value
+        elif lower == ATTEMPT_HEADER:
+            attempt = value
+    return rid, attempt
+
+
+def with_request_id(scope: Scope, request_id: str) -> Scope:
+    """A shallow copy of ``scope`` whose headers carry exactly one ``x-request-id: request_id``."""
+    headers = [(k, v) for k, v in scope.get("headers") or () if k.lower() != REQUEST_ID_HEADER]
+    headers.append((REQUEST_ID_HEADER, request_id.encode()))
+    new = dict(scope)
+    new["headers"] = headers
+    return new
+
+
+class Exchange:
+    """One request as one ASGI component sees it: emits its first/last token and its failure.
+
+    ``attempt`` is read at every emission, so a gateway can raise it while forwarding.
+    ``rejected`` lists the statuses reported as ``<component>.rejected`` instead of ``.error``.
+    """
+
+    __slots__ = (
+        "emitter",
+        "request_id",
+        "attempt",
+        "extra",
+        "_hop_first",
+        "_hop_last",
+        "_hop_error",
+        "_hop_rejected",
+        "_rejected",
+        "status",
+        "_reader",
+        "_json",
+        "_json_size",
+        "complete",
+        "final",
+        "disconnected",
+    )
+
+    def __init__(
+        self,
+        emitter: Emitter,
+        component: str,
+        request_id: str,
+        attempt: int,
+        *,
+        rejected: frozenset[int] = frozenset(),
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        self.emitter = emitter
+        self.request_id = request_id
+        self.attempt = attempt
+        self.extra = extra or {}  # attributes added to every event (e.g. service)
+        self._hop_first = f"{component}.first_token"
+        self._hop_last = f"{component}.last_token"
+        self._hop_error = f"{component}.error"
+        self._hop_rejected = f"{component}.rejected"
+        self._rejected = rejected
+        self.status: int | None = None
+        self._reader: StreamReader | None = None
+        self._json: list[bytes] | None = None  # a non-streaming body, while under MAX_JSON_BYTES
+        self._json_size = 0
+        self.complete = False  # the final body message went out
+        self.final = False  # a last_token / error / rejected event was emitted
+        self.disconnected = False
+
+    def emit(self, hop: str, ts: float | None = None, **attrs: Any) -> None:
+        if self.extra:
+            attrs.update(self.extra)
+        self.emitter.emit(hop, self.request_id, ts, attempt=self.attempt, **attrs)
+
+    def fail(self, error: str, ts: float | None = None, status: int | None = None) -> None:
+        """Emit the component's error event once (its final word on the request)."""
+        if self.final:
+            return
+        self.final = True
+        if status is None:
+            status = self.status
+        if status is None:
+            self.emit(self._hop_error, ts, error=error)
+        else:
+            self.emit(self._hop_error, ts, error=error, status=status)
+
+    def on_start(self, message: Message, ts: float) -> None:
+        status = self.status = message.get("status", 200)
+        if status >= 400:
+            self.final = True
+            hop = self._hop_rejected if status in self._rejected else self._hop_error
+            self.emit(hop, ts, status=status, error=f"http_{status}")
+            return
+        for name, value in message.get("headers") or ():
+            if name.lower() == b"content-type":
+                if value.startswith(b"text/event-stream"):
+                    self._reader = StreamReader()
+                break
+        if self._reader is None:
+            self._json = []
+
+    def on_body(self, message: Message, ts: float) -> None:
+        body = message.get("body", b"")
+        more = message.get("more_body", False)
+        if not more:
+            self.complete = True
+        if self.final:
+            return
+        reader = self._reader
+        if reader is not None:
+            if body and reader.feed(body, ts):
+                self.emit(self._hop_first, ts)
+            if reader.error is not None:
+                self.fail(reader.error, ts, reader.error_status or self.status)
+            elif not more:
+                self.final = True
+                self.emit(self._hop_last, ts, **reader.summary())
+            return
+        parts = self._json
+        if parts is not None and body:
+            self._json_size += len(body)
+            if self._json_size > MAX_JSON_BYTES:
+                self._json = parts = None
+            else:
+                parts.append(body)
+        if not more:
+            body_bytes = b"".join(parts) if parts else b""
+            error = error_summary(body_bytes)
+            if error is not None:
+                self.fail(error, ts)
+                return
+            self.final = True
+            self.emit(self._hop_last, ts, **response_summary(body_bytes))
+
+    def on_disconnect(self) -> None:
+        """The downstream client went away (``http.disconnect`` before the response finished)."""
+        if not self.complete:
+            self.disconnected = True
+
+    def finish(self, exc: BaseException | None) -> None:
+        """After the app returned or raised: report a request that never finished."""
+        if self.final:
+            return
+        ts = clock.now()
+        if self.disconnected or isinstance(exc, OSError):
+            self.fail("disconnected", ts)
+        elif exc is not None:
+            self.fail(_exception_label(exc), ts, self.status if self.status is not None else 500)
+        else:
+            self.fail("incomplete", ts)
+
+
+def _exception_label(exc: BaseException) -> str:
+    """``exception:ValueError``: the class name only (messages may quote user input)."""
+    return f"exception:{type(exc).__name__}"[:64]

@@ -1,0 +1,484 @@
+"""Client hops from an httpx transport wrapper: ``client.sent`` / ``first_token`` / ``last_token`` / ``error``.
+
+    import httpx, openai
+    from hopline.middleware.client import instrument
+
+    client = openai.OpenAI(http_client=instrument(httpx.Client()))          # or AsyncOpenAI + AsyncClient
+
+``instrument(client)`` wraps the client's transport (and its per-mount transports) in a
+``HoplineTransport`` / ``AsyncHoplineTransport``; nothing is monkeypatched, and a transport can also
+be wrapped directly: ``httpx.Client(transport=HoplineTransport(httpx.HTTPTransport()))``.
+
+Per request the transport:
+
+* sets ``X-Request-Id`` (a fresh ID unless the caller set a valid one), ``X-Hopline-Attempt`` and a
+  W3C ``traceparent`` when absent;
+* counts retries of one logical call as ``attempt`` and keeps its request ID: the OpenAI SDK (and
+  other Stainless SDKs) rebuilds the request for each retry and sends ``x-stainless-retry-count``;
+  a retry is matched to its first try by the caller (thread or asyncio task), method, URL and body;
+* stamps ``client.sent`` when the request enters the transport, i.e. before pool wait, connect and
+  TLS, whose durations come from httpcore's ``trace`` extension (``connect_tcp`` / ``start_tls``
+  events appear only on a new connection, hence ``conn_reused``);
+* wraps the response stream (the shape of httpx's ``BoundSyncStream``) to time the first SSE event
+  carrying output and the end of the body; a stream closed before its end is ``cancelled``.
+
+Events never carry text: from the request body only ``model``, ``stream``, ``n`` and ``max_tokens``
+are read (bounded); from the response only counts, usage and ``finish_reason``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterator
+from typing import Any, TypeVar
+
+import httpx
+
+from hopline.middleware import clock
+from hopline.middleware.contract import new_request_id, normalize_request_id
+from hopline.middleware.emit import Emitter, get_emitter
+from hopline.middleware.log import logger
+from hopline.middleware.sse import MAX_JSON_BYTES, StreamReader, error_summary, request_summary, response_summary
+
+REQUEST_ID_HEADER = "x-request-id"
+ATTEMPT_HEADER = "x-hopline-attempt"
+SDK_RETRY_HEADER = "x-stainless-retry-count"
+TRACEPARENT_HEADER = "traceparent"
+MAX_ATTEMPT = 1000
+_TRACE_ID = re.compile(r"[0-9a-f]{32}")
+
+
+class _LogicalCalls:
+    """Request IDs of recent logical calls, so that a retry (attempt > 0) reuses its call's ID."""
+
+    def __init__(self, capacity: int = 4096) -> None:
+        self._ids: OrderedDict[Hashable, str] = OrderedDict()
+        self._capacity = capacity
+        self._lock = threading.Lock()
+
+    def request_id(self, key: Hashable, attempt: int) -> str:
+        with self._lock:
+            if attempt > 0:
+                found = self._ids.get(key)
+                if found is not None:
+                    self._ids.move_to_end(key)
+                    return found
+            rid = self._ids[key] = new_request_id()
+            self._ids.move_to_end(key)
+            if len(self._ids) > self._capacity:
+                self._ids.popitem(last=False)
+            return rid
+
+
+def _attempt_of(headers: httpx.Headers) -> int:
+    for name in (ATTEMPT_HEADER, SDK_RETRY_HEADER):
+        raw = headers.get(name)
+        if raw is not None:
+            try:
+                value = int(raw)
+            except ValueError:
+                continue
+            if 0 <= value <= MAX_ATTEMPT:
+                return value
+    return 0
+
+
+def _traceparent(request_id: str) -> str:
+    """A W3C traceparent; the trace ID is the request ID when that is 32 lowercase hex digits."""
+    trace_id = request_id if _TRACE_ID.fullmatch(request_id) and request_id != "0" * 32 else os.urandom(16).hex()
+    return f"00-{trace_id}-{os.urandom(8).hex()}-01"
+
+
+def _body_of(request: httpx.Request) -> bytes | None:
+    try:
+        return request.content
+    except httpx.RequestNotRead:  # a streamed upload: not read, attributes unknown
+        return None
+
+
+class _Call:
+    """One attempt as the transport sees it: connection timings, then the response body."""
+
+    __slots__ = (
+        "emitter",
+        "request_id",
+        "attempt",
+        "extra",
+        "sent_attrs",
+        "entered",
+        "first_trace",
+        "headers_sent",
+        "connect",
+        "tls",
+        "new_connection",
+        "reader",
+        "json",
+        "json_size",
+        "final",
+        "status",
+    )
+
+    def __init__(self, emitter: Emitter, request_id: str, attempt: int, extra: dict[str, Any], sent_attrs: dict[str, Any]) -> None:
+        self.emitter = emitter
+        self.request_id = request_id
+        self.attempt = attempt
+        self.extra = extra
+        self.sent_attrs = sent_attrs
+        self.entered = time.perf_counter()
+        self.first_trace: float | None = None
+        self.headers_sent: float | None = None
+        self.connect: list[float] = []  # [started, complete]
+        self.tls: list[float] = []
+        self.new_connection = False
+        self.reader: StreamReader | None = None
+        self.json: list[bytes] | None = None
+        self.json_size = 0
+        self.final = False
+        self.status: int | None = None
+
+    def emit(self, hop: str, ts: float | None = None, **attrs: Any) -> None:
+        if self.extra:
+            attrs.update(self.extra)
+        self.emitter.emit(hop, self.request_id, ts, attempt=self.attempt, **attrs)
+
+    def on_trace(self, name: str) -> None:
+        """httpcore trace events (``connection.connect_tcp.started``, ``proxy.start_tls.complete``...)."""
+        t = time.perf_counter()
+        if self.first_trace is None:
+            self.first_trace = t
+        if self.headers_sent is not None:
+            return
+        if name.endswith((".connect_tcp.started", ".connect_unix_socket.started")):
+            self.new_connection = True
+            self.connect = [t]
+        elif name.endswith((".connect_tcp.complete", ".connect_unix_socket.complete")):
+            self.connect.append(t)
+        elif name.endswith(".start_tls.started"):
+            self.tls = [t]
+        elif name.endswith(".start_tls.complete"):
+            self.tls.append(t)
+        elif name.endswith(".send_request_headers.started"):
+            self.headers_sent = t
+
+    def emit_sent(self) -> None:
+        attrs = self.sent_attrs
+        if self.first_trace is not None:  # an httpcore-backed transport told us about the connection
+            attrs["pool_wait_s"] = max(0.0, self.first_trace - self.entered)
+            attrs["conn_reused"] = not self.new_connection
+            if len(self.connect) == 2:
+                attrs["connect_s"] = self.connect[1] - self.connect[0]
+            if len(self.tls) == 2:
+                attrs["tls_s"] = self.tls[1] - self.tls[0]
+        self.emit("client.sent", clock.from_perf(self.entered), **attrs)
+
+    def fail(self, error: str, status: int | None = None) -> None:
+        if self.final:
+            return
+        self.final = True
+        if status is None:
+            status = self.status
+        if status is None:
+            self.emit("client.error", error=error)
+        else:
+            self.emit("client.error", error=error, status=status)
+
+    def on_response(self, response: httpx.Response) -> bool:
+        """Headers arrived. True when the body is worth watching (a 2xx/3xx response)."""
+        status = self.status = response.status_code
+        if status >= 400:
+            self.fail(f"http_{status}", status)
+            return False
+        if response.headers.get("content-type", "").startswith("text/event-stream"):
+            self.reader = StreamReader()
+        else:
+            self.json = []
+        return True
+
+    def on_chunk(self, chunk: bytes) -> None:
+        if self.final:
+            return
+        ts = clock.now()
+        reader = self.reader
+        if reader is not None:
+            if reader.feed(chunk, ts):
+                self.emit("client.first_token", ts)
+            if reader.error is not None:
+                self.fail(reader.error, reader.error_status)
+            elif reader.done:
+                self.final = True
+                self.emit("client.last_token", ts, **reader.summary())
+            return
+        parts = self.json
+        if parts is not None and chunk:
+            self.json_size += len(chunk)
+            if self.json_size > MAX_JSON_BYTES:
+                self.json = None
+            else:
+                parts.append(chunk)
+
+    def on_end(self) -> None:
+        """The body was read to its end."""
+        if self.final:
+            return
+        if self.reader is not None:
+            self.final = True
+            self.emit("client.last_token", **self.reader.summary())
+            return
+        body = b"".join(self.json) if self.json else b""
+        error = error_summary(body)
+        if error is not None:
+            self.fail(error)
+            return
+        self.final = True
+        self.emit("client.last_token", **response_summary(body))
+
+    def on_close(self) -> None:
+        """The response was closed: before its end, that is a cancelled stream."""
+        self.fail("cancelled")
+
+    def on_error(self, exc: BaseException) -> None:
+        self.fail(type(exc).__name__[:64])
+
+
+def _guarded(emitter: Emitter, action: Callable[[], None]) -> None:
+    try:
+        action()
+    except Exception:
+        emitter.errors += 1
+
+
+class _ObservedSyncStream(httpx.SyncByteStream):
+    """The response body, passed through chunk by chunk while ``_Call`` watches it."""
+
+    def __init__(self, stream: httpx.SyncByteStream, call: _Call) -> None:
+        self._stream = stream
+        self._call = call
+
+    def __iter__(self) -> Iterator[bytes]:
+        call = self._call
+        try:
+            for chunk in self._stream:
+                _guarded(call.emitter, lambda: call.on_chunk(chunk))
+                yield chunk
+        except Exception as exc:
+            _guarded(call.emitter, lambda: call.on_error(exc))
+            raise
+        _guarded(call.emitter, call.on_end)
+
+    def close(self) -> None:
+        _guarded(self._call.emitter, self._call.on_close)
+        self._stream.close()
+
+
+class _ObservedAsyncStream(httpx.AsyncByteStream):
+    """The async twin of ``_ObservedSyncStream`` (shape of httpx's ``BoundAsyncStream``)."""
+
+    def __init__(self, stream: httpx.AsyncByteStream, call: _Call) -> None:
+        self._stream = stream
+        self._call = call
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        call = self._call
+        try:
+            async for chunk in self._stream:
+                _guarded(call.emitter, lambda: call.on_chunk(chunk))
+                yield chunk
+        except Exception as exc:
+            _guarded(call.emitter, lambda: call.on_error(exc))
+            raise
+        _guarded(call.emitter, call.on_end)
+
+    async def aclose(self) -> None:
+        _guarded(self._call.emitter, self._call.on_close)
+        await self._stream.aclose()
+
+
+_T = TypeVar("_T")
+
+
+class _Instrumentation:
+    """What both transports share: the emitter, extra attributes and the logical-call memory."""
+
+    def __init__(self, emitter: Emitter | None, service: str | None) -> None:
+        self.emitter = emitter if emitter is not None else get_emitter()
+        self.extra = {"service": service} if service else {}
+        self.calls = _LogicalCalls()
+
+    def begin(self, request: httpx.Request, caller: Hashable) -> _Call | None:
+        """Set the hopline headers on ``request`` and start its ``_Call`` (None if that failed)."""
+        try:
+            headers = request.headers
+            attempt = _attempt_of(headers)
+            body = _body_of(request)
+            raw_id = headers.get(REQUEST_ID_HEADER)
+            request_id = normalize_request_id(raw_id) if raw_id is not None else None
+            if raw_id is not None and request_id is None:
+                logger.warning("request_id_replaced", where="client", reason="invalid", length=len(raw_id))
+            if request_id is None:
+                key = (caller, request.method, str(request.url), hash(body) if body is not None else None)
+                request_id = self.calls.request_id(key, attempt)
+            headers[REQUEST_ID_HEADER] = request_id
+            headers[ATTEMPT_HEADER] = str(attempt)
+            if TRACEPARENT_HEADER not in headers:
+                headers[TRACEPARENT_HEADER] = _traceparent(request_id)
+            sent_attrs = request_summary(body) if body else {}
+            sent_attrs.setdefault("stream", False)
+            return _Call(self.emitter, request_id, attempt, self.extra, sent_attrs)
+        except Exception:
+            self.emitter.errors += 1
+            return None
+
+    def install_trace(self, request: httpx.Request, call: _Call, make: Callable[[Any, _Call], _T]) -> None:
+        request.extensions = {**request.extensions, "trace": make(request.extensions.get("trace"), call)}
+
+
+def _sync_trace(previous: Callable[[str, dict], None] | None, call: _Call) -> Callable[[str, dict], None]:
+    def trace(name: str, info: dict) -> None:
+        call.on_trace(name)
+        if previous is not None:
+            previous(name, info)
+
+    return trace
+
+
+def _async_trace(
+    previous: Callable[[str, dict], Awaitable[None]] | None, call: _Call
+) -> Callable[[str, dict], Awaitable[None]]:
+    async def trace(name: str, info: dict) -> None:
+        call.on_trace(name)
+        if previous is not None:
+            await previous(name, info)
+
+    return trace
+
+
+class HoplineTransport(httpx.BaseTransport):
+    """Wraps a sync httpx transport and emits client hops for every request through it."""
+
+    def __init__(self, transport: httpx.BaseTransport, *, emitter: Emitter | None = None, service: str | None = None) -> None:
+        self.transport = transport
+        self._hopline = _Instrumentation(emitter, service)
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        hopline = self._hopline
+        call = hopline.begin(request, threading.get_ident())
+        if call is None:
+            return self.transport.handle_request(request)
+        _guarded(hopline.emitter, lambda: hopline.install_trace(request, call, _sync_trace))
+        try:
+            response = self.transport.handle_request(request)
+        except Exception as exc:
+            _guarded(hopline.emitter, call.emit_sent)
+            _guarded(hopline.emitter, lambda: call.on_error(exc))
+            raise
+        _guarded(hopline.emitter, call.emit_sent)
+        try:
+            if call.on_response(response):
+                response.stream = _ObservedSyncStream(response.stream, call)  # type: ignore[arg-type]
+        except Exception:
+            hopline.emitter.errors += 1
+        return response
+
+    def close(self) -> None:
+        self.transport.close()
+
+    def __enter__(self) -> HoplineTransport:
+        self.transport.__enter__()
+        return self
+
+    def __exit__(self, *args: Any) -> None:
+        self.transport.__exit__(*args)
+
+
+class AsyncHoplineTransport(httpx.AsyncBaseTransport):
+    """Wraps an async httpx transport and emits client hops for every request through it."""
+
+    def __init__(
+        self, transport: httpx.AsyncBaseTransport, *, emitter: Emitter | None = None, service: str | None = None
+    ) -> None:
+        self.transport = transport
+        self._hopline = _Instrumentation(emitter, service)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        hopline = self._hopline
+        call = hopline.begin(request, _current_task_key())
+        if call is None:
+            return await self.transport.handle_async_request(request)
+        _guarded(hopline.emitter, lambda: hopline.install_trace(request, call, _async_trace))
+        try:
+            response = await self.transport.handle_async_request(request)
+        except Exception as exc:
+            _guarded(hopline.emitter, call.emit_sent)
+            _guarded(hopline.emitter, lambda: call.on_error(exc))
+            raise
+        _guarded(hopline.emitter, call.emit_sent)
+        try:
+            if call.on_response(response):
+                response.stream = _ObservedAsyncStream(response.stream, call)  # type: ignore[arg-type]
+        except Exception:
+            hopline.emitter.errors += 1
+        return response
+
+    async def aclose(self) -> None:
+        await self.transport.aclose()
+
+    async def __aenter__(self) -> AsyncHoplineTransport:
+        await self.transport.__aenter__()
+        return self
+
+    async def __aexit__(self, *args: Any) -> None:
+        await self.transport.__aexit__(*args)
+
+
+def _current_task_key() -> Hashable:
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # trio or no running loop: fall back to the thread
+        task = None
+    return id(task) if task is not None else threading.get_ident()
+
+
+_C = TypeVar("_C", httpx.Client, httpx.AsyncClient)
+
+
+def instrument(client: _C, *, emitter: Emitter | None = None, service: str | None = None) -> _C:
+    """Wrap ``client``'s transport and per-mount transports so that every request emits client hops.
+
+    Args:
+        client: an ``httpx.Client`` or ``httpx.AsyncClient`` (e.g. the one passed to
+            ``openai.OpenAI(http_client=...)``); returned, instrumented in place.
+        emitter: where events go; default ``get_emitter()`` (from ``HOPLINE_*``).
+        service: the calling service's name on every event (else the emitter's ``service``).
+
+    Instrumenting twice is harmless (already wrapped transports are kept). If hopline cannot be
+    configured, the error is logged and the client is returned untouched.
+
+    Raises:
+        TypeError: ``client`` is not an httpx client.
+    """
+    if isinstance(client, httpx.AsyncClient):
+        wrap_class: type = AsyncHoplineTransport
+    elif isinstance(client, httpx.Client):
+        wrap_class = HoplineTransport
+    else:
+        raise TypeError(f"instrument() needs an httpx.Client or httpx.AsyncClient, got {type(client).__name__}")
+    try:
+        emitter = emitter if emitter is not None else get_emitter()
+    except Exception as exc:
+        logger.error("hopline_disabled", where="client", error=str(exc))
+        return client
+
+    def wrap(transport: Any) -> Any:
+        if transport is None or isinstance(transport, wrap_class):
+            return transport
+        return wrap_class(transport, emitter=emitter, service=service)
+
+    # httpx has no public setter for these: the transport is fixed at construction time.
+    client._transport = wrap(client._transport)
+    client._mounts = {pattern: wrap(transport) for pattern, transport in client._mounts.items()}
+    return client

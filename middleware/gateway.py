@@ -1,0 +1,192 @@
+"""Gateway hops: ``GatewayMiddleware`` (pure ASGI) plus ``hops(request)`` for the gateway's own code.
+
+    app.add_middleware(GatewayMiddleware)
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        h = hops(request)
+        ...auth, rate limit...
+        h.admitted()
+        for replica in replicas:                      # failover: one call per upstream attempt
+            headers = h.forwarded(replica.name)       # emits gateway.forwarded, returns the headers
+            ...send the request upstream with headers...
+
+The middleware emits ``gateway.received`` when the request line and headers arrive,
+``gateway.first_token`` / ``gateway.last_token`` from the response it relays (same SSE rule as the
+client and the engine), ``gateway.rejected`` for 401/403/429, and ``gateway.error`` for other
+4xx/5xx responses, an exception in the app (re-raised unchanged) or a client that went away.
+
+It owns the request ID: a valid incoming ``X-Request-Id`` is kept, a missing or hostile one (over 64
+characters, bad characters) is replaced by a fresh ID (the original is never logged). The handler
+sees the ID in ``request.headers["x-request-id"]`` and the response echoes it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hopline.middleware import clock
+from hopline.middleware.asgi import (
+    REQUEST_ID_HEADER,
+    ASGIApp,
+    Exchange,
+    Message,
+    Receive,
+    Scope,
+    Send,
+    adopt_request_id,
+    parse_attempt,
+    read_request_headers,
+    resolve_emitter,
+    with_request_id,
+)
+from hopline.middleware.emit import Emitter, get_emitter
+from hopline.middleware.log import logger
+
+REJECTED_STATUSES = frozenset({401, 403, 429})
+STATE_KEY = "hopline"
+
+
+class GatewayHops:
+    """One request's gateway hops, as the gateway's handler marks them.
+
+    ``request_id``: the request's ID (also in the scope's ``x-request-id`` header).
+    ``attempt``: the current upstream attempt: the incoming ``X-Hopline-Attempt`` (or 0) until the
+    first ``forwarded()``, then the attempt that call announced.
+    """
+
+    __slots__ = ("_exchange", "_forwards", "_base_attempt")
+
+    def __init__(self, exchange: Exchange) -> None:
+        self._exchange = exchange
+        self._forwards = 0
+        self._base_attempt = exchange.attempt
+
+    @property
+    def request_id(self) -> str:
+        return self._exchange.request_id
+
+    @property
+    def attempt(self) -> int:
+        return self._exchange.attempt
+
+    def admitted(self) -> None:
+        """Emit ``gateway.admitted``: authentication and rate limiting let the request through."""
+        self._exchange.emit("gateway.admitted")
+
+    def forwarded(self, upstream: str) -> dict[str, str]:
+        """Emit ``gateway.forwarded`` for the next upstream attempt; return the headers to send.
+
+        Args:
+            upstream: the engine replica's name (not its URL: it becomes a bounded label).
+
+        The first call uses the incoming attempt (or 0); each later call (failover) adds one. The
+        returned ``X-Request-Id`` and ``X-Hopline-Attempt`` headers let the engine's hops join.
+        """
+        exchange = self._exchange
+        exchange.attempt = self._base_attempt + self._forwards
+        self._forwards += 1
+        exchange.emit("gateway.forwarded", upstream=str(upstream)[:256])
+        return {"X-Request-Id": exchange.request_id, "X-Hopline-Attempt": str(exchange.attempt)}
+
+
+def hops(request: Any) -> GatewayHops:
+    """The ``GatewayHops`` of a request: a Starlette ``Request`` or an ASGI scope.
+
+    Without ``GatewayMiddleware`` in front (a wiring mistake), a detached ``GatewayHops`` is made
+    from the request's headers so that the handler still works; it has no ``gateway.received``.
+    """
+    scope = getattr(request, "scope", request)
+    state = scope.setdefault("state", {})
+    found = state.get(STATE_KEY)
+    if isinstance(found, GatewayHops):
+        return found
+    logger.warning("gateway_hops_without_middleware", hint="add GatewayMiddleware to the gateway app")
+    raw_id, raw_attempt = read_request_headers(scope)
+    exchange = Exchange(get_emitter(), "gateway", adopt_request_id(raw_id, "gateway"), parse_attempt(raw_attempt))
+    found = state[STATE_KEY] = GatewayHops(exchange)
+    return found
+
+
+class GatewayMiddleware:
+    """Pure ASGI middleware for an LLM gateway (see the module docstring).
+
+    Args:
+        app: the gateway's ASGI app.
+        emitter: where events go; default ``get_emitter()`` (from ``HOPLINE_*``).
+        rejected_statuses: response statuses reported as ``gateway.rejected``.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        emitter: Emitter | None = None,
+        rejected_statuses: frozenset[int] = REJECTED_STATUSES,
+    ) -> None:
+        self.app = app
+        self.emitter = resolve_emitter(emitter, "GatewayMiddleware")
+        self.rejected_statuses = frozenset(rejected_statuses)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or self.emitter is None:
+            await self.app(scope, receive, send)
+            return
+        try:
+            raw_id, raw_attempt = read_request_headers(scope)
+            request_id = adopt_request_id(raw_id, "gateway")
+            if raw_id is None or raw_id != request_id.encode():
+                scope = with_request_id(scope, request_id)
+            exchange = Exchange(
+                self.emitter, "gateway", request_id, parse_attempt(raw_attempt), rejected=self.rejected_statuses
+            )
+            exchange.emit("gateway.received")
+            scope.setdefault("state", {})[STATE_KEY] = GatewayHops(exchange)
+            echoed = (REQUEST_ID_HEADER, request_id.encode())
+        except Exception:
+            self.emitter.errors += 1
+            await self.app(scope, receive, send)
+            return
+
+        async def observed_receive() -> Message:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                exchange.on_disconnect()
+            return message
+
+        async def observed_send(message: Message) -> None:
+            ts = clock.now()
+            kind = message["type"]
+            if kind == "http.response.start":
+                try:
+                    headers = [(k, v) for k, v in message.get("headers") or () if k.lower() != REQUEST_ID_HEADER]
+                    headers.append(echoed)
+                    message["headers"] = headers
+                except Exception:
+                    exchange.emitter.errors += 1
+            try:
+                await send(message)
+            except OSError:
+                exchange.disconnected = True
+                raise
+            try:
+                if kind == "http.response.body":
+                    exchange.on_body(message, ts)
+                elif kind == "http.response.start":
+                    exchange.on_start(message, ts)
+            except Exception:
+                exchange.emitter.errors += 1
+
+        try:
+            await self.app(scope, observed_receive, observed_send)
+        except BaseException as exc:
+            _finish(exchange, exc)
+            raise
+        _finish(exchange, None)
+
+
+def _finish(exchange: Exchange, exc: BaseException | None) -> None:
+    try:
+        exchange.finish(exc)
+    except Exception:
+        exchange.emitter.errors += 1

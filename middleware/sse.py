@@ -1,0 +1,286 @@
+"""The OpenAI wire format as hopline reads it: SSE streams and bounded JSON body summaries.
+
+One rule decides "this is the first token" for the client, the gateway and the engine alike, so
+their TTFTs measure the same moment: an SSE event carries output when one of its choices has a
+non-empty ``content``, ``reasoning_content`` (or ``reasoning``), ``tool_calls`` / ``function_call``,
+or completion ``text``. A role-only chunk (vLLM and OpenAI send one first), a usage-only chunk and
+``[DONE]`` carry none.
+
+``StreamReader`` parses an SSE byte stream incrementally: events split across network chunks or
+several events in one chunk come out the same. It keeps counts and timestamps, never text: a
+chunk's JSON is decoded, a few fields are read, and the object is dropped.
+
+``request_summary`` / ``response_summary`` read the few attributes hopline records from a JSON
+request or a non-streaming response body, refusing bodies over ``MAX_JSON_BYTES``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+MAX_JSON_BYTES = 1 << 20  # bodies above this are passed on untouched and not parsed
+MAX_EVENT_BYTES = 1 << 20  # an SSE event (or a line without newline) above this is dropped
+_DONE = b"[DONE]"
+
+
+def _output_in_choice(choice: Any) -> bool:
+    if not isinstance(choice, dict):
+        return False
+    delta = choice.get("delta")
+    if isinstance(delta, dict):
+        return bool(
+            delta.get("content")
+            or delta.get("reasoning_content")
+            or delta.get("reasoning")
+            or delta.get("tool_calls")
+            or delta.get("function_call")
+        )
+    return bool(choice.get("text"))
+
+
+class StreamReader:
+    """Incremental SSE parser that tracks what hopline reports about a streamed completion.
+
+    Call ``feed(chunk, ts)`` with every body chunk and its arrival time; it returns True when that
+    chunk brought the first output. Afterwards read ``first_at``, ``output_chunks``, ``max_gap_s``,
+    ``max_gap_at``, ``finish_reason``, ``output_tokens``, ``prompt_tokens``, ``done`` (``[DONE]``
+    seen) and ``error`` / ``error_status`` (an error event inside the stream). ``malformed`` counts
+    events that were not JSON or oversized lines; they are skipped, never raised.
+    """
+
+    __slots__ = (
+        "_buf",
+        "_after_cr",
+        "_data",
+        "_event",
+        "first_at",
+        "last_output_at",
+        "output_chunks",
+        "max_gap_s",
+        "max_gap_at",
+        "finish_reason",
+        "output_tokens",
+        "prompt_tokens",
+        "done",
+        "error",
+        "error_status",
+        "malformed",
+    )
+
+    def __init__(self) -> None:
+        self._buf = b""  # an incomplete line carried over to the next chunk
+        self._after_cr = False  # the previous chunk ended with CR (maybe half a CRLF)
+        self._data: list[bytes] = []  # data lines of the event being read
+        self._event = b""  # its `event:` field
+        self.first_at: float | None = None
+        self.last_output_at: float | None = None
+        self.output_chunks = 0
+        self.max_gap_s: float | None = None
+        self.max_gap_at: float | None = None
+        self.finish_reason: str | None = None
+        self.output_tokens: int | None = None
+        self.prompt_tokens: int | None = None
+        self.done = False
+        self.error: str | None = None
+        self.error_status: int | None = None
+        self.malformed = 0
+
+    def feed(self, chunk: bytes, ts: float) -> bool:
+        """Parse one network chunk received at ``ts``; True when it carried the first output."""
+        had_output = self.first_at is not None
+        if (
+            not self._buf
+            and not self._data
+            and not self._after_cr
+            and chunk.startswith(b"data:")
+            and chunk.endswith(b"\n\n")
+            and chunk.count(b"\n") == 2
+            and b"\r" not in chunk
+        ):
+            # the common case: exactly one single-line event per chunk
+            payload = chunk[5:-2]
+            self._dispatch(payload[1:] if payload[:1] == b" " else payload, b"", ts)
+        else:
+            self._feed_lines(chunk, ts)
+        return not had_output and self.first_at is not None
+
+    def _feed_lines(self, chunk: bytes, ts: float) -> None:
+        if self._after_cr and chunk.startswith(b"\n"):
+            chunk = chunk[1:]  # the LF of a CRLF split across chunks
+        self._after_cr = False
+        data = self._buf + chunk if self._buf else chunk
+        if b"\r" in data:
+            # CR, LF and CRLF all end a line
+            self._after_cr = data.endswith(b"\r")
+            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        lines = data.split(b"\n")
+        tail = lines.pop()
+        if len(tail) > MAX_EVENT_BYTES:
+            self.malformed += 1
+            tail = b""
+        self._buf = tail
+        for line in lines:
+            if not line:
+                if self._data:
+                    payload = b"\n".join(self._data)
+                    self._data = []
+                    self._dispatch(payload, self._event, ts)
+                self._event = b""
+            elif line.startswith(b"data:"):
+                value = line[5:]
+                self._data.append(value[1:] if value[:1] == b" " else value)
+                if len(self._data) > 1 and sum(map(len, self._data)) > MAX_EVENT_BYTES:
+                    self.malformed += 1
+                    self._data = []
+            elif line.startswith(b"event:"):
+                self._event = line[6:].strip()
+            # comments (":"), id:, retry: and unknown fields carry nothing hopline reads
+
+    def _dispatch(self, payload: bytes, event: bytes, ts: float) -> None:
+        if payload.strip() == _DONE:
+            self.done = True
+            return
+        try:
+            obj = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            self.malformed += 1
+            if event == b"error" and self.error is None:
+                self.error = "stream_error"
+            return
+        if not isinstance(obj, dict):
+            self.malformed += 1
+            return
+        err = obj.get("error")
+        if err or event == b"error":
+            if self.error is None:
+                self.error, self.error_status = _describe_error(err)
+            return
+        usage = obj.get("usage")
+        if isinstance(usage, dict):
+            out, prompt = usage.get("completion_tokens"), usage.get("prompt_tokens")
+            if type(out) is int:
+                self.output_tokens = out
+            if type(prompt) is int:
+                self.prompt_tokens = prompt
+        choices = obj.get("choices")
+        if not choices or not isinstance(choices, list):
+            return
+        output = False
+        for choice in choices:
+            if _output_in_choice(choice):
+                output = True
+            reason = choice.get("finish_reason") if isinstance(choice, dict) else None
+            if isinstance(reason, str):
+                self.finish_reason = reason[:32]
+        if output:
+            self.output_chunks += 1
+            last = self.last_output_at
+            if last is None:
+                self.first_at = ts
+            else:
+                gap = ts - last
+                if self.max_gap_s is None or gap > self.max_gap_s:
+                    self.max_gap_s = gap
+                    self.max_gap_at = last
+            self.last_output_at = ts
+
+    def summary(self) -> dict[str, Any]:
+        """The ``*.last_token`` attributes (None values are left out)."""
+        attrs = {
+            "output_tokens": self.output_tokens,
+            "output_chunks": self.output_chunks,
+            "finish_reason": self.finish_reason,
+            "max_gap_s": self.max_gap_s,
+            "max_gap_at": self.max_gap_at,
+        }
+        return {k: v for k, v in attrs.items() if v is not None}
+
+
+def _describe_error(err: Any) -> tuple[str, int | None]:
+    """A short error label and status from an error object; never its (free-text) message."""
+    if isinstance(err, dict):
+        code = err.get("code")
+        status = code if type(code) is int and 100 <= code <= 599 else None
+        kind = err.get("type") if isinstance(err.get("type"), str) else None
+        if kind is None and isinstance(code, str):
+            kind = code
+        return _label("stream_error", kind), status
+    return "stream_error", None
+
+
+def _label(prefix: str, kind: str | None) -> str:
+    """``stream_error:BadRequestError``: a bounded identifier, nothing else kept."""
+    if not kind:
+        return prefix
+    clean = "".join(c for c in kind[:48] if c.isalnum() or c in "_.-")
+    return f"{prefix}:{clean}" if clean else prefix
+
+
+def _load_json_object(body: bytes) -> dict[str, Any] | None:
+    if not body or len(body) > MAX_JSON_BYTES:
+        return None
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def request_summary(body: bytes) -> dict[str, Any]:
+    """``model``, ``stream``, ``n``, ``max_tokens``/``max_tokens_set``, ``prompt_tokens`` of a request.
+
+    ``max_tokens`` comes from ``max_tokens`` or ``max_completion_tokens``; ``prompt_tokens`` only
+    when the prompt is given as token IDs. An unreadable body (not JSON, not an object, over
+    ``MAX_JSON_BYTES``) gives ``{}``: attributes unknown, never an error. Never any text.
+    """
+    obj = _load_json_object(body)
+    if obj is None:
+        return {}
+    attrs: dict[str, Any] = {"stream": obj.get("stream") is True}
+    model = obj.get("model")
+    if isinstance(model, str) and model:
+        attrs["model"] = model[:256]
+    n = obj.get("n")
+    if type(n) is int:
+        attrs["n"] = n
+    max_tokens = obj.get("max_tokens")
+    if max_tokens is None:
+        max_tokens = obj.get("max_completion_tokens")
+    attrs["max_tokens_set"] = type(max_tokens) is int
+    if type(max_tokens) is int:
+        attrs["max_tokens"] = max_tokens
+    prompt = obj.get("prompt")
+    if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
+        attrs["prompt_tokens"] = len(prompt)
+    return attrs
+
+
+def response_summary(body: bytes) -> dict[str, Any]:
+    """``output_tokens``, ``prompt_tokens``, ``finish_reason`` of a non-streaming JSON response."""
+    obj = _load_json_object(body)
+    if obj is None:
+        return {}
+    attrs: dict[str, Any] = {}
+    usage = obj.get("usage")
+    if isinstance(usage, dict):
+        if type(usage.get("completion_tokens")) is int:
+            attrs["output_tokens"] = usage["completion_tokens"]
+        if type(usage.get("prompt_tokens")) is int:
+            attrs["prompt_tokens"] = usage["prompt_tokens"]
+    choices = obj.get("choices")
+    if isinstance(choices, list):
+        for choice in choices:
+            reason = choice.get("finish_reason") if isinstance(choice, dict) else None
+            if isinstance(reason, str):
+                attrs["finish_reason"] = reason[:32]
+    return attrs
+
+
+def error_summary(body: bytes) -> str | None:
+    """The short label of an error body such as ``{"error": {"type": ...}}``; None if none."""
+    obj = _load_json_object(body)
+    if obj is None or not obj.get("error"):
+        return None
+    return _describe_error(obj["error"])[0]

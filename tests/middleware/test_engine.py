@@ -1,0 +1,188 @@
+"""EngineMiddleware on a real uvicorn server in front of a vLLM-shaped fake engine."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import re
+
+import httpx
+import orjson
+import pytest
+
+from hopline.middleware import emit
+from hopline.middleware.emit import Emitter
+from hopline.middleware.engine import DEFAULT_ROUTES, EngineMiddleware
+
+HEX32 = re.compile(r"[0-9a-f]{32}")
+
+
+def chat_body(**overrides: object) -> dict:
+    return {"model": "tiny", "messages": [{"role": "user", "content": "SECRET PROMPT"}], "stream": True,
+            "max_tokens": 4, "stream_options": {"include_usage": True}, **overrides}
+
+
+def chunk_ids(text: str) -> set[str]:
+    return {orjson.loads(line[6:])["id"] for line in text.splitlines() if line.startswith("data: {")}
+
+
+@pytest.fixture
+def engine(mw):
+    """(base URL, emitter) of a fake engine behind EngineMiddleware."""
+    emitter = mw.memory_emitter(service="engine", replica="r1", model="tiny")
+    app = EngineMiddleware(mw.fake_engine_app(), emitter=emitter)
+    with mw.running_server(app) as url:
+        yield url, emitter
+
+
+def test_streaming_request_without_id_gets_one_that_the_engine_uses(mw, engine):
+    url, emitter = engine
+    r = httpx.post(url + "/v1/chat/completions", json=chat_body())
+    assert r.status_code == 200
+    events = mw.wait_for(emitter, lambda ev: any(e["hop"] == "engine.last_token" for e in ev))
+    rid = events[0]["request_id"]
+    assert HEX32.fullmatch(rid)
+    assert chunk_ids(r.text) == {f"chatcmpl-{rid}"}  # vLLM's own ID is built from the inserted header
+    assert mw.hops_of(events) == ["engine.received", "engine.first_token", "engine.last_token"]
+    received = mw.one(events, "engine.received")
+    assert {k: received.get(k) for k in ("stream", "max_tokens", "max_tokens_set", "route", "replica", "model", "attempt")} == {
+        "stream": True, "max_tokens": 4, "max_tokens_set": True, "route": "/v1/chat/completions",
+        "replica": "r1", "model": "tiny", "attempt": 0,
+    }
+    assert "n" not in received and "prompt_tokens" not in received
+    last = mw.one(events, "engine.last_token")
+    assert (last["output_tokens"], last["output_chunks"], last["finish_reason"]) == (4, 4, "length")
+    assert last["max_gap_s"] >= 0 and last["max_gap_at"] >= mw.one(events, "engine.first_token")["ts"]
+    assert "SECRET" not in orjson.dumps(events).decode()
+
+
+def test_incoming_id_and_attempt_are_kept(mw, engine):
+    url, emitter = engine
+    r = httpx.post(url + "/v1/completions", json=chat_body(stream=False, max_tokens=None, max_completion_tokens=3),
+                   headers={"X-Request-Id": "cmpl-req-42", "X-Hopline-Attempt": "2"})
+    assert r.json()["id"] == "chatcmpl-req-42"  # normalized (prefix stripped) before the engine saw it
+    events = mw.wait_for(emitter, lambda ev: len(ev) == 2)
+    assert {(e["hop"], e["request_id"], e["attempt"]) for e in events} == {
+        ("engine.received", "req-42", 2), ("engine.last_token", "req-42", 2)}
+    received, last = mw.one(events, "engine.received"), mw.one(events, "engine.last_token")
+    assert (received["stream"], received["max_tokens"], received["route"]) == (False, 3, "/v1/completions")
+    assert (last["output_tokens"], last["finish_reason"]) == (3, "length")
+
+
+@pytest.mark.parametrize("hostile", ["x" * 65, "id with spaces", "a<script>b", "é-unicode"])
+def test_hostile_request_id_is_replaced_and_never_logged(mw, engine, hostile, capfd):
+    url, emitter = engine
+    r = httpx.post(url + "/v1/chat/completions", json=chat_body(), headers={"X-Request-Id": hostile.encode("utf-8")})
+    events = mw.wait_for(emitter, lambda ev: any(e["hop"] == "engine.last_token" for e in ev))
+    rid = events[0]["request_id"]
+    assert HEX32.fullmatch(rid) and chunk_ids(r.text) == {f"chatcmpl-{rid}"}
+    out, err = capfd.readouterr()
+    assert hostile not in out + err + orjson.dumps(events).decode()
+
+
+def test_other_routes_pass_through_untouched(mw, engine):
+    url, emitter = engine
+    assert httpx.get(url + "/health").status_code == 200
+    assert httpx.post(url + "/v1/embeddings", json={}).status_code == 404
+    assert httpx.post(url + "/v1/chat/completions", json=chat_body(max_tokens=1)).status_code == 200
+    events = mw.wait_for(emitter, lambda ev: any(e["hop"] == "engine.last_token" for e in ev))
+    assert {e["route"] for e in events if e["hop"] == "engine.received"} == {"/v1/chat/completions"}
+    assert len(events) == 3
+
+
+def test_huge_and_non_json_bodies_reach_the_app_intact(mw, engine):
+    url, emitter = engine
+    for body in (b"{" + b"x" * (3 << 20), b"\x00\xffnot json at all"):
+        r = httpx.post(url + "/v1/chat/completions", content=body, headers={"x-fake-mode": "body_digest"})
+        assert r.json()["size"] == len(body)
+        assert r.json()["sha256"] == hashlib.sha256(body).hexdigest()
+    events = mw.wait_for(emitter, lambda ev: sum(e["hop"] == "engine.last_token" for e in ev) == 2)
+    for received in (e for e in events if e["hop"] == "engine.received"):
+        assert "stream" not in received and "max_tokens" not in received  # unknown, not guessed
+
+
+def test_error_event_inside_a_200_stream(mw, engine):
+    url, emitter = engine
+    r = httpx.post(url + "/v1/chat/completions", json=chat_body(max_tokens=6), headers={"x-fake-mode": "error_in_stream"})
+    assert r.status_code == 200
+    events = mw.wait_for(emitter, lambda ev: any(e["hop"] == "engine.error" for e in ev))
+    assert mw.hops_of(events) == ["engine.received", "engine.first_token", "engine.error"]
+    error = mw.one(events, "engine.error")
+    assert (error["status"], error["error"]) == (500, "stream_error:InternalServerError")
+    assert "engine died" not in orjson.dumps(events).decode()
+
+
+def test_client_disconnect_mid_stream(mw, engine):
+    url, emitter = engine
+    with httpx.Client() as client:
+        with client.stream("POST", url + "/v1/chat/completions", json=chat_body(max_tokens=40),
+                           headers={"x-fake-mode": "slow"}) as r:
+            lines = r.iter_lines()
+            while "tok1" not in next(lines):
+                pass
+    events = mw.wait_for(emitter, lambda ev: any(e["hop"] == "engine.error" for e in ev))
+    assert mw.hops_of(events) == ["engine.received", "engine.first_token", "engine.error"]
+    assert mw.one(events, "engine.error")["error"] == "disconnected"
+
+
+async def _raising_app(scope, receive, send):
+    await receive()
+    raise LookupError("app bug")
+
+
+def test_app_exception_is_reraised_unchanged_and_reported(mw):
+    emitter = mw.memory_emitter()
+    middleware = EngineMiddleware(_raising_app, emitter=emitter)
+    scope = {"type": "http", "path": "/v1/chat/completions", "headers": [(b"x-request-id", b"r-1")]}
+    sent = []
+
+    async def receive():
+        return {"type": "http.request", "body": orjson.dumps(chat_body()), "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    with pytest.raises(LookupError, match="app bug"):
+        asyncio.run(middleware(scope, receive, send))
+    events = mw.events_of(emitter)
+    assert mw.hops_of(events) == ["engine.received", "engine.error"]
+    assert (mw.one(events, "engine.error")["status"], mw.one(events, "engine.error")["error"]) == (500, "exception:LookupError")
+    with mw.running_server(middleware) as url:
+        assert httpx.post(url + "/v1/chat/completions", json=chat_body()).status_code == 500
+
+
+class BrokenSink:
+    def write(self, batch):
+        raise OSError("disk full")
+
+    def flush(self):
+        raise OSError("disk full")
+
+    def close(self):
+        pass
+
+
+def test_a_sink_that_cannot_write_does_not_affect_the_app(mw):
+    emitter = Emitter(BrokenSink(), flush_interval=0.01)
+    with mw.running_server(EngineMiddleware(mw.fake_engine_app(), emitter=emitter)) as url:
+        for _ in range(3):
+            r = httpx.post(url + "/v1/chat/completions", json=chat_body())
+            assert r.status_code == 200 and r.text.endswith("data: [DONE]\n\n")
+    emitter.flush()
+    assert emitter.dropped_sink == 9  # 3 requests x (received, first_token, last_token)
+
+
+def test_constructed_with_only_the_app_uses_environment(mw, monkeypatch):
+    emitter = mw.memory_emitter()
+    monkeypatch.setattr(emit, "_default", emitter)
+    monkeypatch.setenv("HOPLINE_ENGINE_ROUTES", " /generate , /v1/completions")
+    middleware = EngineMiddleware(mw.fake_engine_app())
+    assert middleware.emitter is emitter
+    assert middleware.routes == {"/generate", "/v1/completions"}
+    monkeypatch.delenv("HOPLINE_ENGINE_ROUTES")
+    assert EngineMiddleware(mw.fake_engine_app()).routes == set(DEFAULT_ROUTES)
+    with mw.running_server(middleware) as url:
+        httpx.post(url + "/v1/chat/completions", json=chat_body())  # not a configured route
+        httpx.post(url + "/v1/completions", json=chat_body())
+    events = mw.wait_for(emitter, lambda ev: any(e["hop"] == "engine.last_token" for e in ev))
+    assert {e["route"] for e in events if e["hop"] == "engine.received"} == {"/v1/completions"}

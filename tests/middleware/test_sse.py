@@ -1,0 +1,162 @@
+"""The SSE reader and the "does this chunk carry output" rule shared by client, gateway and engine."""
+
+from __future__ import annotations
+
+import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hopline.middleware.sse import (
+    MAX_EVENT_BYTES,
+    MAX_JSON_BYTES,
+    StreamReader,
+    error_summary,
+    request_summary,
+    response_summary,
+)
+
+
+def event(obj: object) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def chat(delta: dict | None, finish: str | None = None, **extra: object) -> bytes:
+    choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}]
+    return event({"id": "chatcmpl-x", "choices": choices, **extra})
+
+
+ROLE = chat({"role": "assistant", "content": ""})
+USAGE = chat(None, usage={"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10})
+DONE = b"data: [DONE]\n\n"
+# a vLLM-shaped stream: role chunk, 3 content chunks, finish chunk, usage chunk, [DONE]
+STREAM = [ROLE, chat({"content": "a"}), chat({"content": "b"}), chat({"content": "c"}), chat({}, "length"), USAGE, DONE]
+
+
+def read(chunks: list[bytes], times: list[float] | None = None) -> tuple[StreamReader, list[int]]:
+    """Feed chunks (at times 0, 1, 2... unless given); return the reader and the indexes that were first."""
+    reader = StreamReader()
+    firsts = [i for i, c in enumerate(chunks) if reader.feed(c, float(i) if times is None else times[i])]
+    return reader, firsts
+
+
+def test_role_chunk_is_not_output_and_first_content_chunk_is():
+    reader, firsts = read(STREAM)
+    assert firsts == [1]  # chunk 0 is the role-only chunk
+    assert reader.first_at == 1.0
+    assert reader.output_chunks == 3
+    assert reader.finish_reason == "length"
+    assert reader.output_tokens == 3 and reader.prompt_tokens == 7
+    assert reader.done and reader.error is None and reader.malformed == 0
+
+
+def test_usage_only_chunk_and_empty_content_do_not_count():
+    reader, firsts = read([ROLE, chat({"content": ""}), USAGE, chat({"content": "x"}), DONE])
+    assert firsts == [3]
+    assert reader.output_chunks == 1
+
+
+def test_every_output_field_counts():
+    for delta in (
+        {"reasoning_content": "hmm"},
+        {"reasoning": "hmm"},
+        {"tool_calls": [{"index": 0, "function": {"arguments": "{"}}]},
+        {"function_call": {"name": "f"}},
+    ):
+        reader, firsts = read([ROLE, chat(delta)])
+        assert firsts == [1], delta
+    completion = event({"id": "cmpl-x", "choices": [{"index": 0, "text": "hello", "finish_reason": None}]})
+    empty_completion = event({"id": "cmpl-x", "choices": [{"index": 0, "text": "", "finish_reason": None}]})
+    assert read([empty_completion, completion])[1] == [1]
+
+
+def test_largest_gap_and_when_it_began():
+    # output at t=1, 2, 5.5, 6: the largest gap is 3.5 s, starting at t=2
+    chunks = [ROLE] + [chat({"content": c}) for c in "abcd"] + [DONE]
+    reader, _ = read(chunks, [0.0, 1.0, 2.0, 5.5, 6.0, 6.1])
+    assert reader.max_gap_s == 3.5
+    assert reader.max_gap_at == 2.0
+    assert reader.summary() == {"output_chunks": 4, "max_gap_s": 3.5, "max_gap_at": 2.0}
+
+
+def test_events_merged_in_one_chunk_and_split_across_chunks():
+    whole = b"".join(STREAM)
+    merged, firsts = read([whole])
+    assert firsts == [0] and merged.output_chunks == 3 and merged.done
+    # split in the middle of the JSON of the first content event, and of the data: prefix
+    cut1 = len(ROLE) + 20
+    cut2 = len(ROLE) + len(STREAM[1]) + 3
+    split, firsts = read([whole[:cut1], whole[cut1:cut2], whole[cut2:]])
+    assert firsts == [1]  # the first content event is complete only in the second chunk
+    assert (split.output_chunks, split.output_tokens, split.finish_reason) == (3, 3, "length")
+
+
+@settings(max_examples=200, deadline=None)
+@given(cuts=st.lists(st.integers(min_value=0, max_value=2000), max_size=12), crlf=st.booleans())
+def test_any_chunking_gives_the_same_result(cuts, crlf):
+    whole = b"".join(STREAM)
+    if crlf:
+        whole = whole.replace(b"\n", b"\r\n")
+    points = sorted({c % (len(whole) + 1) for c in cuts})
+    chunks = [whole[a:b] for a, b in zip([0, *points], [*points, len(whole)]) if b > a]
+    reader, firsts = read(chunks)
+    assert len(firsts) == 1
+    assert (reader.output_chunks, reader.output_tokens, reader.finish_reason, reader.done) == (3, 3, "length", True)
+    assert reader.malformed == 0
+
+
+def test_multiline_data_comments_and_other_fields():
+    # data lines of one event are joined with a newline (JSON whitespace between tokens)
+    chunk = (
+        b": keep-alive\nid: 7\nretry: 100\nevent: message\n"
+        b'data: {"choices":\ndata: [{"index":0,"delta":{"content":"x"}}]}\n\n'
+    )
+    reader, firsts = read([chunk])
+    assert firsts == [0]
+    assert reader.output_chunks == 1 and reader.malformed == 0
+
+
+def test_error_event_inside_a_200_stream():
+    err = event({"error": {"message": "secret prompt text", "type": "InternalServerError", "code": 500}})
+    reader, firsts = read([ROLE, chat({"content": "a"}), err, DONE])
+    assert firsts == [1]
+    assert reader.error == "stream_error:InternalServerError"
+    assert reader.error_status == 500
+    named = StreamReader()
+    named.feed(b"event: error\ndata: not json\n\n", 0.0)
+    assert named.error == "stream_error"
+
+
+def test_malformed_input_is_counted_never_raised():
+    reader, firsts = read([b"data: {not json\n\n", b"data: [1,2]\n\n", b"garbage line\n\n", chat({"content": "ok"})])
+    assert firsts == [3]
+    assert reader.malformed == 2
+    huge = StreamReader()
+    huge.feed(b"data: " + b"x" * (MAX_EVENT_BYTES + 10), 0.0)  # no newline: buffered line too long
+    assert huge.malformed == 1
+    huge.feed(b"\n\n" + chat({"content": "after"}), 1.0)
+    assert huge.first_at == 1.0  # the reader recovered
+
+
+def test_request_summary_reads_attributes_never_text():
+    body = orjson.dumps(
+        {"model": "tiny", "messages": [{"role": "user", "content": "SECRET"}], "stream": True, "max_completion_tokens": 64, "n": 2}
+    )
+    attrs = request_summary(body)
+    assert attrs == {"model": "tiny", "stream": True, "n": 2, "max_tokens": 64, "max_tokens_set": True}
+    assert "SECRET" not in repr(attrs)
+    assert request_summary(orjson.dumps({"model": "m", "prompt": [1, 2, 3]})) == {
+        "model": "m", "stream": False, "max_tokens_set": False, "prompt_tokens": 3,
+    }
+    assert request_summary(b"not json") == {}
+    assert request_summary(b"[1]") == {}
+    assert request_summary(b'{"stream": true, "pad": "' + b"x" * MAX_JSON_BYTES + b'"}') == {}
+
+
+def test_response_and_error_summaries():
+    body = orjson.dumps(
+        {"choices": [{"message": {"content": "SECRET"}, "finish_reason": "stop"}], "usage": {"prompt_tokens": 4, "completion_tokens": 9}}
+    )
+    assert response_summary(body) == {"output_tokens": 9, "prompt_tokens": 4, "finish_reason": "stop"}
+    assert response_summary(b"\x00\xff") == {}
+    assert error_summary(orjson.dumps({"error": {"type": "bad\nrequest", "message": "SECRET"}})) == "stream_error:badrequest"
+    assert error_summary(body) is None
