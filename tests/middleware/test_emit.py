@@ -1,0 +1,290 @@
+"""The emitter: what an event holds, bounded buffering, flushing on close, never raising, fork, env."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+
+from hopline.middleware import emit as emit_module
+from hopline.middleware import log as hopline_log
+from hopline.middleware.contract import iter_ndjson, validate_event
+from hopline.middleware.emit import Emitter, get_emitter
+from hopline.middleware.sinks import FileSink, HttpSink, MemorySink, NullSink
+
+
+@pytest.fixture(autouse=True)
+def fresh_throttle(monkeypatch) -> None:
+    monkeypatch.setattr(hopline_log, "_throttle", hopline_log.Throttle())
+
+
+def file_events(path: Path) -> list[dict[str, Any]]:
+    parsed = list(iter_ndjson(path.read_bytes()))
+    assert all(error is None for _, _, error in parsed), parsed
+    return [event for _, event, _ in parsed]
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ExplodingSink:
+    """A sink with a bug: every write raises."""
+
+    def write(self, batch: list[dict[str, Any]]) -> int:
+        raise RuntimeError("sink bug")
+
+    def flush(self) -> None:
+        raise RuntimeError("flush bug")
+
+    def close(self) -> None:
+        pass
+
+
+def test_an_event_carries_the_contract_fields_static_fields_and_attributes() -> None:
+    sink = MemorySink()
+    emitter = Emitter(sink, service="kite-chat", replica="r1", model="m", flush_interval=60)
+    before = time.time()
+    emitter.emit("client.sent", "req-1", stream=True, attempt=0)
+    emitter.emit("engine.stats", "req-1", ts=1234.5, model="served-model", queue_s=0.25)
+    emitter.flush()
+    first, second = sink.events
+    assert validate_event(first) == first  # already in contract form
+    assert first["hop"] == "client.sent" and first["request_id"] == "req-1" and first["v"] == 1
+    assert first["service"] == "kite-chat" and first["replica"] == "r1" and first["model"] == "m"
+    assert first["stream"] is True and first["attempt"] == 0
+    assert before - 1 < first["ts"] < time.time() + 1
+    assert second["ts"] == 1234.5 and second["model"] == "served-model" and second["queue_s"] == 0.25
+    assert len(first["eid"]) == 16 and int(first["eid"], 16) >= 0 and first["eid"] != second["eid"]
+    emitter.close()
+
+
+def test_close_flushes_everything_buffered_to_the_file(tmp_path) -> None:
+    path = tmp_path / "events.ndjson"
+    emitter = Emitter(f"file:{path}", service="svc", flush_interval=60, batch_size=100)
+    n = 2_345  # more than one batch, fewer than the capacity
+    for i in range(n):
+        emitter.emit("gateway.received", f"req-{i}")
+    emitter.close()
+    written = file_events(path)
+    assert len(written) == n
+    assert [e["request_id"] for e in written] == [f"req-{i}" for i in range(n)]
+    assert len({e["eid"] for e in written}) == n
+    assert emitter.stats() == {
+        "buffered": 0, "sent": n, "dropped": 0, "dropped_full": 0, "dropped_sink": 0, "dropped_closed": 0,
+        "errors": 0,
+    }
+
+
+def test_a_full_buffer_drops_new_events_and_counts_them() -> None:
+    sink = MemorySink()
+    emitter = Emitter(sink, capacity=5, flush_interval=60)  # the worker sleeps through the test
+    for i in range(12):
+        emitter.emit("client.sent", f"req-{i}")
+    assert emitter.stats()["buffered"] == 5
+    assert emitter.stats()["dropped_full"] == 7
+    emitter.flush()
+    assert [e["request_id"] for e in sink.events] == [f"req-{i}" for i in range(5)]  # the oldest are kept
+    emitter.emit("client.sent", "req-after")  # room again
+    emitter.close()
+    assert sink.events[-1]["request_id"] == "req-after"
+    assert emitter.stats()["sent"] == 6 and emitter.stats()["dropped"] == 7
+
+
+def test_the_worker_drains_without_being_asked(tmp_path) -> None:
+    path = tmp_path / "events.ndjson"
+    emitter = Emitter(FileSink(path), flush_interval=0.02)
+    for i in range(10):
+        emitter.emit("client.sent", f"req-{i}")
+    deadline = time.monotonic() + 10
+    while (not path.exists() or path.read_bytes().count(b"\n") < 10) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(file_events(path)) == 10  # written by the background thread; no flush() was called
+    emitter.close()
+
+
+def test_a_full_batch_wakes_the_worker_early() -> None:
+    sink = MemorySink()
+    emitter = Emitter(sink, flush_interval=60, batch_size=50)
+    for i in range(50):
+        emitter.emit("client.sent", f"req-{i}")
+    deadline = time.monotonic() + 10
+    while len(sink.events) < 50 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(sink.events) == 50  # long before the 60 s interval
+    emitter.close()
+
+
+def test_emit_after_close_is_dropped_and_counted() -> None:
+    sink = MemorySink()
+    emitter = Emitter(sink)
+    emitter.emit("client.sent", "req-1")
+    emitter.close()
+    emitter.emit("client.sent", "req-2")
+    emitter.close()  # idempotent
+    assert [e["request_id"] for e in sink.events] == ["req-1"]
+    assert emitter.stats()["dropped_closed"] == 1
+
+
+def test_a_sink_that_raises_never_reaches_the_host() -> None:
+    emitter = Emitter(ExplodingSink(), flush_interval=60)
+    for i in range(3):
+        emitter.emit("client.sent", f"req-{i}")
+    emitter.flush()  # even the blocking flush does not raise
+    emitter.close()
+    stats = emitter.stats()
+    assert stats["dropped_sink"] == 3 and stats["sent"] == 0 and stats["errors"] >= 2
+
+
+def test_an_unwritable_file_costs_events_not_the_host(tmp_path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    emitter = Emitter(f"file:{blocker}/sub/events.ndjson", flush_interval=0.01)
+    for i in range(500):
+        emitter.emit("client.sent", f"req-{i}")  # returns; never raises
+    emitter.close()
+    assert emitter.stats()["sent"] == 0 and emitter.stats()["dropped"] == 500
+
+
+def test_emit_keeps_working_against_a_closed_port_and_counts_every_loss() -> None:
+    sink = HttpSink(f"http://127.0.0.1:{closed_port()}", retry_budget=0.2, backoff=(0.01, 0.05))
+    emitter = Emitter(sink, capacity=100, flush_interval=0.01, batch_size=20)
+    n = 5_000
+    for i in range(n):
+        emitter.emit("client.sent", f"req-{i}", stream=True)
+    emitter.close(timeout=2)
+    stats = emitter.stats()
+    assert stats["sent"] == 0
+    assert stats["dropped_full"] > 0  # the buffer stayed bounded while batches were retried
+    assert stats["dropped_full"] + stats["dropped_sink"] == n  # every event is accounted for
+    assert stats["buffered"] == 0
+
+
+def test_emit_survives_bad_arguments() -> None:
+    sink = MemorySink()
+    emitter = Emitter(sink, flush_interval=60)
+    emitter.emit("client.sent", None)  # type: ignore[arg-type]  # the collector will reject it, not us
+    emitter.emit("client.sent", "req-ok", payload=object())
+    emitter.close()
+    assert len(sink.events) == 2
+
+
+def test_bad_configuration_is_refused_naming_the_argument() -> None:
+    with pytest.raises(ValueError, match="capacity"):
+        Emitter(MemorySink(), capacity=0)
+    with pytest.raises(ValueError, match="batch_size"):
+        Emitter(MemorySink(), batch_size=0)
+    with pytest.raises(ValueError, match="'tcp://x'"):
+        Emitter("tcp://x")
+
+
+def test_get_emitter_is_configured_from_the_environment(tmp_path, monkeypatch) -> None:
+    path = tmp_path / "events.ndjson"
+    monkeypatch.setattr(emit_module, "_default", None)
+    monkeypatch.setenv("HOPLINE_SINK", f"file:{path}")
+    monkeypatch.setenv("HOPLINE_SERVICE", "kite-chat")
+    monkeypatch.setenv("HOPLINE_REPLICA", "r2")
+    monkeypatch.setenv("HOPLINE_MODEL", "llama")
+    emitter = get_emitter()
+    assert get_emitter() is emitter
+    emitter.emit("engine.received", "req-1", stream=True)
+    emitter.close()
+    [event] = file_events(path)
+    assert (event["service"], event["replica"], event["model"]) == ("kite-chat", "r2", "llama")
+
+
+def test_get_emitter_with_a_bad_sink_logs_it_and_discards(monkeypatch, capfd) -> None:
+    monkeypatch.setattr(emit_module, "_default", None)
+    monkeypatch.setenv("HOPLINE_SINK", "kafka://broker")
+    emitter = get_emitter()  # no exception into the host
+    assert isinstance(emitter.sink, NullSink)
+    emitter.emit("client.sent", "req-1")
+    emitter.close()
+    assert emitter.stats()["dropped"] == 1
+    err = capfd.readouterr().err
+    assert '"event":"hopline_sink_invalid"' in err and "kafka://broker" in err
+
+
+def test_a_forked_child_ships_its_own_events_with_its_own_worker(tmp_path) -> None:
+    template = str(tmp_path / "events.{pid}.ndjson")
+    emitter = Emitter(FileSink(template), flush_interval=0.01)
+    for i in range(10):
+        emitter.emit("client.sent", f"parent-{i}")
+    emitter.flush()
+    emitter.emit("client.sent", "parent-buffered")  # still buffered at the fork: the parent's to send
+    pid = os.fork()
+    if pid == 0:  # the child: a gunicorn worker forked after import
+        code = 1
+        try:
+            for i in range(5):
+                emitter.emit("client.sent", f"child-{i}")
+            mine = Path(template.replace("{pid}", str(os.getpid())))
+            deadline = time.monotonic() + 10
+            # Shipped by a worker thread started lazily in the child: no flush, no close.
+            while time.monotonic() < deadline:
+                if mine.exists() and mine.read_bytes().count(b"\n") == 5:
+                    code = 0
+                    break
+                time.sleep(0.01)
+            emitter.close()
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    emitter.close()
+    assert os.waitstatus_to_exitcode(status) == 0
+    child = file_events(tmp_path / f"events.{pid}.ndjson")
+    parent = file_events(tmp_path / f"events.{os.getpid()}.ndjson")
+    assert [e["request_id"] for e in child] == [f"child-{i}" for i in range(5)]
+    assert [e["request_id"] for e in parent] == [f"parent-{i}" for i in range(10)] + ["parent-buffered"]
+
+
+def test_hopline_logging_leaves_the_host_logging_alone(tmp_path, capfd) -> None:
+    seen_by_host: list[dict[str, Any]] = []
+
+    def host_processor(logger: Any, method: str, event_dict: dict[str, Any]) -> str:
+        seen_by_host.append(dict(event_dict))
+        return str(event_dict)
+
+    class HostHandler(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen_by_host.append({"stdlib": record.getMessage(), "name": record.name})
+
+    saved_structlog = structlog.get_config()
+    root = logging.getLogger()
+    saved_root = (root.level, list(root.handlers))
+    host_handler = HostHandler()
+    try:
+        structlog.configure(
+            processors=[host_processor],
+            wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL),
+            cache_logger_on_first_use=False,
+        )
+        root.addHandler(host_handler)
+        root.setLevel(logging.DEBUG)
+        host_config = structlog.get_config()
+        host_root = (root.level, list(root.handlers))
+
+        blocker = tmp_path / "file"
+        blocker.write_text("")
+        emitter = Emitter(f"file:{blocker}/x.ndjson", flush_interval=60)
+        emitter.emit("client.sent", "req-1")
+        emitter.close()  # logs a warning through hopline's private logger
+
+        assert structlog.get_config() == host_config
+        assert (root.level, list(root.handlers)) == host_root
+        assert seen_by_host == []  # neither the host's structlog chain nor stdlib logging saw it
+        err = capfd.readouterr().err
+        # hopline's line went out at WARNING although the host filters structlog at CRITICAL
+        assert '"logger":"hopline"' in err and '"event":"sink_write_failed"' in err
+    finally:
+        structlog.configure(**saved_structlog)
+        root.removeHandler(host_handler)
+        root.setLevel(saved_root[0])
