@@ -80,6 +80,7 @@ class EventStore:
         self.fsync_interval_s = fsync_interval_s
         self.clock = clock
         self._lock = threading.Lock()
+        self._opened = False
         self._fd: int | None = None
         self._size = 0
         self._hour = 0
@@ -99,6 +100,7 @@ class EventStore:
             raise StoreError(f"data directory {self.root} is not writable")
         compacted = [h for h in self._hours() if (hour_dir(self.root, h) / PARQUET_NAME).exists()]
         self._hour = max(compacted, default=0) + HOUR if compacted else 0
+        self._opened = True
 
     def _hours(self) -> list[int]:
         hours = (parse_hour_dir(p) for p in self.root.glob("date=*/hour=*") if p.is_dir())
@@ -127,6 +129,8 @@ class EventStore:
         if not data:
             return
         with self._lock:
+            if not self._opened:
+                self.open()
             try:
                 fd = self._current_fd()
             except OSError as exc:

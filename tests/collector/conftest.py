@@ -1,0 +1,22 @@
+"""Fixtures of the collector tests (helpers live in collector_testing.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from collector_testing import Running, serve
+
+from hopline.collector.config import CollectorConfig
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> CollectorConfig:
+    return CollectorConfig(data_dir=tmp_path / "data", grace_s=0.0)
+
+
+@pytest.fixture
+def collector(config: CollectorConfig) -> Iterator[Running]:
+    with serve(config) as running:
+        yield running
