@@ -1,0 +1,245 @@
+"""``hopline timeline REQUEST_ID PATH…``: one request's waterfall in the terminal.
+
+The stages are laid end to end on one time axis that starts at ``client.sent`` (or at the
+first hop seen when the client emits none): the TTFT terms in the order a request meets them,
+then decode. Every bar is a stage of the contract's stage table, never a difference of two
+hosts' timestamps. Below it, each component's raw hops are listed relative to that
+component's own first hop, because hosts' clocks differ: comparing a gateway time with an
+engine time would show the skew, not the request. Missing hops and negative stages are flagged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any
+
+import polars as pl
+import typer
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+from hopline.analyzer.io import scan_events
+from hopline.analyzer.timelines import timelines
+from hopline.middleware.contract import (
+    ATTRIBUTE_TYPES,
+    ERROR_HOPS,
+    component,
+    negative_stages,
+    normalize_request_id,
+)
+
+# The bars in the order a request meets them: the TTFT terms (contract.TTFT_STAGES) with each
+# fallback next to the stages it stands in for, then decode. At most one of a fallback and
+# the stages it replaces has a value, so the bars never double-count.
+WATERFALL_ORDER = (
+    "connect",
+    "network",
+    "gateway",
+    "upstream_network",
+    "upstream",
+    "frontend",
+    "queue",
+    "prefill",
+    "engine",
+    "decode",
+)
+
+STAGE_COLOURS = {
+    "connect": "bright_black",
+    "network": "cyan",
+    "gateway": "magenta",
+    "upstream_network": "cyan",
+    "upstream": "blue",
+    "frontend": "yellow",
+    "queue": "red",
+    "prefill": "green",
+    "engine": "bright_red",
+    "decode": "bright_blue",
+}
+
+_FALLBACK_NOTES = {
+    "client": "no client hops: connect and network unknown (upstream_network stands for the gateway-engine leg)",
+    "gateway": "no gateway hops: network includes any proxy",
+    "engine": "no engine hops: upstream stands for everything beyond the gateway",
+}
+BAR_WIDTH = 48
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:,.1f} ms"
+
+
+def stage_bars(stages: Mapping[str, Any]) -> list[tuple[str, float, float]]:
+    """``(stage, start_s, duration_s)`` laid end to end from 0; a negative stage takes no width.
+
+    Without engine hops there is no ``decode``; the time after the first token is then shown as
+    one component saw it (its end-to-end minus its TTFT: two timestamps of one host).
+    """
+    bars, start = [], 0.0
+    for name in WATERFALL_ORDER:
+        value = stages.get(name)
+        if value is None:
+            continue
+        bars.append((name, start, value))
+        start += max(value, 0.0)
+    if stages.get("decode") is None:
+        for view in ("client", "gateway"):
+            ttft, e2e = stages.get(f"{view}_ttft"), stages.get(f"{view}_e2e")
+            if ttft is not None and e2e is not None:
+                bars.append((f"after first token ({view})", start, e2e - ttft))
+                break
+    return bars
+
+
+def _bar(start: float, duration: float, total: float, colour: str) -> Text:
+    scale = BAR_WIDTH / total if total > 0 else 0.0
+    left = min(BAR_WIDTH, round(start * scale))
+    width = max(1, round(max(duration, 0.0) * scale)) if duration > 0 else 0
+    width = min(width, BAR_WIDTH - left)
+    text = Text(" " * left)
+    text.append("█" * width if duration >= 0 else "◂ negative", style=colour if duration >= 0 else "bold red")
+    return text
+
+
+def waterfall_table(stages: Mapping[str, Any]) -> Table:
+    """The stages as bars on one time axis, TTFT terms then decode."""
+    bars = stage_bars(stages)
+    negative = set(stages["negative"] if stages.get("negative") is not None else negative_stages(stages))
+    end = max((s + max(d, 0.0) for _, s, d in bars), default=0.0)
+    total = max(end, stages.get("client_e2e") or 0.0, stages.get("gateway_e2e") or 0.0)
+    table = Table(show_edge=False, pad_edge=False, box=None)
+    table.add_column("stage")
+    table.add_column("start", justify="right", style="dim")
+    table.add_column("duration", justify="right")
+    table.add_column(f"0 … {_ms(total)}", no_wrap=True)
+    for name, start, duration in bars:
+        label = Text(name, style="bold red" if name in negative else "")
+        dur = Text(_ms(duration), style="bold red" if name in negative else "")
+        table.add_row(label, _ms(start), dur, _bar(start, duration, total, STAGE_COLOURS.get(name, "blue")))
+    return table
+
+
+def _hop_attributes(event: Mapping[str, Any]) -> str:
+    parts = []
+    for name in ATTRIBUTE_TYPES:
+        value = event.get(name)
+        if value is None:
+            continue
+        if name.endswith("_s") and isinstance(value, float):
+            parts.append(f"{name[:-2]}={value * 1000:.1f}ms")
+        elif name != "max_gap_at":
+            parts.append(f"{name}={value}")
+    return " ".join(parts)
+
+
+def hops_tables(events: pl.DataFrame) -> list[Table]:
+    """One table per host (component and replica): its hops relative to its own first hop.
+
+    A gateway that failed over to a second engine replica shows two engine tables: the two
+    engines' clocks are not comparable, so neither are their times.
+    """
+    frame = events.with_columns(component=pl.col("hop").str.split_exact(".", 1).struct.field("field_0"))
+    tables = []
+    for comp in ("client", "gateway", "engine"):
+        own = frame.filter(pl.col("component") == comp)
+        for host in own["replica"].unique(maintain_order=True).sort(nulls_last=False).to_list():
+            hops = own.filter(pl.col("replica").eq_missing(host)).sort("ts", "hop")
+            first = hops["ts"].min()
+            title = f"{comp}{' ' + host if host else ''} hops (ms after its first hop)"
+            table = Table(title=title, title_justify="left", box=None, pad_edge=False)
+            for column, justify in (("+ms", "right"), ("hop", "left"), ("attempt", "right"), ("attributes", "left")):
+                table.add_column(column, justify=justify)  # type: ignore[arg-type]
+            for event in hops.iter_rows(named=True):  # one request's handful of events: display only
+                table.add_row(
+                    f"{(event['ts'] - first) * 1000:,.1f}",
+                    Text(event["hop"], style="red" if event["hop"] in ERROR_HOPS else ""),
+                    str(event.get("attempt") or 0),
+                    _hop_attributes(event),
+                )
+            tables.append(table)
+    return tables
+
+
+def problems(stages: Mapping[str, Any], events: pl.DataFrame) -> list[Text]:
+    """Errors, absent components, missing hops and negative stages, one line each.
+
+    ``missing`` and ``negative`` come from the request's timelines row (the analyzer's rules);
+    negative stages are recomputed with the contract's rule when the row lacks the column.
+    """
+    lines = []
+    errors = events.filter(pl.col("hop").is_in(list(ERROR_HOPS))).sort("ts")
+    for hop, attempt in zip(errors["hop"].to_list(), errors["attempt"].fill_null(0).to_list(), strict=True):
+        lines.append(Text(f"{hop} on attempt {attempt}", style="bold red"))
+    seen = {component(h) for h in events["hop"].to_list()}
+    lines += [Text(note, style="yellow") for comp, note in _FALLBACK_NOTES.items() if comp not in seen]
+    missing = list(stages.get("missing") or [])
+    if missing:
+        lines.append(Text(f"missing hops: {', '.join(missing)}", style="yellow"))
+    negative = stages["negative"] if stages.get("negative") is not None else negative_stages(stages)
+    for name in negative:
+        lines.append(
+            Text(f"negative stage {name} = {_ms(stages[name])}: an instrumentation or clock problem", style="bold red")
+        )
+    return lines
+
+
+def render_waterfall(request_id: str, stages: Mapping[str, Any], events: pl.DataFrame) -> Group:
+    """Everything ``hopline timeline`` prints for one request (``stages``: its timelines row)."""
+    origin = "client.sent" if stages.get("client_sent") is not None else f"its first hop ({events.sort('ts')['hop'][0]})"
+    header = Text.assemble(
+        ("request ", "bold"),
+        (request_id, "bold cyan"),
+        f"  service={stages.get('service') or '-'} replica={stages.get('replica') or '-'} "
+        f"model={stages.get('model') or '-'} stream={stages.get('stream')} outcome={stages.get('outcome') or '-'}",
+    )
+    parts: list[Any] = [header, Text(f"time axis from {origin}; stages end to end (TTFT terms, then decode)", style="dim")]
+    parts.append(waterfall_table(stages))
+    for view in ("client", "gateway", "engine"):
+        ttft, e2e = stages.get(f"{view}_ttft"), stages.get(f"{view}_e2e")
+        if ttft is not None or e2e is not None:
+            parts.append(
+                Text(f"{view} view: TTFT {_ms(ttft) if ttft is not None else '-'}, "
+                     f"end-to-end {_ms(e2e) if e2e is not None else '-'}")  # fmt: skip
+            )
+    parts.extend(problems(stages, events))
+    parts.extend(hops_tables(events))
+    return Group(*parts)
+
+
+def timeline_command(
+    request_id: Annotated[str, typer.Argument(help="The request ID (X-Request-Id; a chatcmpl- prefix is stripped).")],
+    paths: Annotated[list[Path], typer.Argument(help="Event files: NDJSON or Parquet, as the collector stores them.")],
+) -> None:
+    """Draw one request's waterfall: its stages on a time axis and every component's raw hops.
+
+    Example:
+
+    hopline timeline 4f1c2a9e8b7d4c3a events/*.ndjson
+    """
+    err = Console(stderr=True)
+    rid = normalize_request_id(request_id)
+    if rid is None:
+        err.print(f"[red]hopline timeline:[/red] {request_id!r} is not a request ID (1-64 characters of [A-Za-z0-9._:-])")
+        raise typer.Exit(2)
+    try:
+        events, _report = scan_events(paths)
+    except (OSError, ValueError) as exc:
+        err.print(f"[red]hopline timeline:[/red] {exc}")
+        raise typer.Exit(2) from exc
+    mine = events.filter(pl.col("request_id") == rid).collect()
+    if mine.is_empty():
+        held = events.select(pl.col("request_id").n_unique()).collect().item()
+        err.print(
+            f"[red]hopline timeline:[/red] request {rid!r} not found; "
+            f"{len(paths)} file(s) hold {held:,} request(s)"
+        )
+        raise typer.Exit(1)
+    row = timelines(mine.lazy()).collect().row(0, named=True)
+    Console().print(render_waterfall(rid, row, mine))
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``hopline timeline`` to the ``hopline`` command."""
+    app.command(name="timeline")(timeline_command)

@@ -1,0 +1,148 @@
+"""``hopline timeline``: one request's waterfall from real event files, through the real command."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import typer
+from click.testing import Result
+from typer.testing import CliRunner
+
+from hopline.analyzer.waterfall import WATERFALL_ORDER, register, stage_bars
+from hopline.middleware.contract import TIME_STAGES, TTFT_STAGES, dumps
+
+GOLDEN = json.loads((Path(__file__).parents[1] / "golden_stages.json").read_text())
+CASES = {case["name"]: case["events"] for case in GOLDEN["cases"]}
+
+
+@pytest.fixture(scope="module")
+def events_file(tmp_path_factory) -> Path:
+    """Every golden case in one NDJSON file, plus a copy of the complete request without its
+    engine.first_token (a missing hop)."""
+    path = tmp_path_factory.mktemp("events") / "events.ndjson"
+    lines = [dumps(e) for events in CASES.values() for e in events]
+    lines += [
+        dumps({**e, "request_id": "no-first-token"})
+        for e in CASES["complete_streaming"]
+        if e["hop"] != "engine.first_token"
+    ]
+    path.write_bytes(b"".join(lines))
+    return path
+
+
+APP = typer.Typer()
+register(APP)
+APP.command("noop")(lambda: None)  # a second command, so that the app keeps its subcommand names
+
+
+def timeline(*args: str) -> Result:
+    """The real ``timeline`` command, in-process (the ``hopline`` entry point is tested by its owner)."""
+    return CliRunner().invoke(APP, ["timeline", *args], env={"COLUMNS": "160", "NO_COLOR": "1"})
+
+
+def rows(output: str) -> dict[str, list[str]]:
+    """First word of each line -> the remaining words (stage rows and hop rows)."""
+    table: dict[str, list[str]] = {}
+    for line in output.splitlines():
+        words = line.split()
+        if words:
+            table.setdefault(words[0], words[1:])
+    return table
+
+
+def test_complete_request_stages_and_hops(events_file: Path) -> None:
+    run = timeline("gold-complete", str(events_file))
+    assert run.exit_code == 0, run.output
+    out = run.stdout
+    assert "time axis from client.sent" in out
+    stages = rows(out)
+    # stages end to end (start, duration), worked by hand in the golden fixture:
+    # connect 1+10+20 = 31 ms; network 450-31-10-300 = 109 ms; gateway 10; frontend 300-60-200 = 40
+    assert stages["connect"][:4] == ["0.0", "ms", "31.0", "ms"]
+    assert stages["network"][:4] == ["31.0", "ms", "109.0", "ms"]
+    assert stages["gateway"][:4] == ["140.0", "ms", "10.0", "ms"]
+    assert stages["frontend"][:4] == ["150.0", "ms", "40.0", "ms"]
+    assert stages["queue"][:4] == ["190.0", "ms", "60.0", "ms"]
+    assert stages["prefill"][:4] == ["250.0", "ms", "200.0", "ms"]
+    assert stages["decode"][:4] == ["450.0", "ms", "8,000.0", "ms"]
+    assert "client view: TTFT 450.0 ms, end-to-end 8,450.0 ms" in out
+    # raw hops relative to each component's own first hop: the engine's clock is 5 s ahead,
+    # which must not show (its first token is 300 ms after its own received)
+    hop_rows = [line.split() for line in out.splitlines()]
+    assert ["300.0", "engine.first_token", "0"] in [r[:3] for r in hop_rows]
+    assert ["450.0", "client.first_token", "0"] in [r[:3] for r in hop_rows]
+    assert ["10.0", "gateway.forwarded", "0", "upstream=r1"] in hop_rows
+    assert "missing" not in out and "negative" not in out
+
+
+def test_engine_prefix_is_stripped(events_file: Path) -> None:
+    run = timeline("chatcmpl-gold-complete", str(events_file))
+    assert run.exit_code == 0, run.output
+    assert "request gold-complete" in run.stdout
+
+
+def test_negative_stage_is_flagged_not_clamped(events_file: Path) -> None:
+    run = timeline("gold-negative", str(events_file))
+    assert run.exit_code == 0, run.output
+    # stats claim 500 ms queue + 100 ms prefill inside a 300 ms engine TTFT: frontend = -300 ms
+    assert "negative stage frontend = -300.0 ms" in run.stdout
+    assert rows(run.stdout)["frontend"][:4] == ["30.0", "ms", "-300.0", "ms"]
+
+
+def test_missing_hop_and_absent_component_are_flagged(events_file: Path) -> None:
+    run = timeline("no-first-token", str(events_file))
+    assert run.exit_code == 0, run.output
+    assert "missing hops: engine.first_token" in run.stdout
+    hosted = timeline("gold-hosted", str(events_file))
+    assert "no engine hops: upstream stands for everything beyond the gateway" in hosted.output
+    assert "no gateway hops" in hosted.output
+
+
+def test_failover_shows_each_engine_on_its_own_clock(events_file: Path) -> None:
+    run = timeline("gold-failover", str(events_file))
+    assert run.exit_code == 0, run.output
+    out = run.stdout
+    assert "engine.error on attempt 0" in out
+    assert "engine r1 hops" in out and "engine r2 hops" in out
+    hop_rows = [line.split()[:3] for line in out.splitlines()]
+    # each replica's first hop is its own zero
+    assert ["0.0", "engine.received", "0"] in hop_rows
+    assert ["0.0", "engine.received", "1"] in hop_rows
+
+
+def test_unknown_request_says_how_many_the_files_hold(events_file: Path) -> None:
+    run = timeline("no-such-request", str(events_file))
+    assert run.exit_code == 1
+    message = " ".join(run.stderr.split())
+    assert "request 'no-such-request' not found" in message
+    assert "hold 10 request(s)" in message  # nine golden cases + no-first-token
+
+
+def test_help_has_an_example() -> None:
+    run = timeline("--help")
+    assert run.exit_code == 0 and "hopline timeline 4f1c2a9e8b7d4c3a" in run.stdout
+
+
+def test_bar_order_covers_every_time_stage() -> None:
+    assert set(WATERFALL_ORDER) == set(TIME_STAGES)
+    ttft_positions = [WATERFALL_ORDER.index(s) for s in TTFT_STAGES]
+    assert ttft_positions == sorted(ttft_positions) and WATERFALL_ORDER[-1] == "decode"
+
+
+def test_bars_are_laid_end_to_end() -> None:
+    bars = stage_bars({"connect": 0.01, "network": 0.02, "frontend": -0.005, "queue": 0.1, "decode": 1.0})
+    # a negative stage keeps its value but takes no width on the axis
+    assert bars == [
+        ("connect", 0.0, 0.01),
+        ("network", 0.01, 0.02),
+        ("frontend", 0.03, -0.005),
+        ("queue", 0.03, 0.1),
+        ("decode", pytest.approx(0.13), 1.0),
+    ]
+
+
+def test_without_engine_hops_the_client_view_stands_for_decode() -> None:
+    bars = stage_bars({"connect": 0.07, "upstream": 0.43, "client_ttft": 0.5, "client_e2e": 2.5})
+    assert bars[-1] == ("after first token (client)", 0.5, 2.0)
