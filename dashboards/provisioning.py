@@ -15,6 +15,7 @@ from typing import Any
 
 COLLECTOR_PORT = 9400
 COLLECTOR_URL = f"http://collector:{COLLECTOR_PORT}"
+COLLECTOR_DATA = "/data"  # the collector container's event store (a named volume)
 PROMETHEUS_URL = "http://prometheus:9090"
 DATASOURCE_UID = "hopline-prometheus"
 EXEMPLAR_LABEL = "request_id"
@@ -111,6 +112,7 @@ def compose(collector_command: str, home_dashboard: str) -> dict[str, Any]:
             "image": "python:3.12-slim",
             "command": ["sh", "-c", escape_dollars(collector_command)],
             "environment": {"HOPLINE_PIP_SPEC": "hopline[collector]"},
+            "volumes": [f"hopline-events:{COLLECTOR_DATA}"],
             "ports": [f"{COLLECTOR_PORT}:{COLLECTOR_PORT}"],
         },
         "prometheus": {
@@ -133,4 +135,4 @@ def compose(collector_command: str, home_dashboard: str) -> dict[str, Any]:
             "ports": ["3000:3000"],
             "depends_on": ["prometheus"],
         },
-    }}
+    }, "volumes": {"hopline-events": {}}}
