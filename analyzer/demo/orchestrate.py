@@ -1,0 +1,281 @@
+"""``hopline demo`` end to end: start the stack, drive traffic, inject the incident, stop, analyse.
+
+The stack, on 127.0.0.1 and ports the OS picks, each component a child process the demo owns
+(``process.Child``: own process group, SIGTERM on the demo's death, stopped in order):
+
+    load generator (this process, OpenAI SDK + hopline client transport, TLS)
+        → [delay proxy, slow-network only] → gateway (uvicorn + TLS, gateway middleware)
+        → engine r1 / engine r2 (simulated, engine middleware + engine.stats)
+    every component's events → collector (HTTP) → events on disk → analyzer
+
+Shutdown order matters for the data: clients flush first, then the proxy, gateway and engines
+stop (flushing their emitters on exit), then the collector (flushing its store), and only then
+does the analyzer read the events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import shutil
+import signal
+import ssl
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import trustme
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from hopline.analyzer.demo.engine_sim import EngineConfig
+from hopline.analyzer.demo.loadgen import LiveStats, LoadGenerator
+from hopline.analyzer.demo.process import Child, free_port, python_module
+from hopline.analyzer.demo.scenarios import REPLICAS, Scenario
+from hopline.analyzer.demo.wiring import make_emitter
+
+DEMO = "hopline.analyzer.demo"
+
+
+@dataclass
+class Stack:
+    """The running children (in start order) and how to reach them."""
+
+    run_dir: Path
+    children: dict[str, Child] = field(default_factory=dict)
+    collector_url: str = ""
+    gateway_url: str = ""
+    proxy_url: str | None = None
+    ca_path: Path | None = None
+
+    def write_pids(self) -> None:
+        """``pids.json``: every child's pid, so anyone can check that none outlives the demo."""
+        (self.run_dir / "pids.json").write_bytes(orjson.dumps({n: c.pid for n, c in self.children.items()}))
+
+
+def make_tls(directory: Path) -> tuple[Path, Path, Path]:
+    """A throwaway CA and a certificate for 127.0.0.1 / localhost: (CA, certificate, key) PEM files."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    paths = directory / "ca.pem", directory / "cert.pem", directory / "key.pem"
+    ca.cert_pem.write_to_path(str(paths[0]))
+    cert.private_key_pem.write_to_path(str(paths[2]))
+    for i, pem in enumerate(cert.cert_chain_pems):
+        pem.write_to_path(str(paths[1]), append=i > 0)
+    return paths
+
+
+def start_stack(scenario: Scenario, stack: Stack) -> None:
+    """Start collector, engines, gateway (and the delay proxy); children land in ``stack`` at once,
+    so whatever started is stopped even if a later step fails."""
+    logs = stack.run_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    ca, cert, key = make_tls(stack.run_dir / "tls")
+    stack.ca_path = ca
+
+    collector_port = free_port()  # the collector takes a --port; it cannot tell us one it chose
+    stack.collector_url = f"http://127.0.0.1:{collector_port}"
+    collector = Child(
+        "collector",
+        python_module(
+            "hopline.collector", "--host", "127.0.0.1", "--port", str(collector_port), "--data-dir", str(stack.run_dir)
+        ),
+        logs,
+    )
+    stack.children["collector"] = collector
+    for replica in REPLICAS:
+        config = {**scenario.engine, "incident": scenario.engine_incident.get(replica, {})}
+        stack.children[f"engine-{replica}"] = Child(
+            f"engine-{replica}",
+            python_module(
+                f"{DEMO}.engine_sim",
+                "--replica", replica,
+                "--sink", stack.collector_url,
+                "--truth", str(stack.run_dir / f"truth-{replica}.jsonl"),
+                "--port-file", str(logs / f"engine-{replica}.port"),
+                "--config", orjson.dumps(config).decode(),
+            ),
+            logs,
+        )
+    stack.write_pids()
+    collector.wait_listening(collector_port)
+    upstreams = [
+        f"{replica}=http://127.0.0.1:{stack.children[f'engine-{replica}'].wait_port()}" for replica in REPLICAS
+    ]
+    gateway = Child(
+        "gateway",
+        python_module(
+            f"{DEMO}.gateway_app",
+            *(arg for upstream in upstreams for arg in ("--upstream", upstream)),
+            "--keys", orjson.dumps(scenario.api_keys()).decode(),
+            "--sink", stack.collector_url,
+            "--port-file", str(logs / "gateway.port"),
+            "--certfile", str(cert),
+            "--keyfile", str(key),
+        ),
+        logs,
+    )
+    stack.children["gateway"] = gateway
+    stack.write_pids()
+    gateway_port = gateway.wait_port()
+    stack.gateway_url = f"https://127.0.0.1:{gateway_port}"
+    if scenario.via_proxy:
+        proxy = Child(
+            "delay-proxy",
+            python_module(
+                f"{DEMO}.delay_proxy",
+                "--target", f"127.0.0.1:{gateway_port}",
+                "--delay-ms", str(scenario.proxy_delay_ms),
+                "--port-file", str(logs / "delay-proxy.port"),
+            ),
+            logs,
+        )
+        stack.children["delay-proxy"] = proxy
+        stack.write_pids()
+        stack.proxy_url = f"https://127.0.0.1:{proxy.wait_port()}"
+
+
+def stop_stack(stack: Stack, timeout: float = 8.0) -> None:
+    """Everything but the collector first (they flush their events to it), then the collector."""
+    front = [c for name, c in stack.children.items() if name != "collector"]
+    for group in (front, [stack.children["collector"]] if "collector" in stack.children else []):
+        for child in group:
+            child.terminate()
+        deadline = time.monotonic() + timeout
+        for child in group:
+            child.wait_or_kill(deadline)
+
+
+def inject(scenario: Scenario, stack: Stack) -> None:
+    """The incident's server side: SIGUSR1 switches a replica's overrides / the proxy's delay on.
+    (Its client side, new traffic, is scheduled by the load generator.)"""
+    for replica in scenario.engine_incident:
+        stack.children[f"engine-{replica}"].signal(signal.SIGUSR1)
+    if "delay-proxy" in stack.children:
+        stack.children["delay-proxy"].signal(signal.SIGUSR1)
+
+
+def _panel(scenario: Scenario, stats: LiveStats, elapsed: float, seconds: float, incident_at: float) -> Table:
+    table = Table(title=f"hopline demo · {scenario.name}", show_header=False, box=None, padding=(0, 2))
+    p50 = stats.p50_ttft_ms()
+    table.add_row("time", f"{min(elapsed, seconds):4.0f} / {seconds:.0f} s")
+    table.add_row("requests", f"{stats.sent} sent · {stats.ok} ok · {stats.errors} failed")
+    table.add_row("in flight", str(stats.in_flight))
+    table.add_row("p50 TTFT (client, last 200)", "–" if p50 is None else f"{p50:.0f} ms")
+    when = f"at {incident_at:.0f} s"
+    table.add_row("incident", f"{scenario.injected} ({'injected ' if elapsed >= incident_at else ''}{when})")
+    if stats.last_error:
+        table.add_row("last error", stats.last_error)
+    return table
+
+
+async def drive(scenario: Scenario, stack: Stack, seconds: float, console: Console, seed: int | None) -> LiveStats:
+    """Run the traffic for ``seconds`` with the live display; inject the incident on time."""
+    assert stack.ca_path is not None
+    emitters: dict[str, Any] = {}
+
+    def emitter_for(service: str) -> Any:
+        if service not in emitters:
+            emitters[service] = make_emitter(stack.collector_url, service=service)
+        return emitters[service]
+
+    load = LoadGenerator(
+        scenario.traffic(),
+        gateway_url=stack.gateway_url,
+        proxy_url=stack.proxy_url,
+        verify=ssl.create_default_context(cafile=str(stack.ca_path)),
+        emitter_for=emitter_for,
+        model=EngineConfig().model.name,
+        seconds=seconds,
+        grace=5.0,
+        seed=seed,
+    )
+    incident_at = scenario.incident_at * seconds
+    started = time.monotonic()
+
+    async def incident() -> None:
+        await asyncio.sleep(incident_at)
+        inject(scenario, stack)
+
+    async def display(live: Live) -> None:
+        while True:
+            live.update(_panel(scenario, load.stats, time.monotonic() - started, seconds, incident_at))
+            await asyncio.sleep(0.25)
+
+    with Live(console=console, refresh_per_second=4, transient=False) as live:
+        tasks = [asyncio.create_task(incident()), asyncio.create_task(display(live))]
+        try:
+            stats = await load.run()
+        finally:
+            for task in tasks:
+                task.cancel()
+            live.update(_panel(scenario, load.stats, time.monotonic() - started, seconds, incident_at))
+    for emitter in emitters.values():
+        await asyncio.to_thread(emitter.close)  # the clients' last events reach the collector
+    return stats
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM to the demo behaves like Ctrl-C: unwind, stop the children, exit."""
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@dataclass
+class DemoResult:
+    report: dict[str, Any]
+    run_dir: Path
+    stats: LiveStats
+    expected: dict[str, Any]
+    pids: dict[str, int] = dataclasses.field(default_factory=dict)
+
+
+def run_demo(
+    scenario: Scenario,
+    *,
+    seconds: float,
+    out: Path | None,
+    html: Path | None,
+    console: Console,
+    seed: int | None = None,
+) -> DemoResult:
+    """Run the whole demo; the events, logs and truth files stay in ``out`` (else a temp dir, removed)."""
+    from hopline.analyzer.demo.analysis import analyze_run, render_html, write_dashboards
+
+    run_dir = Path(out) if out else Path(tempfile.mkdtemp(prefix="hopline-demo-"))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    stack = Stack(run_dir)
+    try:
+        with _terminate_as_interrupt():
+            try:
+                console.print(f"[dim]starting collector, engines r1 r2, gateway… ({run_dir})[/dim]")
+                start_stack(scenario, stack)
+                stats = asyncio.run(drive(scenario, stack, seconds, console, seed))
+            finally:
+                stop_stack(stack)
+        report, frame = analyze_run(run_dir)
+        if html is not None:
+            render_html(report, frame, html)
+        if out is not None:
+            (run_dir / "report.json").write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
+            write_dashboards(run_dir / "dashboards", stack.collector_url)
+        return DemoResult(report, run_dir, stats, scenario.expect, {n: c.pid for n, c in stack.children.items()})
+    finally:
+        if out is None:
+            shutil.rmtree(run_dir, ignore_errors=True)
+

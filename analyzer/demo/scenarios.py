@@ -1,0 +1,152 @@
+"""The demo's scenarios: steady traffic, one incident mid-run, and the finding that must name it.
+
+Every scenario runs the same baseline (a chat service and a document-QA service at a steady
+Poisson rate, spread over two replicas by conversation) and injects one thing at ``incident_at``
+(a fraction of the run, late enough that the analyzer has a "before" to compare with, early
+enough for an "after"). ``expect`` is the first finding the analyzer must report.
+
+The sizes are meant to be realistic for an 8B model on one GPU, scaled in time: a burst that
+triples one replica's queueing, a 4x prefill regression (a kernel fallback), 50 ms of one-way
+latency on one client's path, 12k-token prompts, a client opening a connection per request, a
+client that sends no ``max_tokens``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from hopline.analyzer.demo.gateway_app import home_replica
+from hopline.analyzer.demo.loadgen import Traffic
+
+REPLICAS = ("r1", "r2")
+INCIDENT_AT = 0.55
+
+
+def pinned_user(prefix: str, replica: str) -> str:
+    """A conversation key whose home replica (the gateway's rendezvous hash) is ``replica``."""
+    return next(key for i in range(1000) if home_replica(key := f"{prefix}-{i}", list(REPLICAS)) == replica)
+
+
+BASELINE: tuple[Traffic, ...] = (
+    Traffic("kite-chat", rate=4.0, api_key="sk-demo-chat", users=60),
+    Traffic(
+        "kite-docs",
+        rate=1.0,
+        api_key="sk-demo-docs",
+        users=20,
+        system_tokens=1200,
+        prompt_median_tokens=60,
+        max_turns=2,
+        max_tokens=300,
+    ),
+)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    injected: str  # one line for the terminal
+    expect: dict[str, Any]  # the first finding's identifying fields
+    incident_traffic: tuple[Traffic, ...] = ()
+    via_proxy: frozenset[str] = frozenset()  # services whose traffic goes through the delay proxy
+    proxy_delay_ms: float = 0.0
+    engine: dict[str, Any] = field(default_factory=dict)  # EngineConfig overrides, both replicas
+    engine_incident: dict[str, dict[str, Any]] = field(default_factory=dict)  # replica -> overrides
+    incident_at: float = INCIDENT_AT
+
+    def traffic(self) -> list[Traffic]:
+        """Baseline (through the proxy where the scenario says so) plus the incident's own clients."""
+        base = [replace(t, via_proxy=t.service in self.via_proxy) for t in BASELINE]
+        return base + [replace(t, start=self.incident_at) for t in self.incident_traffic]
+
+    def api_keys(self) -> dict[str, tuple[float, float]]:
+        """Every client's key, with a rate limit well above what it sends (rate, burst)."""
+        keys: dict[str, tuple[float, float]] = {}
+        for t in self.traffic():
+            rate, burst = keys.get(t.api_key, (0.0, 0.0))
+            keys[t.api_key] = (rate + 10 * t.rate, burst + max(20, 10 * t.rate))
+        return keys
+
+
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        Scenario(
+            "queue-burst",
+            "a batch job's burst, pinned to replica r2 by its conversation key",
+            expect={"kind": "shift", "stage": "queue", "scope": {"replica": "r2"}},
+            incident_traffic=(
+                Traffic(
+                    "batch-eval",
+                    rate=6.0,
+                    api_key="sk-demo-batch",
+                    pinned_user=pinned_user("batch-eval", "r2"),
+                    system_tokens=200,
+                    prompt_median_tokens=300,
+                    prompt_sigma=0.5,
+                    max_turns=1,
+                    max_tokens=256,
+                ),
+            ),
+        ),
+        Scenario(
+            "prefill-regression",
+            "replica r2's prefill becomes 4x slower per token (a kernel fallback after a deploy)",
+            expect={"kind": "shift", "stage": "prefill", "scope": {"replica": "r2"}},
+            engine_incident={"r2": {"prefill_per_token_s": 0.00016}},
+        ),
+        Scenario(
+            "slow-network",
+            "50 ms of one-way latency between kite-chat's clients and the gateway",
+            expect={"kind": "shift", "stage": "network", "scope": {"service": "kite-chat"}},
+            via_proxy=frozenset({"kite-chat"}),
+            proxy_delay_ms=50.0,
+        ),
+        Scenario(
+            "huge-prompt",
+            "kite-rag starts sending 12k-token prompts; the engines run without chunked prefill",
+            expect={"kind": "pitfall", "name": "long_prefill_stall"},
+            engine={"chunked_prefill": False},
+            incident_traffic=(
+                Traffic(
+                    "kite-rag",
+                    rate=0.6,
+                    api_key="sk-demo-rag",
+                    users=30,
+                    system_tokens=12000,
+                    prompt_median_tokens=100,
+                    max_turns=1,
+                    max_tokens=256,
+                ),
+            ),
+        ),
+        Scenario(
+            "cold-connections",
+            "kite-cli starts opening a new TLS connection for every request",
+            expect={"kind": "pitfall", "name": "new_connection_per_request"},
+            incident_traffic=(
+                Traffic("kite-cli", rate=2.0, api_key="sk-demo-cli", new_connection_per_request=True),
+            ),
+        ),
+        Scenario(
+            "no-max-tokens",
+            "kite-notebook starts sending requests without max_tokens",
+            expect={"kind": "pitfall", "name": "no_max_tokens"},
+            incident_traffic=(Traffic("kite-notebook", rate=2.0, api_key="sk-demo-notebook", max_tokens=None),),
+        ),
+    )
+}
+DEFAULT_SCENARIO = "queue-burst"
+
+
+def matches(finding: dict[str, Any], expect: dict[str, Any]) -> bool:
+    """Does ``finding`` carry every field of ``expect`` (scopes compared on the expected keys)?"""
+    for key, value in expect.items():
+        if key == "scope":
+            scope = finding.get("scope") or {}
+            if any(scope.get(k) != v for k, v in value.items()):
+                return False
+        elif finding.get(key) != value:
+            return False
+    return True

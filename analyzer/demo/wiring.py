@@ -1,0 +1,64 @@
+"""Where the demo's simulated services meet hopline: the only module that imports its middleware.
+
+Each demo component is instrumented exactly as a user would instrument a real one: an
+``Emitter`` with an HTTP sink pointing at the collector, the engine and gateway ASGI middleware
+around the apps, and hopline's httpx transport under the OpenAI SDK's client.
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+from typing import Any
+
+import httpx
+import uvicorn
+
+from hopline.middleware.emit import Emitter
+
+ASGIApp = Any
+
+
+def make_emitter(sink: str | None, *, service: str, replica: str | None = None, model: str | None = None) -> Emitter:
+    """An emitter for one demo component (``sink`` None: events are kept in memory)."""
+    return Emitter(sink or "memory", service=service, replica=replica, model=model)
+
+
+def engine_middleware(app: ASGIApp, emitter: Emitter) -> ASGIApp:
+    from hopline.middleware.engine import EngineMiddleware
+
+    return EngineMiddleware(app, emitter=emitter)
+
+
+def gateway_middleware(app: ASGIApp, emitter: Emitter) -> ASGIApp:
+    from hopline.middleware.gateway import GatewayMiddleware
+
+    return GatewayMiddleware(app, emitter=emitter)
+
+
+def gateway_hops(request: Any) -> Any:
+    """The per-request hop recorder the gateway middleware attached (``admitted``, ``forwarded``)."""
+    from hopline.middleware.gateway import hops
+
+    return hops(request)
+
+
+def instrumented_client(*, emitter: Emitter, service: str, verify: ssl.SSLContext, **kwargs: Any) -> httpx.AsyncClient:
+    """An httpx client with hopline's client transport (what ``openai.AsyncOpenAI(http_client=…)`` gets)."""
+    from hopline.middleware.client import instrument
+
+    return instrument(httpx.AsyncClient(verify=verify, **kwargs), emitter=emitter, service=service)
+
+
+def serve(app: ASGIApp, sock: socket.socket, *, certfile: str | None = None, keyfile: str | None = None) -> None:
+    """Run ``app`` with uvicorn on an already listening socket until SIGTERM / SIGINT."""
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+        ssl_certfile=certfile,
+        ssl_keyfile=keyfile,
+        timeout_graceful_shutdown=3,
+    )
+    uvicorn.Server(config).run(sockets=[sock])
