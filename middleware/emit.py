@@ -85,7 +85,7 @@ class Emitter:
         self._wake_at = batch_size - 1  # buffer length at which an emit wakes the worker early
         self._closed = False
         self._close_deadline: float | None = None  # monotonic; past it, drains drop instead of write
-        self._cold = True  # no worker yet (first emit, first emit after a fork) or closed
+        self._limit = 0  # what emit compares the buffer length with: see _admit
         self._worker: threading.Thread | None = None
         self._start_lock = threading.Lock()
         self._lock = threading.Lock()  # serializes drains (worker vs flush/close); never taken by emit
@@ -97,13 +97,9 @@ class Emitter:
     def emit(self, hop: str, request_id: str, ts: float | None = None, **attrs: Any) -> None:
         """Record one hop event. ``ts`` defaults to now (see ``hopline.middleware.clock``)."""
         try:
-            if self._cold and not self._warm_up():
-                self.dropped_closed += 1
-                return
             buffer = self._buffer
             queued = len(buffer)
-            if queued >= self.capacity:
-                self.dropped_full += 1
+            if queued >= self._limit and not self._admit():
                 return
             buffer.append(
                 {
@@ -120,21 +116,32 @@ class Emitter:
         except Exception:  # noqa: BLE001 - never into the host
             self.errors += 1
 
-    def _warm_up(self) -> bool:
-        """Start the worker (first emit in this process); False once closed."""
-        with self._start_lock:
-            if self._closed:
-                return False
-            if self._cold:
-                self._worker = threading.Thread(target=self._run, name="hopline-emitter", daemon=True)
-                try:
-                    self._worker.start()
-                except RuntimeError as exc:  # interpreter shutting down: events wait for close()
-                    self._worker = None
-                    self.errors += 1
-                    logger.error("emitter_worker_not_started", error=str(exc))
-                self._cold = False
+    def _admit(self) -> bool:
+        """The slow path of ``emit``: ``_limit`` is 0 until a worker runs in this process (first
+        emit, first emit after a fork) and after close, so one comparison guards all three cases
+        and a full buffer. Starts the worker when there is none (the only lock on this path, taken
+        once per process); False, counted, when the event must be dropped."""
+        if self._closed:
+            self.dropped_closed += 1
+            return False
+        if not self._limit:
+            with self._start_lock:
+                if self._worker is None and not self._closed:
+                    self._start_worker()
+        if len(self._buffer) >= self.capacity:
+            self.dropped_full += 1
+            return False
         return True
+
+    def _start_worker(self) -> None:
+        self._worker = threading.Thread(target=self._run, name="hopline-emitter", daemon=True)
+        try:
+            self._worker.start()
+        except RuntimeError as exc:  # interpreter shutting down: events wait for close()
+            self._worker = None
+            self.errors += 1
+            logger.error("emitter_worker_not_started", error=str(exc))
+        self._limit = self.capacity
 
     # -- background -----------------------------------------------------------------------------
 
@@ -192,7 +199,7 @@ class Emitter:
             if self._closed:
                 return
             self._closed = True
-            self._cold = True
+            self._limit = 0
         deadline = self._close_deadline = time.monotonic() + timeout
         set_deadline = getattr(self.sink, "set_deadline", None)
         if set_deadline is not None:
@@ -201,7 +208,7 @@ class Emitter:
         worker = self._worker
         # Grace past the deadline: a drainer notices it between batches, after the sink call.
         grace = deadline + CLOSE_GRACE
-        if worker is not None and worker is not threading.current_thread():
+        if worker is not None and worker.is_alive() and worker is not threading.current_thread():
             worker.join(max(grace - time.monotonic(), 0))
         if not self._lock.acquire(timeout=max(grace - time.monotonic(), 0)):
             logger.warning("emitter_close_timeout", sink=repr(self.sink), buffered=len(self._buffer))
@@ -241,7 +248,7 @@ class Emitter:
         self._start_lock = threading.Lock()
         self._wake = threading.Event()
         self._worker = None
-        self._cold = True
+        self._limit = 0
         self.sent = self.dropped_full = self.dropped_sink = self.dropped_closed = self.errors = 0
         reset = getattr(self.sink, "after_fork_in_child", None)
         if reset is not None:

@@ -219,7 +219,10 @@ class FileSink:
             self._open()
         hour = hour_label(self._now())
         if self._size and ((self.hourly and hour != self._hour) or self._size + incoming > self.max_bytes):
-            self._rotate()
+            try:
+                self._rotate()
+            except OSError as exc:  # keep appending to the live file rather than lose events
+                warn_throttled("file_rotate_failed", "sink_rotate_failed", sink=repr(self), error=str(exc))
             self._open()
 
     def _open(self) -> None:

@@ -6,6 +6,7 @@ import io
 import logging
 import os
 import socket
+import subprocess
 import ssl
 import sys
 import threading
@@ -432,3 +433,28 @@ def test_stdout_sink_survives_a_closed_stdout(monkeypatch) -> None:
     closed.close()
     monkeypatch.setattr(sys, "stdout", closed)
     assert StdoutSink().write(events(2)) == 2
+
+
+def test_a_write_cut_short_by_the_disk_keeps_complete_lines_and_isolates_the_torn_one(tmp_path) -> None:
+    # RLIMIT_FSIZE makes the kernel cut a write short exactly as a full disk would.
+    path = tmp_path / "events.ndjson"
+    script = f"""
+import resource, signal, orjson
+from hopline.middleware.sinks import FileSink
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+events = [{{"v": 1, "ts": 1e9 + i, "request_id": f"req-{{i}}", "hop": "client.sent"}} for i in range(40)]
+line = len(orjson.dumps(events[0])) + 1
+soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+resource.setrlimit(resource.RLIMIT_FSIZE, (int(line * 10.5), hard))
+sink = FileSink({str(path)!r})
+print(sink.write(events[:20]))  # 10 complete lines fit, the 11th is torn
+resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+print(sink.write(events[20:22]))
+sink.close()
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["10", "0"]
+    parsed = list(iter_ndjson(path.read_bytes()))
+    good = [event["request_id"] for _, event, error in parsed if error is None]
+    assert good == [f"req-{i}" for i in range(10)] + ["req-20", "req-21"]
+    assert [number for number, _, error in parsed if error is not None] == [11]  # the torn line alone

@@ -1,0 +1,171 @@
+"""What ``Emitter.emit`` costs a request path, side by side with its floor and with structlog.
+
+    python bench/bench_emit.py [--rounds 9] [--calls 100000]
+
+Variants, one 6-field event each (v, ts, request_id, hop, service, stream):
+
+  (a)  ``Emitter.emit``, hot path only: the worker is asleep (it is started, but its interval is
+       an hour), the buffer is emptied between chunks of 1000 calls, outside the timing;
+  (a2) ``Emitter.emit`` with the worker draining concurrently to a sink that serializes every
+       event and discards the bytes: the caller's wall time then includes the GIL the worker
+       takes (eid, batching, orjson) — hopline's whole in-process cost per event;
+  (b)  the floor: build the same dict + ``time.time()`` + ``deque.append``;
+  (c)  structlog, orjson ``JSONRenderer``, ``BytesLogger`` writing to a file, cached logger:
+       what logging each hop as a line would cost.
+
+Each round runs every variant once (the order reversed on odd rounds); the per-round figure is
+the mean µs per call. The summary is median [min, max] over rounds, and the ratios a/b and c/a are
+taken within each round before the median, so load from other processes largely cancels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import structlog
+
+from hopline.middleware.emit import Emitter
+from hopline.middleware.sinks import encode
+
+CHUNK = 1000
+HOP, RID, SERVICE = "client.sent", "0f6c1a2b3c4d5e6f7a8b9c0d1e2f3a4b", "kite-chat"
+
+
+class EncodeAndDiscard:
+    """A sink doing a real sink's CPU work (serialization) without I/O."""
+
+    def write(self, batch: list[dict[str, Any]]) -> int:
+        encode(batch)
+        return 0
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def per_call(total_seconds: float, calls: int) -> float:
+    return total_seconds / (calls // CHUNK * CHUNK) * 1e6
+
+
+# Each variant is its own loop (no lambda per call, which would add the same ~50 ns to all of
+# them and flatten the ratios); chunks of CHUNK calls, with untimed resets between chunks.
+
+
+def variants(log_path: Path) -> tuple[dict[str, Callable[[int], float]], list[Emitter], Any]:
+    paused = Emitter(EncodeAndDiscard(), service=SERVICE, flush_interval=3600, batch_size=10**9, capacity=2 * CHUNK)
+    paused.emit(HOP, RID)  # starts the (sleeping) worker now, outside the timing
+    live = Emitter(EncodeAndDiscard(), service=SERVICE)
+    perf = time.perf_counter
+
+    def a(calls: int) -> float:
+        emit, buffer, total = paused.emit, paused._buffer, 0.0
+        for _ in range(calls // CHUNK):
+            start = perf()
+            for _ in range(CHUNK):
+                emit(HOP, RID, stream=True)
+            total += perf() - start
+            buffer.clear()
+        return per_call(total, calls)
+
+    def a2(calls: int) -> float:
+        emit, total = live.emit, 0.0
+        for _ in range(calls // CHUNK):
+            start = perf()
+            for _ in range(CHUNK):
+                emit(HOP, RID, stream=True)
+            total += perf() - start
+        return per_call(total, calls)
+
+    floor: deque[dict[str, Any]] = deque()
+
+    def b(calls: int) -> float:
+        append, now, total = floor.append, time.time, 0.0
+        for _ in range(calls // CHUNK):
+            start = perf()
+            for _ in range(CHUNK):
+                append({"v": 1, "ts": now(), "request_id": RID, "hop": HOP, "service": SERVICE, "stream": True})
+            total += perf() - start
+            floor.clear()
+        return per_call(total, calls)
+
+    log_file = log_path.open("wb")
+    log = structlog.wrap_logger(
+        structlog.BytesLogger(log_file),
+        wrapper_class=structlog.make_filtering_bound_logger(20),
+        processors=[structlog.processors.JSONRenderer(serializer=orjson.dumps)],
+        context_class=dict,
+        cache_logger_on_first_use=True,
+    )
+
+    def c(calls: int) -> float:
+        info, now, total = log.info, time.time, 0.0
+        for _ in range(calls // CHUNK):
+            start = perf()
+            for _ in range(CHUNK):
+                info(HOP, v=1, ts=now(), request_id=RID, service=SERVICE, stream=True)
+            total += perf() - start
+        return per_call(total, calls)
+
+    return {"a": a, "a2": a2, "b": b, "c": c}, [paused, live], log_file
+
+
+def summary(values: list[float]) -> str:
+    return f"{statistics.median(values):.3f} [{min(values):.3f}, {max(values):.3f}]"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--calls", type=int, default=100_000, help="calls per variant per round")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        bench, emitters, log_file = variants(Path(tmp) / "structlog.ndjson")
+        results: dict[str, list[float]] = {name: [] for name in bench}
+        for name, run in bench.items():  # warm-up
+            run(CHUNK * 5)
+        for round_ in range(args.rounds):
+            order = list(bench) if round_ % 2 == 0 else list(reversed(bench))
+            for name in order:
+                results[name].append(bench[name](args.calls))
+        for emitter in emitters:
+            emitter.close()
+        log_file.close()
+    a_over_b = [a / b for a, b in zip(results["a"], results["b"])]
+    c_over_a = [c / a for c, a in zip(results["c"], results["a"])]
+    a2_over_a = [a2 / a for a2, a in zip(results["a2"], results["a"])]
+    labels = {
+        "a": "(a) Emitter.emit, hot path (worker asleep)",
+        "a2": "(a2) Emitter.emit, worker draining + serializing concurrently",
+        "b": "(b) floor: dict + time.time() + deque.append",
+        "c": "(c) structlog orjson JSONRenderer -> file, cached",
+    }
+    print(f"python {sys.version.split()[0]}, structlog {structlog.__version__}, orjson {orjson.__version__}; "
+          f"{args.rounds} rounds x {args.calls} calls per variant; µs per call, median [min, max] over rounds")
+    print()
+    print("| variant | µs/event |")
+    print("|---|---|")
+    for name, label in labels.items():
+        print(f"| {label} | {summary(results[name])} |")
+    print()
+    print("| ratio (per round) | median [min, max] |")
+    print("|---|---|")
+    print(f"| a/b (emit vs floor) | {summary(a_over_b)} |")
+    print(f"| c/a (structlog line vs emit) | {summary(c_over_a)} |")
+    print(f"| a2/a (with the worker's share) | {summary(a2_over_a)} |")
+    print()
+    print(f"worker-draining emitter: {emitters[1].stats()}")
+
+
+if __name__ == "__main__":
+    main()
