@@ -1,0 +1,163 @@
+"""The HTML report: one self-contained file whose plots really render, offline, in headless Chromium."""
+
+from __future__ import annotations
+
+import re
+import struct
+import subprocess
+import sys
+import zlib
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+from hopline.analyzer.html import STAGE_COLOURS, choose_window, render_html
+from hopline.analyzer.io import scan_events
+from hopline.analyzer.timelines import timelines
+
+CHROMIUM = "/usr/bin/chromium"
+GEN_LARGE = Path(__file__).parents[2] / "bench" / "gen_large.py"
+WIDTH, HEIGHT = 1400, 2600
+FINDINGS = {
+    "requests": 3000,
+    "window_s": 30,
+    "stages": {
+        "queue": {"p50_ms": 52.0, "p90_ms": 180.0, "p99_ms": 610.0, "share_of_ttft": 0.31},
+        "prefill": {"p50_ms": 150.0, "p90_ms": 420.0, "p99_ms": 900.0, "share_of_ttft": 0.45},
+    },
+    "findings": [
+        {
+            "kind": "shift", "summary": "queue p90 tripled at 00:00:18 on replica r2", "stage": "queue",
+            "at": "2026-01-01T00:00:18Z", "scope": {"replica": "r2"}, "statistic": "p90",
+            "before_ms": 180.0, "after_ms": 540.0, "factor": 3.0,
+        },
+        {
+            "kind": "pitfall", "name": "no_max_tokens", "summary": "<script>alert(1)</script> 4% of requests set no max_tokens",
+            "scope": {}, "affected_requests": 120, "evidence": {"share": 0.04},
+        },
+    ],
+}  # fmt: skip
+
+
+def read_png(path: Path) -> np.ndarray:
+    """Decode an 8-bit RGB/RGBA PNG (what Chromium writes) to an (h, w, channels) array.
+
+    Rows filtered with None/Sub/Up are undone with numpy; Average and Paeth need the pixel to
+    the left, so those rows are undone byte by byte.
+    """
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat, header = 8, [], None
+    while pos < len(data):
+        (length,) = struct.unpack(">I", data[pos : pos + 4])
+        kind, body = data[pos + 4 : pos + 8], data[pos + 8 : pos + 8 + length]
+        pos += 12 + length
+        if kind == b"IHDR":
+            header = struct.unpack(">IIBBBBB", body)
+        elif kind == b"IDAT":
+            idat.append(body)
+    width, height, depth, colour, _, _, interlace = header
+    assert depth == 8 and colour in (2, 6) and interlace == 0, header
+    bpp = 3 if colour == 2 else 4
+    stride = width * bpp
+    raw = np.frombuffer(zlib.decompress(b"".join(idat)), dtype=np.uint8).reshape(height, stride + 1)
+    out = np.zeros((height, stride), dtype=np.uint8)
+    prev = np.zeros(stride, dtype=np.uint8)
+    for y in range(height):
+        kind, line = raw[y, 0], raw[y, 1:]
+        if kind == 0:
+            row = line.copy()
+        elif kind == 1:
+            row = (np.cumsum(line.reshape(width, bpp), axis=0, dtype=np.uint64) % 256).astype(np.uint8).ravel()
+        elif kind == 2:
+            row = line + prev
+        else:
+            cur, up, filt = bytearray(stride), prev.tobytes(), line.tobytes()
+            for i in range(stride):
+                a = cur[i - bpp] if i >= bpp else 0
+                b = up[i]
+                if kind == 3:
+                    pred = (a + b) // 2
+                else:
+                    c = up[i - bpp] if i >= bpp else 0
+                    p = a + b - c
+                    pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                    pred = a if pa <= pb and pa <= pc else b if pb <= pc else c
+                cur[i] = (filt[i] + pred) & 0xFF
+            row = np.frombuffer(bytes(cur), dtype=np.uint8)
+        out[y] = row
+        prev = row
+    return out.reshape(height, width, bpp)[:, :, :3]
+
+
+def chromium(*args: str, profile: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         f"--user-data-dir={profile}", f"--window-size={WIDTH},{HEIGHT}", "--virtual-time-budget=5000", *args],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory) -> Path:
+    """3,000 synthetic requests (client, gateway, engine; replica r2's queue triples late) in a
+    real Parquet file, read with scan_events, turned into timelines, rendered."""
+    folder = tmp_path_factory.mktemp("report")
+    events = folder / "events.parquet"
+    subprocess.run([sys.executable, str(GEN_LARGE), "--requests", "3000", "--out", str(events)], check=True,
+                   capture_output=True, timeout=120)  # fmt: skip
+    frame, _ = scan_events([events])
+    rows = timelines(frame).collect()
+    assert rows.height == 3000
+    return render_html(FINDINGS, rows, folder / "report.html")
+
+
+def test_report_is_one_self_contained_file(report: Path) -> None:
+    text = report.read_text()
+    assert not re.search(r"<script[^>]+src=", text)  # plotly.js inlined, nothing fetched
+    assert not re.search(r"<link[^>]+href=", text)
+    assert text.count("plotly.js v") == 1 or len(re.findall(r"\* plotly\.js", text)) == 1
+    assert text.count('class="plotly-graph-div"') == 4
+    # findings text is escaped, never markup
+    assert "<script>alert(1)</script>" not in text and "&lt;script&gt;alert(1)&lt;/script&gt;" in text
+    assert "queue p90 tripled at 00:00:18 on replica r2" in text
+
+
+def test_plots_render_in_headless_chromium(report: Path, tmp_path: Path) -> None:
+    dom = chromium("--dump-dom", report.as_uri(), profile=tmp_path / "dom-profile")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    # plotly draws two <svg class="main-svg"> layers per plot, and one bar path per drawn bar
+    assert dom.stdout.count('class="main-svg"') >= 8
+    assert len(re.findall(r'<g class="point">', dom.stdout)) > 100
+
+    shot = tmp_path / "report.png"
+    run = chromium(f"--screenshot={shot}", report.as_uri(), profile=tmp_path / "shot-profile")
+    assert run.returncode == 0 and shot.exists(), run.stderr[-2000:]
+    pixels = read_png(shot)
+    assert pixels.shape == (HEIGHT, WIDTH, 3)
+    flat = pixels.reshape(-1, 3)
+    non_white = int((flat.min(axis=1) < 235).sum())
+    assert non_white > 0.05 * len(flat), non_white  # a blank page with text is ~2%
+    colours = Counter(map(bytes, flat[:: 7]))
+    assert len(colours) > 200
+    # the stage colours fill bars: queue red and prefill green cover thousands of pixels each
+    for stage in ("queue", "prefill"):
+        rgb = bytes.fromhex(STAGE_COLOURS[stage][1:])
+        assert int((flat == np.frombuffer(rgb, dtype=np.uint8)).all(axis=1).sum()) > 5000, stage
+
+
+def test_empty_timelines_still_write_a_report(tmp_path: Path) -> None:
+    frame, _ = scan_events([])
+    path = render_html({"requests": 0, "window_s": 0, "stages": {}, "findings": []}, timelines(frame).collect(),
+                       tmp_path / "empty.html")  # fmt: skip
+    text = path.read_text()
+    assert "No requests in the input." in text and "No findings" in text
+
+
+@pytest.mark.parametrize(("span", "window"), [(30, 1), (61, 2), (600, 10), (3600, 60), (14 * 3600, 900)])
+def test_window_adapts_to_the_span(span: float, window: int) -> None:
+    assert choose_window(span) == window
