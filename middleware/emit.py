@@ -195,19 +195,29 @@ class Emitter:
     def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
         """Flush and stop the worker, giving up after ``timeout`` seconds (what is still buffered
         then is dropped and counted). Later ``emit`` calls are dropped and counted."""
+        deadline = time.monotonic() + timeout
+        if self._begin_close(deadline):
+            self._finish_close(deadline)
+
+    def _begin_close(self, deadline: float) -> bool:
+        """Stop accepting events and tell the worker and the sink to finish by ``deadline``
+        (monotonic). False when already closed."""
         with self._start_lock:
             if self._closed:
-                return
+                return False
             self._closed = True
             self._limit = 0
-        deadline = self._close_deadline = time.monotonic() + timeout
+        self._close_deadline = deadline
         set_deadline = getattr(self.sink, "set_deadline", None)
         if set_deadline is not None:
             set_deadline(deadline)
         self._wake.set()
-        worker = self._worker
+        return True
+
+    def _finish_close(self, deadline: float) -> None:
         # Grace past the deadline: a drainer notices it between batches, after the sink call.
         grace = deadline + CLOSE_GRACE
+        worker = self._worker
         if worker is not None and worker.is_alive() and worker is not threading.current_thread():
             worker.join(max(grace - time.monotonic(), 0))
         if not self._lock.acquire(timeout=max(grace - time.monotonic(), 0)):
@@ -263,8 +273,11 @@ _live: weakref.WeakSet[Emitter] = weakref.WeakSet()
 
 
 def _close_all() -> None:
-    for emitter in list(_live):
-        emitter.close()
+    """At exit: all emitters flush side by side, so the whole exit waits ``CLOSE_TIMEOUT`` at most."""
+    deadline = time.monotonic() + CLOSE_TIMEOUT
+    closing = [emitter for emitter in list(_live) if emitter._begin_close(deadline)]
+    for emitter in closing:
+        emitter._finish_close(deadline)
 
 
 def _after_fork_in_child() -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -288,3 +290,16 @@ def test_hopline_logging_leaves_the_host_logging_alone(tmp_path, capfd) -> None:
         structlog.configure(**saved_structlog)
         root.removeHandler(host_handler)
         root.setLevel(saved_root[0])
+
+
+def test_events_still_buffered_at_exit_are_flushed(tmp_path) -> None:
+    path = tmp_path / "events.ndjson"
+    script = f"""
+from hopline.middleware.emit import Emitter
+emitter = Emitter("file:{path}", flush_interval=3600)
+for i in range(777):
+    emitter.emit("client.sent", f"req-{{i}}")
+# no flush, no close: the interpreter exits with everything still buffered
+"""
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+    assert [e["request_id"] for e in file_events(path)] == [f"req-{i}" for i in range(777)]
