@@ -1,0 +1,40 @@
+"""The middleware's http:// sink posting to a real collector with a token."""
+
+from __future__ import annotations
+
+import time
+
+from collector_testing import serve, stored_lines
+
+from hopline.collector.config import CollectorConfig
+from hopline.middleware.emit import Emitter
+from hopline.middleware.sinks import HttpSink
+
+
+def test_http_sink_with_token_reaches_the_store_and_the_join(tmp_path):
+    config = CollectorConfig(data_dir=tmp_path / "data", token="t0ken", grace_s=0)
+    with serve(config) as c:
+        emitter = Emitter(HttpSink(c.url, token="t0ken"), service="kite-chat", replica="r1", model="m")
+        t = time.time()
+        for i in range(20):
+            rid = f"sink-{i}"
+            emitter.emit("engine.received", rid, t, stream=True)
+            emitter.emit("engine.first_token", rid, t + 0.05)
+            emitter.emit("engine.last_token", rid, t + 0.5, output_tokens=12)
+        emitter.close()
+        assert emitter.stats()["sent"] == 60 and emitter.stats()["dropped"] == 0
+        assert len(stored_lines(config.data_dir)) == 60
+        got = c.client.get("/v1/requests/sink-7").json()
+        assert got["state"] == "complete"
+        assert got["stages"]["engine_ttft"] == got["hops"][1]["ts"] - got["hops"][0]["ts"]
+        reg = c.collector.registry
+        assert reg.get_sample_value(
+            "hopline_ttft_seconds_count", {"view": "engine", "service": "unknown", "model": "m", "replica": "r1"}
+        ) == 20
+        # a sink with the wrong token is refused (401): nothing stored, the sink counts the drop
+        wrong = Emitter(HttpSink(c.url, token="wrong"), service="kite-chat")
+        wrong.emit("engine.received", "intruder", t, stream=True)
+        wrong.close()
+        assert wrong.stats()["dropped"] == 1
+        assert c.client.get("/v1/requests/intruder").status_code == 404
+        assert len(stored_lines(config.data_dir)) == 60
