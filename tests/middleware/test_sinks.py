@@ -5,11 +5,8 @@ from __future__ import annotations
 import io
 import logging
 import os
-import socket
 import subprocess
-import ssl
 import sys
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -18,8 +15,6 @@ from typing import Any
 
 import orjson
 import pytest
-import trustme
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -257,32 +252,10 @@ def _app(collector: Collector) -> Starlette:
     return Starlette(routes=[Route("/v1/events", ingest, methods=["POST"])])
 
 
-def _serve(app: Starlette, **ssl_options: Any) -> Iterator[str]:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))  # a free port chosen by the OS
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", **ssl_options)
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:
-        if not thread.is_alive():
-            raise RuntimeError("test collector did not start")
-        threading.Event().wait(0.01)
-    scheme = "https" if ssl_options else "http"
-    try:
-        yield f"{scheme}://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
-
-
 @pytest.fixture
-def collector() -> Iterator[Collector]:
+def collector(mw) -> Iterator[Collector]:
     c = Collector()
-    for url in _serve(_app(c)):
+    with mw.running_server(_app(c)) as url:
         c.url = url
         yield c
 
@@ -365,11 +338,8 @@ def test_http_sink_counts_rejected_lines_and_logs_them_once(collector, capfd) ->
     assert "unknown hop 'x'" in err
 
 
-def test_http_sink_against_a_closed_port_gives_up_within_its_budget(capfd) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # nobody listens once closed
-    sink = fast_sink(f"http://127.0.0.1:{port}", retry_budget=0.3)
+def test_http_sink_against_a_closed_port_gives_up_within_its_budget(mw, capfd) -> None:
+    sink = fast_sink(mw.closed_port_url(), retry_budget=0.3)
     assert sink.write(events(7)) == 7
     assert "collector_unreachable_batch_dropped" in capfd.readouterr().err
 
@@ -412,19 +382,13 @@ def test_http_sink_keeps_httpx_out_of_the_host_logs(collector) -> None:
     assert collector.posts and not records
 
 
-def test_https_sink_with_a_private_ca(tmp_path) -> None:
-    ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1")
-    key_file, cert_file = tmp_path / "key.pem", tmp_path / "cert.pem"
-    cert.private_key_pem.write_to_path(str(key_file))
-    cert.cert_chain_pems[0].write_to_path(str(cert_file))
-    context = ssl.create_default_context()
-    ca.configure_trust(context)
+def test_https_sink_with_a_private_ca(mw, tls) -> None:
     c = Collector()
-    for url in _serve(_app(c), ssl_keyfile=str(key_file), ssl_certfile=str(cert_file)):
-        assert fast_sink(url, verify=context, token="t").write(events(2)) == 0
+    with mw.running_server(_app(c), tls) as url:
+        assert fast_sink(url, verify=tls.client_context, token="t").write(events(2)) == 0
         assert fast_sink(url, retry_budget=0.1).write(events(1)) == 1  # unknown CA: dropped, no raise
     assert [e["request_id"] for e in c.posts[0]["events"]] == ["req-0", "req-1"]
+    assert c.posts[0]["headers"]["authorization"] == "Bearer t"
     assert len(c.posts) == 1
 
 
