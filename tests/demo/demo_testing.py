@@ -1,0 +1,80 @@
+"""Helpers for the demo's tests: servers in a thread, the demo in a child process, leftover processes."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psutil
+import uvicorn
+
+from hopline.analyzer.demo.process import listening_socket
+from hopline.middleware.emit import Emitter
+from hopline.middleware.sinks import MemorySink
+
+
+@contextlib.contextmanager
+def running_server(app: Any) -> Iterator[str]:
+    """Serve ``app`` with uvicorn in a thread; yield its base URL (http://127.0.0.1:PORT)."""
+    sock = listening_socket()
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline, "server did not start"
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+def memory_emitter(**static: Any) -> Emitter:
+    return Emitter(MemorySink(), flush_interval=0.01, **static)
+
+
+def events_of(emitter: Emitter) -> list[dict[str, Any]]:
+    emitter.flush()
+    return list(emitter.sink.events)
+
+
+def run_demo(out: Path, scenario: str, seconds: int, seed: int = 7) -> dict[str, Any]:
+    """``hopline demo … --json`` in a child process; its stdout must be exactly the findings JSON."""
+    argv = [sys.executable, "-m", "hopline.middleware.cli", "demo", "--seconds", str(seconds),
+            "--scenario", scenario, "--out", str(out), "--json", "--seed", str(seed)]
+    proc = subprocess.run(argv, capture_output=True, timeout=seconds + 90)
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-4000:]
+    return orjson.loads(proc.stdout)
+
+
+def processes_of(out: Path) -> list[psutil.Process]:
+    """Live processes started for the run in ``out`` (every child's command line names that folder),
+    and any recorded child pid still running."""
+    found: dict[int, psutil.Process] = {}
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        with contextlib.suppress(psutil.Error):
+            if proc.info["status"] != psutil.STATUS_ZOMBIE and str(out) in " ".join(proc.info["cmdline"] or ()):
+                found[proc.pid] = proc
+    pids_file = out / "pids.json"
+    for pid in orjson.loads(pids_file.read_bytes()).values() if pids_file.exists() else ():
+        with contextlib.suppress(psutil.Error):
+            proc = psutil.Process(pid)
+            if proc.status() != psutil.STATUS_ZOMBIE and str(out) in " ".join(proc.cmdline()):
+                found[pid] = proc
+    return [p for pid, p in found.items() if pid != os.getpid()]
+
+
+def first_finding(report: dict[str, Any]) -> dict[str, Any]:
+    assert report["findings"], f"no findings at all: {report}"
+    return report["findings"][0]
