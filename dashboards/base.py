@@ -51,25 +51,51 @@ def _label_values(label: str, filters: tuple[str, ...]) -> str:
 def _variable(name: str, label: str, filters: tuple[str, ...]) -> QueryVariable:
     if name not in m.REQUESTS.labels:
         raise ValueError(f"{m.REQUESTS.series} has no label {name}")
-    return (QueryVariable(name).label(label).datasource(DATASOURCE).query(_label_values(name, filters))
-            .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED).sort(VariableSort.ALPHABETICAL_CASE_INSENSITIVE_ASC)
-            .multi(True).include_all(True).all_value(".*"))
+    return (
+        QueryVariable(name)
+        .label(label)
+        .datasource(DATASOURCE)
+        .query(_label_values(name, filters))
+        .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .sort(VariableSort.ALPHABETICAL_CASE_INSENSITIVE_ASC)
+        .multi(True)
+        .include_all(True)
+        .all_value(".*")
+    )
 
 
 def dashboard(title: str, uid: str, description: str) -> Dashboard:
     """An empty hopline dashboard: variables, alert annotations, links to its sibling dashboards."""
     return (
-        Dashboard(title).uid(uid).description(description).tags([TAG, "llm", "generated"])
-        .refresh("30s").time("now-1h", "now").timezone("browser").tooltip(DashboardCursorSync.CROSSHAIR)
+        Dashboard(title)
+        .uid(uid)
+        .description(description)
+        .tags([TAG, "llm", "generated"])
+        .refresh("30s")
+        .time("now-1h", "now")
+        .timezone("browser")
+        .tooltip(DashboardCursorSync.CROSSHAIR)
         .editable()
         .with_variable(DatasourceVariable("datasource").label("Prometheus").type("prometheus"))
         .with_variable(_variable("service", "Service", ()))
         .with_variable(_variable("model", "Model", ("service",)))
         .with_variable(_variable("replica", "Replica", ("service", "model")))
-        .annotation(AnnotationQuery().name(ALERT_ANNOTATION_NAME).datasource(DATASOURCE).enable(True)
-                    .icon_color("red").expr(ALERTS_EXPR))
-        .link(DashboardLink("hopline").type(DashboardLinkType.DASHBOARDS).tags([TAG])
-              .as_dropdown(True).include_vars(True).keep_time(True))
+        .annotation(
+            AnnotationQuery()
+            .name(ALERT_ANNOTATION_NAME)
+            .datasource(DATASOURCE)
+            .enable(True)
+            .icon_color("red")
+            .expr(ALERTS_EXPR)
+        )
+        .link(
+            DashboardLink("hopline")
+            .type(DashboardLinkType.DASHBOARDS)
+            .tags([TAG])
+            .as_dropdown(True)
+            .include_vars(True)
+            .keep_time(True)
+        )
     )
 
 

@@ -8,9 +8,9 @@ from typing import Annotated
 import typer
 
 from .provisioning import COLLECTOR_URL
-from .rules import Thresholds
+from .rules import DEFAULT_THRESHOLDS, Thresholds
 
-_DEFAULTS = Thresholds()
+_DEFAULTS = DEFAULT_THRESHOLDS
 
 
 def _vllm_targets(specs: list[str]) -> dict[str, str]:
@@ -18,28 +18,44 @@ def _vllm_targets(specs: list[str]) -> dict[str, str]:
     for spec in specs:
         replica, sep, address = spec.partition("=")
         if not sep or not replica or not address:
-            raise typer.BadParameter(f"{spec!r}: expected REPLICA=HOST:PORT, e.g. r1=10.0.0.5:8000", param_hint="--vllm")
+            raise typer.BadParameter(
+                f"{spec!r}: expected REPLICA=HOST:PORT, e.g. r1=10.0.0.5:8000", param_hint="--vllm"
+            )
         targets[replica] = address
     return targets
 
 
 def build(
     out: Annotated[Path, typer.Option("--out", "-o", help="Directory to write into (created if missing).")],
-    collector_url: Annotated[str, typer.Option(
-        help="The collector's URL as the browser reaches it: exemplar request IDs link to "
-             "COLLECTOR_URL/v1/requests/<id>.")] = COLLECTOR_URL,
-    vllm: Annotated[list[str], typer.Option(
-        help="A vLLM server for Prometheus to scrape, as REPLICA=HOST:PORT (repeatable); REPLICA is "
-             "the name its hopline middleware reports (HOPLINE_REPLICA).")] = [],  # noqa: B006 (typer)
-    queue_factor: Annotated[float, typer.Option(
-        help="Alert when queue time p50 is this many times what it was an hour ago.")] = _DEFAULTS.queue_factor,
-    queue_floor: Annotated[float, typer.Option(
-        help="...and above this many seconds.")] = _DEFAULTS.queue_floor_s,
-    ttft_gap: Annotated[float, typer.Option(
-        help="Alert when client TTFT p90 exceeds engine TTFT p90 by more than this many seconds.")
+    collector_url: Annotated[
+        str,
+        typer.Option(
+            help="The collector's URL as the browser reaches it: exemplar request IDs link to "
+            "COLLECTOR_URL/v1/requests/<id>."
+        ),
+    ] = COLLECTOR_URL,
+    vllm: Annotated[
+        list[str],
+        typer.Option(
+            help="A vLLM server for Prometheus to scrape, as REPLICA=HOST:PORT (repeatable); REPLICA is "
+            "the name its hopline middleware reports (HOPLINE_REPLICA)."
+        ),
+    ] = [],  # noqa: B006 (typer)
+    queue_factor: Annotated[
+        float, typer.Option(help="Alert when queue time p50 is this many times what it was an hour ago.")
+    ] = _DEFAULTS.queue_factor,
+    queue_floor: Annotated[
+        float, typer.Option(help="...and above this many seconds.")
+    ] = _DEFAULTS.queue_floor_s,
+    ttft_gap: Annotated[
+        float,
+        typer.Option(
+            help="Alert when client TTFT p90 exceeds engine TTFT p90 by more than this many seconds."
+        ),
     ] = _DEFAULTS.ttft_gap_s,
-    error_ratio: Annotated[float, typer.Option(
-        help="Alert when more than this share of requests does not end ok.")] = _DEFAULTS.error_ratio,
+    error_ratio: Annotated[
+        float, typer.Option(help="Alert when more than this share of requests does not end ok.")
+    ] = _DEFAULTS.error_ratio,
 ) -> None:
     """Write hopline's Grafana dashboards, Prometheus rules and a docker-compose stack to OUT.
 
@@ -50,13 +66,18 @@ def build(
     """
     from .build import write  # the SDK import is only paid by this command
 
-    thresholds = Thresholds(queue_factor=queue_factor, queue_floor_s=queue_floor, ttft_gap_s=ttft_gap,
-                            error_ratio=error_ratio)
-    for path in write(out, collector_url=collector_url, vllm_targets=_vllm_targets(vllm), thresholds=thresholds):
+    thresholds = Thresholds(
+        queue_factor=queue_factor, queue_floor_s=queue_floor, ttft_gap_s=ttft_gap, error_ratio=error_ratio
+    )
+    for path in write(
+        out, collector_url=collector_url, vllm_targets=_vllm_targets(vllm), thresholds=thresholds
+    ):
         typer.echo(path)
 
 
 def register(app: typer.Typer) -> None:
-    group = typer.Typer(help="Grafana dashboards and Prometheus rules for hopline's metrics.", no_args_is_help=True)
+    group = typer.Typer(
+        help="Grafana dashboards and Prometheus rules for hopline's metrics.", no_args_is_help=True
+    )
     group.command("build", help=build.__doc__)(build)
     app.add_typer(group, name="dashboards")

@@ -31,52 +31,131 @@ PHASES = (  # (title, vLLM histogram, hopline stage)
 def _scheduler(lay: Layout) -> None:
     lay.row("Scheduler and KV cache").line(
         8,
-        (p.graph("Running, waiting (vLLM) and in flight (hopline)", "vLLM's running batch and waiting "
-                 "queue beside the requests hopline saw arrive and not finish; in flight should be running + "
-                 "waiting.", "short",
-                 [(q.gauge(vllm.NUM_REQUESTS_RUNNING, BY), "running {{replica}}"),
-                  (q.gauge(vllm.NUM_REQUESTS_WAITING, BY), "waiting {{replica}}"),
-                  (q.gauge(m.IN_FLIGHT, BY), "hopline in flight {{replica}}")]), 12),
-        (p.graph("KV cache in use (vLLM)", "Share of KV-cache blocks in use.", "percentunit",
-                 [(q.gauge(vllm.KV_CACHE_USAGE, BY), "{{replica}}")]), 6),
-        (p.graph("KV-cache bytes held (hopline)", "KV cache held by the requests in flight, from their "
-                 "prompt and output tokens.", "bytes", [(q.gauge(m.KV_CACHE_BYTES, BY), "{{replica}}")]), 6),
+        (
+            p.graph(
+                "Running, waiting (vLLM) and in flight (hopline)",
+                "vLLM's running batch and waiting "
+                "queue beside the requests hopline saw arrive and not finish; in flight should be running + "
+                "waiting.",
+                "short",
+                [
+                    (q.gauge(vllm.NUM_REQUESTS_RUNNING, BY), "running {{replica}}"),
+                    (q.gauge(vllm.NUM_REQUESTS_WAITING, BY), "waiting {{replica}}"),
+                    (q.gauge(m.IN_FLIGHT, BY), "hopline in flight {{replica}}"),
+                ],
+            ),
+            12,
+        ),
+        (
+            p.graph(
+                "KV cache in use (vLLM)",
+                "Share of KV-cache blocks in use.",
+                "percentunit",
+                [(q.gauge(vllm.KV_CACHE_USAGE, BY), "{{replica}}")],
+            ),
+            6,
+        ),
+        (
+            p.graph(
+                "KV-cache bytes held (hopline)",
+                "KV cache held by the requests in flight, from their prompt and output tokens.",
+                "bytes",
+                [(q.gauge(m.KV_CACHE_BYTES, BY), "{{replica}}")],
+            ),
+            6,
+        ),
     )
 
 
 def _phases(lay: Layout) -> None:
     lay.row("Queue, prefill, decode: vLLM beside hopline")
-    lay.line(8, *((p.latency(
-        f"{title} time (means)", f"Mean {title.lower()} time per request: vLLM's histogram and hopline's "
-        f"{stage} stage. They should agree; hopline's comes from the same engine, joined to the request.",
-        [(q.mean(metric, BY), "vLLM {{replica}}"), (q.mean(m.STAGE_SECONDS, BY, stage=stage), "hopline {{replica}}")]
-    ), 8) for title, metric, stage in PHASES))
-    lay.line(8, *((p.latency(
-        f"{title} time p90", f"p90 {title.lower()} time per replica, vLLM beside hopline (exemplars link "
-        "hopline's to request IDs).",
-        [(q.quantile(0.9, metric, BY), "vLLM {{replica}}"),
-         (q.quantile(0.9, m.STAGE_SECONDS, BY, stage=stage), "hopline {{replica}}")]
-    ), 8) for title, metric, stage in PHASES))
+    lay.line(
+        8,
+        *(
+            (
+                p.latency(
+                    f"{title} time (means)",
+                    f"Mean {title.lower()} time per request: vLLM's histogram and hopline's "
+                    f"{stage} stage. They should agree; hopline's comes from the same engine, joined to "
+                    "the request.",
+                    [
+                        (q.mean(metric, BY), "vLLM {{replica}}"),
+                        (q.mean(m.STAGE_SECONDS, BY, stage=stage), "hopline {{replica}}"),
+                    ],
+                ),
+                8,
+            )
+            for title, metric, stage in PHASES
+        ),
+    )
+    lay.line(
+        8,
+        *(
+            (
+                p.latency(
+                    f"{title} time p90",
+                    f"p90 {title.lower()} time per replica, vLLM beside hopline (exemplars link "
+                    "hopline's to request IDs).",
+                    [
+                        (q.quantile(0.9, metric, BY), "vLLM {{replica}}"),
+                        (q.quantile(0.9, m.STAGE_SECONDS, BY, stage=stage), "hopline {{replica}}"),
+                    ],
+                ),
+                8,
+            )
+            for title, metric, stage in PHASES
+        ),
+    )
 
 
 def _ttft(lay: Layout) -> None:
     lay.row("Time to first token: inside vLLM vs what clients see")
-    lay.line(8, *((p.latency(
-        f"TTFT p{quantile * 100:g}", "vLLM's TTFT (inside the engine) beside hopline's engine and client "
-        "views of the same replica. The client line includes connect, network and gateway.",
-        [(q.quantile(quantile, vllm.TTFT, BY), "vLLM {{replica}}"),
-         (q.quantile(quantile, m.TTFT_SECONDS, BY, view="engine"), "engine {{replica}}"),
-         (q.quantile(quantile, m.TTFT_SECONDS, BY, view="client"), "client {{replica}}")]
-    ), 12) for quantile in (0.5, 0.9)))
     lay.line(
         8,
-        (p.latency("Client TTFT outside vLLM (mean)", "Mean client TTFT minus vLLM's mean TTFT, per "
-                   "replica: what users wait for beyond the engine.",
-                   [(f"{q.mean(m.TTFT_SECONDS, BY, view='client')} - {q.mean(vllm.TTFT, BY)}", "{{replica}}")]), 8),
-        (p.bucket_heatmap("vLLM TTFT distribution", "Requests per TTFT bucket as vLLM measures it.",
-                          q.bucket_increase(vllm.TTFT)), 8),
-        (p.bucket_heatmap("Client TTFT distribution", "Requests per TTFT bucket as clients measure it.",
-                          q.bucket_increase(m.TTFT_SECONDS, view="client")), 8),
+        *(
+            (
+                p.latency(
+                    f"TTFT p{quantile * 100:g}",
+                    "vLLM's TTFT (inside the engine) beside hopline's engine and client "
+                    "views of the same replica. The client line includes connect, network and gateway.",
+                    [
+                        (q.quantile(quantile, vllm.TTFT, BY), "vLLM {{replica}}"),
+                        (q.quantile(quantile, m.TTFT_SECONDS, BY, view="engine"), "engine {{replica}}"),
+                        (q.quantile(quantile, m.TTFT_SECONDS, BY, view="client"), "client {{replica}}"),
+                    ],
+                ),
+                12,
+            )
+            for quantile in (0.5, 0.9)
+        ),
+    )
+    lay.line(
+        8,
+        (
+            p.latency(
+                "Client TTFT outside vLLM (mean)",
+                "Mean client TTFT minus vLLM's mean TTFT, per "
+                "replica: what users wait for beyond the engine.",
+                [(f"{q.mean(m.TTFT_SECONDS, BY, view='client')} - {q.mean(vllm.TTFT, BY)}", "{{replica}}")],
+            ),
+            8,
+        ),
+        (
+            p.bucket_heatmap(
+                "vLLM TTFT distribution",
+                "Requests per TTFT bucket as vLLM measures it.",
+                q.bucket_increase(vllm.TTFT),
+            ),
+            8,
+        ),
+        (
+            p.bucket_heatmap(
+                "Client TTFT distribution",
+                "Requests per TTFT bucket as clients measure it.",
+                q.bucket_increase(m.TTFT_SECONDS, view="client"),
+            ),
+            8,
+        ),
     )
 
 

@@ -32,54 +32,155 @@ def _overview(lay: Layout) -> None:
     not_ok = f"({q.rate(m.REQUESTS, outcome='!ok')} or vector(0))"
     lay.row("Overview").line(
         4,
-        (p.single_stat("Requests/s", "Requests the collector joined, all outcomes.", "reqps",
-                       q.rate(m.REQUESTS)), 4),
-        (p.single_stat("Client TTFT p90", "Time to first token as the client sees it.", "s",
-                       q.quantile(0.9, m.TTFT_SECONDS, view="client"), exemplar=True), 4),
-        (p.single_stat("Engine TTFT p90", "Time to first token inside the engine (received to first token).",
-                       "s", q.quantile(0.9, m.TTFT_SECONDS, view="engine"), exemplar=True), 4),
-        (p.single_stat("Client end-to-end p90", "Whole request as the client sees it.", "s",
-                       q.quantile(0.9, m.E2E_SECONDS, view="client"), exemplar=True), 4),
-        (p.single_stat("Not ok", "Share of requests that ended in error, rejection, disconnect or incomplete.",
-                       "percentunit", q.ratio(not_ok, q.rate(m.REQUESTS)), red_above=0.05), 4),
-        (p.single_stat("In flight", "Requests the engines received and have not finished.", "short",
-                       q.gauge(m.IN_FLIGHT)), 4),
+        (
+            p.single_stat(
+                "Requests/s", "Requests the collector joined, all outcomes.", "reqps", q.rate(m.REQUESTS)
+            ),
+            4,
+        ),
+        (
+            p.single_stat(
+                "Client TTFT p90",
+                "Time to first token as the client sees it.",
+                "s",
+                q.quantile(0.9, m.TTFT_SECONDS, view="client"),
+                exemplar=True,
+            ),
+            4,
+        ),
+        (
+            p.single_stat(
+                "Engine TTFT p90",
+                "Time to first token inside the engine (received to first token).",
+                "s",
+                q.quantile(0.9, m.TTFT_SECONDS, view="engine"),
+                exemplar=True,
+            ),
+            4,
+        ),
+        (
+            p.single_stat(
+                "Client end-to-end p90",
+                "Whole request as the client sees it.",
+                "s",
+                q.quantile(0.9, m.E2E_SECONDS, view="client"),
+                exemplar=True,
+            ),
+            4,
+        ),
+        (
+            p.single_stat(
+                "Not ok",
+                "Share of requests that ended in error, rejection, disconnect or incomplete.",
+                "percentunit",
+                q.ratio(not_ok, q.rate(m.REQUESTS)),
+                red_above=0.05,
+            ),
+            4,
+        ),
+        (
+            p.single_stat(
+                "In flight",
+                "Requests the engines received and have not finished.",
+                "short",
+                q.gauge(m.IN_FLIGHT),
+            ),
+            4,
+        ),
     )
 
 
 def _ttft(lay: Layout) -> None:
     terms = [(q.mean(m.STAGE_SECONDS, stage=stage), stage) for stage in TTFT_STAGES]
-    lay.row("Where time to first token goes").line(10, (p.stacked_means(
-        "TTFT by stage (means, stacked)",
-        "Mean seconds per request in each stage, in the order a request meets them: "
-        f"client TTFT = {' + '.join(TTFT_STAGES)}. The dashed line is the mean client TTFT; the stack "
-        "should meet it. Means add up, quantiles do not: the quantiles are in the panels below.",
-        terms, (q.mean(m.TTFT_SECONDS, view="client"), "client TTFT (mean)")), 24))
-    lay.line(8, *((p.latency(
-        f"TTFT {_pct(quantile)}: client, gateway, engine",
-        f"The {_pct(quantile)} time to first token as each component sees it. The gap between client "
-        "and engine is connect + network + gateway; between gateway and engine, the upstream network.",
-        [(q.quantile(quantile, m.TTFT_SECONDS, ("view",), view=f"~{'|'.join(VIEWS)}"), "{{view}}")]), 8)
-        for quantile in QUANTILES))
+    lay.row("Where time to first token goes").line(
+        10,
+        (
+            p.stacked_means(
+                "TTFT by stage (means, stacked)",
+                "Mean seconds per request in each stage, in the order a request meets them: "
+                f"client TTFT = {' + '.join(TTFT_STAGES)}. The dashed line is the mean client TTFT; the "
+                "stack should meet it. Means add up, quantiles do not: the quantiles are in the panels "
+                "below.",
+                terms,
+                (q.mean(m.TTFT_SECONDS, view="client"), "client TTFT (mean)"),
+            ),
+            24,
+        ),
+    )
     lay.line(
         8,
-        (p.latency("End-to-end latency", "p50 and p99 of the whole request per view (streaming: until "
-                   "the last token).",
-                   [(q.quantile(quantile, m.E2E_SECONDS, ("view",)), f"{_pct(quantile)} {{{{view}}}}")
-                    for quantile in (0.5, 0.99)]), 8),
-        (p.latency("Inter-token latency per user", "Seconds between tokens of one stream: (e2e - ttft) / "
-                   "(output tokens - 1) per request; the engine's from its decode time.",
-                   [(q.quantile(quantile, m.ITL_SECONDS, ("view",)), f"{_pct(quantile)} {{{{view}}}}")
-                    for quantile in (0.5, 0.99)]), 8),
-        (p.graph("Tokens/s per user", "Output tokens per second one stream receives: 1 / mean ITL.",
-                 TOKENS_PER_SECOND, [(q.inverse_mean(m.ITL_SECONDS, ("view",)), "{{view}}")]), 8),
+        *(
+            (
+                p.latency(
+                    f"TTFT {_pct(quantile)}: client, gateway, engine",
+                    f"The {_pct(quantile)} time to first token as each component sees it. The gap between "
+                    "client and engine is connect + network + gateway; between gateway and engine, the "
+                    "upstream network.",
+                    [
+                        (
+                            q.quantile(quantile, m.TTFT_SECONDS, ("view",), view=f"~{'|'.join(VIEWS)}"),
+                            "{{view}}",
+                        )
+                    ],
+                ),
+                8,
+            )
+            for quantile in QUANTILES
+        ),
+    )
+    lay.line(
+        8,
+        (
+            p.latency(
+                "End-to-end latency",
+                "p50 and p99 of the whole request per view (streaming: until the last token).",
+                [
+                    (q.quantile(quantile, m.E2E_SECONDS, ("view",)), f"{_pct(quantile)} {{{{view}}}}")
+                    for quantile in (0.5, 0.99)
+                ],
+            ),
+            8,
+        ),
+        (
+            p.latency(
+                "Inter-token latency per user",
+                "Seconds between tokens of one stream: (e2e - ttft) / "
+                "(output tokens - 1) per request; the engine's from its decode time.",
+                [
+                    (q.quantile(quantile, m.ITL_SECONDS, ("view",)), f"{_pct(quantile)} {{{{view}}}}")
+                    for quantile in (0.5, 0.99)
+                ],
+            ),
+            8,
+        ),
+        (
+            p.graph(
+                "Tokens/s per user",
+                "Output tokens per second one stream receives: 1 / mean ITL.",
+                TOKENS_PER_SECOND,
+                [(q.inverse_mean(m.ITL_SECONDS, ("view",)), "{{view}}")],
+            ),
+            8,
+        ),
     )
     lay.line(
         9,
-        (p.bucket_heatmap("Client TTFT distribution", "Requests per TTFT bucket over time; exemplar "
-                          "markers link to request IDs.", q.bucket_increase(m.TTFT_SECONDS, view="client")), 12),
-        (p.bucket_heatmap("Queue time distribution", "Requests per queue-time bucket over time.",
-                          q.bucket_increase(m.STAGE_SECONDS, stage="queue")), 12),
+        (
+            p.bucket_heatmap(
+                "Client TTFT distribution",
+                "Requests per TTFT bucket over time; exemplar markers link to request IDs.",
+                q.bucket_increase(m.TTFT_SECONDS, view="client"),
+            ),
+            12,
+        ),
+        (
+            p.bucket_heatmap(
+                "Queue time distribution",
+                "Requests per queue-time bucket over time.",
+                q.bucket_increase(m.STAGE_SECONDS, stage="queue"),
+            ),
+            12,
+        ),
     )
 
 
@@ -87,21 +188,60 @@ def _replicas(lay: Layout) -> None:
     by = ("replica",)
     lay.row("Per replica").line(
         8,
-        (p.latency("Client TTFT p90 by replica", "Which replica's users wait longest for the first token.",
-                   [(q.quantile(0.9, m.TTFT_SECONDS, by, view="client"), "{{replica}}")]), 8),
-        (p.latency("Queue time p90 by replica", "Time waiting for a batch slot, per replica.",
-                   [(q.quantile(0.9, m.STAGE_SECONDS, by, stage="queue"), "{{replica}}")]), 8),
-        (p.latency("Prefill p90 by replica", "Prompt processing time, per replica.",
-                   [(q.quantile(0.9, m.STAGE_SECONDS, by, stage="prefill"), "{{replica}}")]), 8),
+        (
+            p.latency(
+                "Client TTFT p90 by replica",
+                "Which replica's users wait longest for the first token.",
+                [(q.quantile(0.9, m.TTFT_SECONDS, by, view="client"), "{{replica}}")],
+            ),
+            8,
+        ),
+        (
+            p.latency(
+                "Queue time p90 by replica",
+                "Time waiting for a batch slot, per replica.",
+                [(q.quantile(0.9, m.STAGE_SECONDS, by, stage="queue"), "{{replica}}")],
+            ),
+            8,
+        ),
+        (
+            p.latency(
+                "Prefill p90 by replica",
+                "Prompt processing time, per replica.",
+                [(q.quantile(0.9, m.STAGE_SECONDS, by, stage="prefill"), "{{replica}}")],
+            ),
+            8,
+        ),
     )
     lay.line(
         8,
-        (p.graph("Requests in flight by replica", "Requests received and not finished, per engine replica.",
-                 "short", [(q.gauge(m.IN_FLIGHT, by), "{{replica}}")]), 8),
-        (p.graph("KV-cache bytes held by replica", "KV cache held by in-flight requests: (prompt + output "
-                 "so far) x bytes per token.", "bytes", [(q.gauge(m.KV_CACHE_BYTES, by), "{{replica}}")]), 8),
-        (p.graph("Requests/s by replica", "Completed requests per second, per replica.", "reqps",
-                 [(q.rate(m.REQUESTS, by), "{{replica}}")]), 8),
+        (
+            p.graph(
+                "Requests in flight by replica",
+                "Requests received and not finished, per engine replica.",
+                "short",
+                [(q.gauge(m.IN_FLIGHT, by), "{{replica}}")],
+            ),
+            8,
+        ),
+        (
+            p.graph(
+                "KV-cache bytes held by replica",
+                "KV cache held by in-flight requests: (prompt + output so far) x bytes per token.",
+                "bytes",
+                [(q.gauge(m.KV_CACHE_BYTES, by), "{{replica}}")],
+            ),
+            8,
+        ),
+        (
+            p.graph(
+                "Requests/s by replica",
+                "Completed requests per second, per replica.",
+                "reqps",
+                [(q.rate(m.REQUESTS, by), "{{replica}}")],
+            ),
+            8,
+        ),
     )
 
 
@@ -109,10 +249,22 @@ def _replica_heatmaps(lay: Layout) -> None:
     """One repeated row per selected replica: its TTFT and queue-time heatmaps."""
     lay.row("Replica $replica", repeat="replica").line(
         8,
-        (p.bucket_heatmap("Client TTFT distribution on $replica", "Requests per TTFT bucket on this replica.",
-                          q.bucket_increase(m.TTFT_SECONDS, view="client")), 12),
-        (p.bucket_heatmap("Queue time distribution on $replica", "Requests per queue-time bucket on this "
-                          "replica.", q.bucket_increase(m.STAGE_SECONDS, stage="queue")), 12),
+        (
+            p.bucket_heatmap(
+                "Client TTFT distribution on $replica",
+                "Requests per TTFT bucket on this replica.",
+                q.bucket_increase(m.TTFT_SECONDS, view="client"),
+            ),
+            12,
+        ),
+        (
+            p.bucket_heatmap(
+                "Queue time distribution on $replica",
+                "Requests per queue-time bucket on this replica.",
+                q.bucket_increase(m.STAGE_SECONDS, stage="queue"),
+            ),
+            12,
+        ),
     )
 
 
@@ -120,36 +272,107 @@ def _outcomes_and_pitfalls(lay: Layout) -> None:
     by_service = ("service",)
     lay.row("Outcomes and pitfalls").line(
         8,
-        (p.graph("Request outcomes", "Requests per second by how they ended.", "reqps",
-                 [(q.rate(m.REQUESTS, ("outcome",)), "{{outcome}}")], stacked=True), 12),
-        (p.graph("New connections per request", "Share of client requests that opened a connection "
-                 "instead of reusing a pooled one: each costs connect (+ TLS) time on the TTFT.", "percentunit",
-                 [(q.ratio(q.rate(m.CONNECTIONS, by_service, reused="false"), q.rate(m.CONNECTIONS, by_service)),
-                   "{{service}}")]), 12),
+        (
+            p.graph(
+                "Request outcomes",
+                "Requests per second by how they ended.",
+                "reqps",
+                [(q.rate(m.REQUESTS, ("outcome",)), "{{outcome}}")],
+                stacked=True,
+            ),
+            12,
+        ),
+        (
+            p.graph(
+                "New connections per request",
+                "Share of client requests that opened a connection "
+                "instead of reusing a pooled one: each costs connect (+ TLS) time on the TTFT.",
+                "percentunit",
+                [
+                    (
+                        q.ratio(
+                            q.rate(m.CONNECTIONS, by_service, reused="false"),
+                            q.rate(m.CONNECTIONS, by_service),
+                        ),
+                        "{{service}}",
+                    )
+                ],
+            ),
+            12,
+        ),
     )
     lay.line(
         8,
-        (p.graph("Requests without max_tokens", "Share of requests that set no max_tokens: the engine "
-                 "reserves KV cache for the longest possible output.", "percentunit",
-                 [(q.ratio(q.rate(m.WITHOUT_MAX_TOKENS, by_service), q.rate(m.REQUESTS, by_service)),
-                   "{{service}}")]), 12),
-        (p.graph("Negative stages", "Stages computed below zero per second: an instrumentation or clock "
-                 "problem, never clamped.", "short", [(q.rate(m.NEGATIVE_STAGES, ("stage",)), "{{stage}}")]), 12),
+        (
+            p.graph(
+                "Requests without max_tokens",
+                "Share of requests that set no max_tokens: the engine "
+                "reserves KV cache for the longest possible output.",
+                "percentunit",
+                [
+                    (
+                        q.ratio(q.rate(m.WITHOUT_MAX_TOKENS, by_service), q.rate(m.REQUESTS, by_service)),
+                        "{{service}}",
+                    )
+                ],
+            ),
+            12,
+        ),
+        (
+            p.graph(
+                "Negative stages",
+                "Stages computed below zero per second: an instrumentation or clock problem, never clamped.",
+                "short",
+                [(q.rate(m.NEGATIVE_STAGES, ("stage",)), "{{stage}}")],
+            ),
+            12,
+        ),
     )
 
 
 def _collector(lay: Layout) -> None:
     lay.row("Collector").line(
         7,
-        (p.graph("Events accepted", "Hop events per second, by hop.", "short",
-                 [(q.rate(m.EVENTS, ("hop",)), "{{hop}}")], stacked=True), 6),
-        (p.graph("Events rejected", "Events that broke the contract, by reason.", "short",
-                 [(q.rate(m.EVENTS_REJECTED, ("reason",)), "{{reason}}"),
-                  (q.rate(m.EVENTS_DUPLICATE), "duplicates")]), 6),
-        (p.graph("Incomplete requests", "Requests expired before completing, by the first missing hop.",
-                 "short", [(q.rate(m.INCOMPLETE_REQUESTS, ("missing",)), "{{missing}}")]), 6),
-        (p.graph("Requests being joined", "Requests the collector is still waiting on.", "short",
-                 [(q.gauge(m.OPEN_REQUESTS), "open")]), 6),
+        (
+            p.graph(
+                "Events accepted",
+                "Hop events per second, by hop.",
+                "short",
+                [(q.rate(m.EVENTS, ("hop",)), "{{hop}}")],
+                stacked=True,
+            ),
+            6,
+        ),
+        (
+            p.graph(
+                "Events rejected",
+                "Events that broke the contract, by reason.",
+                "short",
+                [
+                    (q.rate(m.EVENTS_REJECTED, ("reason",)), "{{reason}}"),
+                    (q.rate(m.EVENTS_DUPLICATE), "duplicates"),
+                ],
+            ),
+            6,
+        ),
+        (
+            p.graph(
+                "Incomplete requests",
+                "Requests expired before completing, by the first missing hop.",
+                "short",
+                [(q.rate(m.INCOMPLETE_REQUESTS, ("missing",)), "{{missing}}")],
+            ),
+            6,
+        ),
+        (
+            p.graph(
+                "Requests being joined",
+                "Requests the collector is still waiting on.",
+                "short",
+                [(q.gauge(m.OPEN_REQUESTS), "open")],
+            ),
+            6,
+        ),
     )
 
 

@@ -37,7 +37,12 @@ from grafana_foundation_sdk.models.common import (
     StackingMode,
     TooltipDisplayMode,
 )
-from grafana_foundation_sdk.models.dashboard import DataSourceRef, DynamicConfigValue, Threshold, ThresholdsMode
+from grafana_foundation_sdk.models.dashboard import (
+    DataSourceRef,
+    DynamicConfigValue,
+    Threshold,
+    ThresholdsMode,
+)
 from grafana_foundation_sdk.models.heatmap import HeatmapColorMode, HeatmapColorScale
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat, QueryEditorMode
 
@@ -47,29 +52,64 @@ SECONDS = "s"
 Targets = Sequence[tuple[str, str]]  # (PromQL, legend format)
 
 
-def query(expr: str, legend: str, ref: str, *, exemplar: bool = False, heatmap_format: bool = False,
-          instant: bool = False) -> Dataquery:
-    q = (Dataquery().expr(expr).legend_format(legend).ref_id(ref).datasource(DATASOURCE)
-         .editor_mode(QueryEditorMode.CODE).exemplar(exemplar))
+def query(
+    expr: str,
+    legend: str,
+    ref: str,
+    *,
+    exemplar: bool = False,
+    heatmap_format: bool = False,
+    instant: bool = False,
+) -> Dataquery:
+    q = (
+        Dataquery()
+        .expr(expr)
+        .legend_format(legend)
+        .ref_id(ref)
+        .datasource(DATASOURCE)
+        .editor_mode(QueryEditorMode.CODE)
+        .exemplar(exemplar)
+    )
     q = q.instant() if instant else q.range()
     return q.format(PromQueryFormat.HEATMAP) if heatmap_format else q
 
 
 def _legend() -> VizLegendOptions:
-    return (VizLegendOptions().show_legend(True).display_mode(LegendDisplayMode.TABLE)
-            .placement(LegendPlacement.BOTTOM).calcs(["mean", "max", "lastNotNull"]))
+    return (
+        VizLegendOptions()
+        .show_legend(True)
+        .display_mode(LegendDisplayMode.TABLE)
+        .placement(LegendPlacement.BOTTOM)
+        .calcs(["mean", "max", "lastNotNull"])
+    )
 
 
 def _tooltip() -> VizTooltipOptions:
     return VizTooltipOptions().mode(TooltipDisplayMode.MULTI).sort(SortOrder.DESCENDING)
 
 
-def graph(title: str, description: str, unit: str, targets: Targets, *, stacked: bool = False,
-          exemplar: bool = False) -> timeseries.Panel:
+def graph(
+    title: str,
+    description: str,
+    unit: str,
+    targets: Targets,
+    *,
+    stacked: bool = False,
+    exemplar: bool = False,
+) -> timeseries.Panel:
     """A time series panel; ``stacked`` is for counts and means only, never quantiles."""
-    panel = (timeseries.Panel().title(title).description(description).datasource(DATASOURCE)
-             .unit(unit).min(0).legend(_legend()).tooltip(_tooltip()).line_width(1)
-             .fill_opacity(50 if stacked else 10))
+    panel = (
+        timeseries.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .unit(unit)
+        .min(0)
+        .legend(_legend())
+        .tooltip(_tooltip())
+        .line_width(1)
+        .fill_opacity(50 if stacked else 10)
+    )
     if stacked:
         panel = panel.stacking(StackingConfig().mode(StackingMode.NORMAL).group("A"))
     for ref, (expr, legend) in zip(ascii_uppercase, targets, strict=False):
@@ -88,34 +128,66 @@ def stacked_means(title: str, description: str, terms: Targets, total: tuple[str
     """``terms`` stacked (means that add up), ``total`` drawn as a dashed unstacked line over them."""
     panel = graph(title, description, SECONDS, [*terms, total], stacked=True, exemplar=True)
     total_ref = ascii_uppercase[len(terms)]
-    return panel.override_by_query(total_ref, [
-        DynamicConfigValue(id_val="custom.stacking", value={"mode": StackingMode.NONE.value, "group": "A"}),
-        DynamicConfigValue(id_val="custom.fillOpacity", value=0),
-        DynamicConfigValue(id_val="custom.lineStyle", value={"fill": "dash", "dash": [10, 10]}),
-        DynamicConfigValue(id_val="custom.lineWidth", value=2),
-        DynamicConfigValue(id_val="color", value={"mode": "fixed", "fixedColor": "text"}),
-    ])
+    return panel.override_by_query(
+        total_ref,
+        [
+            DynamicConfigValue(
+                id_val="custom.stacking", value={"mode": StackingMode.NONE.value, "group": "A"}
+            ),
+            DynamicConfigValue(id_val="custom.fillOpacity", value=0),
+            DynamicConfigValue(id_val="custom.lineStyle", value={"fill": "dash", "dash": [10, 10]}),
+            DynamicConfigValue(id_val="custom.lineWidth", value=2),
+            DynamicConfigValue(id_val="color", value={"mode": "fixed", "fixedColor": "text"}),
+        ],
+    )
 
 
 def bucket_heatmap(title: str, description: str, expr: str) -> heatmap.Panel:
     """Prometheus buckets over time (already bucketed: no calculation), y axis in seconds."""
-    return (heatmap.Panel().title(title).description(description).datasource(DATASOURCE)
-            .with_target(query(expr, "{{le}}", "A", exemplar=True, heatmap_format=True))
-            .calculate(False).rows_frame(RowsHeatmapOptions().layout(HeatmapCellLayout.LE))
-            .y_axis(YAxisConfig().unit(SECONDS))
-            .color(HeatmapColorOptions().mode(HeatmapColorMode.SCHEME).scheme("Spectral")
-                   .scale(HeatmapColorScale.EXPONENTIAL).exponent(0.5).steps(64))
-            .mode(TooltipDisplayMode.SINGLE).show_y_histogram()
-            .exemplars_color("rgba(255,0,255,0.7)").show_legend())
+    return (
+        heatmap.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .with_target(query(expr, "{{le}}", "A", exemplar=True, heatmap_format=True))
+        .calculate(False)
+        .rows_frame(RowsHeatmapOptions().layout(HeatmapCellLayout.LE))
+        .y_axis(YAxisConfig().unit(SECONDS))
+        .color(
+            HeatmapColorOptions()
+            .mode(HeatmapColorMode.SCHEME)
+            .scheme("Spectral")
+            .scale(HeatmapColorScale.EXPONENTIAL)
+            .exponent(0.5)
+            .steps(64)
+        )
+        .mode(TooltipDisplayMode.SINGLE)
+        .show_y_histogram()
+        .exemplars_color("rgba(255,0,255,0.7)")
+        .show_legend()
+    )
 
 
-def single_stat(title: str, description: str, unit: str, expr: str, *, red_above: float | None = None,
-                exemplar: bool = False) -> stat.Panel:
+def single_stat(
+    title: str,
+    description: str,
+    unit: str,
+    expr: str,
+    *,
+    red_above: float | None = None,
+    exemplar: bool = False,
+) -> stat.Panel:
     steps = [Threshold(value=None, color="green")]
     if red_above is not None:
         steps.append(Threshold(value=red_above, color="red"))
-    return (stat.Panel().title(title).description(description).datasource(DATASOURCE).unit(unit)
-            .with_target(query(expr, title, "A", exemplar=exemplar))
-            .graph_mode(BigValueGraphMode.AREA)
-            .reduce_options(ReduceDataOptions().calcs(["lastNotNull"]).values(False))
-            .thresholds(ThresholdsConfig().mode(ThresholdsMode.ABSOLUTE).steps(steps)))
+    return (
+        stat.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .unit(unit)
+        .with_target(query(expr, title, "A", exemplar=exemplar))
+        .graph_mode(BigValueGraphMode.AREA)
+        .reduce_options(ReduceDataOptions().calcs(["lastNotNull"]).values(False))
+        .thresholds(ThresholdsConfig().mode(ThresholdsMode.ABSOLUTE).steps(steps))
+    )

@@ -43,10 +43,14 @@ def selector(metric: Metric, suffix: str = "", *, variables: bool = True, **matc
     _check_labels(metric, match)
     parts = []
     for label, value in match.items():
-        op, value = ({"~": "=~", "!": "!="}[value[0]], value[1:]) if value[:1] in "~!" and value else ("=", value)
+        op, value = (
+            ({"~": "=~", "!": "!="}[value[0]], value[1:]) if value[:1] in "~!" and value else ("=", value)
+        )
         parts.append(f"{label}{op}{_quote(value)}")
     if variables:
-        parts += [f'{label}=~"${VARIABLE_OF_LABEL[label]}"' for label in metric.labels if label in VARIABLE_OF_LABEL]
+        parts += [
+            f'{label}=~"${VARIABLE_OF_LABEL[label]}"' for label in metric.labels if label in VARIABLE_OF_LABEL
+        ]
     return metric.name + suffix + ("{" + ", ".join(parts) + "}" if parts else "")
 
 
@@ -55,8 +59,14 @@ def _by(metric: Metric, by: tuple[str, ...]) -> str:
     return f"sum by ({', '.join(by)}) " if by else "sum"
 
 
-def rate(metric: Metric, by: tuple[str, ...] = (), *, window: str = RATE_WINDOW, variables: bool = True,
-         **match: str) -> str:
+def rate(
+    metric: Metric,
+    by: tuple[str, ...] = (),
+    *,
+    window: str = RATE_WINDOW,
+    variables: bool = True,
+    **match: str,
+) -> str:
     """Per-second rate of a counter (or of a histogram's observations, via ``_count``)."""
     suffix = "_total" if metric.kind == "counter" else "_count"
     return f"{_by(metric, by)}(rate({selector(metric, suffix, variables=variables, **match)}[{window}]))"
@@ -67,8 +77,14 @@ def ratio(numerator: str, denominator: str) -> str:
     return f"({numerator}) / ({denominator} > 0)"
 
 
-def mean(metric: Metric, by: tuple[str, ...] = (), *, window: str = RATE_WINDOW, variables: bool = True,
-         **match: str) -> str:
+def mean(
+    metric: Metric,
+    by: tuple[str, ...] = (),
+    *,
+    window: str = RATE_WINDOW,
+    variables: bool = True,
+    **match: str,
+) -> str:
     """Mean of a histogram: rate(sum) / rate(count)."""
     grouping = _by(metric, by)
     num = f"{grouping}(rate({selector(metric, '_sum', variables=variables, **match)}[{window}]))"
@@ -82,12 +98,21 @@ def inverse_mean(metric: Metric, by: tuple[str, ...] = (), **match: str) -> str:
     return ratio(rate(metric, by, **match), den)
 
 
-def quantile(q: float, metric: Metric, by: tuple[str, ...] = (), *, window: str = RATE_WINDOW,
-             variables: bool = True, **match: str) -> str:
+def quantile(
+    q: float,
+    metric: Metric,
+    by: tuple[str, ...] = (),
+    *,
+    window: str = RATE_WINDOW,
+    variables: bool = True,
+    **match: str,
+) -> str:
     """``histogram_quantile`` over buckets summed by ``le`` and ``by``."""
     grouping = _by(metric, ("le",) + tuple(by))
-    return (f"histogram_quantile({q:g}, {grouping}"
-            f"(rate({selector(metric, '_bucket', variables=variables, **match)}[{window}])))")
+    return (
+        f"histogram_quantile({q:g}, {grouping}"
+        f"(rate({selector(metric, '_bucket', variables=variables, **match)}[{window}])))"
+    )
 
 
 def bucket_increase(metric: Metric, **match: str) -> str:
@@ -116,6 +141,7 @@ def substitute_variables(expr: str, values: Mapping[str, str] = GRAFANA_SAMPLE_V
     Raises ``KeyError`` naming a variable that ``values`` lacks, so an undefined variable in a
     panel is an error, not a silently broken query.
     """
+
     def replace(match: re.Match[str]) -> str:
         name = match.group(1) or match.group(2)
         if name not in values:

@@ -45,41 +45,58 @@ def request_link(collector_url: str = COLLECTOR_URL) -> str:
 
 def datasource(prometheus_url: str = PROMETHEUS_URL, collector_url: str = COLLECTOR_URL) -> dict[str, Any]:
     """Grafana datasource provisioning: Prometheus, exemplars' request_id linked to the collector."""
-    return {"apiVersion": 1, "datasources": [{
-        "name": "Prometheus (hopline)",
-        "uid": DATASOURCE_UID,
-        "type": "prometheus",
-        "access": "proxy",
-        "url": prometheus_url,
-        "isDefault": True,
-        "editable": True,
-        "jsonData": {
-            "httpMethod": "POST",
-            "timeInterval": "15s",
-            "exemplarTraceIdDestinations": [{
-                "name": EXEMPLAR_LABEL,
-                "url": escape_dollars(request_link(collector_url)),
-                "urlDisplayLabel": "Open request in hopline",
-            }],
-        },
-    }]}
+    return {
+        "apiVersion": 1,
+        "datasources": [
+            {
+                "name": "Prometheus (hopline)",
+                "uid": DATASOURCE_UID,
+                "type": "prometheus",
+                "access": "proxy",
+                "url": prometheus_url,
+                "isDefault": True,
+                "editable": True,
+                "jsonData": {
+                    "httpMethod": "POST",
+                    "timeInterval": "15s",
+                    "exemplarTraceIdDestinations": [
+                        {
+                            "name": EXEMPLAR_LABEL,
+                            "url": escape_dollars(request_link(collector_url)),
+                            "urlDisplayLabel": "Open request in hopline",
+                        }
+                    ],
+                },
+            }
+        ],
+    }
 
 
 def dashboard_provider(path: str = GRAFANA_DASHBOARD_DIR) -> dict[str, Any]:
     """Grafana dashboard provisioning: load every JSON file in ``path`` into folder "hopline"."""
-    return {"apiVersion": 1, "providers": [{
-        "name": "hopline",
-        "folder": "hopline",
-        "type": "file",
-        "disableDeletion": False,
-        "allowUiUpdates": False,
-        "updateIntervalSeconds": 30,
-        "options": {"path": path, "foldersFromFilesStructure": False},
-    }]}
+    return {
+        "apiVersion": 1,
+        "providers": [
+            {
+                "name": "hopline",
+                "folder": "hopline",
+                "type": "file",
+                "disableDeletion": False,
+                "allowUiUpdates": False,
+                "updateIntervalSeconds": 30,
+                "options": {"path": path, "foldersFromFilesStructure": False},
+            }
+        ],
+    }
 
 
-def prometheus_config(collector: str = f"collector:{COLLECTOR_PORT}", vllm: Mapping[str, str] | None = None,
-                      *, scrape_interval: str = "15s", rule_files: tuple[str, ...] = (RULE_FILE,)) -> dict[str, Any]:
+def prometheus_config(
+    collector: str = f"collector:{COLLECTOR_PORT}",
+    vllm: Mapping[str, str] | None = None,
+    *,
+    scrape_interval: str = "15s",
+    rule_files: tuple[str, ...] = (RULE_FILE,),
+) -> dict[str, Any]:
     """Prometheus scraping the collector and, optionally, vLLM servers (``{replica: "host:port"}``).
 
     Each vLLM target gets a ``replica`` label, the name its hopline middleware reports
@@ -90,9 +107,15 @@ def prometheus_config(collector: str = f"collector:{COLLECTOR_PORT}", vllm: Mapp
         {"job_name": "hopline-collector", "static_configs": [{"targets": [collector]}]},
     ]
     if vllm:
-        scrape_configs.append({"job_name": "vllm", "static_configs": [
-            {"targets": [address], "labels": {"replica": replica}} for replica, address in sorted(vllm.items())
-        ]})
+        scrape_configs.append(
+            {
+                "job_name": "vllm",
+                "static_configs": [
+                    {"targets": [address], "labels": {"replica": replica}}
+                    for replica, address in sorted(vllm.items())
+                ],
+            }
+        )
     return {
         "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
         "rule_files": list(rule_files),
@@ -107,32 +130,41 @@ def compose(collector_command: str, home_dashboard: str) -> dict[str, Any]:
     Paths are relative to the compose file, as ``hopline dashboards build`` lays them out;
     ``home_dashboard`` is the file name of the dashboard Grafana opens first.
     """
-    return {"services": {
-        "collector": {
-            "image": "python:3.12-slim",
-            "command": ["sh", "-c", escape_dollars(collector_command)],
-            "environment": {"HOPLINE_PIP_SPEC": "hopline[collector]"},
-            "volumes": [f"hopline-events:{COLLECTOR_DATA}"],
-            "ports": [f"{COLLECTOR_PORT}:{COLLECTOR_PORT}"],
-        },
-        "prometheus": {
-            "image": "prom/prometheus:v2.53.4",
-            "command": ["--config.file=/etc/prometheus/prometheus.yml", "--enable-feature=exemplar-storage",
-                        "--storage.tsdb.path=/prometheus", "--web.enable-lifecycle"],
-            "volumes": [f"./{PROMETHEUS_DIR}:/etc/prometheus:ro"],
-            "ports": ["9090:9090"],
-            "depends_on": ["collector"],
-        },
-        "grafana": {
-            "image": "grafana/grafana:11.6.0",
-            "environment": {
-                "GF_AUTH_ANONYMOUS_ENABLED": "true",
-                "GF_AUTH_ANONYMOUS_ORG_ROLE": "Viewer",
-                "GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH": f"{GRAFANA_DASHBOARD_DIR}/{home_dashboard}",
+    return {
+        "services": {
+            "collector": {
+                "image": "python:3.12-slim",
+                "command": ["sh", "-c", escape_dollars(collector_command)],
+                "environment": {"HOPLINE_PIP_SPEC": "hopline[collector]"},
+                "volumes": [f"hopline-events:{COLLECTOR_DATA}"],
+                "ports": [f"{COLLECTOR_PORT}:{COLLECTOR_PORT}"],
             },
-            "volumes": [f"./{GRAFANA_PROVISIONING_DIR}:/etc/grafana/provisioning:ro",
-                        f"./{DASHBOARD_DIR}:{GRAFANA_DASHBOARD_DIR}:ro"],
-            "ports": ["3000:3000"],
-            "depends_on": ["prometheus"],
+            "prometheus": {
+                "image": "prom/prometheus:v2.53.4",
+                "command": [
+                    "--config.file=/etc/prometheus/prometheus.yml",
+                    "--enable-feature=exemplar-storage",
+                    "--storage.tsdb.path=/prometheus",
+                    "--web.enable-lifecycle",
+                ],
+                "volumes": [f"./{PROMETHEUS_DIR}:/etc/prometheus:ro"],
+                "ports": ["9090:9090"],
+                "depends_on": ["collector"],
+            },
+            "grafana": {
+                "image": "grafana/grafana:11.6.0",
+                "environment": {
+                    "GF_AUTH_ANONYMOUS_ENABLED": "true",
+                    "GF_AUTH_ANONYMOUS_ORG_ROLE": "Viewer",
+                    "GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH": f"{GRAFANA_DASHBOARD_DIR}/{home_dashboard}",
+                },
+                "volumes": [
+                    f"./{GRAFANA_PROVISIONING_DIR}:/etc/grafana/provisioning:ro",
+                    f"./{DASHBOARD_DIR}:{GRAFANA_DASHBOARD_DIR}:ro",
+                ],
+                "ports": ["3000:3000"],
+                "depends_on": ["prometheus"],
+            },
         },
-    }, "volumes": {"hopline-events": {}}}
+        "volumes": {"hopline-events": {}},
+    }

@@ -41,15 +41,26 @@ class Thresholds:
     error_ratio: float = 0.05  # share of requests not "ok"
 
 
+DEFAULT_THRESHOLDS = Thresholds()
+
+
 def recording_rules() -> list[dict[str, str]]:
     rules = []
     for metric, label in ((m.STAGE_SECONDS, "stage"), (m.TTFT_SECONDS, "view")):
         by = (label, *SCOPE)
         for q in QUANTILES:
-            rules.append({"record": recorded(metric, _pct(q)),
-                          "expr": promql.quantile(q, metric, by, window=WINDOW, variables=False)})
-        rules.append({"record": recorded(metric, "mean"),
-                      "expr": promql.mean(metric, by, window=WINDOW, variables=False)})
+            rules.append(
+                {
+                    "record": recorded(metric, _pct(q)),
+                    "expr": promql.quantile(q, metric, by, window=WINDOW, variables=False),
+                }
+            )
+        rules.append(
+            {
+                "record": recorded(metric, "mean"),
+                "expr": promql.mean(metric, by, window=WINDOW, variables=False),
+            }
+        )
     return rules
 
 
@@ -58,7 +69,7 @@ def _link(**labels: str) -> str:
     return f"/d/{LIFECYCLE_UID}?{query}"
 
 
-def alerting_rules(t: Thresholds = Thresholds()) -> list[dict[str, Any]]:
+def alerting_rules(t: Thresholds = DEFAULT_THRESHOLDS) -> list[dict[str, Any]]:
     queue_p50 = recorded(m.STAGE_SECONDS, "p50") + '{stage="queue"}'
     ttft_p90 = recorded(m.TTFT_SECONDS, "p90")
     errors = promql.rate(m.REQUESTS, ("service", "model"), window=WINDOW, variables=False, outcome="!ok")
@@ -67,27 +78,28 @@ def alerting_rules(t: Thresholds = Thresholds()) -> list[dict[str, Any]]:
         {
             "alert": f"{ALERT_PREFIX}QueueTimeShift",
             "expr": f"{queue_p50} > {t.queue_factor:g} * ({queue_p50} offset 1h)"
-                    f" and {queue_p50} > {t.queue_floor_s:g}",
+            f" and {queue_p50} > {t.queue_floor_s:g}",
             "for": "5m",
             "labels": {"severity": "warning"},
             "annotations": {
-                "summary": f"Queue time p50 on replica {{{{ $labels.replica }}}} ({{{{ $labels.model }}}}) is over "
-                           f"{t.queue_factor:g}x what it was an hour ago.",
+                "summary": "Queue time p50 on replica {{ $labels.replica }} ({{ $labels.model }}) is over "
+                f"{t.queue_factor:g}x what it was an hour ago.",
                 "description": "Requests wait longer for a batch slot: more load, fewer replicas, longer "
-                               "prompts or outputs. Compare the replica's queue heatmap and in-flight requests.",
+                "prompts or outputs. Compare the replica's queue heatmap and in-flight requests.",
                 "dashboard": _link(replica="replica", model="model"),
             },
         },
         {
             "alert": f"{ALERT_PREFIX}ClientEngineTtftGap",
-            "expr": f'{ttft_p90}{{view="client"}} - ignoring(view) {ttft_p90}{{view="engine"}} > {t.ttft_gap_s:g}',
+            "expr": f'{ttft_p90}{{view="client"}} - ignoring(view) {ttft_p90}{{view="engine"}}'
+            f" > {t.ttft_gap_s:g}",
             "for": "10m",
             "labels": {"severity": "warning"},
             "annotations": {
                 "summary": f"Clients of {{{{ $labels.service }}}} wait over {t.ttft_gap_s:g}s longer for the "
-                           f"first token (p90) than replica {{{{ $labels.replica }}}} takes to produce it.",
+                f"first token (p90) than replica {{{{ $labels.replica }}}} takes to produce it.",
                 "description": "The time is outside the engine: connection setup, network, gateway. "
-                               "The stacked TTFT-by-stage panel shows which.",
+                "The stacked TTFT-by-stage panel shows which.",
                 "dashboard": _link(service="service", replica="replica"),
             },
         },
@@ -98,7 +110,7 @@ def alerting_rules(t: Thresholds = Thresholds()) -> list[dict[str, Any]]:
             "labels": {"severity": "warning"},
             "annotations": {
                 "summary": f"More than {t.error_ratio:.0%} of {{{{ $labels.service }}}}'s requests to "
-                           f"{{{{ $labels.model }}}} did not end ok.",
+                f"{{{{ $labels.model }}}} did not end ok.",
                 "description": "See the request outcomes panel (error, rejected, disconnected, incomplete).",
                 "dashboard": _link(service="service", model="model"),
             },
@@ -110,7 +122,7 @@ def alerting_rules(t: Thresholds = Thresholds()) -> list[dict[str, Any]]:
             "annotations": {
                 "summary": "Stage {{ $labels.stage }} came out negative for some requests.",
                 "description": "An instrumentation or clock problem (a timestamp taken in the wrong place, "
-                               "or a stats duration longer than the span it belongs to). hopline never clamps it.",
+                "or a stats duration longer than the span it belongs to). hopline never clamps it.",
                 "dashboard": f"/d/{LIFECYCLE_UID}",
             },
         },
@@ -122,16 +134,18 @@ def alerting_rules(t: Thresholds = Thresholds()) -> list[dict[str, Any]]:
             "annotations": {
                 "summary": "The collector keeps rejecting hop events ({{ $labels.reason }}).",
                 "description": "Some middleware sends events that break the hop event contract; "
-                               "the collector's log names the field.",
+                "the collector's log names the field.",
                 "dashboard": f"/d/{LIFECYCLE_UID}",
             },
         },
     ]
 
 
-def rule_file(t: Thresholds = Thresholds()) -> dict[str, Any]:
+def rule_file(t: Thresholds = DEFAULT_THRESHOLDS) -> dict[str, Any]:
     """The rule file's content: one group of recordings, one of alerts."""
-    return {"groups": [
-        {"name": "hopline-recordings", "rules": recording_rules()},
-        {"name": "hopline-alerts", "rules": alerting_rules(t)},
-    ]}
+    return {
+        "groups": [
+            {"name": "hopline-recordings", "rules": recording_rules()},
+            {"name": "hopline-alerts", "rules": alerting_rules(t)},
+        ]
+    }

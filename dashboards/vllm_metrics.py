@@ -23,20 +23,21 @@ NUM_REQUESTS_WAITING = Metric(
 KV_CACHE_USAGE = Metric(
     "vllm:kv_cache_usage_perc", "gauge", LABELS, "Share of KV-cache blocks in use (0..1)."
 )
-QUEUE_TIME = Metric(
-    "vllm:request_queue_time_seconds", "histogram", LABELS, "Time a request spent WAITING."
-)
+QUEUE_TIME = Metric("vllm:request_queue_time_seconds", "histogram", LABELS, "Time a request spent WAITING.")
 PREFILL_TIME = Metric(
     "vllm:request_prefill_time_seconds", "histogram", LABELS, "Time a request spent in PREFILL."
 )
 DECODE_TIME = Metric(
     "vllm:request_decode_time_seconds", "histogram", LABELS, "Time a request spent in DECODE."
 )
-TTFT = Metric(
-    "vllm:time_to_first_token_seconds", "histogram", LABELS, "Time to first token inside vLLM."
-)
+TTFT = Metric("vllm:time_to_first_token_seconds", "histogram", LABELS, "Time to first token inside vLLM.")
 
 ALL: tuple[Metric, ...] = (
-    NUM_REQUESTS_RUNNING, NUM_REQUESTS_WAITING, KV_CACHE_USAGE, QUEUE_TIME, PREFILL_TIME,
-    DECODE_TIME, TTFT,
+    NUM_REQUESTS_RUNNING,
+    NUM_REQUESTS_WAITING,
+    KV_CACHE_USAGE,
+    QUEUE_TIME,
+    PREFILL_TIME,
+    DECODE_TIME,
+    TTFT,
 )

@@ -16,6 +16,7 @@ from hopline.dashboards import provisioning
 from hopline.dashboards.build import write
 
 PROMTOOL = "/usr/bin/promtool"
+GOLDEN = json.loads((Path(__file__).parents[1] / "golden_stages.json").read_text())
 _LABEL_VALUES = re.compile(r"label_values\((.*),\s*\w+\)")
 
 
@@ -60,12 +61,16 @@ def dashboard_queries(model: dict[str, Any]) -> Iterator[tuple[str, str]]:
     for variable in model["templating"]["list"]:
         if variable["type"] == "query":
             match = _LABEL_VALUES.fullmatch(variable["query"])
-            assert match, f"{model['uid']} variable {variable['name']}: not label_values(...): {variable['query']}"
+            assert match, (
+                f"{model['uid']} variable {variable['name']}: not label_values(...): {variable['query']}"
+            )
             yield f"{model['uid']} variable {variable['name']}", match.group(1)
 
 
 @pytest.fixture(scope="session")
-def expressions(dashboard_models: dict[str, dict[str, Any]], rule_file: dict[str, Any]) -> list[tuple[str, str]]:
+def expressions(
+    dashboard_models: dict[str, dict[str, Any]], rule_file: dict[str, Any]
+) -> list[tuple[str, str]]:
     """(where, PromQL) for everything generated: dashboards and rules (Grafana variables still in)."""
     found = [q for model in dashboard_models.values() for q in dashboard_queries(model)]
     for group in rule_file["groups"]:
@@ -91,6 +96,7 @@ def parse_with_promtool(tmp_path: Path) -> Callable[[list[str]], subprocess.Comp
     promtool 2.42 has no offline "parse this expression" command (`promtool query` needs a
     server); `check rules` parses every rule's expression with Prometheus' own parser.
     """
+
     def parse(exprs: list[str]) -> subprocess.CompletedProcess[str]:
         rules = [{"record": f"hopline_check:expr_{i}", "expr": expr} for i, expr in enumerate(exprs)]
         path = tmp_path / f"parse-{len(list(tmp_path.iterdir()))}.yml"
@@ -98,3 +104,36 @@ def parse_with_promtool(tmp_path: Path) -> Callable[[list[str]], subprocess.Comp
         return _promtool("check", "rules", path)
 
     return parse
+
+
+def _traffic(suffix: str) -> list[dict[str, Any]]:
+    """Hop events for the golden fixture's requests plus two, request IDs ending in ``suffix``.
+
+    The extra two: the complete request again from a client that set no max_tokens (a pitfall
+    hopline counts), and a request the engine is still working on (in flight, holding KV cache:
+    finishes never). Every stage, view, outcome and pitfall counter gets a value.
+    """
+    events = [e for case in GOLDEN["cases"] for e in case["events"]]
+    complete = next(c for c in GOLDEN["cases"] if c["name"] == "complete_streaming")["events"]
+    events += [
+        {**e, "request_id": "no-max-tokens", "max_tokens_set": False}
+        for e in complete
+        if "max_tokens" not in e
+    ]
+    events.append(
+        {
+            "ts": 2.0,
+            "request_id": "running",
+            "hop": "engine.received",
+            "model": "m",
+            "replica": "r1",
+            "stream": True,
+            "prompt_tokens": 100,
+        }
+    )
+    return [{**e, "request_id": e["request_id"] + suffix} for e in events]
+
+
+@pytest.fixture(scope="session")
+def traffic() -> Callable[[str], list[dict[str, Any]]]:
+    return _traffic

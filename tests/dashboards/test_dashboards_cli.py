@@ -31,8 +31,21 @@ def _run(*args: str):
 
 def test_build_writes_every_file_and_takes_the_options(tmp_path: Path):
     out = tmp_path / "stack"
-    result = _run("build", "--out", str(out), "--vllm", "r1=10.0.0.5:8000", "--vllm", "r2=10.0.0.6:8000",
-                  "--ttft-gap", "0.3", "--queue-factor", "4", "--collector-url", "http://localhost:9400")
+    result = _run(
+        "build",
+        "--out",
+        str(out),
+        "--vllm",
+        "r1=10.0.0.5:8000",
+        "--vllm",
+        "r2=10.0.0.6:8000",
+        "--ttft-gap",
+        "0.3",
+        "--queue-factor",
+        "4",
+        "--collector-url",
+        "http://localhost:9400",
+    )
     assert result.exit_code == 0, result.output
     written = {str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()}
     assert written == EXPECTED_FILES
@@ -40,8 +53,10 @@ def test_build_writes_every_file_and_takes_the_options(tmp_path: Path):
 
     prometheus = yaml.safe_load((out / "prometheus/prometheus.yml").read_text())
     vllm_job = next(j for j in prometheus["scrape_configs"] if j["job_name"] == "vllm")
-    assert vllm_job["static_configs"] == [{"targets": ["10.0.0.5:8000"], "labels": {"replica": "r1"}},
-                                          {"targets": ["10.0.0.6:8000"], "labels": {"replica": "r2"}}]
+    assert vllm_job["static_configs"] == [
+        {"targets": ["10.0.0.5:8000"], "labels": {"replica": "r1"}},
+        {"targets": ["10.0.0.6:8000"], "labels": {"replica": "r2"}},
+    ]
     rules = yaml.safe_load((out / "prometheus/hopline-rules.yml").read_text())
     exprs = {r["alert"]: r["expr"] for g in rules["groups"] for r in g["rules"] if "alert" in r}
     assert exprs["HoplineClientEngineTtftGap"].endswith("> 0.3")
@@ -53,7 +68,9 @@ def test_build_writes_every_file_and_takes_the_options(tmp_path: Path):
 
 def test_exemplars_link_request_ids_to_the_collector(built: Path):
     (source,) = yaml.safe_load((built / provisioning.DATASOURCE_FILE).read_text())["datasources"]
-    assert source["type"] == "prometheus" and source["url"] == "http://prometheus:9090" and source["isDefault"]
+    assert (
+        source["type"] == "prometheus" and source["url"] == "http://prometheus:9090" and source["isDefault"]
+    )
     (destination,) = source["jsonData"]["exemplarTraceIdDestinations"]
     assert destination["name"] == "request_id"
     # Grafana expands $VAR in provisioning files; $$ is its escape for a literal $
@@ -91,6 +108,10 @@ def test_the_dashboard_provider_and_compose_mounts_point_at_the_written_files(bu
 
 def test_help_has_an_example_and_bad_input_is_named():
     result = _run("build", "--help")
-    assert result.exit_code == 0 and "Example" in result.output and "hopline dashboards build --out" in result.output
+    assert (
+        result.exit_code == 0
+        and "Example" in result.output
+        and "hopline dashboards build --out" in result.output
+    )
     bad = _run("build", "--out", "/tmp/unused", "--vllm", "r1")
     assert bad.exit_code == 2 and "REPLICA=HOST:PORT" in bad.output

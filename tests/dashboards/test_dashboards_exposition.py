@@ -2,17 +2,16 @@
 
 The exposition comes from a real collector's registry (``build_collector``: ``build_metrics``,
 ingestor, joiner, store) after it ingested the golden fixture's requests (every stage, view,
-outcome and pitfall the fixture covers) and a few more, as OpenMetrics (the format Prometheus scrapes with exemplar storage on). A query that
-names a metric, a label or an exact label value the collector never produces fails here.
+outcome and pitfall the fixture covers) and a few more, as OpenMetrics (the format Prometheus
+scrapes with exemplar storage on). A query that names a metric, a label or an exact label value
+the collector never produces fails here.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 from collections import defaultdict
-from pathlib import Path
 
 import pytest
 from prometheus_client.openmetrics.exposition import generate_latest
@@ -24,7 +23,6 @@ from hopline.collector.config import CollectorConfig
 from hopline.dashboards import vllm_metrics
 from hopline.middleware.contract import dumps
 
-GOLDEN = json.loads((Path(__file__).parents[1] / "golden_stages.json").read_text())
 _SERIES = re.compile(r"(?<![\w:])(hopline_\w+|vllm:[\w:]+)(\{[^}]*\})?")
 _MATCHER = re.compile(r'(\w+)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"')
 
@@ -42,31 +40,29 @@ def _ndjson(events: list[dict]) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def exposition(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, str]]]:
+def exposition(tmp_path_factory: pytest.TempPathFactory, traffic) -> dict[str, list[dict[str, str]]]:
     """Sample name -> label sets, from a real collector's registry after it ingested and joined events."""
-    collector = build_collector(CollectorConfig(data_dir=tmp_path_factory.mktemp("events"), grace_s=0.0,
-                                                ttl_s=60.0, kv_bytes_per_token={"m": 1024}, fsync="none"))
+    collector = build_collector(
+        CollectorConfig(
+            data_dir=tmp_path_factory.mktemp("events"),
+            grace_s=0.0,
+            ttl_s=60.0,
+            kv_bytes_per_token={"m": 1024},
+            fsync="none",
+        )
+    )
     clock = Clock()
     collector.joiner.clock = clock
-    complete = next(c for c in GOLDEN["cases"] if c["name"] == "complete_streaming")
-    # the complete request again, from a client that set no max_tokens (a pitfall hopline counts)
-    no_max_tokens = [{**e, "request_id": "no-max-tokens-1", "max_tokens_set": False} for e in complete["events"]
-                     if "max_tokens" not in e]
-    # one request that never finishes (expires after the TTL: incomplete) and one the engine is
-    # still working on (in flight, holding KV cache)
+    # one request that never finishes (expires after the TTL: incomplete), one invalid event
+    # (rejected) and one sent twice (a duplicate)
     stuck = {"ts": 1.0, "request_id": "stuck-1", "hop": "client.sent", "service": "kite-chat", "stream": True}
-    running = {"ts": 2.0, "request_id": "running-1", "hop": "engine.received", "model": "m", "replica": "r1",
-               "stream": True, "prompt_tokens": 100}
     bad = {"ts": 3.0, "request_id": "has spaces", "hop": "client.sent"}
     once = {"ts": 4.0, "eid": "00000000000000aa", "request_id": "dup-1", "hop": "client.sent", "stream": True}
 
     async def feed() -> None:
-        for case in GOLDEN["cases"]:
-            await collector.ingestor.ingest(_ndjson(case["events"]))
-        await collector.ingestor.ingest(_ndjson([*no_max_tokens, stuck, bad, once, once]))
+        await collector.ingestor.ingest(_ndjson([*traffic(""), stuck, bad, once, once]))
         clock.now += 120
         collector.joiner.sweep()
-        await collector.ingestor.ingest(_ndjson([running]))
 
     try:
         asyncio.run(feed())
@@ -101,21 +97,29 @@ def test_every_hopline_series_queried_is_in_the_collectors_exposition(expression
                 assert value in exposed, f"{where}: {name}{{{label}={value!r}}} matches nothing ({exposed})"
             elif op == "=~" and "$" not in value:
                 for alternative in value.split("|"):
-                    assert alternative in exposed, f"{where}: {name}{{{label}=~{value!r}}}: no {alternative!r}"
+                    assert alternative in exposed, (
+                        f"{where}: {name}{{{label}=~{value!r}}}: no {alternative!r}"
+                    )
 
 
 def test_every_hopline_series_queried_is_defined_in_metric_names(expressions):
     # the static contract the collector implements: no query may name a series outside it
-    defined = {m.series + suffix for m in metric_names.ALL
-               for suffix in (("_bucket", "_sum", "_count") if m.kind == "histogram" else ("",))}
+    defined = {
+        m.series + suffix
+        for m in metric_names.ALL
+        for suffix in (("_bucket", "_sum", "_count") if m.kind == "histogram" else ("",))
+    }
     for where, name, _ in _queried(expressions):
         if name.startswith("hopline_"):
             assert name in defined, f"{where}: {name} is not in hopline.collector.metric_names"
 
 
 def test_every_vllm_series_queried_is_in_the_explicit_vllm_list(expressions):
-    listed = {m.name + suffix for m in vllm_metrics.ALL
-              for suffix in (("_bucket", "_sum", "_count") if m.kind == "histogram" else ("",))}
+    listed = {
+        m.name + suffix
+        for m in vllm_metrics.ALL
+        for suffix in (("_bucket", "_sum", "_count") if m.kind == "histogram" else ("",))
+    }
     queried = {name for _, name, _ in _queried(expressions) if name.startswith("vllm:")}
     assert queried and queried <= listed, queried - listed
     # and every listed one is used: the list is the dashboards' dependency on vLLM, nothing more
@@ -124,8 +128,10 @@ def test_every_vllm_series_queried_is_in_the_explicit_vllm_list(expressions):
 
 def test_the_name_check_catches_a_renamed_metric(expressions, exposition):
     # guard for the two tests above: the same extraction sees a misspelt metric and label value
-    broken = [("test", 'sum(rate(hopline_stage_second_bucket{stage="queue"}[5m]))'),
-              ("test", 'sum(rate(hopline_stage_seconds_bucket{stage="queueing"}[5m]))')]
+    broken = [
+        ("test", 'sum(rate(hopline_stage_second_bucket{stage="queue"}[5m]))'),
+        ("test", 'sum(rate(hopline_stage_seconds_bucket{stage="queueing"}[5m]))'),
+    ]
     (_, name, _), (_, _, matchers) = _queried(broken)
     assert name not in exposition
     assert matchers == [("stage", "=", "queueing")]

@@ -46,7 +46,9 @@ def test_the_generated_rule_file_passes_promtool_check_rules(built, rule_file, p
     # every recorded series an alert reads is recorded here
     recorded = {r["record"] for r in rules if "record" in r}
     for rule in rules:
-        for name in {w for w in rule["expr"].replace("{", " ").replace("(", " ").split() if w.startswith("hopline:")}:
+        for name in {
+            w for w in rule["expr"].replace("{", " ").replace("(", " ").split() if w.startswith("hopline:")
+        }:
             assert name in recorded, f"{rule.get('alert')} reads {name}, which no rule records"
 
 
@@ -75,8 +77,10 @@ def histogram(name: str, labels: dict[str, str], value_at: Any) -> list[dict[str
         value = value_at(minute)
         for le in BUCKETS:
             counts[le].append(counts[le][-1] + (PER_MINUTE if le == "+Inf" or value <= float(le) else 0))
-    return [{"series": f"{name}_bucket{{{_labels({**labels, 'le': le})}}}", "values": " ".join(map(str, c))}
-            for le, c in counts.items()]
+    return [
+        {"series": f"{name}_bucket{{{_labels({**labels, 'le': le})}}}", "values": " ".join(map(str, c))}
+        for le, c in counts.items()
+    ]
 
 
 def counter(name: str, labels: dict[str, str], per_minute: float, start: int = 0) -> dict[str, str]:
@@ -99,8 +103,14 @@ def test_alerts_fire_on_synthetic_series_and_stay_quiet_otherwise(built, tmp_pat
         # service "chat": 10 errors per 70 requests (14%); "batch": 1 per 61 (1.6%)
         counter("hopline_requests_total", {"outcome": "ok", **scope, "replica": "r1"}, 60),
         counter("hopline_requests_total", {"outcome": "error", **scope, "replica": "r1"}, 10),
-        counter("hopline_requests_total", {"outcome": "ok", "service": "batch", "model": "m", "replica": "r1"}, 60),
-        counter("hopline_requests_total", {"outcome": "error", "service": "batch", "model": "m", "replica": "r1"}, 1),
+        counter(
+            "hopline_requests_total", {"outcome": "ok", "service": "batch", "model": "m", "replica": "r1"}, 60
+        ),
+        counter(
+            "hopline_requests_total",
+            {"outcome": "error", "service": "batch", "model": "m", "replica": "r1"},
+            1,
+        ),
         # one negative network stage per minute from minute 30; queue never negative
         counter("hopline_negative_stages_total", {"stage": "network"}, 1, start=30),
         counter("hopline_negative_stages_total", {"stage": "queue"}, 0),
@@ -110,29 +120,52 @@ def test_alerts_fire_on_synthetic_series_and_stay_quiet_otherwise(built, tmp_pat
     ]
 
     def alert(labels: dict[str, str], summary: str, dashboard: str, description: str) -> dict[str, Any]:
-        return {"exp_labels": labels, "exp_annotations": {"summary": summary, "description": description,
-                                                            "dashboard": dashboard}}
+        return {
+            "exp_labels": labels,
+            "exp_annotations": {"summary": summary, "description": description, "dashboard": dashboard},
+        }
 
-    rules = {r["alert"]: r for g in yaml.safe_load((built / provisioning.RULES_FILE).read_text())["groups"]
-             for r in g["rules"] if "alert" in r}
+    rules = {
+        r["alert"]: r
+        for g in yaml.safe_load((built / provisioning.RULES_FILE).read_text())["groups"]
+        for r in g["rules"]
+        if "alert" in r
+    }
 
     def description(name: str) -> str:
         return rules[name]["annotations"]["description"]  # constant text: no templates in it
 
-    queue_r1 = alert({"severity": "warning", **queue, "replica": "r1"},
-                     "Queue time p50 on replica r1 (m) is over 3x what it was an hour ago.",
-                     "/d/hopline-lifecycle?var-replica=r1&var-model=m", description("HoplineQueueTimeShift"))
-    gap_r1 = alert({"severity": "warning", **scope, "replica": "r1"},
-                   "Clients of chat wait over 0.5s longer for the first token (p90) than replica r1 takes to produce it.",
-                   "/d/hopline-lifecycle?var-service=chat&var-replica=r1", description("HoplineClientEngineTtftGap"))
-    errors_chat = alert({"severity": "warning", **scope},
-                        "More than 5% of chat's requests to m did not end ok.",
-                        "/d/hopline-lifecycle?var-service=chat&var-model=m", description("HoplineErrorRatio"))
-    negative = alert({"severity": "info", "stage": "network"}, "Stage network came out negative for some requests.",
-                     "/d/hopline-lifecycle", description("HoplineNegativeStages"))
-    rejected = alert({"severity": "info", "reason": "missing_field"},
-                     "The collector keeps rejecting hop events (missing_field).",
-                     "/d/hopline-lifecycle", description("HoplineEventsRejected"))
+    queue_r1 = alert(
+        {"severity": "warning", **queue, "replica": "r1"},
+        "Queue time p50 on replica r1 (m) is over 3x what it was an hour ago.",
+        "/d/hopline-lifecycle?var-replica=r1&var-model=m",
+        description("HoplineQueueTimeShift"),
+    )
+    gap_r1 = alert(
+        {"severity": "warning", **scope, "replica": "r1"},
+        "Clients of chat wait over 0.5s longer for the first token (p90) than replica r1 takes to "
+        "produce it.",
+        "/d/hopline-lifecycle?var-service=chat&var-replica=r1",
+        description("HoplineClientEngineTtftGap"),
+    )
+    errors_chat = alert(
+        {"severity": "warning", **scope},
+        "More than 5% of chat's requests to m did not end ok.",
+        "/d/hopline-lifecycle?var-service=chat&var-model=m",
+        description("HoplineErrorRatio"),
+    )
+    negative = alert(
+        {"severity": "info", "stage": "network"},
+        "Stage network came out negative for some requests.",
+        "/d/hopline-lifecycle",
+        description("HoplineNegativeStages"),
+    )
+    rejected = alert(
+        {"severity": "info", "reason": "missing_field"},
+        "The collector keeps rejecting hop events (missing_field).",
+        "/d/hopline-lifecycle",
+        description("HoplineEventsRejected"),
+    )
     cases = [
         # before the shift (and before there is an hour to compare with): quiet; after it, r1 only
         ("HoplineQueueTimeShift", "65m", []),
@@ -151,11 +184,15 @@ def test_alerts_fire_on_synthetic_series_and_stay_quiet_otherwise(built, tmp_pat
     tests = {
         "rule_files": [str(built / provisioning.RULES_FILE)],
         "evaluation_interval": "1m",
-        "tests": [{
-            "interval": "1m",
-            "input_series": series,
-            "alert_rule_test": [{"eval_time": t, "alertname": name, "exp_alerts": exp} for name, t, exp in cases],
-        }],
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": series,
+                "alert_rule_test": [
+                    {"eval_time": t, "alertname": name, "exp_alerts": exp} for name, t, exp in cases
+                ],
+            }
+        ],
     }
     path = tmp_path / "hopline-rules.test.yml"
     path.write_text(yaml.safe_dump(tests, sort_keys=False))
@@ -164,7 +201,8 @@ def test_alerts_fire_on_synthetic_series_and_stay_quiet_otherwise(built, tmp_pat
     assert "SUCCESS" in result.stdout
 
     # the same test fails when an expectation is wrong: promtool really compares
-    tests["tests"][0]["alert_rule_test"] = [{"eval_time": "85m", "alertname": "HoplineQueueTimeShift",
-                                             "exp_alerts": []}]
+    tests["tests"][0]["alert_rule_test"] = [
+        {"eval_time": "85m", "alertname": "HoplineQueueTimeShift", "exp_alerts": []}
+    ]
     path.write_text(yaml.safe_dump(tests, sort_keys=False))
     assert promtool("test", "rules", path).returncode != 0

@@ -46,9 +46,18 @@ def test_round_trips_through_the_sdk_parser_keeping_every_panel_and_query(dashbo
     assert _sdk_round_trip(once) == once
 
     def essentials(m: dict[str, Any]) -> list[tuple]:
-        return [(p["id"], p["type"], p["title"], json.dumps(p["gridPos"], sort_keys=True),
-                 tuple((t["refId"], t["expr"], t.get("exemplar"), t.get("format")) for t in p.get("targets", [])))
-                for p in all_panels(m)]
+        return [
+            (
+                p["id"],
+                p["type"],
+                p["title"],
+                json.dumps(p["gridPos"], sort_keys=True),
+                tuple(
+                    (t["refId"], t["expr"], t.get("exemplar"), t.get("format")) for t in p.get("targets", [])
+                ),
+            )
+            for p in all_panels(m)
+        ]
 
     assert essentials(once) == essentials(model)
     assert [v["name"] for v in once["templating"]["list"]] == [v["name"] for v in model["templating"]["list"]]
@@ -86,8 +95,9 @@ def test_every_target_has_a_datasource_and_a_unique_ref_id(dashboard_models, nam
 
 
 @pytest.mark.parametrize("name", [LIFECYCLE, ENGINE])
-def test_latency_panels_are_in_seconds_with_exemplars_and_quantiles_are_never_stacked(dashboard_models, name, all_panels,
-                                                                                     targets):
+def test_latency_panels_are_in_seconds_with_exemplars_and_quantiles_are_never_stacked(
+    dashboard_models, name, all_panels, targets
+):
     latency = 0
     for panel, target in targets(dashboard_models[name]):
         defaults = panel.get("fieldConfig", {}).get("defaults", {})
@@ -111,11 +121,15 @@ def test_variables_and_alert_annotations(dashboard_models, name):
     model = dashboard_models[name]
     variables = {v["name"]: v for v in model["templating"]["list"]}
     assert list(variables) == ["datasource", *VARIABLES]
-    assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    assert (
+        variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    )
     for var in VARIABLES:
         assert variables[var]["multi"] and variables[var]["includeAll"] and variables[var]["allValue"] == ".*"
     used = set(re.findall(r"\$\{?(\w+)", json.dumps(model["panels"])))
-    assert used <= set(variables) | set(GRAFANA_SAMPLE_VALUES) | {"__value", "__field", "__url_time_range"}, used
+    assert used <= set(variables) | set(GRAFANA_SAMPLE_VALUES) | {"__value", "__field", "__url_time_range"}, (
+        used
+    )
     annotations = [a for a in model["annotations"]["list"] if a.get("expr")]
     assert [a["expr"] for a in annotations] == [ALERTS_EXPR]
     assert 'alertname=~"Hopline.*"' in ALERTS_EXPR
@@ -141,19 +155,25 @@ def test_lifecycle_dashboard_has_what_the_issue_asks_for(dashboard_models, all_p
         (target,) = panel["targets"]
         assert f'view=~"{"|".join(VIEWS)}"' in target["expr"] and "by (le, view)" in target["expr"]
     assert {p["gridPos"]["y"] for t, p in panels.items() if t.startswith("TTFT p")} == {16}  # side by side
-    for title in ("Client TTFT distribution", "Queue time distribution", "Client TTFT distribution on $replica"):
+    for title in (
+        "Client TTFT distribution",
+        "Queue time distribution",
+        "Client TTFT distribution on $replica",
+    ):
         assert panels[title]["type"] == "heatmap"
     repeated = [p for p in model["panels"] if p.get("repeat")]
     assert [(p["type"], p["repeat"]) for p in repeated] == [("row", "replica")]
-    for title, metric in (("Requests in flight by replica", "hopline_requests_in_flight"),
-                          ("KV-cache bytes held by replica", "hopline_kv_cache_bytes"),
-                          ("Request outcomes", "hopline_requests_total"),
-                          ("New connections per request", "hopline_connections_total"),
-                          ("Requests without max_tokens", "hopline_requests_without_max_tokens_total"),
-                          ("Negative stages", "hopline_negative_stages_total"),
-                          ("End-to-end latency", "hopline_e2e_seconds_bucket"),
-                          ("Inter-token latency per user", "hopline_itl_seconds_bucket"),
-                          ("Tokens/s per user", "hopline_itl_seconds_count")):
+    for title, metric in (
+        ("Requests in flight by replica", "hopline_requests_in_flight"),
+        ("KV-cache bytes held by replica", "hopline_kv_cache_bytes"),
+        ("Request outcomes", "hopline_requests_total"),
+        ("New connections per request", "hopline_connections_total"),
+        ("Requests without max_tokens", "hopline_requests_without_max_tokens_total"),
+        ("Negative stages", "hopline_negative_stages_total"),
+        ("End-to-end latency", "hopline_e2e_seconds_bucket"),
+        ("Inter-token latency per user", "hopline_itl_seconds_bucket"),
+        ("Tokens/s per user", "hopline_itl_seconds_count"),
+    ):
         assert metric in json.dumps(panels[title]["targets"]), title
     assert panels["KV-cache bytes held by replica"]["fieldConfig"]["defaults"]["unit"] == "bytes"
 
@@ -169,8 +189,14 @@ def test_engine_dashboard_puts_vllm_beside_hopline(dashboard_models, all_panels,
         exprs = [t["expr"] for t in panel.get("targets", [])]
         if any("vllm:request_" in e or "vllm:time_to_first_token" in e for e in exprs):
             # on the same panel, or (a heatmap) beside hopline's on the same line
-            same_line = [p for p in panels if p["gridPos"]["y"] == panel["gridPos"]["y"]] if panel["type"] == "heatmap" else [panel]
-            assert "hopline_" in json.dumps([p.get("targets") for p in same_line]), f"{panel['title']}: vLLM alone"
+            same_line = (
+                [p for p in panels if p["gridPos"]["y"] == panel["gridPos"]["y"]]
+                if panel["type"] == "heatmap"
+                else [panel]
+            )
+            assert "hopline_" in json.dumps([p.get("targets") for p in same_line]), (
+                f"{panel['title']}: vLLM alone"
+            )
         for expr in exprs:
             if "vllm:" in expr:
                 assert 'model_name=~"$model"' in expr and 'replica=~"$replica"' in expr
