@@ -33,7 +33,7 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
@@ -46,7 +46,6 @@ from hopline.middleware.log import warn_throttled
 Event = dict[str, Any]
 
 
-@runtime_checkable
 class Sink(Protocol):
     """What the emitter drives. ``write`` returns the number of events of ``batch`` it dropped."""
 
@@ -420,20 +419,23 @@ class HttpSink:
             self._interrupt.clear()
 
     def _rejected(self, response: httpx.Response, lines: list[bytes]) -> int:
+        """How many lines the collector's 2xx answer rejected (``rejected_total`` when it listed
+        only the first ones), logged with the first reason."""
         try:
             answer = response.json()
             rejected = answer.get("rejected") or []
-        except (ValueError, AttributeError):
+            count = int(answer.get("rejected_total") or len(rejected))
+        except (ValueError, TypeError, AttributeError):
             warn_throttled("http_bad_answer", "collector_answer_not_understood", sink=repr(self))
             return 0
-        if not isinstance(rejected, list) or not rejected:
+        if not count:
             return 0
-        first = rejected[0] if isinstance(rejected[0], dict) else {}
+        first = rejected[0] if isinstance(rejected, list) and rejected and isinstance(rejected[0], dict) else {}
         warn_throttled(
-            "http_rejected", "collector_rejected_events", sink=repr(self), rejected=len(rejected),
+            "http_rejected", "collector_rejected_events", sink=repr(self), rejected=count,
             events=len(lines), first_line=first.get("line"), first_error=str(first.get("error"))[:200],
         )
-        return min(len(rejected), len(lines))
+        return min(count, len(lines))
 
     def _send(self, body: bytes) -> httpx.Response:
         """One POST through httpx's transport directly: ``httpx.Client`` would log every request

@@ -338,6 +338,13 @@ def test_http_sink_counts_rejected_lines_and_logs_them_once(collector, capfd) ->
     assert "unknown hop 'x'" in err
 
 
+def test_http_sink_counts_rejected_lines_beyond_those_the_collector_listed(collector) -> None:
+    # The collector lists the first rejections only and gives the full count as rejected_total.
+    collector.policy = lambda batch, n: (200, {"accepted": 0, "duplicates": 0, "rejected_total": 150,
+                                               "rejected": [{"line": i, "error": "bad"} for i in range(1, 101)]}, {})
+    assert fast_sink(collector.url).write(events(150)) == 150
+
+
 def test_http_sink_against_a_closed_port_gives_up_within_its_budget(mw, capfd) -> None:
     sink = fast_sink(mw.closed_port_url(), retry_budget=0.3)
     assert sink.write(events(7)) == 7
