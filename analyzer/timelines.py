@@ -1,0 +1,284 @@
+"""Events -> one row per request: every hop time, every stage, derived from the contract's table.
+
+The Polars expressions here are generated from ``contract.INPUTS``, ``ATTRIBUTE_SOURCES``,
+``STAGES`` and ``RATIOS`` (the same objects ``contract.compute_stages`` evaluates in plain
+Python), so the collector and the analyzer cannot disagree; ``tests/golden_stages.json`` checks it.
+
+Query shape (the part that decides speed on tens of millions of events): one ``group_by`` over
+``request_id`` whose aggregations are all plain ``min`` / ``max`` / ``min_by`` on columns
+computed beforehand, row-wise and vectorised — shapes the streaming engine aggregates natively,
+without materialising groups. The contract picks, per hop, the event of the highest attempt
+(earliest ``ts`` on a tie); that is the minimum of one number per event,
+``pick = ts - attempt * 2**24`` (exact in float64 for Unix timestamps, and correctly ordered as
+long as one hop's attempts of one request lie within 2**24 s = 194 days of each other), so the
+chosen event's values are ``min_by(pick)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import polars as pl
+
+from hopline.middleware.contract import (
+    ATTRIBUTE_SOURCES,
+    ERROR_HOPS,
+    HOPS,
+    INPUTS,
+    RATIOS,
+    STAGES,
+    STORAGE_COLUMNS,
+    Formula,
+    component,
+)
+
+HOP_ENUM = pl.Enum(list(HOPS))
+ATTEMPT_SPAN_S = 2.0**24  # the attempt weight in ``pick``: a power of two keeps it exact
+NEGATIVE_TOLERANCE_S = 1e-9  # as contract.negative_stages
+OUTCOMES = ("ok", "error", "rejected", "disconnected", "incomplete")
+OUTCOME_ENUM = pl.Enum(list(OUTCOMES))
+COMPONENTS = ("client", "gateway", "engine")
+# Hops a component that saw a request is expected to report; first tokens only when streaming,
+# and nothing after an error (or the gateway's rejection) of that component.
+EXPECTED_HOPS = {
+    "client": ("client.sent", "client.first_token", "client.last_token"),
+    "gateway": ("gateway.received", "gateway.forwarded", "gateway.first_token", "gateway.last_token"),
+    "engine": ("engine.received", "engine.first_token", "engine.last_token"),
+}
+ERROR_ATTRS = ("status", "error")
+# Per-request extras read from one hop's chosen event, beyond the contract's inputs/attributes:
+# where the largest output gap was (long_prefill_stall) as the engine and the client saw it.
+GAP_COLUMNS = {
+    "engine_max_gap_s": ("engine.last_token", "max_gap_s"),
+    "engine_max_gap_at": ("engine.last_token", "max_gap_at"),
+    "client_max_gap_s": ("client.last_token", "max_gap_s"),
+    "client_max_gap_at": ("client.last_token", "max_gap_at"),
+}
+STORAGE_TYPES = {name: getattr(pl, dtype)() for name, dtype in STORAGE_COLUMNS.items()}
+
+
+def _pick_col(hop: str) -> str:
+    return f"_pick:{hop}"
+
+
+def _hop_ts(hop: str) -> str:
+    return f"_ts:{hop}"
+
+
+def _hop_attr(hop: str, attr: str) -> str:
+    return f"_{attr}:{hop}"
+
+
+def _needed() -> tuple[list[str], dict[str, list[str]]]:
+    """Hops whose chosen event is read, and which attributes of each."""
+    hops: dict[str, None] = {}
+    attrs: dict[str, dict[str, None]] = {}
+    for inp in INPUTS:
+        hops[inp.hop] = None
+        if inp.attr is not None:
+            attrs.setdefault(inp.hop, {})[inp.attr] = None
+    for name, sources in ATTRIBUTE_SOURCES.items():
+        for hop in sources:
+            hops[hop] = None
+            attrs.setdefault(hop, {})[name] = None
+    for hop, attr in GAP_COLUMNS.values():
+        hops[hop] = None
+        attrs.setdefault(hop, {})[attr] = None
+    for hop in sorted(ERROR_HOPS) + [h for hops_ in EXPECTED_HOPS.values() for h in hops_]:
+        hops[hop] = None
+    for hop in ERROR_HOPS:
+        for attr in ERROR_ATTRS:
+            attrs.setdefault(hop, {})[attr] = None
+    return list(hops), {h: list(a) for h, a in attrs.items()}
+
+
+def _per_event_columns(hops: Iterable[str]) -> list[pl.Expr]:
+    """Row-wise columns the single group_by aggregates: a pick key per hop and per component."""
+    hop = pl.col("hop")
+    key = pl.col("ts") - pl.col("attempt").cast(pl.Float64) * ATTEMPT_SPAN_S
+    cols = [pl.when(hop == h).then(key).alias(_pick_col(h)) for h in hops]
+    for comp in COMPONENTS:
+        in_comp = hop.is_in([h for h in HOPS if component(h) == comp])
+        cols.append(pl.when(in_comp).then(pl.col("ts")).alias(f"_ts:{comp}"))
+        if comp == "engine":  # the final attempt's engine replica and model
+            cols.append(pl.when(in_comp & pl.col("replica").is_not_null()).then(key).alias("_rkey:engine"))
+            cols.append(pl.when(in_comp & pl.col("model").is_not_null()).then(key).alias("_mkey:engine"))
+        else:
+            cols.append(pl.when(in_comp).then(pl.col("service")).alias(f"_svc:{comp}"))
+            cols.append(pl.when(in_comp).then(pl.col("model")).alias(f"_mod:{comp}"))
+    for h in ("client.sent", "gateway.received", "engine.received"):
+        cols.append(pl.when(hop == h).then(pl.col("ts")).alias(f"_first:{h}"))
+    return cols
+
+
+def _aggregations(hops: list[str], attrs: dict[str, list[str]]) -> list[pl.Expr]:
+    aggs = [pl.col("ts").min_by(_pick_col(h)).alias(_hop_ts(h)) for h in hops]
+    aggs += [pl.col(a).min_by(_pick_col(h)).alias(_hop_attr(h, a)) for h, names in attrs.items() for a in names]
+    aggs += [pl.col(f"_first:{h}").min() for h in ("client.sent", "gateway.received", "engine.received")]
+    aggs += [pl.col(f"_ts:{comp}").min().alias(f"_seen:{comp}") for comp in COMPONENTS]
+    aggs += [
+        pl.col("replica").min_by("_rkey:engine").alias("_replica:engine"),
+        pl.col("model").min_by("_mkey:engine").alias("_model:engine"),
+    ]
+    for comp in ("client", "gateway"):
+        aggs += [pl.col(f"_svc:{comp}").min().alias(f"_service:{comp}"), pl.col(f"_mod:{comp}").min().alias(f"_model:{comp}")]
+    aggs.append((pl.col("attempt").max() + 1).alias("attempts"))  # tries seen by any component
+    return aggs
+
+
+def _present(hop: str) -> pl.Expr:
+    return pl.col(_hop_ts(hop)).is_not_null()
+
+
+def _inputs() -> dict[str, pl.Expr]:
+    """``contract.request_inputs`` as expressions over the aggregated row."""
+    exprs: dict[str, pl.Expr] = {}
+    for inp in INPUTS:
+        if inp.attr is None:
+            exprs[inp.name] = pl.col(_hop_ts(inp.hop))
+        else:
+            value = pl.col(_hop_attr(inp.hop, inp.attr))
+            if inp.default is not None:
+                value = pl.when(_present(inp.hop)).then(value.fill_null(inp.default))
+            exprs[inp.name] = value
+    for name, sources in ATTRIBUTE_SOURCES.items():
+        exprs[name] = pl.coalesce([pl.col(_hop_attr(h, name)) for h in sources]).cast(STORAGE_TYPES[name])
+    return exprs
+
+
+def formula_expr(formula: Formula, values: dict[str, pl.Expr]) -> pl.Expr:
+    """One ``Formula``: the signed sum of its terms when its conditions hold, else null."""
+    total: pl.Expr | None = None
+    for sign, name in formula.terms:
+        term = values[name].cast(pl.Float64)
+        if total is None:
+            total = term if sign > 0 else -term
+        else:
+            total = total + term if sign > 0 else total - term
+    conditions = [values[name].is_null() for name in formula.when_null]
+    if formula.stream is not None:
+        conditions.append(values["stream"] == formula.stream)
+    return pl.when(*conditions).then(total) if conditions else total
+
+
+def stage_exprs(values: dict[str, pl.Expr]) -> dict[str, pl.Expr]:
+    """Every stage (a coalesce over its formulas, in order) and ratio, added to ``values``."""
+    for stage in STAGES:
+        exprs = [formula_expr(f, values) for f in stage.formulas]
+        values[stage.name] = pl.coalesce(exprs) if len(exprs) > 1 else exprs[0]
+    tokens, n = values["output_tokens"], values["n"]
+    for ratio in RATIOS:
+        numerator = formula_expr(Formula(ratio.numerator), values)
+        ok = (tokens >= 2) & (n.is_null() | (n == 1))
+        values[ratio.name] = pl.when(ok).then(numerator / (tokens - 1).cast(pl.Float64))
+    return values
+
+
+def _outcome() -> pl.Expr:
+    """ok / error / rejected / disconnected / incomplete, from the outermost component seen."""
+    errors = [_present(h) for h in sorted(ERROR_HOPS)]
+    any_error = pl.any_horizontal(errors)
+    disconnected = pl.any_horizontal(
+        [
+            (pl.col(_hop_attr(h, "status")) == 499)
+            | pl.col(_hop_attr(h, "error")).str.contains("(?i)disconnect").fill_null(False)
+            for h in sorted(ERROR_HOPS)
+        ]
+    )
+    outer_done = (
+        pl.when(pl.col("_seen:client").is_not_null())
+        .then(_present("client.last_token") & ~_present("client.error"))
+        .when(pl.col("_seen:gateway").is_not_null())
+        .then(_present("gateway.last_token") & ~_present("gateway.error") & ~_present("gateway.rejected"))
+        .otherwise(_present("engine.last_token") & ~_present("engine.error"))
+    )
+    return (
+        pl.when(disconnected)
+        .then(pl.lit("disconnected"))
+        .when(outer_done)
+        .then(pl.lit("ok"))
+        .when(_present("gateway.rejected") & pl.col("_seen:engine").is_null())
+        .then(pl.lit("rejected"))
+        .when(any_error)
+        .then(pl.lit("error"))
+        .otherwise(pl.lit("incomplete"))
+        .cast(OUTCOME_ENUM)
+    )
+
+
+def _missing() -> pl.Expr:
+    """Expected hops absent from the components that did report on the request."""
+    flags = []
+    for comp, hops in EXPECTED_HOPS.items():
+        seen = pl.col(f"_seen:{comp}").is_not_null()
+        failed = pl.any_horizontal([_present(h) for h in ERROR_HOPS if component(h) == comp])
+        for hop in hops:
+            expected = seen
+            if hop.endswith("_token"):
+                expected = expected & ~failed
+                if hop.endswith("first_token"):
+                    expected = expected & (pl.col("stream") == True).fill_null(False)  # noqa: E712
+            if hop == "gateway.forwarded":
+                expected = expected & ~_present("gateway.rejected")
+            flags.append(pl.when(expected & ~_present(hop)).then(pl.lit(hop)))
+    return pl.concat_list(flags).list.drop_nulls()
+
+
+def _negative() -> pl.Expr:
+    """Stages (views included) below zero: an instrumentation or clock problem, never clamped."""
+    flags = [pl.when(pl.col(s.name) < -NEGATIVE_TOLERANCE_S).then(pl.lit(s.name)) for s in STAGES]
+    return pl.concat_list(flags).list.drop_nulls()
+
+
+INPUT_NAMES = tuple(inp.name for inp in INPUTS)
+STAGE_COLUMNS = tuple(s.name for s in STAGES)
+# An attribute named like a stage (``upstream``: the gateway's chosen replica) is shadowed by the
+# stage in the contract's evaluation; here it keeps its value under a prefixed name.
+ATTRIBUTE_COLUMNS = {
+    name: f"gateway_{name}" if name in STAGE_COLUMNS else name for name in ATTRIBUTE_SOURCES
+}
+ATTRIBUTE_NAMES = tuple(ATTRIBUTE_COLUMNS.values())
+RATIO_COLUMNS = tuple(r.name for r in RATIOS)
+ID_COLUMNS = ("request_id", "service", "replica", "model", "start", "attempts")
+EXTRA_COLUMNS = tuple(GAP_COLUMNS) + ("status", "error")
+STATUS_COLUMNS = ("outcome", "negative", "missing")
+COLUMNS = ID_COLUMNS + INPUT_NAMES + ATTRIBUTE_NAMES + EXTRA_COLUMNS + STAGE_COLUMNS + RATIO_COLUMNS + STATUS_COLUMNS
+
+
+def timelines(events: pl.LazyFrame) -> pl.LazyFrame:
+    """One row per request (columns ``COLUMNS``): hop times, attributes, stages, ratios, status.
+
+    ``events`` has the storage columns (``hopline.analyzer.io.scan_events``); ``hop`` may be a
+    string or already the ``HOP_ENUM``. Times are Unix seconds (``start``, inputs) and seconds
+    (stages); ``negative`` and ``missing`` are lists of stage / hop names.
+    """
+    hops, attrs = _needed()
+    per_request = (
+        events.with_columns(pl.col("hop").cast(HOP_ENUM, strict=False))
+        .with_columns(_per_event_columns(hops))
+        .group_by("request_id")
+        .agg(_aggregations(hops, attrs))
+    )
+    values = _inputs()
+    attributes = {name: values[name] for name in ATTRIBUTE_SOURCES}
+    values = stage_exprs(values)
+    error_hops = sorted(ERROR_HOPS)
+    row = {
+        "service": pl.coalesce(pl.col("_service:client"), pl.col("_service:gateway")),
+        "replica": pl.coalesce(pl.col("_replica:engine"), pl.col(_hop_attr("gateway.forwarded", "upstream"))),
+        "model": pl.coalesce(pl.col("_model:engine"), pl.col("_model:client"), pl.col("_model:gateway")),
+        "start": pl.coalesce(
+            pl.col("_first:client.sent"), pl.col("_first:gateway.received"), pl.col("_first:engine.received")
+        ),
+        **{name: values[name] for name in INPUT_NAMES},
+        **{column: attributes[name] for name, column in ATTRIBUTE_COLUMNS.items()},
+        **{name: pl.col(_hop_attr(hop, attr)) for name, (hop, attr) in GAP_COLUMNS.items()},
+        "status": pl.coalesce([pl.col(_hop_attr(h, "status")) for h in error_hops]),
+        "error": pl.coalesce([pl.col(_hop_attr(h, "error")) for h in error_hops]),
+        **{name: values[name] for name in STAGE_COLUMNS + RATIO_COLUMNS},
+    }
+    return (
+        per_request.with_columns(**row)
+        .with_columns(outcome=_outcome(), negative=_negative(), missing=_missing())
+        .select(COLUMNS)
+    )
