@@ -20,6 +20,10 @@ from .layout import Layout
 
 TITLE = "hopline — engine"
 UID = "hopline-engine"
+DESCRIPTION = (
+    "vLLM's own metrics (scheduler, KV cache, queue / prefill / decode, TTFT) beside hopline's view "
+    "of the same replicas, matched on the replica label: slow in the engine, or on the way to it?"
+)
 BY = ("replica",)
 PHASES = (  # (title, vLLM histogram, hopline stage)
     ("Queue", vllm.QUEUE_TIME, "queue"),
@@ -160,7 +164,7 @@ def _ttft(lay: Layout) -> None:
 
 
 def build() -> Dashboard:
-    lay = Layout(dashboard(TITLE, UID, __doc__.split("\n\n")[1].replace("\n", " ")))
+    lay = Layout(dashboard(TITLE, UID, DESCRIPTION))
     _scheduler(lay)
     _phases(lay)
     _ttft(lay)

@@ -9,11 +9,21 @@ such as ``/d/<uid>?viewPanel=<id>`` and exemplar bookmarks refer to them.
 
 from __future__ import annotations
 
+from typing import Protocol, Self
+
 from grafana_foundation_sdk.builders.dashboard import Dashboard, Row
-from grafana_foundation_sdk.cog.builder import Builder
 from grafana_foundation_sdk.models.dashboard import Panel
 
 GRID_COLUMNS = 24
+
+
+class PanelBuilder(Protocol):
+    """What every SDK panel builder (timeseries, heatmap, stat, ...) offers."""
+
+    def id(self, id_val: int) -> Self: ...
+    def span(self, w: int) -> Self: ...
+    def height(self, h: int) -> Self: ...
+    def build(self) -> Panel: ...
 
 
 class Layout:
@@ -31,7 +41,7 @@ class Layout:
         self.dashboard = self.dashboard.with_row(row.repeat(repeat) if repeat else row)
         return self
 
-    def line(self, height: int, *panels: tuple[Builder[Panel], int]) -> Layout:
+    def line(self, height: int, *panels: tuple[PanelBuilder, int]) -> Layout:
         """One line of ``(panel, width)``; widths must fill the grid exactly."""
         widths = [width for _, width in panels]
         if sum(widths) != GRID_COLUMNS:

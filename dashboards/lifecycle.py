@@ -1,9 +1,8 @@
 """The "hopline — request lifecycle" dashboard: where each request's time goes, hop by hop.
 
 What vLLM's own dashboards cannot show, because they only see inside the engine: TTFT split into
-connect / network / gateway / frontend / queue / prefill, TTFT as the client, the gateway and the
-engine see it side by side, exemplars leading from a latency spike to request IDs, and hopline's
-firing alerts as annotations.
+its stages, TTFT as the client, the gateway and the engine see it side by side, exemplars leading
+from a latency spike to request IDs, and hopline's firing alerts as annotations.
 """
 
 from __future__ import annotations
@@ -11,7 +10,7 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders.dashboard import Dashboard
 
 from hopline.collector import metric_names as m
-from hopline.middleware.contract import TTFT_STAGES, VIEWS
+from hopline.middleware.contract import STAGES, TTFT_STAGES, VIEWS
 
 from . import panels as p
 from . import promql as q
@@ -20,6 +19,15 @@ from .layout import Layout
 from .rules import LIFECYCLE_UID
 
 TITLE = "hopline — request lifecycle"
+DESCRIPTION = (
+    "Where each request's time goes: TTFT split into connect, network, gateway, frontend, queue and "
+    "prefill; TTFT as the client, the gateway and the engine see it; exemplars lead to request IDs."
+)
+# Where hops are missing, a fallback stage stands in for the terms it cannot split (the contract's
+# stage table): `engine` for frontend + queue + prefill, `upstream` for everything beyond the
+# gateway, `upstream_network` for the network behind the gateway. Stacked after the terms, so the
+# stack meets the total in every deployment shape.
+STACKED_STAGES = TTFT_STAGES + tuple(s.name for s in STAGES if s.kind == "fallback")
 QUANTILES = (0.5, 0.9, 0.99)
 TOKENS_PER_SECOND = "suffix: tok/s"
 
@@ -91,16 +99,17 @@ def _overview(lay: Layout) -> None:
 
 
 def _ttft(lay: Layout) -> None:
-    terms = [(q.mean(m.STAGE_SECONDS, stage=stage), stage) for stage in TTFT_STAGES]
+    terms = [(q.mean(m.STAGE_SECONDS, stage=stage), stage) for stage in STACKED_STAGES]
     lay.row("Where time to first token goes").line(
         10,
         (
             p.stacked_means(
                 "TTFT by stage (means, stacked)",
                 "Mean seconds per request in each stage, in the order a request meets them: "
-                f"client TTFT = {' + '.join(TTFT_STAGES)}. The dashed line is the mean client TTFT; the "
-                "stack should meet it. Means add up, quantiles do not: the quantiles are in the panels "
-                "below.",
+                f"client TTFT = {' + '.join(TTFT_STAGES)}. Where hops are missing, a fallback stands "
+                "in for what cannot be split (engine = frontend + queue + prefill; upstream = all beyond "
+                "the gateway). The dashed line is the mean client TTFT; the stack should meet it. Means "
+                "add up, quantiles do not: the quantiles are in the panels below.",
                 terms,
                 (q.mean(m.TTFT_SECONDS, view="client"), "client TTFT (mean)"),
             ),
@@ -377,7 +386,7 @@ def _collector(lay: Layout) -> None:
 
 
 def build() -> Dashboard:
-    lay = Layout(dashboard(TITLE, LIFECYCLE_UID, __doc__.split("\n\n")[1].replace("\n", " ")))
+    lay = Layout(dashboard(TITLE, LIFECYCLE_UID, DESCRIPTION))
     _overview(lay)
     _ttft(lay)
     _replicas(lay)

@@ -98,6 +98,8 @@ def graph(
     exemplar: bool = False,
 ) -> timeseries.Panel:
     """A time series panel; ``stacked`` is for counts and means only, never quantiles."""
+    if len(targets) > len(ascii_uppercase):
+        raise ValueError(f"{title}: more than {len(ascii_uppercase)} queries")
     panel = (
         timeseries.Panel()
         .title(title)
@@ -114,8 +116,6 @@ def graph(
         panel = panel.stacking(StackingConfig().mode(StackingMode.NORMAL).group("A"))
     for ref, (expr, legend) in zip(ascii_uppercase, targets, strict=False):
         panel = panel.with_target(query(expr, legend, ref, exemplar=exemplar))
-    if len(targets) > len(ascii_uppercase):
-        raise ValueError(f"{title}: more than {len(ascii_uppercase)} queries")
     return panel
 
 

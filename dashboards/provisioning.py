@@ -136,7 +136,7 @@ def compose(collector_command: str, home_dashboard: str) -> dict[str, Any]:
                 "image": "python:3.12-slim",
                 "command": ["sh", "-c", escape_dollars(collector_command)],
                 # what the container installs: from the host's environment (or .env), else the package
-            "environment": {"HOPLINE_PIP_SPEC": "${HOPLINE_PIP_SPEC:-hopline[collector]}"},
+                "environment": {"HOPLINE_PIP_SPEC": "${HOPLINE_PIP_SPEC:-hopline[collector]}"},
                 "volumes": [f"hopline-events:{COLLECTOR_DATA}"],
                 "ports": [f"{COLLECTOR_PORT}:{COLLECTOR_PORT}"],
             },

@@ -142,8 +142,9 @@ def test_lifecycle_dashboard_has_what_the_issue_asks_for(dashboard_models, all_p
     panels = {p["title"]: p for p in all_panels(model)}
     stacked = panels["TTFT by stage (means, stacked)"]
     legends = [t["legendFormat"] for t in stacked["targets"]]
-    # the TTFT sum's terms in the contract's order, then the total (drawn unstacked)
-    assert legends == [*TTFT_STAGES, "client TTFT (mean)"]
+    # the TTFT sum's terms in the contract's order, the fallbacks standing in where hops are
+    # missing, then the total (drawn unstacked)
+    assert legends == [*TTFT_STAGES, "engine", "upstream_network", "upstream", "client TTFT (mean)"]
     assert stacked["fieldConfig"]["defaults"]["custom"]["stacking"]["mode"] == "normal"
     total_ref = stacked["targets"][-1]["refId"]
     override = next(o for o in stacked["fieldConfig"]["overrides"] if o["matcher"]["options"] == total_ref)
