@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import zlib
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -159,9 +160,7 @@ class Ingestor:
         except StoreError:
             self.dedup.forget(keys)
             raise
-        event = self.recorder.event
-        for ev in events:
-            event(ev["hop"])
+        self.recorder.events(Counter(ev["hop"] for ev in events))
         self.joiner.add(events, lines)
         result.accepted = len(events)
         return result

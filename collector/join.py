@@ -242,16 +242,18 @@ class Joiner:
             hop = ev["hop"]
             comp, _, _ = hop.partition(".")
             attempt = ev.get("attempt", 0)
+            final = hop in FINAL_HOP_SET
             progress = req.progress.get(comp)
             if progress is None:
-                req.progress[comp] = [attempt, hop in FINAL_HOP_SET]
+                req.progress[comp] = [attempt, final]
             elif attempt > progress[0]:
-                progress[0], progress[1] = attempt, hop in FINAL_HOP_SET
-            elif attempt == progress[0] and hop in FINAL_HOP_SET:
+                progress[0], progress[1] = attempt, final
+            elif final and attempt == progress[0]:
                 progress[1] = True
             if comp == "engine":
                 self._engine_load(req, ev, hop, attempt)
-            if req.due is None and req.complete():
+            # only a final hop can complete a request (anything else keeps it or makes it open)
+            if final and req.due is None and req.complete():
                 if self.grace_s <= 0:
                     self._finish(rid, req)
                 else:

@@ -2,6 +2,8 @@
 
 ``build_metrics(registry)`` creates every metric named in ``metric_names`` on the registry it is
 given (never the global one, so two collectors in one process or one test never clash).
+Histograms are ``ExemplarHistogram`` (same exposition as prometheus_client's, a fifth of the
+cost per observation; see ``histogram.py``), counters and gauges prometheus_client's own.
 ``Recorder`` is what the join calls: it caps label values (overflow -> ``other``) and keeps the
 bound children per label tuple, because ``.labels(...)`` costs more than the observation itself.
 """
@@ -12,9 +14,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from hopline.collector import metric_names as names
+from hopline.collector.histogram import ExemplarHistogram
 from hopline.middleware.contract import TIME_STAGES
 
 OTHER = "other"
@@ -23,12 +26,12 @@ UNKNOWN = "unknown"
 
 @dataclass(frozen=True)
 class Metrics:
-    stage_seconds: Histogram
-    ttft_seconds: Histogram
-    e2e_seconds: Histogram
-    itl_seconds: Histogram
-    prompt_tokens: Histogram
-    output_tokens: Histogram
+    stage_seconds: ExemplarHistogram
+    ttft_seconds: ExemplarHistogram
+    e2e_seconds: ExemplarHistogram
+    itl_seconds: ExemplarHistogram
+    prompt_tokens: ExemplarHistogram
+    output_tokens: ExemplarHistogram
     requests: Counter
     in_flight: Gauge
     kv_cache_bytes: Gauge
@@ -49,10 +52,10 @@ _BUCKETS = {
 }
 
 
-def _make(metric: names.Metric, registry: CollectorRegistry) -> Histogram | Counter | Gauge:
+def _make(metric: names.Metric, registry: CollectorRegistry) -> ExemplarHistogram | Counter | Gauge:
     if metric.kind == "histogram":
         buckets = _BUCKETS.get(metric.name, names.LATENCY_BUCKETS)
-        return Histogram(metric.name, metric.help, metric.labels, registry=registry, buckets=buckets)
+        return ExemplarHistogram(metric.name, metric.help, metric.labels, registry=registry, buckets=buckets)
     if metric.kind == "counter":
         return Counter(metric.name, metric.help, metric.labels, registry=registry)
     return Gauge(metric.name, metric.help, metric.labels, registry=registry)
@@ -130,8 +133,10 @@ class Recorder:
 
     # -- per event ------------------------------------------------------------------------------
 
-    def event(self, hop: str) -> None:
-        self._child(self.m.events, (hop,)).inc()
+    def events(self, per_hop: Mapping[str, int]) -> None:
+        """Count accepted events: ``{hop: count}`` of a batch (one increment per hop)."""
+        for hop, count in per_hop.items():
+            self._child(self.m.events, (hop,)).inc(count)
 
     def rejected(self, reason: str, count: int = 1) -> None:
         self._child(self.m.events_rejected, (reason,)).inc(count)

@@ -1,0 +1,95 @@
+"""A histogram with ``request_id`` exemplars that costs a fraction of prometheus_client's.
+
+prometheus_client's ``Histogram.observe`` with an exemplar costs ~1.5 µs even on a pre-bound
+child (it validates the exemplar and takes locks on every call); a finished request makes ~17
+observations, which alone would use a fifth of the collector's per-event budget. This one
+keeps, per label tuple, plain per-bucket counts, a sum and each bucket's latest exemplar, and
+turns them into a ``HistogramMetricFamily`` only at scrape time (a custom collector: the
+registry's pull model). The exposition is the same: cumulative ``_bucket`` series with ``le``,
+``_sum``, ``_count``, and in OpenMetrics one exemplar per bucket.
+
+Not thread-safe by design: the collector observes and scrapes on one event loop thread.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from bisect import bisect_left
+from collections.abc import Iterator, Mapping, Sequence
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.metrics_core import HistogramMetricFamily
+from prometheus_client.samples import Exemplar
+from prometheus_client.utils import floatToGoString
+
+
+class HistogramChild:
+    """One label tuple's buckets; ``observe`` is a bisect and three stores."""
+
+    __slots__ = ("upper", "counts", "exemplars", "sum")
+
+    def __init__(self, upper: tuple[float, ...]) -> None:
+        self.upper = upper
+        self.counts = [0] * len(upper)
+        self.exemplars: list[tuple[Mapping[str, str], float, float] | None] = [None] * len(upper)
+        self.sum = 0.0
+
+    def observe(self, value: float, exemplar: Mapping[str, str] | None = None) -> None:
+        i = bisect_left(self.upper, value)
+        self.counts[i] += 1
+        self.sum += value
+        if exemplar is not None:
+            self.exemplars[i] = (exemplar, value, time.time())
+
+
+class ExemplarHistogram:
+    """A labelled histogram registered on ``registry`` as a custom collector.
+
+    Buckets must be sorted and finite (``+Inf`` is added), as prometheus_client requires.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labelnames: Sequence[str],
+        *,
+        buckets: Sequence[float],
+        registry: CollectorRegistry,
+    ) -> None:
+        upper = tuple(float(b) for b in buckets)
+        if list(upper) != sorted(upper) or len(set(upper)) != len(upper):
+            raise ValueError(f"{name}: buckets must be strictly increasing, got {buckets}")
+        self.name = name
+        self.documentation = documentation
+        self.labelnames = tuple(labelnames)
+        self.upper = upper + (math.inf,)
+        self._le = tuple(floatToGoString(b) for b in self.upper)
+        self._children: dict[tuple[str, ...], HistogramChild] = {}
+        registry.register(self)
+
+    def labels(self, *values: str) -> HistogramChild:
+        if len(values) != len(self.labelnames):
+            raise ValueError(f"{self.name} takes labels {self.labelnames}, got {values}")
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = HistogramChild(self.upper)
+        return child
+
+    def describe(self) -> list[HistogramMetricFamily]:
+        return [HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)]
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        for values, child in list(self._children.items()):
+            cumulative = 0
+            buckets: list = []
+            for le, count, ex in zip(self._le, child.counts, child.exemplars):
+                cumulative += count
+                if ex is None:
+                    buckets.append((le, cumulative))
+                else:
+                    buckets.append((le, cumulative, Exemplar(dict(ex[0]), ex[1], ex[2])))
+            family.add_metric(list(values), buckets, child.sum)
+        yield family
