@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import structlog
 
+from hopline.middleware import clock
 from hopline.middleware import emit as emit_module
 from hopline.middleware import log as hopline_log
 from hopline.middleware.contract import iter_ndjson, validate_event
@@ -296,3 +297,14 @@ for i in range(777):
 """
     subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
     assert [e["request_id"] for e in file_events(path)] == [f"req-{i}" for i in range(777)]
+
+
+def test_events_are_stamped_with_the_anchored_clock_not_the_stepped_wall_clock(monkeypatch) -> None:
+    sink = MemorySink()
+    emitter = Emitter(sink, flush_interval=60)
+    monkeypatch.setattr(time, "time", lambda: 4_000_000_000.0)  # NTP stepped the wall clock
+    before = clock.now()
+    emitter.emit("engine.received", "req-1")
+    after = clock.now()
+    emitter.close()
+    assert before <= sink.events[0]["ts"] <= after
