@@ -7,8 +7,9 @@ I/O problem (it counts and logs through hopline's private logger instead).
 
 File sink rotation scheme (what ``hopline collector --tail 'PATH*'`` follows):
 
-* ``PATH`` is the live file; events are appended as NDJSON, one ``write`` per batch, so a
-  reader never sees half a batch unless the disk fails mid-write.
+* ``PATH`` is the live file; events are appended as NDJSON, one ``write(2)`` per batch. When the
+  disk fails mid-write, the complete lines stay, and the next batch starts on a fresh line so the
+  torn one stands alone (a reader rejects that one line).
 * Before a batch is written, the live file is rotated when the batch would take it past
   ``max_bytes`` (a single batch larger than that goes alone into a fresh file), or when the UTC
   hour has changed since the live file was started. Rotation renames ``PATH`` to
@@ -82,10 +83,9 @@ class Encoded:
     def __len__(self) -> int:
         return len(self.bounds) - 1
 
-    def body(self, start: int = 0, stop: int | None = None) -> bytes:
+    def body(self, start: int, stop: int) -> bytes:
         """Lines ``start`` to ``stop`` (exclusive) as one bytes object."""
-        bounds = self.bounds
-        return bytes(memoryview(self.data)[bounds[start] : bounds[len(bounds) - 1 if stop is None else stop]])
+        return bytes(memoryview(self.data)[self.bounds[start] : self.bounds[stop]])
 
 
 class StdoutSink:
@@ -186,7 +186,6 @@ class FileSink:
         path: str | os.PathLike[str],
         *,
         max_bytes: int = DEFAULT_MAX_BYTES,
-        hourly: bool = True,
         now: Callable[[], float] = clock.now,
     ) -> None:
         if max_bytes <= 0:
@@ -195,7 +194,6 @@ class FileSink:
         if not self.template:
             raise ValueError("file sink needs a path: file:PATH")
         self.max_bytes = max_bytes
-        self.hourly = hourly
         self._now = now
         self._fd: int | None = None
         self._size = 0
@@ -232,7 +230,7 @@ class FileSink:
         if self._fd is None:
             self._open()
         hour = hour_label(self._now())
-        if self._size and ((self.hourly and hour != self._hour) or self._size + incoming > self.max_bytes):
+        if self._size and (hour != self._hour or self._size + incoming > self.max_bytes):
             try:
                 self._rotate()
             except OSError as exc:  # keep appending to the live file rather than lose events
