@@ -89,10 +89,10 @@ class EngineConfig:
     prefill_per_token_s: float = 0.00004  # + per prompt token computed in the step
     frontend_s: float = 0.001  # HTTP parsing, chat template, tokenization
     frontend_per_token_s: float = 0.0000005
-    answer_median_tokens: float = 110.0  # answers: log-normal around this...
+    answer_median_tokens: float = 80.0  # answers: log-normal around this...
     answer_sigma: float = 0.7
-    runaway_share: float = 0.03  # ...plus answers that would go on and on
-    runaway_tokens: tuple[int, int] = (800, 2000)
+    runaway_share: float = 0.02  # ...plus answers that would go on and on
+    runaway_tokens: tuple[int, int] = (600, 1500)
     prefix_cache_entries: int = 4096
     seed: int | None = None
     incident: dict[str, Any] = field(default_factory=dict)  # overrides applied on SIGUSR1

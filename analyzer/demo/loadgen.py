@@ -24,11 +24,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 import openai
 
-from hopline.analyzer.demo.wiring import instrumented_client
+from hopline.analyzer.demo.wiring import instrument_client
 
 CHARS_PER_TOKEN = 4  # the engine simulator estimates tokens the same way
+WARM_CONNECTIONS = 16  # a long-running service's pool is warm; only the cold client starts from zero
+POOL = httpx.Limits(max_connections=256, max_keepalive_connections=64, keepalive_expiry=60.0)
 _SYLLABLES = ("ka", "lo", "mi", "ren", "to", "vu", "sha", "pel", "dor", "ni", "que", "zam")
 
 
@@ -120,13 +123,27 @@ class LoadGenerator:
     def _base_url(self, t: Traffic) -> str:
         return f"{self.proxy_url if t.via_proxy and self.proxy_url else self.gateway_url}/v1"
 
-    def _new_client(self, t: Traffic, **limits: Any) -> openai.AsyncOpenAI:
-        http_client = instrumented_client(
-            emitter=self.emitter_for(t.service), service=t.service, verify=self.verify, **limits
+    def _new_client(self, t: Traffic, http_client: httpx.AsyncClient | None = None) -> openai.AsyncOpenAI:
+        http_client = instrument_client(
+            http_client or httpx.AsyncClient(verify=self.verify, limits=POOL),
+            emitter=self.emitter_for(t.service),
+            service=t.service,
         )
         return openai.AsyncOpenAI(
             base_url=self._base_url(t), api_key=t.api_key, http_client=http_client, max_retries=0, timeout=120.0
         )
+
+    async def warm_up(self) -> None:
+        """Open each pooled client's connections before the run (with health checks hopline does not see)."""
+
+        async def warm(t: Traffic) -> None:
+            http_client = httpx.AsyncClient(verify=self.verify, limits=POOL)
+            url = self._base_url(t).removesuffix("/v1") + "/health"
+            await asyncio.gather(*(http_client.get(url) for _ in range(WARM_CONNECTIONS)))
+            self._clients[t.service] = self._new_client(t, http_client)
+
+        pooled = {t.service: t for t in self.traffic if not t.new_connection_per_request}
+        await asyncio.gather(*(warm(t) for t in pooled.values()))
 
     def _client(self, t: Traffic) -> openai.AsyncOpenAI:
         if t.service not in self._clients:
@@ -201,6 +218,7 @@ class LoadGenerator:
             task.add_done_callback(self._tasks.discard)
 
     async def run(self) -> LiveStats:
+        """The traffic itself (call ``warm_up`` first)."""
         self.started = time.monotonic()
         await asyncio.gather(*(self._arrivals(t) for t in self.traffic))
         if self._tasks:

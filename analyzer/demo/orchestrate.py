@@ -201,6 +201,7 @@ async def drive(scenario: Scenario, stack: Stack, seconds: float, console: Conso
         grace=5.0,
         seed=seed,
     )
+    await load.warm_up()
     incident_at = scenario.incident_at * seconds
     started = time.monotonic()
 

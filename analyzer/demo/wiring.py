@@ -43,11 +43,11 @@ def gateway_hops(request: Any) -> Any:
     return hops(request)
 
 
-def instrumented_client(*, emitter: Emitter, service: str, verify: ssl.SSLContext, **kwargs: Any) -> httpx.AsyncClient:
-    """An httpx client with hopline's client transport (what ``openai.AsyncOpenAI(http_client=…)`` gets)."""
+def instrument_client(client: httpx.AsyncClient, *, emitter: Emitter, service: str) -> httpx.AsyncClient:
+    """Put hopline's client transport under ``client`` (what ``openai.AsyncOpenAI(http_client=…)`` gets)."""
     from hopline.middleware.client import instrument
 
-    return instrument(httpx.AsyncClient(verify=verify, **kwargs), emitter=emitter, service=service)
+    return instrument(client, emitter=emitter, service=service)
 
 
 def serve(app: ASGIApp, sock: socket.socket, *, certfile: str | None = None, keyfile: str | None = None) -> None:
@@ -60,5 +60,6 @@ def serve(app: ASGIApp, sock: socket.socket, *, certfile: str | None = None, key
         ssl_certfile=certfile,
         ssl_keyfile=keyfile,
         timeout_graceful_shutdown=3,
+        timeout_keep_alive=75,  # as nginx: clients' idle pooled connections stay usable
     )
     uvicorn.Server(config).run(sockets=[sock])

@@ -49,6 +49,9 @@ def events_of(emitter: Emitter) -> list[dict[str, Any]]:
     return list(emitter.sink.events)
 
 
+DEMO_SECONDS = 25  # long enough for the analyzer to see a before and an after
+
+
 def run_demo(out: Path, scenario: str, seconds: int, seed: int = 7) -> dict[str, Any]:
     """``hopline demo … --json`` in a child process; its stdout must be exactly the findings JSON."""
     argv = [sys.executable, "-m", "hopline.middleware.cli", "demo", "--seconds", str(seconds),
