@@ -2,7 +2,8 @@
 
 Two generations of sets: lookups check both, inserts go to the current one, and the current one
 becomes the previous one (the old previous is forgotten) when it holds ``capacity`` keys or is
-``window_s`` old. Memory stays under two generations whatever arrives; a retry is recognised
+``window_s`` old (checked once per batch, so a generation may exceed
+``capacity`` by one batch). Memory stays under two generations whatever arrives; a retry is recognised
 as long as it comes within one generation (seconds to minutes; sink retries come within seconds).
 """
 
@@ -24,13 +25,15 @@ class RecentKeys:
         """Remember ``key``; False when it was already there (a duplicate)."""
         if key in self._current or key in self._previous:
             return False
-        current = self._current
-        if len(current) >= self.capacity or time.monotonic() - self._started > self.window_s:
-            self._previous = current
-            current = self._current = set()
-            self._started = time.monotonic()
-        current.add(key)
+        self._current.add(key)
         return True
+
+    def rotate_if_due(self) -> None:
+        """Start a new generation when the current one is full or old (call once per batch)."""
+        if len(self._current) >= self.capacity or time.monotonic() - self._started > self.window_s:
+            self._previous = self._current
+            self._current = set()
+            self._started = time.monotonic()
 
     def forget(self, keys: list[Hashable]) -> None:
         """Drop keys again (their events could not be stored, so a retry must be accepted)."""

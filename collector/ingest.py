@@ -113,16 +113,17 @@ class Ingestor:
         lines: list[bytes] = []
         keys: list = []
         rejected = result.rejected
+        self.dedup.rotate_if_due()
         remember = self.dedup.add
         loads = orjson.loads
         for number, obj, line in numbered:
             try:
                 if line is not None:
-                    if not line.strip():
-                        continue
                     try:
                         obj = loads(line)
                     except orjson.JSONDecodeError as exc:
+                        if not line.strip():
+                            continue  # blank lines are skipped (and counted in line numbers)
                         raise EventError(f"not JSON: {exc}") from None
                 event = validate_event(obj)
             except EventError as exc:

@@ -31,13 +31,17 @@ from hopline.middleware.contract import (
     ATTRIBUTE_SOURCES,
     ERROR_HOPS,
     FINAL_HOPS,
+    HOPS,
     RATIOS,
     STAGE_NAMES,
+    component,
     compute_stages,
     negative_stages,
 )
 
 FINAL_HOP_SET = frozenset(h for hops in FINAL_HOPS.values() for h in hops)
+# hop -> (component, is a final hop): one dict lookup per event on the hot path
+HOP_INFO = {hop: (component(hop), hop in FINAL_HOP_SET) for hop in HOPS}
 ENGINE_DONE = frozenset(FINAL_HOPS["engine"])
 # The hops of a healthy request in the order it meets them; the first one absent (of the
 # components that reported) names why an unfinished request is incomplete. Hops that not every
@@ -240,9 +244,8 @@ class Joiner:
                 continue
             req.lines.append(line)
             hop = ev["hop"]
-            comp, _, _ = hop.partition(".")
-            attempt = ev.get("attempt", 0)
-            final = hop in FINAL_HOP_SET
+            comp, final = HOP_INFO[hop]
+            attempt = ev["attempt"]
             progress = req.progress.get(comp)
             if progress is None:
                 req.progress[comp] = [attempt, final]

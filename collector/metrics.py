@@ -21,6 +21,7 @@ from hopline.collector.histogram import ExemplarHistogram
 from hopline.middleware.contract import TIME_STAGES
 
 OTHER = "other"
+ENGINE_CHILDREN_CACHE = 4096
 UNKNOWN = "unknown"
 
 
@@ -119,6 +120,8 @@ class Recorder:
         self.model = LabelCap(label_cap)
         self.replica = LabelCap(label_cap)
         self._children: dict[tuple, Any] = {}
+        # raw (model, replica) of engine events -> (in-flight, KV) children (bounded)
+        self._engine_children: dict[tuple[str | None, str | None], tuple[Any, Any]] = {}
 
     def _child(self, metric: Any, labels: tuple[str, ...]) -> Any:
         key = (id(metric), labels)
@@ -146,10 +149,15 @@ class Recorder:
 
     def engine_load(self, model: str | None, replica: str | None, requests: int, kv_bytes: int) -> None:
         """Add (or with negative numbers remove) in-flight requests and their KV bytes on a replica."""
-        labels = (self.model(model), self.replica(replica))
-        self._child(self.m.in_flight, labels).inc(requests)
+        children = self._engine_children.get((model, replica))
+        if children is None:
+            labels = (self.model(model), self.replica(replica))
+            children = (self.m.in_flight.labels(*labels), self.m.kv_cache_bytes.labels(*labels))
+            if len(self._engine_children) < ENGINE_CHILDREN_CACHE:
+                self._engine_children[(model, replica)] = children
+        children[0].inc(requests)
         if kv_bytes:
-            self._child(self.m.kv_cache_bytes, labels).inc(kv_bytes)
+            children[1].inc(kv_bytes)
 
     # -- per finished request -------------------------------------------------------------------
 

@@ -1,0 +1,264 @@
+"""Collector benchmark: ingest throughput (in-process and over HTTP) and memory under 1M requests.
+
+    /work/venv/bin/python bench/bench_collector.py            # everything (a few minutes)
+    /work/venv/bin/python bench/bench_collector.py --only ingest|http|memory
+
+Ingest: batches of 1,000 events (12 hops per request: client, gateway and engine with stats),
+metrics and the durable store on (fsync per batch), measured as wall time and as the process's
+CPU time (the machine is shared: CPU time per event is the steadier figure). Side by side in the
+same run: bare ``orjson.loads`` and ``contract.validate_event`` of the same lines, and the ingest
+path's parts, to show where the time goes.
+
+HTTP: ``python -m hopline.collector`` in its own process (pinned to CPU 0 when taskset exists),
+posted to by 2 client threads here (pinned to CPU 1) with NDJSON bodies of 1,000 events; the
+server's CPU time comes from /proc.
+
+Memory: 1M requests through the ingest path (4 engine hops each; 10% never finish: no
+last_token / stats), RSS sampled at 100k / 500k / 1M requests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import orjson
+import psutil
+
+from hopline.collector.app import build_collector
+from hopline.collector.config import CollectorConfig
+from hopline.middleware.contract import new_eid, validate_event
+
+BATCH = 1000
+
+
+def full_request(rid: str, t: float) -> list[bytes]:
+    """The 12 hop events of one healthy streaming request through client, gateway and engine."""
+    c = {"service": "kite-chat"}
+    g = {"service": "gw", "replica": "gw-0"}
+    e = {"service": "engine", "replica": f"r{hash(rid) % 4}", "model": "m"}
+    hops = [
+        ("client.sent", 0.0, {**c, "stream": True, "conn_reused": True}),
+        ("gateway.received", 0.01, g),
+        ("gateway.admitted", 0.011, g),
+        ("gateway.forwarded", 0.012, {**g, "upstream": e["replica"]}),
+        ("engine.received", 0.02, {**e, "stream": True, "n": 1, "max_tokens": 256, "max_tokens_set": True, "prompt_tokens": 1200}),
+        ("engine.first_token", 0.2, e),
+        ("gateway.first_token", 0.21, g),
+        ("client.first_token", 0.22, c),
+        ("engine.last_token", 1.2, {**e, "output_tokens": 100, "finish_reason": "stop"}),
+        ("engine.stats", 1.21, {**e, "queue_s": 0.05, "prefill_s": 0.1, "decode_s": 1.0, "prompt_tokens": 1200, "output_tokens": 100}),
+        ("gateway.last_token", 1.22, g),
+        ("client.last_token", 1.23, {**c, "output_tokens": 100, "finish_reason": "stop"}),
+    ]
+    return [
+        orjson.dumps({"v": 1, "eid": new_eid(), "ts": t + dt, "request_id": rid, "hop": hop, "attempt": 0, **attrs})
+        for hop, dt, attrs in hops
+    ]
+
+
+def engine_request(rid: str, t: float, finishes: bool) -> list[bytes]:
+    """4 engine hops (2 when the request never finishes)."""
+    e = {"service": "engine", "replica": f"r{hash(rid) % 4}", "model": "m"}
+    hops = [
+        ("engine.received", 0.0, {**e, "stream": True, "prompt_tokens": 500}),
+        ("engine.first_token", 0.1, e),
+    ]
+    if finishes:
+        hops += [("engine.last_token", 1.0, {**e, "output_tokens": 50}), ("engine.stats", 1.01, {**e, "queue_s": 0.01})]
+    return [orjson.dumps({"v": 1, "eid": new_eid(), "ts": t + dt, "request_id": rid, "hop": h, **a}) for h, dt, a in hops]
+
+
+def batches_of(lines: list[bytes]) -> list[bytes]:
+    return [b"\n".join(lines[i : i + BATCH]) + b"\n" for i in range(0, len(lines), BATCH)]
+
+
+def cpu_us_per(fn, n: int) -> float:
+    start = time.process_time()
+    fn()
+    return (time.process_time() - start) / n * 1e6
+
+
+# -- ingest in-process ---------------------------------------------------------------------------
+
+
+def bench_ingest(requests: int) -> None:
+    t = time.time()
+    lines = [line for i in range(requests) for line in full_request(f"req-{i:09d}", t + i * 1e-3)]
+    batches = batches_of(lines)
+    n = len(lines)
+    print(f"## ingest in-process: {n:,} events, {len(batches)} batches of {BATCH}, 12 hops/request")
+    ref_loads = cpu_us_per(lambda: [orjson.loads(x) for x in lines], n)
+    objs = [orjson.loads(x) for x in lines]
+    ref_validate = cpu_us_per(lambda: [validate_event(o) for o in objs], n)
+    print(f"reference: orjson.loads {ref_loads:.2f} µs/event, contract.validate_event {ref_validate:.2f} µs/event")
+    for fsync in ("batch", "none"):
+        tmp = Path(tempfile.mkdtemp(prefix="hopline-bench-"))
+        c = build_collector(CollectorConfig(data_dir=tmp, grace_s=0, fsync=fsync))
+        c.store.open()
+
+        async def run() -> None:
+            for body in batches:
+                await c.ingestor.ingest(body)
+
+        wall0, cpu0 = time.perf_counter(), time.process_time()
+        asyncio.run(run())
+        wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+        c.ingestor.close()
+        assert c.joiner.counts["complete"] == requests, c.joiner.counts
+        print(
+            f"full ingest (metrics + store, fsync={fsync}): {n / wall:,.0f} events/s wall, "
+            f"{cpu / n * 1e6:.2f} µs CPU/event = {n / cpu:,.0f} events per CPU-second "
+            f"({cpu / n * 1e6 / ref_loads:.1f}x orjson.loads)"
+        )
+        shutil.rmtree(tmp)
+    # the parts, each on its own
+    tmp = Path(tempfile.mkdtemp(prefix="hopline-bench-"))
+    c = build_collector(CollectorConfig(data_dir=tmp, grace_s=0, fsync="batch"))
+    c.store.open()
+    parsed: list = []
+    parse = cpu_us_per(lambda: parsed.extend(c.ingestor.parse(b, "ndjson") for b in batches), n)
+    join = cpu_us_per(lambda: [c.joiner.add(p[0], p[1]) for p in parsed], n)
+    data = [b"\n".join(p[1]) + b"\n" for p in parsed]
+    wall0 = time.perf_counter()
+    store = cpu_us_per(lambda: [c.store.append(d) for d in data], n)
+    store_wall = (time.perf_counter() - wall0) / len(data) * 1e3
+    print(
+        f"parts, µs CPU/event: parse+validate+dedup {parse:.2f}, join+stages+metrics {join:.2f}, "
+        f"store write+fsync {store:.2f} (wall {store_wall:.2f} ms per 1,000-event fsync, on the writer thread)"
+    )
+    c.ingestor.close()
+    shutil.rmtree(tmp)
+
+
+# -- over HTTP -----------------------------------------------------------------------------------
+
+
+def _proc_cpu(pid: int) -> float:
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
+
+
+def bench_http(requests: int) -> None:
+    t = time.time()
+    lines = [line for i in range(requests) for line in full_request(f"h-{i:09d}", t + i * 1e-3)]
+    batches = batches_of(lines)
+    n = len(lines)
+    tmp = Path(tempfile.mkdtemp(prefix="hopline-bench-"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    pin = ["taskset", "-c", "0"] if shutil.which("taskset") else []
+    proc = subprocess.Popen(
+        [*pin, sys.executable, "-m", "hopline.collector", "--data-dir", str(tmp), "--port", str(port), "--grace", "0"],
+        stderr=subprocess.DEVNULL,
+    )
+    if pin:
+        os.sched_setaffinity(0, {1})
+    url = f"http://127.0.0.1:{port}/v1/events"
+    try:
+        while True:
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
+                break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        work = list(batches)
+        lock = threading.Lock()
+
+        def client() -> None:
+            with httpx.Client(timeout=30, headers={"Content-Type": "application/x-ndjson"}) as http:
+                while True:
+                    with lock:
+                        if not work:
+                            return
+                        body = work.pop()
+                    r = http.post(url, content=body)
+                    assert r.status_code == 200 and r.json()["accepted"] == BATCH, r.text
+
+        cpu0, wall0 = _proc_cpu(proc.pid), time.perf_counter()
+        threads = [threading.Thread(target=client) for _ in range(2)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        wall, cpu = time.perf_counter() - wall0, _proc_cpu(proc.pid) - cpu0
+        print(f"## ingest over HTTP: {n:,} events in {len(batches)} POSTs of {BATCH} (2 client threads, fsync=batch)")
+        print(
+            f"{n / wall:,.0f} events/s wall; server {cpu / n * 1e6:.2f} µs CPU/event = {n / cpu:,.0f} events per "
+            f"server CPU-second"
+        )
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+        if pin:
+            os.sched_setaffinity(0, set(range(os.cpu_count() or 1)))
+        shutil.rmtree(tmp)
+
+
+# -- memory --------------------------------------------------------------------------------------
+
+
+def bench_memory(total: int, max_open: int) -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="hopline-bench-"))
+    c = build_collector(CollectorConfig(data_dir=tmp, grace_s=0, fsync="batch", max_open_requests=max_open))
+    c.store.open()
+    me = psutil.Process()
+    rss0 = me.memory_info().rss
+    print(f"## memory: {total:,} requests (4 engine hops; every 10th never finishes), max_open={max_open:,}")
+    checkpoints = {100_000, 500_000, 1_000_000, total}
+    chunk = 25_000
+    t = time.time()
+    wall0 = time.perf_counter()
+
+    async def run() -> None:
+        for start in range(0, total, chunk):
+            lines = [
+                line
+                for i in range(start, start + chunk)
+                for line in engine_request(f"m-{i:09d}", t + i * 1e-4, finishes=i % 10 != 9)
+            ]
+            for body in batches_of(lines):
+                await c.ingestor.ingest(body)
+            done = start + chunk
+            if done in checkpoints:
+                rss = me.memory_info().rss
+                print(
+                    f"after {done:>9,} requests: RSS {rss / 2**20:7.1f} MiB (+{(rss - rss0) / 2**20:6.1f} over start), "
+                    f"open {len(c.joiner.open):,}, finished LRU {len(c.joiner.finished):,}, "
+                    f"dedup keys {len(c.ingestor.dedup):,}, evicted {c.joiner.counts['evicted']:,}"
+                )
+
+    asyncio.run(run())
+    print(f"({time.perf_counter() - wall0:.0f} s wall)")
+    c.ingestor.close()
+    shutil.rmtree(tmp)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", choices=("ingest", "http", "memory"))
+    parser.add_argument("--requests", type=int, default=20_000, help="requests for the throughput runs (x12 events)")
+    parser.add_argument("--memory-requests", type=int, default=1_000_000)
+    parser.add_argument("--max-open", type=int, default=20_000)
+    args = parser.parse_args()
+    if args.only in (None, "ingest"):
+        bench_ingest(args.requests)
+    if args.only in (None, "http"):
+        bench_http(args.requests)
+    if args.only in (None, "memory"):
+        bench_memory(args.memory_requests, args.max_open)
+
+
+if __name__ == "__main__":
+    main()
