@@ -11,7 +11,9 @@ Variants, one 6-field event each (v, ts, request_id, hop, service, stream):
        covers both threads — hopline's whole in-process CPU per event;
   (b)  the floor: build the same dict + ``time.time()`` + ``deque.append``;
   (c)  structlog, orjson ``JSONRenderer``, ``BytesLogger`` writing to a file, cached logger:
-       what logging each hop as a line would cost.
+       what logging each hop as a line would cost;
+  (s1, s2) the worker's serialization of a 1000-event batch, per event: into one bytearray as
+       the sinks do, against a list of orjson outputs joined afterwards.
 
 The measure is the process's CPU time (``time.process_time``: all threads, user + system), not
 wall time: on a machine shared with other busy processes, wall time mostly measures waiting for
@@ -35,6 +37,7 @@ from typing import Any
 import orjson
 import structlog
 
+from hopline.middleware.contract import dumps
 from hopline.middleware.emit import Emitter
 from hopline.middleware.sinks import Encoded
 
@@ -122,7 +125,27 @@ def variants(log_path: Path) -> tuple[dict[str, Callable[[int], float]], list[Em
             total += cpu() - start
         return per_call(total, calls)
 
-    return {"a": a, "a2": a2, "b": b, "c": c}, [paused, live], log_file
+    # Worker side: serializing a 1000-event batch, the sinks' way (one bytearray) against the
+    # obvious way (a list of orjson outputs, then join), per event.
+    batch = [
+        {"v": 1, "ts": time.time(), "request_id": RID, "hop": HOP, "service": SERVICE, "stream": True,
+         "eid": f"{i:016x}"}
+        for i in range(CHUNK)
+    ]
+
+    def s1(calls: int) -> float:
+        start = cpu()
+        for _ in range(calls // CHUNK):
+            Encoded(batch)
+        return per_call(cpu() - start, calls)
+
+    def s2(calls: int) -> float:
+        start = cpu()
+        for _ in range(calls // CHUNK):
+            b"".join([dumps(event) for event in batch])
+        return per_call(cpu() - start, calls)
+
+    return {"a": a, "a2": a2, "b": b, "c": c, "s1": s1, "s2": s2}, [paused, live], log_file
 
 
 def summary(values: list[float]) -> str:
@@ -154,6 +177,8 @@ def main() -> None:
         "a2": "(a2) Emitter.emit + the worker's eid, batching and serialization",
         "b": "(b) floor: dict + time.time() + deque.append",
         "c": "(c) structlog orjson JSONRenderer -> file, cached",
+        "s1": "(s1) worker: serialize a 1000-event batch into one bytearray (sinks.Encoded)",
+        "s2": "(s2) worker: the same as a list of orjson lines, then join",
     }
     print(f"python {sys.version.split()[0]}, structlog {structlog.__version__}, orjson {orjson.__version__}; "
           f"{args.rounds} rounds x {args.calls} calls per variant; CPU µs per call, median [min, max] over rounds")
@@ -168,6 +193,7 @@ def main() -> None:
     print(f"| a/b (emit vs floor) | {summary(a_over_b)} |")
     print(f"| c/a (structlog line vs emit) | {summary(c_over_a)} |")
     print(f"| a2/a (with the worker's share) | {summary(a2_over_a)} |")
+    print(f"| s2/s1 (list of lines vs one buffer) | {summary([x / y for x, y in zip(results['s2'], results['s1'])])} |")
     print()
     print(f"(a2) emitter after the run: {emitters[1].stats()}")
 
