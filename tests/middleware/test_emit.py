@@ -253,7 +253,7 @@ def test_hopline_logging_leaves_the_host_logging_alone(tmp_path, capfd) -> None:
         def emit(self, record: logging.LogRecord) -> None:
             seen_by_host.append({"stdlib": record.getMessage(), "name": record.name})
 
-    saved_structlog = structlog.get_config()
+    saved_structlog, was_configured = structlog.get_config(), structlog.is_configured()
     root = logging.getLogger()
     saved_root = (root.level, list(root.handlers))
     host_handler = HostHandler()
@@ -281,7 +281,10 @@ def test_hopline_logging_leaves_the_host_logging_alone(tmp_path, capfd) -> None:
         # hopline's line went out at WARNING although the host filters structlog at CRITICAL
         assert '"logger":"hopline"' in err and '"event":"sink_write_failed"' in err
     finally:
-        structlog.configure(**saved_structlog)
+        if was_configured:
+            structlog.configure(**saved_structlog)
+        else:
+            structlog.reset_defaults()
         root.removeHandler(host_handler)
         root.setLevel(saved_root[0])
 

@@ -353,7 +353,7 @@ def test_http_sink_against_a_closed_port_gives_up_within_its_budget(mw, capfd) -
 
 def test_http_sink_gives_up_on_a_collector_that_keeps_failing(collector) -> None:
     collector.policy = lambda batch, n: (503, None, {})
-    assert fast_sink(collector.url, retry_budget=0.3).write(events(2)) == 2
+    assert fast_sink(collector.url, retry_budget=1.0).write(events(2)) == 2
     assert len(collector.posts) > 1  # it did retry
     assert len({tuple(e["eid"] for e in body) for body in collector.bodies()}) == 1
 
