@@ -1,9 +1,11 @@
 """Emitting hop events without touching the host's request path.
 
 ``Emitter.emit`` is all a middleware calls per hop: it builds a small dict and appends it to a
-bounded deque (no serialization, no I/O, no lock, never an exception into the host). A daemon
-thread, started at the first ``emit``, drains the deque every ``flush_interval`` seconds (or as
-soon as a batch is full), gives each event its ``eid`` and hands the batch to a sink
+bounded deque (no serialization, no I/O, never an exception into the host; beyond starting the
+worker at its first call, the only lock it touches is the worker's wake-up event, once per
+``batch_size`` events, and no lock it takes is ever held across I/O).
+A daemon thread, started at the first ``emit``, drains the deque every ``flush_interval`` seconds
+(or as soon as a batch is full), gives each event its ``eid`` and hands the batch to a sink
 (``hopline.middleware.sinks``), which serializes and writes it. The ``eid`` is given once, when
 the event leaves the buffer, so every retry of a batch resends the same IDs and the collector
 can drop the duplicates.
