@@ -1,0 +1,222 @@
+"""Where the time went, in numbers: stage percentiles, shares of TTFT and end-to-end, per scope
+and per window, and goodput against SLO targets.
+
+Everything takes the per-request frame of ``timelines.timelines`` (lazy) and returns lazy
+frames of aggregates; the report collects. Percentiles interpolate linearly (numpy's default),
+as GenAI-Perf / AIPerf and ``vllm bench serve`` do, so the numbers line up with theirs.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import polars as pl
+
+from hopline.middleware.contract import STAGES, TIME_STAGES, TTFT_STAGES
+
+VIEW_STAGES = tuple(s.name for s in STAGES if s.kind == "view")
+# What TTFT is made of when the split is unavailable (DESIGN.md fallbacks) — candidates to dominate.
+TTFT_PARTS = TTFT_STAGES + tuple(s.name for s in STAGES if s.kind == "fallback")
+REPORTED = TIME_STAGES + VIEW_STAGES
+QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
+SCOPES = ("replica", "model", "service")
+NICE_WINDOWS_S = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 86400)
+TARGET_WINDOWS = 200  # auto window: the smallest nice width giving at most this many windows
+
+
+def ttft() -> pl.Expr:
+    """TTFT as the best available view sees it: the client's, else the gateway's, else the engine's."""
+    return pl.coalesce("client_ttft", "gateway_ttft", "engine_ttft")
+
+
+def e2e() -> pl.Expr:
+    """End-to-end time, best available view."""
+    return pl.coalesce("client_e2e", "gateway_e2e", "engine_e2e")
+
+
+def itl() -> pl.Expr:
+    """Per-token latency (benchmark tools' ITL / vLLM's TPOT), best available view."""
+    return pl.coalesce("client_itl", "gateway_itl", "engine_itl")
+
+
+def parse_duration(text: str) -> float:
+    """``500ms``, ``2s``, ``1m``, ``1h``, ``250us`` or a bare number of seconds -> seconds."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(us|µs|ms|s|m|min|h)?\s*", text)
+    if not match:
+        raise ValueError(f"not a duration: {text!r} (examples: 500ms, 10s, 1m)")
+    value, unit = float(match.group(1)), match.group(2) or "s"
+    return value * {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}[unit]
+
+
+def auto_window(span_s: float) -> float:
+    """A window width that suits the data's span: 1 s for a one-minute log, 1 min for hours."""
+    for width in NICE_WINDOWS_S:
+        if span_s / width <= TARGET_WINDOWS:
+            return float(width)
+    return float(NICE_WINDOWS_S[-1])
+
+
+def choose_window(spec: str | None, span_s: float) -> float:
+    if spec is None or spec == "auto":
+        return auto_window(span_s)
+    width = parse_duration(spec)
+    if width <= 0:
+        raise ValueError(f"window must be positive, got {spec!r}")
+    return width
+
+
+@dataclass(frozen=True)
+class Slo:
+    """Per-request targets in seconds; None = no target. A request is good when it meets all."""
+
+    ttft: float | None = None
+    itl: float | None = None
+    e2e: float | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> Slo:
+        """``ttft=500ms,itl=50ms,e2e=20s``."""
+        targets: dict[str, float] = {}
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            name, sep, value = part.partition("=")
+            name = name.strip().lower()
+            if not sep or name not in ("ttft", "itl", "e2e"):
+                raise ValueError(f"bad SLO {part!r}: use ttft=500ms,itl=50ms,e2e=20s")
+            targets[name] = parse_duration(value)
+        if not targets:
+            raise ValueError("empty SLO: use ttft=500ms,itl=50ms,e2e=20s")
+        return cls(**targets)
+
+    def met(self) -> pl.Expr:
+        """True when every target is met; a missing ITL (one output token) counts as met, as in
+        ``vllm bench serve`` (TPOT 0); a missing TTFT / e2e (failed request) does not."""
+        checks = [pl.lit(True)]
+        if self.ttft is not None:
+            checks.append((ttft() <= self.ttft).fill_null(False))
+        if self.itl is not None:
+            checks.append((itl() <= self.itl).fill_null(True))
+        if self.e2e is not None:
+            checks.append((e2e() <= self.e2e).fill_null(False))
+        return pl.all_horizontal(checks)
+
+    def to_dict(self) -> dict[str, float]:
+        return {f"{k}_ms": v * 1e3 for k, v in (("ttft", self.ttft), ("itl", self.itl), ("e2e", self.e2e)) if v is not None}
+
+
+def _stage_aggs(stages: tuple[str, ...] = REPORTED) -> list[pl.Expr]:
+    aggs: list[pl.Expr] = [pl.len().alias("count")]
+    for stage in stages:
+        col = pl.col(stage)
+        aggs.append(col.count().alias(f"{stage}:n"))
+        aggs.append((col.mean() * 1e3).alias(f"{stage}:mean_ms"))
+        aggs += [(col.quantile(q, "linear") * 1e3).alias(f"{stage}:{name}_ms") for name, q in QUANTILES.items()]
+        # shares: mean stage over mean TTFT / e2e of the same requests
+        both = col.is_not_null() & pl.col("_ttft").is_not_null()
+        aggs.append((col.filter(both).sum() / pl.col("_ttft").filter(both).sum()).alias(f"{stage}:share_of_ttft"))
+        both = col.is_not_null() & pl.col("_e2e").is_not_null()
+        aggs.append((col.filter(both).sum() / pl.col("_e2e").filter(both).sum()).alias(f"{stage}:share_of_e2e"))
+    aggs.append(pl.col("negative").list.len().gt(0).sum().alias("negative_requests"))
+    return aggs
+
+
+def _with_views(timelines: pl.LazyFrame) -> pl.LazyFrame:
+    return timelines.with_columns(_ttft=ttft(), _e2e=e2e())
+
+
+def stage_stats(timelines: pl.LazyFrame, by: list[str] | None = None) -> pl.LazyFrame:
+    """One row (per group of ``by``): count, and per stage ``n``, mean / p50 / p90 / p99 in ms,
+    ``share_of_ttft`` and ``share_of_e2e`` (columns ``"{stage}:{stat}"``)."""
+    frame = _with_views(timelines)
+    return frame.group_by(by).agg(_stage_aggs()) if by else frame.select(_stage_aggs())
+
+
+def stage_table(row: dict) -> dict[str, dict]:
+    """The findings contract's ``stages`` object from one ``stage_stats`` row: every stage that
+    has values, with p50/p90/p99 in ms and its share of TTFT (null for stages after it)."""
+    table = {}
+    for stage in REPORTED:
+        if not row.get(f"{stage}:n"):
+            continue
+        share = row[f"{stage}:share_of_ttft"] if stage in TTFT_PARTS else None
+        table[stage] = {
+            "p50_ms": _num(row[f"{stage}:p50_ms"]),
+            "p90_ms": _num(row[f"{stage}:p90_ms"]),
+            "p99_ms": _num(row[f"{stage}:p99_ms"]),
+            "share_of_ttft": _num(share),
+            "share_of_e2e": _num(row[f"{stage}:share_of_e2e"]) if stage in TIME_STAGES else None,
+            "mean_ms": _num(row[f"{stage}:mean_ms"]),
+            "count": row[f"{stage}:n"],
+        }
+    return table
+
+
+def dominant(table: dict[str, dict]) -> str | None:
+    """The TTFT part with the largest share (the stage to look at first)."""
+    shares = {s: v["share_of_ttft"] for s, v in table.items() if s in TTFT_PARTS and v["share_of_ttft"] is not None}
+    return max(shares, key=shares.__getitem__) if shares else None
+
+
+def _num(value: float | None, digits: int = 4) -> float | None:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return None
+    return round(float(value), digits)
+
+
+def by_scope(timelines: pl.LazyFrame, scopes: tuple[str, ...] = SCOPES) -> dict[str, list[dict]]:
+    """Per scope dimension, per value: count, the stage table and the dominant stage."""
+    out: dict[str, list[dict]] = {}
+    frames = [stage_stats(timelines, [dim]).with_columns(pl.col(dim).cast(pl.String)) for dim in scopes]
+    for dim, frame in zip(scopes, pl.collect_all(frames)):
+        rows = []
+        for row in frame.filter(pl.col(dim).is_not_null()).sort(dim).iter_rows(named=True):
+            table = stage_table(row)
+            rows.append({"scope": {dim: row[dim]}, "requests": row["count"], "dominant": dominant(table), "stages": table})
+        out[dim] = rows
+    return out
+
+
+def windowed(timelines: pl.LazyFrame, window_s: float, by: str | None = None,
+             stages: tuple[str, ...] = TTFT_PARTS + ("decode",)) -> pl.LazyFrame:
+    """Per window (and per value of ``by``): request count and p50 / p90 of each stage in ms.
+    ``window`` is the window's start (UTC datetime)."""
+    every = f"{max(1, round(window_s * 1e6))}us"
+    frame = _with_views(timelines).with_columns(
+        window=pl.from_epoch((pl.col("start") * 1e6).cast(pl.Int64), time_unit="us").dt.replace_time_zone("UTC")
+    )
+    aggs = [pl.len().alias("count")]
+    for stage in stages + ("_ttft", "_e2e"):
+        name = stage.lstrip("_")
+        aggs += [(pl.col(stage).quantile(q, "linear") * 1e3).alias(f"{name}:{k}_ms") for k, q in QUANTILES.items() if k != "p99"]
+    keys = ["window"] + ([by] if by else [])
+    return frame.with_columns(pl.col("window").dt.truncate(every)).group_by(keys).agg(aggs).sort(keys)
+
+
+def goodput(timelines: pl.LazyFrame, slo: Slo) -> dict:
+    """Requests meeting every target, per second of the log; which stage made the others miss.
+
+    The culprit is the stage whose mean grows most from requests that met the targets to those
+    that missed (``excess_ms``): the time the misses spent there beyond normal.
+    """
+    frame = _with_views(timelines).with_columns(_good=slo.met())
+    parts = TTFT_PARTS + ("decode",)
+    stats = frame.select(
+        pl.len().alias("requests"),
+        pl.col("_good").sum().alias("good"),
+        (pl.col("start").max() - pl.col("start").min()).alias("span_s"),
+        *[(pl.col(s).filter(~pl.col("_good")).mean() - pl.col(s).filter(pl.col("_good")).mean()).alias(s) for s in parts],
+    ).collect().row(0, named=True)
+    span = stats["span_s"] or 0.0
+    excess = {s: round(stats[s] * 1e3, 3) for s in parts if stats[s] is not None}
+    missed = stats["requests"] - stats["good"]
+    return {
+        "targets": slo.to_dict(),
+        "requests": stats["requests"],
+        "good": stats["good"],
+        "good_share": _num(stats["good"] / stats["requests"]) if stats["requests"] else None,
+        "goodput_rps": _num(stats["good"] / span) if span > 0 else None,
+        "missed": missed,
+        "culprit": max(excess, key=excess.__getitem__) if missed and excess else None,
+        "excess_ms": excess,
+    }

@@ -1,0 +1,370 @@
+"""When did a stage's time change, where, by how much — said in one sentence.
+
+"queue time tripled at 10:05 on replica r2 (p50 60 → 185 ms); prefill and decode unchanged;
+arrivals on r2 up 45%"
+
+Method, per scope (all traffic, each replica / service / model) and per stage:
+
+1. Candidate change times are window boundaries (the findings' ``at`` is the start of the first
+   window after the change).
+2. For every candidate at once, a Mann-Whitney U statistic of the requests before vs after it,
+   from one cumulative sum of ranks (the rank-CUSUM; O(n log n) for all splits). The split with
+   the largest |z| is the change point.
+3. It is reported only when it is significant after a Bonferroni correction for every scope ×
+   stage × candidate tested, has at least ``min_side`` requests on each side, and is large for a
+   user: the p50 (or, for stages that are mostly zero such as ``connect``, the p90) moved by
+   ``min_factor`` or more and by ``min_abs_ms`` or more.
+4. The narrowest scope wins: when some replicas (services, models) moved and the others did not,
+   the finding names those; when every value moved, the scope is ``{}`` (all traffic).
+5. What moved with it: other stages' p50, arrival rate, concurrency, prompt length and cache hits,
+   before vs after, in the same scope.
+
+The statistic is rank-based, so a few very slow requests cannot fake a shift, and skewed clocks
+cannot either (stages never mix hosts' clocks). ``tests/analyzer/test_shifts.py`` measures the
+false-positive rate on stationary logs with seeds the thresholds were not tuned on.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+import numpy as np
+import polars as pl
+
+from hopline.analyzer.attribution import TTFT_PARTS
+
+SHIFT_STAGES = TTFT_PARTS + ("decode",)
+STAGE_WORDS = {
+    "connect": "connect time",
+    "network": "network time",
+    "gateway": "gateway time",
+    "frontend": "engine frontend time",
+    "queue": "queue time",
+    "prefill": "prefill time",
+    "engine": "engine time",
+    "upstream_network": "upstream network time",
+    "upstream": "upstream time",
+    "decode": "decode time",
+}
+
+
+@dataclass(frozen=True)
+class ShiftConfig:
+    """Thresholds. Tuned on stationary and injected logs of seeds 0-9 only."""
+
+    min_factor: float = 1.5  # p50 (or p90) after / before, or its inverse
+    min_abs_ms: float = 5.0  # and at least this many ms apart
+    min_side: int = 50  # requests on each side of the split
+    alpha: float = 1e-3  # family-wise, Bonferroni over scopes x stages x candidate splits
+    max_requests: int = 200_000  # per scope; a seeded subsample beyond (plenty for a rank test)
+    unchanged_within: float = 0.15  # another stage within ±15% counts as unchanged
+    notable_change: float = 0.2  # a covariate that moved 20% or more is mentioned
+
+
+@dataclass
+class Shift:
+    stage: str
+    scope: dict[str, str]
+    at: float  # Unix seconds: the first window boundary after the change
+    statistic: str
+    before_ms: float
+    after_ms: float
+    z: float
+    requests_after: int
+    context: dict = field(default_factory=dict)
+
+    @property
+    def factor(self) -> float:
+        return self.after_ms / self.before_ms if self.before_ms > 0 else math.inf
+
+    @property
+    def impact_s(self) -> float:
+        """Users' time the change added (or saved): (after - before) x requests after it."""
+        return (self.after_ms - self.before_ms) / 1e3 * self.requests_after
+
+    def summary(self) -> str:
+        where = _scope_words(self.scope)
+        text = (
+            f"{STAGE_WORDS.get(self.stage, self.stage)} {_factor_words(self.factor)} at {_clock(self.at)}"
+            f"{' on ' + where if where else ''} ({self.statistic} {_ms(self.before_ms)} → {_ms(self.after_ms)} ms)"
+        )
+        unchanged = self.context.get("unchanged", [])
+        if unchanged:
+            text += f"; {_join(unchanged)} unchanged"
+        for name, change in self.context.get("moved", {}).items():
+            text += f"; {STAGE_WORDS.get(name, name).replace(' time', '')} {_percent_words(change)}"
+        for name, change in self.context.get("covariates", {}).items():
+            if abs(change) >= self.context.get("notable", 0.2):
+                text += f"; {name}{' on ' + _scope_value(self.scope) if self.scope else ''} {_percent_words(change)}"
+        return text
+
+    def to_finding(self) -> dict:
+        return {
+            "kind": "shift",
+            "summary": self.summary(),
+            "stage": self.stage,
+            "at": _iso(self.at),
+            "scope": self.scope,
+            "statistic": self.statistic,
+            "before_ms": round(self.before_ms, 3),
+            "after_ms": round(self.after_ms, 3),
+            "factor": round(self.factor, 3) if math.isfinite(self.factor) else None,
+            "z": round(self.z, 2),
+            "affected_requests": self.requests_after,
+            "impact_s": round(self.impact_s, 3),
+            "context": self.context,
+        }
+
+
+# --- words ------------------------------------------------------------------------------------
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(round(ts), tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _clock(ts: float) -> str:
+    moment = datetime.fromtimestamp(round(ts), tz=timezone.utc)
+    return moment.strftime("%H:%M" if moment.second == 0 else "%H:%M:%S")
+
+
+def _ms(value: float) -> str:
+    return f"{value:.0f}" if value >= 10 else f"{value:.1f}"
+
+
+def _factor_words(factor: float) -> str:
+    for target, word in ((2, "doubled"), (3, "tripled"), (4, "quadrupled")):
+        if abs(factor / target - 1) <= 0.08:
+            return word
+    if abs(factor * 2 - 1) <= 0.08:
+        return "halved"
+    return f"rose {factor:.1f}×" if factor > 1 else f"fell {1 / factor:.1f}×"
+
+
+def _percent_words(change: float) -> str:
+    return f"up {change * 100:.0f}%" if change >= 0 else f"down {-change * 100:.0f}%"
+
+
+def _join(names: list[str]) -> str:
+    words = [STAGE_WORDS.get(n, n).replace(" time", "") for n in names]
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
+def _scope_value(scope: dict[str, str]) -> str:
+    return ", ".join(scope.values())
+
+
+def _scope_words(scope: dict[str, str]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in scope.items())
+
+
+# --- statistics -------------------------------------------------------------------------------
+
+
+def _average_ranks(values: np.ndarray) -> np.ndarray:
+    """Ranks 1..n, ties sharing their average rank (as Mann-Whitney wants)."""
+    order = np.argsort(values, kind="stable")
+    sorted_vals = values[order]
+    _, first, counts = np.unique(sorted_vals, return_index=True, return_counts=True)
+    avg = first + (counts + 1) / 2.0  # average of ranks first+1 .. first+count
+    ranks = np.empty(len(values))
+    ranks[order] = np.repeat(avg, counts)
+    return ranks
+
+
+def split_z(values: np.ndarray, splits: np.ndarray) -> np.ndarray:
+    """Mann-Whitney z of "after > before" for each split index k (before = values[:k])."""
+    n = len(values)
+    cum = np.concatenate(([0.0], np.cumsum(_average_ranks(values))))
+    k = splits.astype(np.float64)
+    u_before = cum[splits] - k * (k + 1) / 2
+    mean = k * (n - k) / 2
+    sd = np.sqrt(k * (n - k) * (n + 1) / 12.0)
+    return (mean - u_before) / sd
+
+
+def z_threshold(alpha: float, tests: int) -> float:
+    """Two-sided normal critical value for ``alpha / tests`` (bisection on erfc)."""
+    target = alpha / max(tests, 1)
+    lo, hi = 0.0, 40.0
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        if math.erfc(mid / math.sqrt(2)) > target:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+@dataclass
+class _Detection:
+    stage: str
+    scope: dict[str, str]
+    at: float
+    statistic: str
+    before_ms: float
+    after_ms: float
+    z: float
+    after_n: int
+
+    @property
+    def up(self) -> bool:
+        return self.after_ms > self.before_ms
+
+    @property
+    def factor_estimate(self) -> float:
+        return max(self.after_ms, 1e-9) / max(self.before_ms, 1e-9)
+
+
+def _detect(t: np.ndarray, x: np.ndarray, boundaries: np.ndarray, z_crit: float, cfg: ShiftConfig,
+            stage: str, scope: dict[str, str]) -> _Detection | None:
+    n = len(x)
+    if n < 2 * cfg.min_side:
+        return None
+    ks = np.searchsorted(t, boundaries)
+    ok = (ks >= cfg.min_side) & (ks <= n - cfg.min_side)
+    if not ok.any():
+        return None
+    ks, bs = ks[ok], boundaries[ok]
+    z = split_z(x, ks)
+    best = int(np.argmax(np.abs(z)))
+    if abs(z[best]) < z_crit:
+        return None
+    k = int(ks[best])
+    before, after = x[:k], x[k:]
+    for statistic, q in (("p50", 50), ("p90", 90)):
+        b, a = np.percentile(before, q) * 1e3, np.percentile(after, q) * 1e3
+        lo, hi = min(a, b), max(a, b)
+        if hi - lo >= cfg.min_abs_ms and (lo <= 0 or hi / lo >= cfg.min_factor) and (a > b) == (z[best] > 0):
+            return _Detection(stage, scope, float(bs[best]), statistic, float(b), float(a), float(z[best]), n - k)
+    return None
+
+
+def _ratio_at(frame: pl.DataFrame, det: _Detection) -> float | None:
+    """after / before of ``det``'s statistic, at ``det``'s time, in another scope's requests."""
+    q = 0.5 if det.statistic == "p50" else 0.9
+    before = frame.filter(pl.col("start") < det.at)[det.stage].quantile(q, "linear")
+    after = frame.filter(pl.col("start") >= det.at)[det.stage].quantile(q, "linear")
+    return after / before if before and after is not None else None
+
+
+def _narrowest(found: list[_Detection], tested: dict[str, list[str]], frames: dict[str, pl.DataFrame]) -> list[_Detection]:
+    """For one stage: the scopes the change lives in (see module docstring, step 4).
+
+    A dimension explains the change when some of its values moved and the others did not move
+    even half as much (in log terms) at the same time.
+    """
+    overall = [d for d in found if not d.scope]
+    best: list[_Detection] = []
+    for dim, values in tested.items():
+        hits = [d for d in found if dim in d.scope]
+        hit_values = {d.scope[dim] for d in hits}
+        if not hits or len(hit_values) == len(values):
+            continue
+        weakest = min(abs(math.log(d.factor_estimate)) for d in hits)
+        others = [_ratio_at(frames[_key({dim: v})], hits[0]) for v in values if v not in hit_values]
+        if any(r is not None and r > 0 and abs(math.log(r)) > weakest / 2 for r in others):
+            continue
+        if not best or max(d.z**2 for d in hits) > max(d.z**2 for d in best):
+            best = hits
+    if best and (not overall or all(d.up == overall[0].up for d in best)):
+        return best
+    if overall:
+        return overall
+    by_dim = [[d for d in found if dim in d.scope] for dim in tested]
+    return next((hits for hits in by_dim if hits), [])
+
+
+def _context(frame: pl.DataFrame, det: _Detection, stages: list[str], cfg: ShiftConfig) -> dict:
+    """Other stages and the load, before vs after, in the finding's scope."""
+    before = frame.filter(pl.col("start") < det.at)
+    after = frame.filter(pl.col("start") >= det.at)
+    unchanged, moved = [], {}
+    for stage in stages:
+        if stage == det.stage:
+            continue
+        b, a = before[stage].median(), after[stage].median()
+        if b is None or a is None or b <= 0:
+            continue
+        change = a / b - 1
+        if abs(change) <= cfg.unchanged_within:
+            unchanged.append(stage)
+        elif abs(a - b) * 1e3 >= cfg.min_abs_ms:
+            moved[stage] = round(change, 3)
+
+    def load(part: pl.DataFrame) -> dict[str, float | None]:
+        span = (part["start"].max() or 0) - (part["start"].min() or 0)
+        e2e = part.select(pl.coalesce("client_e2e", "gateway_e2e", "engine_e2e").sum()).item()
+        prompt, cached = part["prompt_tokens"].sum(), part["cached_tokens"].sum()
+        return {
+            "arrivals": part.height / span if span > 0 else None,
+            "concurrency": e2e / span if span > 0 and e2e else None,
+            "prompt length": part["prompt_tokens"].median(),
+            "cache hits": cached / prompt if prompt else None,
+        }
+
+    lb, la = load(before), load(after)
+    covariates = {k: round(la[k] / lb[k] - 1, 3) for k in lb if lb[k] and la[k] is not None}
+    return {"unchanged": unchanged, "moved": moved, "covariates": covariates, "notable": cfg.notable_change,
+            "before": {k: _round(v) for k, v in lb.items()}, "after": {k: _round(v) for k, v in la.items()}}
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(float(value), 4)
+
+
+def find_shifts(
+    timelines: pl.DataFrame,
+    window_s: float,
+    dims: tuple[str, ...] = ("replica", "service", "model"),
+    config: ShiftConfig = ShiftConfig(),
+    seed: int = 0,
+) -> list[Shift]:
+    """Shifts in ``timelines`` (collected), narrowest scope first, largest impact first."""
+    cfg = config
+    frame = timelines.filter(pl.col("start").is_not_null()).sort("start")
+    if frame.height < 2 * cfg.min_side:
+        return []
+    stages = [s for s in SHIFT_STAGES if frame[s].null_count() < frame.height]
+    t_min, t_max = frame["start"].min(), frame["start"].max()
+    boundaries = np.arange(math.floor(t_min / window_s) + 1, math.floor(t_max / window_s) + 1) * window_s
+    scopes: list[dict[str, str]] = [{}]
+    tested: dict[str, list[str]] = {}
+    for dim in dims:
+        counts = frame.group_by(dim).len().filter(pl.col(dim).is_not_null() & (pl.col("len") >= 2 * cfg.min_side))
+        values = sorted(counts[dim].cast(pl.String).to_list())
+        if len(values) >= 2:
+            tested[dim] = values
+            scopes += [{dim: v} for v in values]
+    z_crit = z_threshold(cfg.alpha, len(scopes) * len(stages) * max(len(boundaries), 1))
+    rng = np.random.default_rng(seed)
+    found: dict[str, list[_Detection]] = {s: [] for s in stages}
+    sub_frames: dict[str, pl.DataFrame] = {}
+    for scope in scopes:
+        sub = frame
+        for dim, value in scope.items():
+            sub = sub.filter(pl.col(dim).cast(pl.String) == value)
+        sub_frames[_key(scope)] = sub
+        if sub.height > cfg.max_requests:
+            sub = sub[np.sort(rng.choice(sub.height, cfg.max_requests, replace=False))]
+        starts = sub["start"].to_numpy()
+        for stage in stages:
+            values = sub[stage].to_numpy()
+            keep = ~np.isnan(values)
+            det = _detect(starts[keep], values[keep], boundaries, z_crit, cfg, stage, scope)
+            if det is not None:
+                found[stage].append(det)
+    shifts = []
+    for stage, dets in found.items():
+        for det in _narrowest(dets, tested, sub_frames) if dets else []:
+            shifts.append(
+                Shift(det.stage, det.scope, det.at, det.statistic, det.before_ms, det.after_ms, det.z, det.after_n,
+                      _context(sub_frames[_key(det.scope)], det, stages, cfg))
+            )
+    return sorted(shifts, key=lambda s: -abs(s.impact_s))
+
+
+def _key(scope: dict[str, str]) -> str:
+    return repr(sorted(scope.items()))
