@@ -65,8 +65,8 @@ def test_engine_dashboard_queries_return_vllm_and_hopline_data(tmp_path: Path, d
     events.mkdir()
     vllm = engine_test.start_server(root, vport, events / "engine.ndjson", tmp_path / "serve.log")
     collector = subprocess.Popen(
-        [sys.executable, "-m", "hopline.collector", "--data-dir", str(tmp_path / "store"), "--port", str(cport),
-         "--grace", "0.5s", "--fsync", "none", "--tail", f"{events}/*.ndjson*",
+        [sys.executable, "-m", "hopline.collector", "--data-dir", str(tmp_path / "store"),
+         "--port", str(cport), "--grace", "0.5s", "--fsync", "none", "--tail", f"{events}/*.ndjson*",
          "--model-config", f"{engine_test.MODEL}={root / 'tiny'}"],
         stdout=(tmp_path / "collector.log").open("wb"), stderr=subprocess.STDOUT)  # fmt: skip
     write(tmp_path / "out")
