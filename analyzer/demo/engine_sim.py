@@ -80,12 +80,12 @@ class EngineConfig:
     model: ModelShape = ModelShape()
     gpu_memory_gib: float = 24.0
     gpu_memory_utilization: float = 0.9
-    max_num_seqs: int = 32
+    max_num_seqs: int = 24
     max_model_len: int = 16384
     chunked_prefill: bool = True
     max_num_batched_tokens: int = 1024  # per step, with chunked prefill
     step_base_s: float = 0.010  # a forward pass's fixed cost (weights read once per step)
-    step_per_seq_s: float = 0.0004  # + per running sequence (KV reads)
+    step_per_seq_s: float = 0.0002  # + per running sequence (KV reads)
     prefill_per_token_s: float = 0.00004  # + per prompt token computed in the step
     frontend_s: float = 0.001  # HTTP parsing, chat template, tokenization
     frontend_per_token_s: float = 0.0000005

@@ -170,9 +170,16 @@ def main(argv: list[str] | None = None) -> None:
     upstreams = dict(item.split("=", 1) for item in args.upstream)
     keys = {key: (float(rate), float(burst)) for key, (rate, burst) in orjson.loads(args.keys).items()}
     emitter = make_emitter(args.sink, service="gateway", replica="gw-0")
+    app = create_app(upstreams, keys)
+    observed = gateway_middleware(app, emitter)
+
+    async def health_unobserved(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        """Health checks (the clients' pool warm-up, load balancers) are not LLM requests: no hops."""
+        await (app if scope["type"] == "http" and scope["path"] == "/health" else observed)(scope, receive, send)
+
     sock = listening_socket()
     announce_port(args.port_file, sock.getsockname()[1])
-    serve(gateway_middleware(create_app(upstreams, keys), emitter), sock, certfile=args.certfile, keyfile=args.keyfile)
+    serve(health_unobserved, sock, certfile=args.certfile, keyfile=args.keyfile)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Client traffic for the demo: the real OpenAI SDK over TLS, through hopline's client transport.
 
 Each ``Traffic`` is one client population (one ``service``): requests arrive as a Poisson process
-at ``rate`` per second between two moments of the run; each request continues one of ``users``
+at ``rate`` per second between two moments of the run (or, for a batch job, from a fixed number
+of workers that each send the next request when the previous one is answered); each request continues one of ``users``
 conversations (the history grows turn by turn, so the prompt does too, and the gateway's
 affinity keeps the conversation on the replica whose prefix cache holds it). Prompt sizes are
 log-normal; answers are as long as the engine decides, capped by ``max_tokens`` unless the
@@ -56,7 +57,8 @@ class Traffic:
     """One client population. ``start`` / ``stop`` are fractions of the run."""
 
     service: str
-    rate: float  # requests per second, Poisson arrivals
+    rate: float  # requests per second, Poisson arrivals...
+    concurrency: int | None = None  # ...or this many workers, each sending its next request when one ends
     api_key: str = "sk-demo-chat"
     users: int = 50  # conversations
     pinned_user: str | None = None  # every request in one `user` (a batch job): one replica
@@ -217,10 +219,26 @@ class LoadGenerator:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
+    async def _workers(self, t: Traffic) -> None:
+        """A closed loop (a batch job with ``concurrency`` workers) from ``start`` to ``stop``."""
+        begin, end = self.started + t.start * self.seconds, self.started + t.stop * self.seconds
+        await asyncio.sleep(max(0.0, begin - time.monotonic()))
+
+        async def worker() -> None:
+            while time.monotonic() < end:
+                await self._request(t)
+
+        assert t.concurrency is not None
+        for _ in range(t.concurrency):
+            task = asyncio.create_task(worker())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
     async def run(self) -> LiveStats:
         """The traffic itself (call ``warm_up`` first)."""
         self.started = time.monotonic()
-        await asyncio.gather(*(self._arrivals(t) for t in self.traffic))
+        await asyncio.gather(*(self._workers(t) if t.concurrency else self._arrivals(t) for t in self.traffic))
+        await asyncio.sleep(max(0.0, self.started + self.seconds - time.monotonic()))
         if self._tasks:
             _, late = await asyncio.wait(set(self._tasks), timeout=self.grace)
             for task in late:

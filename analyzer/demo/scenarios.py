@@ -65,7 +65,8 @@ class Scenario:
         keys: dict[str, tuple[float, float]] = {}
         for t in self.traffic():
             rate, burst = keys.get(t.api_key, (0.0, 0.0))
-            keys[t.api_key] = (rate + 10 * t.rate, burst + max(20, 10 * t.rate))
+            peak = 10 * t.rate + 20 * (t.concurrency or 0)
+            keys[t.api_key] = (rate + peak, burst + max(20, peak))
         return keys
 
 
@@ -74,19 +75,20 @@ SCENARIOS: dict[str, Scenario] = {
     for s in (
         Scenario(
             "queue-burst",
-            "a batch job's burst, pinned to replica r2 by its conversation key",
+            "a batch job with 28 workers starts, pinned to replica r2 by its conversation key",
             expect={"kind": "shift", "stage": "queue", "scope": {"replica": "r2"}},
             incident_traffic=(
                 Traffic(
                     "batch-eval",
-                    rate=6.0,
+                    rate=0.0,
+                    concurrency=28,
                     api_key="sk-demo-batch",
                     pinned_user=pinned_user("batch-eval", "r2"),
                     system_tokens=200,
                     prompt_median_tokens=300,
                     prompt_sigma=0.5,
                     max_turns=1,
-                    max_tokens=256,
+                    max_tokens=128,
                 ),
             ),
         ),
