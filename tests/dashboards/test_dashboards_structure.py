@@ -17,7 +17,7 @@ from grafana_foundation_sdk.cog.plugins import register_default_plugins
 from grafana_foundation_sdk.models.dashboard import Dashboard as DashboardModel
 
 from hopline.dashboards import vllm_metrics
-from hopline.dashboards.base import ALERTS_EXPR
+from hopline.dashboards.base import ALERT_ANNOTATION_EXTRAS, ALERTS_EXPR
 from hopline.dashboards.promql import GRAFANA_SAMPLE_VALUES, VARIABLES
 from hopline.middleware.contract import TTFT_STAGES, VIEWS
 
@@ -62,6 +62,12 @@ def test_round_trips_through_the_sdk_parser_keeping_every_panel_and_query(dashbo
     assert essentials(once) == essentials(model)
     assert [v["name"] for v in once["templating"]["list"]] == [v["name"] for v in model["templating"]["list"]]
     assert once["uid"] == model["uid"] and once["title"] == model["title"]
+    # the SDK's AnnotationQuery has no Prometheus fields (titleFormat, step, ...): they are added to
+    # the JSON after building, and a round trip keeps everything but them
+    (annotation,) = once["annotations"]["list"]
+    added = {k: v for k, v in model["annotations"]["list"][0].items() if k not in annotation}
+    assert added == ALERT_ANNOTATION_EXTRAS
+    assert {**annotation, **added} == model["annotations"]["list"][0]
 
 
 @pytest.mark.parametrize("name", [LIFECYCLE, ENGINE])
