@@ -1,0 +1,102 @@
+"""``hopline analyze``: event logs in; stages, shifts and pitfalls out (terminal, JSON, HTML)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import orjson
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
+
+from hopline.analyzer import attribution, io, report
+from hopline.analyzer.timelines import timelines
+
+HELP = """Where did the time go? Per-request timelines, stage percentiles, shifts and pitfalls.
+
+PATH: NDJSON / Parquet event files, folders, or the collector's store (DIR/events/date=…/hour=…).
+
+Example: [bold]hopline analyze /var/log/hopline/ --since 2026-01-05T10:00 --slo ttft=500ms,itl=50ms[/bold]
+
+It prints the stage table and findings such as "queue time tripled at 10:05 on replica r2 (p50 60 → 185 ms); prefill and decode unchanged; arrivals on r2 up 45%". Add --json for the findings object, --html report.html for an HTML report.
+"""
+
+
+def _dims(text: str) -> tuple[str, ...]:
+    dims = tuple(d.strip() for d in text.split(",") if d.strip())
+    unknown = [d for d in dims if d not in attribution.SCOPES]
+    if unknown:
+        raise typer.BadParameter(f"unknown scope {', '.join(unknown)}: choose from {', '.join(attribution.SCOPES)}")
+    return dims
+
+
+def analyze_command(
+    paths: list[Path] = typer.Argument(..., help="Event files or folders (NDJSON, Parquet, collector store)."),
+    since: str | None = typer.Option(None, help="Only events at or after this time (ISO-8601, UTC by default, or Unix seconds)."),
+    until: str | None = typer.Option(None, help="Only events at or before this time."),
+    window: str = typer.Option("auto", help="Window for shifts and series: auto, or e.g. 10s, 1m."),
+    by: str = typer.Option("replica,model,service", help="Scopes to break down and search for shifts."),
+    slo: str | None = typer.Option(None, help="Targets for goodput, e.g. ttft=500ms,itl=50ms,e2e=20s."),
+    json_out: bool = typer.Option(False, "--json", help="Print the findings object as JSON (nothing else on stdout)."),
+    html: Path | None = typer.Option(None, "--html", help="Also write an HTML report to this file."),
+    kv_config: Path | None = typer.Option(
+        None, help="Model config.json: adds KV-cache memory to the no_max_tokens evidence."
+    ),
+) -> None:
+    err = Console(stderr=True)
+    try:
+        dims = _dims(by)
+        slo_targets = attribution.Slo.parse(slo) if slo else None
+        if window != "auto":
+            attribution.parse_duration(window)
+        kv_bytes = None
+        if kv_config is not None:
+            from hopline.analyzer.kv import KVConfigError, KVSpec
+
+            try:
+                kv_bytes = KVSpec.from_config(kv_config).bytes_per_token
+            except KVConfigError as exc:
+                raise typer.BadParameter(str(exc), param_hint="--kv-config") from exc
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+
+    try:
+        files = io.find_files(paths, io.to_epoch(since), io.to_epoch(until))
+    except (FileNotFoundError, ValueError) as exc:
+        err.print(f"hopline analyze: {exc}", markup=False)
+        raise typer.Exit(2) from exc
+    if not files:
+        err.print(f"hopline analyze: no event files (*.ndjson, *.jsonl, *.parquet) under {', '.join(map(str, paths))}", markup=False)
+        raise typer.Exit(2)
+
+    with Progress(
+        SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+        console=err, transient=True, disable=not err.is_terminal,
+    ) as progress:
+        task = progress.add_task("reading events", total=len(files))
+
+        def advance(path: Path) -> None:
+            progress.update(task, advance=1, description=f"reading {path.name}")
+
+        events, scan = io.scan_events(files, since=since, until=until, progress=advance)
+        progress.update(task, description="building timelines")
+        frame = timelines(events).collect()
+        progress.update(task, description="finding shifts and pitfalls")
+        result = report.analyze(frame, window=window, by=dims, slo=slo_targets, scan=scan, kv_bytes_per_token=kv_bytes)
+
+    if html is not None:
+        from hopline.analyzer.html import render_html
+
+        render_html(result, frame, html)
+    if json_out:
+        sys.stdout.buffer.write(orjson.dumps(result, option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE))
+        sys.stdout.flush()
+    else:
+        report.render(result, Console())
+        if html is not None:
+            Console().print(f"HTML report: {html}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command(name="analyze", help=HELP)(analyze_command)

@@ -1,0 +1,165 @@
+"""The analysis as one object (the findings contract of DESIGN.md) and as a terminal report.
+
+``analyze`` takes collected timelines and returns the JSON-ready dict ``hopline analyze --json``
+prints; ``render`` draws the same dict with rich tables. Keys beyond the contract
+(``by_scope``, ``goodput``, ``negative_stages``, ``missing_hops``, ``outcomes``, ``scan``, ``span``)
+are additive.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import polars as pl
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from hopline.analyzer import attribution
+from hopline.analyzer.attribution import Slo
+from hopline.analyzer.io import ScanReport
+from hopline.analyzer.pitfalls import find_pitfalls
+from hopline.analyzer.shifts import find_shifts
+from hopline.middleware.contract import STAGE_NAMES
+
+
+def _iso(ts: float | None) -> str | None:
+    return None if ts is None else datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _counts(series: pl.Series) -> dict[str, int]:
+    return {str(k): int(v) for k, v in series.value_counts(sort=True).iter_rows()}
+
+
+def analyze(
+    timelines: pl.DataFrame,
+    *,
+    window: str | None = None,
+    by: tuple[str, ...] = attribution.SCOPES,
+    slo: Slo | None = None,
+    scan: ScanReport | None = None,
+    kv_bytes_per_token: int | None = None,
+) -> dict:
+    """Stages, findings (shifts and pitfalls, largest effect on users' time first) and context."""
+    n = timelines.height
+    start, end = timelines["start"].min(), timelines["start"].max()
+    span = (end - start) if n else 0.0
+    window_s = attribution.choose_window(window, span or 0.0)
+    overall = attribution.stage_stats(timelines.lazy()).collect().row(0, named=True) if n else {}
+    stages = attribution.stage_table(overall) if n else {}
+    shifts = [s.to_finding() for s in find_shifts(timelines, window_s, dims=by)] if n else []
+    pitfalls = find_pitfalls(timelines, kv_bytes_per_token=kv_bytes_per_token) if n else []
+    findings = sorted(shifts + pitfalls, key=lambda f: -abs(f.get("impact_s") or 0.0))
+    negative = timelines.select(pl.col("negative").explode().drop_nulls())["negative"] if n else pl.Series([], dtype=pl.String)
+    missing = timelines.select(pl.col("missing").explode().drop_nulls())["missing"] if n else pl.Series([], dtype=pl.String)
+    result: dict = {
+        "requests": n,
+        "window_s": window_s,
+        "stages": stages,
+        "findings": findings,
+        "dominant": attribution.dominant(stages),
+        "span": {"start": _iso(start), "end": _iso(end), "seconds": round(span or 0.0, 3)},
+        "outcomes": _counts(timelines["outcome"].cast(pl.String)) if n else {},
+        "negative_stages": {
+            "requests": int(timelines["negative"].list.len().gt(0).sum()) if n else 0,
+            "by_stage": _counts(negative),
+        },
+        "missing_hops": {
+            "requests": int(timelines["missing"].list.len().gt(0).sum()) if n else 0,
+            "by_hop": _counts(missing),
+        },
+        "by_scope": attribution.by_scope(timelines.lazy(), tuple(d for d in by if d in timelines.columns)) if n else {},
+    }
+    if slo is not None and n:
+        result["goodput"] = attribution.goodput(timelines.lazy(), slo)
+    if scan is not None:
+        result["scan"] = scan.to_dict()
+    return result
+
+
+# --- terminal ---------------------------------------------------------------------------------
+
+
+def _fmt(value: float | None, unit: str = "") -> str:
+    if value is None:
+        return "–"
+    if unit == "%":
+        return f"{value * 100:.0f}%"
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:,.1f}"
+
+
+def _stage_table(title: str, stages: dict[str, dict]) -> Table:
+    table = Table(title=title, title_justify="left", header_style="bold")
+    table.add_column("stage")
+    for name in ("count", "p50 ms", "p90 ms", "p99 ms", "of TTFT", "of e2e"):
+        table.add_column(name, justify="right")
+    for stage in STAGE_NAMES:
+        row = stages.get(stage)
+        if row is None:
+            continue
+        table.add_row(
+            stage, f"{row['count']:,}", _fmt(row["p50_ms"]), _fmt(row["p90_ms"]), _fmt(row["p99_ms"]),
+            _fmt(row["share_of_ttft"], "%"), _fmt(row["share_of_e2e"], "%"),
+        )
+    return table
+
+
+def render(result: dict, console: Console) -> None:
+    """The analysis for a person: what to look at first, then the numbers behind it."""
+    span = result["span"]
+    console.print(
+        f"[bold]{result['requests']:,} requests[/] from {span['start']} to {span['end']} "
+        f"({span['seconds']:,.0f} s, window {result['window_s']:g} s)"
+    )
+    if result["findings"]:
+        table = Table(title="Findings (largest effect on users' time first)", title_justify="left", header_style="bold")
+        for name in ("#", "kind", "finding", "requests"):
+            table.add_column(name, justify="right" if name in ("#", "requests") else "left")
+        for i, f in enumerate(result["findings"], 1):
+            table.add_row(str(i), f["kind"], Text(f["summary"]), f"{f.get('affected_requests', 0):,}")
+        console.print(table)
+    else:
+        console.print("[green]No shifts or pitfalls found.[/]")
+    console.print(_stage_table("Stages (all requests)", result["stages"]))
+    if result.get("dominant"):
+        console.print(f"Largest part of TTFT: [bold]{result['dominant']}[/]")
+    for dim, rows in result.get("by_scope", {}).items():
+        if len(rows) < 2:
+            continue
+        table = Table(title=f"By {dim}", title_justify="left", header_style="bold")
+        table.add_column(dim)
+        table.add_column("requests", justify="right")
+        table.add_column("dominant")
+        shown = [s for s in attribution.TTFT_PARTS + ("decode",) if any(s in r["stages"] for r in rows)]
+        for stage in shown:
+            table.add_column(f"{stage} p50", justify="right")
+        for r in rows:
+            table.add_row(
+                r["scope"][dim], f"{r['requests']:,}", r["dominant"] or "–",
+                *[_fmt(r["stages"].get(s, {}).get("p50_ms")) for s in shown],
+            )
+        console.print(table)
+    good = result.get("goodput")
+    if good:
+        targets = ", ".join(f"{k.removesuffix('_ms')} ≤ {v:g} ms" for k, v in good["targets"].items())
+        line = f"Goodput ({targets}): {good['good']:,} of {good['requests']:,} requests met every target"
+        if good["goodput_rps"] is not None:
+            line += f", {good['goodput_rps']:.2f} req/s"
+        if good["culprit"]:
+            line += f"; misses spent most extra time in [bold]{good['culprit']}[/] (+{good['excess_ms'][good['culprit']]:.0f} ms)"
+        console.print(line)
+    outcomes = ", ".join(f"{k} {v:,}" for k, v in result["outcomes"].items())
+    console.print(f"Outcomes: {outcomes or '–'}")
+    neg = result["negative_stages"]
+    if neg["requests"]:
+        detail = ", ".join(f"{k} {v:,}" for k, v in neg["by_stage"].items())
+        console.print(f"[yellow]{neg['requests']:,} requests have negative stages ({detail}): instrumentation or clock problem[/]")
+    miss = result["missing_hops"]
+    if miss["requests"]:
+        detail = ", ".join(f"{k} {v:,}" for k, v in list(miss["by_hop"].items())[:6])
+        console.print(f"{miss['requests']:,} requests miss hops ({detail})")
+    scan = result.get("scan")
+    if scan:
+        console.print(f"Read {scan['files']} files, {scan['lines']:,} lines; {scan['bad_lines']:,} bad lines")
+        for err in scan["errors"]:
+            console.print(f"  {err}", style="red", markup=False, highlight=False)
