@@ -92,50 +92,91 @@ def cpu_us_per(fn, n: int) -> float:
 # -- ingest in-process ---------------------------------------------------------------------------
 
 
-def bench_ingest(requests: int) -> None:
+def _ingest_once(batches: list[bytes], fsync: str, requests: int) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) to ingest ``batches`` into a fresh collector."""
+    tmp = Path(tempfile.mkdtemp(prefix="hopline-bench-"))
+    c = build_collector(CollectorConfig(data_dir=tmp, grace_s=0, fsync=fsync))
+    c.store.open()
+
+    async def run() -> None:
+        for body in batches:
+            await c.ingestor.ingest(body)
+
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    asyncio.run(run())
+    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    c.ingestor.close()
+    assert c.joiner.counts["complete"] == requests, c.joiner.counts
+    shutil.rmtree(tmp)
+    return wall, cpu
+
+
+def _histograms(n: int) -> tuple[float, float]:
+    """CPU µs per observe with a request_id exemplar: prometheus_client's bound child vs ours."""
+    from prometheus_client import CollectorRegistry, Histogram
+
+    from hopline.collector.histogram import ExemplarHistogram
+    from hopline.collector.metric_names import LATENCY_BUCKETS
+
+    reg = CollectorRegistry()
+    theirs = Histogram("a", "a", ("x",), buckets=LATENCY_BUCKETS, registry=reg).labels("1")
+    ours = ExemplarHistogram("b", "b", ("x",), buckets=LATENCY_BUCKETS, registry=reg).labels("1")
+    ex = {"request_id": "5f0b8a7c9d2e4f6a8b1c3d5e7f9a0b2c"}
+    values = [(i % 1000) / 500 for i in range(n)]
+    return (
+        cpu_us_per(lambda: [theirs.observe(v, ex) for v in values], n),
+        cpu_us_per(lambda: [ours.observe(v, ex) for v in values], n),
+    )
+
+
+def _median(xs: list[float]) -> str:
+    xs = sorted(xs)
+    return f"{xs[len(xs) // 2]:.2f} [{xs[0]:.2f}, {xs[-1]:.2f}]"
+
+
+def bench_ingest(requests: int, rounds: int) -> None:
     t = time.time()
     lines = [line for i in range(requests) for line in full_request(f"req-{i:09d}", t + i * 1e-3)]
     batches = batches_of(lines)
     n = len(lines)
-    print(f"## ingest in-process: {n:,} events, {len(batches)} batches of {BATCH}, 12 hops/request")
-    ref_loads = cpu_us_per(lambda: [orjson.loads(x) for x in lines], n)
     objs = [orjson.loads(x) for x in lines]
-    ref_validate = cpu_us_per(lambda: [validate_event(o) for o in objs], n)
-    print(f"reference: orjson.loads {ref_loads:.2f} µs/event, contract.validate_event {ref_validate:.2f} µs/event")
-    for fsync in ("batch", "none"):
-        tmp = Path(tempfile.mkdtemp(prefix="hopline-bench-"))
-        c = build_collector(CollectorConfig(data_dir=tmp, grace_s=0, fsync=fsync))
-        c.store.open()
-
-        async def run() -> None:
-            for body in batches:
-                await c.ingestor.ingest(body)
-
-        wall0, cpu0 = time.perf_counter(), time.process_time()
-        asyncio.run(run())
-        wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
-        c.ingestor.close()
-        assert c.joiner.counts["complete"] == requests, c.joiner.counts
-        print(
-            f"full ingest (metrics + store, fsync={fsync}): {n / wall:,.0f} events/s wall, "
-            f"{cpu / n * 1e6:.2f} µs CPU/event = {n / cpu:,.0f} events per CPU-second "
-            f"({cpu / n * 1e6 / ref_loads:.1f}x orjson.loads)"
+    rows: dict[str, list[float]] = {}
+    for r in range(rounds):
+        order = ["batch", "none"] if r % 2 == 0 else ["none", "batch"]
+        rows.setdefault("ref: orjson.loads, µs CPU/event", []).append(cpu_us_per(lambda: [orjson.loads(x) for x in lines], n))
+        rows.setdefault("ref: contract.validate_event, µs CPU/event", []).append(
+            cpu_us_per(lambda: [validate_event(o) for o in objs], n)
         )
-        shutil.rmtree(tmp)
-    # the parts, each on its own
+        for fsync in order:
+            wall, cpu = _ingest_once(batches, fsync, requests)
+            rows.setdefault(f"full ingest fsync={fsync}: µs CPU/event", []).append(cpu / n * 1e6)
+            rows.setdefault(f"full ingest fsync={fsync}: events per CPU-second (k)", []).append(n / cpu / 1e3)
+            rows.setdefault(f"full ingest fsync={fsync}: events/s wall (k)", []).append(n / wall / 1e3)
+            rows.setdefault(f"ratio: full ingest fsync={fsync} / orjson.loads (CPU)", []).append(
+                cpu / n * 1e6 / rows["ref: orjson.loads, µs CPU/event"][-1]
+            )
+        theirs, ours = _histograms(200_000)
+        rows.setdefault("observe+exemplar, prometheus_client bound child, µs", []).append(theirs)
+        rows.setdefault("observe+exemplar, ExemplarHistogram child, µs", []).append(ours)
+        rows.setdefault("ratio: prometheus_client / ExemplarHistogram observe", []).append(theirs / ours)
+    print(f"## ingest in-process: {n:,} events in {len(batches)} batches of {BATCH} (12 hops/request), {rounds} rounds")
+    print("| measure | median [min, max] |\n|---|---|")
+    for name, values in rows.items():
+        print(f"| {name} | {_median(values)} |")
+    # where the time goes, one pass
     tmp = Path(tempfile.mkdtemp(prefix="hopline-bench-"))
     c = build_collector(CollectorConfig(data_dir=tmp, grace_s=0, fsync="batch"))
     c.store.open()
     parsed: list = []
     parse = cpu_us_per(lambda: parsed.extend(c.ingestor.parse(b, "ndjson") for b in batches), n)
-    join = cpu_us_per(lambda: [c.joiner.add(p[0], p[1]) for p in parsed], n)
+    join = cpu_us_per(lambda: [c.joiner.add(p[0]) for p in parsed], n)
     data = [b"\n".join(p[1]) + b"\n" for p in parsed]
     wall0 = time.perf_counter()
     store = cpu_us_per(lambda: [c.store.append(d) for d in data], n)
     store_wall = (time.perf_counter() - wall0) / len(data) * 1e3
     print(
-        f"parts, µs CPU/event: parse+validate+dedup {parse:.2f}, join+stages+metrics {join:.2f}, "
-        f"store write+fsync {store:.2f} (wall {store_wall:.2f} ms per 1,000-event fsync, on the writer thread)"
+        f"\nparts (one pass), µs CPU/event: parse+validate+dedup {parse:.2f}, join+stages+metrics {join:.2f}, "
+        f"store write+fsync {store:.2f} (wall {store_wall:.2f} ms per 1,000-event write+fsync, on the writer thread)"
     )
     c.ingestor.close()
     shutil.rmtree(tmp)
@@ -251,9 +292,10 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=20_000, help="requests for the throughput runs (x12 events)")
     parser.add_argument("--memory-requests", type=int, default=1_000_000)
     parser.add_argument("--max-open", type=int, default=20_000)
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     if args.only in (None, "ingest"):
-        bench_ingest(args.requests)
+        bench_ingest(args.requests, args.rounds)
     if args.only in (None, "http"):
         bench_http(args.requests)
     if args.only in (None, "memory"):

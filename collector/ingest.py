@@ -162,7 +162,7 @@ class Ingestor:
             self.dedup.forget(keys)
             raise
         self.recorder.events(Counter(ev["hop"] for ev in events))
-        self.joiner.add(events, lines)
+        self.joiner.add(events)
         result.accepted = len(events)
         return result
 

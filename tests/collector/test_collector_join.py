@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 
-import orjson
 import pytest
 from collector_testing import GOLDEN, event, ndjson, serve
 from prometheus_client import CollectorRegistry
@@ -83,8 +82,7 @@ def make_joiner(**kw) -> tuple[Joiner, CollectorRegistry, Clock]:
 
 
 def feed(joiner: Joiner, *events: dict) -> None:
-    valid = [validate_event(e) for e in events]
-    joiner.add(valid, [orjson.dumps(e) for e in valid])
+    joiner.add([validate_event(e) for e in events])
 
 
 def test_grace_waits_for_late_stats_and_a_new_attempt_reopens():

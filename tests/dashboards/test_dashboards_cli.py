@@ -10,6 +10,7 @@ import yaml
 from typer.testing import CliRunner
 
 from hopline.dashboards import provisioning
+from hopline.dashboards.build import write
 from hopline.dashboards.cli import register
 
 EXPECTED_FILES = {
@@ -115,3 +116,11 @@ def test_help_has_an_example_and_bad_input_is_named():
     )
     bad = _run("build", "--out", "/tmp/unused", "--vllm", "r1")
     assert bad.exit_code == 2 and "REPLICA=HOST:PORT" in bad.output
+
+
+def test_the_output_is_deterministic(tmp_path: Path, built: Path):
+    # byte for byte the same on every build, so generated files can be committed and diffed
+    write(tmp_path, vllm_targets={"r1": "127.0.0.1:8001", "r2": "127.0.0.1:8002"})
+    for path in built.rglob("*"):
+        if path.is_file():
+            assert (tmp_path / path.relative_to(built)).read_bytes() == path.read_bytes(), path
