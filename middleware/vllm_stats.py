@@ -15,8 +15,12 @@ unless ``HOPLINE_SINK`` is set. Configuration, as for every hopline emitter: ``H
 The request ID is ``FinishedRequestStats.request_id`` (vLLM >= 0.20): the caller's
 ``X-Request-Id`` behind vLLM's ``chatcmpl-`` / ``cmpl-`` prefix. Older vLLM reports no ID; such
 requests are counted in ``skipped`` and nothing is emitted. vLLM gives a stat logger no request
-headers, so the attempt number comes from ``note_attempt``, which the engine middleware calls for
-requests that carry ``X-Hopline-Attempt`` > 0; everything else is attempt 0.
+headers, so the attempt number comes from ``note_attempt``, for the engine middleware to call on
+requests that carry ``X-Hopline-Attempt`` > 0 (only when this module is already loaded:
+``sys.modules.get("hopline.middleware.vllm_stats")``); everything else is attempt 0.
+
+Side effect of being installed: vLLM turns its stats collection on whenever a stat logger
+plugin exists, even with ``--disable-log-stats`` (its console logger stays off).
 """
 
 from __future__ import annotations
@@ -111,7 +115,10 @@ class HoplineStatLogger(StatLoggerBase):
         request_id = normalize_request_id(getattr(stats, "request_id", None))
         if request_id is None:
             if not self.skipped:
-                logger.warning("vllm_stats_without_request_id", hint="vLLM >= 0.20 reports request IDs")
+                logger.warning(
+                    "vllm_stats_without_request_id",
+                    hint="vLLM < 0.20 reports none; else the X-Request-Id broke the ID rule",
+                )
             self.skipped += 1
             return
         attrs: dict[str, Any] = {
