@@ -6,12 +6,27 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pytest
 
 from hopline.analyzer.io import SCHEMA
-from hopline.analyzer.timelines import COLUMNS, timelines
-from hopline.middleware.contract import STAGE_NAMES, validate_event
+from hopline.analyzer.synth import generate
+from hopline.analyzer.timelines import (
+    ATTRIBUTE_COLUMNS,
+    COLUMNS,
+    INPUT_NAMES,
+    RATIO_COLUMNS,
+    STAGE_COLUMNS,
+    timelines,
+)
+from hopline.middleware.contract import (
+    STAGE_NAMES,
+    compute_stages,
+    negative_stages,
+    request_inputs,
+    validate_event,
+)
 
 GOLDEN = json.loads((Path(__file__).parents[1] / "golden_stages.json").read_text())
 CASES = {c["name"]: c for c in GOLDEN["cases"]}
@@ -48,3 +63,84 @@ def test_golden_case_through_polars(name, golden_rows):
 
 def test_every_stage_is_a_column():
     assert set(STAGE_NAMES) <= set(COLUMNS)
+
+
+def _with_retries(events: pl.DataFrame, seed: int) -> pl.DataFrame:
+    """Extra events for a third of the requests: a later attempt of some hops (other times and
+    attributes), an earlier attempt, and exact-time duplicates — what retries, failover and sink
+    retries leave in a log. The contract's pick (highest attempt, earliest ts) must win."""
+    rng = np.random.default_rng(seed)
+    chosen = events.filter(pl.col("request_id").hash(seed) % 3 == 0)
+    later = chosen.sample(fraction=0.5, seed=seed).with_columns(
+        attempt=pl.col("attempt") + 1,
+        ts=pl.col("ts") + pl.Series(rng.uniform(-0.5, 0.5, chosen.sample(fraction=0.5, seed=seed).height)),
+        queue_s=pl.col("queue_s") * 2,
+        connect_s=pl.col("connect_s") + 0.1,
+        output_tokens=pl.col("output_tokens") + 7,
+        replica=pl.lit("r9"),
+    )
+    earlier_tie = later.with_columns(ts=pl.col("ts") + 0.25, queue_s=pl.col("queue_s") + 1)
+    duplicates = chosen.sample(fraction=0.2, seed=seed + 1)
+    return pl.concat([events, later, earlier_tie, duplicates]).sample(fraction=1.0, shuffle=True, seed=seed)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_timelines_match_the_contract_per_request(seed):
+    """Every input, attribute, stage and ratio equals contract.compute_stages on the same events,
+    with skewed host clocks, shuffled order, errors, retries and duplicates."""
+    events = _with_retries(generate(400, seed=seed, clock_skew_s=30.0, error_rate=0.05), seed)
+    got = {r["request_id"]: r for r in timelines(events.lazy()).collect().iter_rows(named=True)}
+    by_request: dict[str, list[dict]] = {}
+    for row in events.drop("attrs").iter_rows(named=True):
+        by_request.setdefault(row["request_id"], []).append({k: v for k, v in row.items() if v is not None})
+    assert set(got) == set(by_request)
+    names = INPUT_NAMES + STAGE_COLUMNS + RATIO_COLUMNS
+    for rid, evs in by_request.items():
+        want, row = compute_stages(evs), got[rid]
+        for name in names:
+            if want[name] is None:
+                assert row[name] is None, (rid, name)
+            else:
+                assert row[name] == pytest.approx(want[name], abs=1e-9), (rid, name)
+        for name, column in ATTRIBUTE_COLUMNS.items():
+            assert row[column] == request_inputs(evs)[name], (rid, name)
+        assert row["negative"] == negative_stages(want)
+
+
+def test_request_level_columns():
+    events = generate(300, seed=4, error_rate=0.1)
+    tl = timelines(events.lazy()).collect()
+    assert tl.height == 300
+    ok = tl.filter(pl.col("outcome") == "ok")
+    failed = tl.filter(pl.col("outcome") == "error")
+    assert ok.height + failed.height == 300 and failed.height > 10
+    assert ok["missing"].list.len().sum() == 0 and failed["missing"].list.len().sum() == 0
+    assert set(tl["replica"].unique()) == {"r1", "r2"}
+    assert set(tl["service"].unique()) == {"kite-chat", "search-assist"}
+    assert (tl["start"] == tl["client_sent"]).all()
+    # the identity of DESIGN.md holds for every complete streaming request
+    total = ok.select(pl.sum_horizontal("connect", "network", "gateway", "frontend", "queue", "prefill") - pl.col("client_ttft"))
+    assert total.to_series().abs().max() < 1e-9
+
+
+def test_missing_hops_and_outcomes():
+    base = {"v": 1, "attempt": 0}
+    events = [
+        # the gateway reported, the engine did not finish: incomplete, engine last token missing
+        {**base, "ts": 10.0, "request_id": "inc", "hop": "gateway.received", "stream": True},
+        {**base, "ts": 10.1, "request_id": "inc", "hop": "gateway.forwarded", "upstream": "r1"},
+        {**base, "ts": 10.2, "request_id": "inc", "hop": "engine.received", "stream": True, "replica": "r1"},
+        {**base, "ts": 10.5, "request_id": "inc", "hop": "engine.first_token", "replica": "r1"},
+        # rejected at the gateway
+        {**base, "ts": 20.0, "request_id": "rej", "hop": "gateway.received"},
+        {**base, "ts": 20.1, "request_id": "rej", "hop": "gateway.rejected", "status": 429},
+        # the client went away
+        {**base, "ts": 30.0, "request_id": "gone", "hop": "client.sent", "stream": True},
+        {**base, "ts": 31.0, "request_id": "gone", "hop": "client.error", "status": 499, "error": "client disconnected"},
+    ]
+    tl = {r["request_id"]: r for r in timelines(frame(events)).collect().iter_rows(named=True)}
+    assert tl["inc"]["outcome"] == "incomplete"
+    assert tl["inc"]["missing"] == ["gateway.first_token", "gateway.last_token", "engine.last_token"]
+    assert tl["inc"]["replica"] == "r1"
+    assert tl["rej"]["outcome"] == "rejected" and tl["rej"]["missing"] == [] and tl["rej"]["status"] == 429
+    assert tl["gone"]["outcome"] == "disconnected"
