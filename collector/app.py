@@ -76,7 +76,7 @@ async def _housekeeping(c: Collector) -> None:
         try:
             c.joiner.sweep()
             if c.config.fsync == "interval":
-                await loop.run_in_executor(c.ingestor.writer, c.store.sync)
+                await loop.run_in_executor(c.ingestor.writer, lambda: c.store.sync(force=False))
             if time.monotonic() >= next_compaction:
                 next_compaction = time.monotonic() + c.config.compact_interval_s
                 await loop.run_in_executor(None, _compact_and_expire, c)

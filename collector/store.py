@@ -161,9 +161,11 @@ class EventStore:
         self._dirty = False
         self._last_sync = time.monotonic()
 
-    def sync(self) -> None:
-        """fsync what was written (the ``interval`` policy's timer and shutdown call this)."""
+    def sync(self, *, force: bool = True) -> None:
+        """fsync what was written: always (shutdown), or when ``fsync_interval_s`` has passed (timer)."""
         with self._lock:
+            if not force and time.monotonic() - self._last_sync < self.fsync_interval_s:
+                return
             try:
                 self._sync()
             except OSError:
