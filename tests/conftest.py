@@ -1,0 +1,13 @@
+"""Repository-wide test settings.
+
+The real-vLLM tests find the engine venv and tiny model at ``$HOPLINE_VLLM_DIR``; ``.ci/setup``
+builds them at ``<repo>/.vllm``, which is the default here so the README's test command needs no
+environment variable.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+os.environ.setdefault("HOPLINE_VLLM_DIR", str(Path(__file__).resolve().parents[1] / ".vllm"))
