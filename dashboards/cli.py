@@ -7,6 +7,9 @@ from typing import Annotated
 
 import typer
 
+# imported here, not lazily: without the `dashboards` extra (grafana-foundation-sdk, pyyaml) this
+# module fails to load and `hopline` lists the command with the extra to install
+from .build import write
 from .provisioning import COLLECTOR_URL
 from .rules import DEFAULT_THRESHOLDS, Thresholds
 
@@ -64,8 +67,6 @@ def build(
         hopline dashboards build --out ./hopline-grafana --vllm r1=10.0.0.5:8000 --ttft-gap 0.3
         cd hopline-grafana && docker compose up
     """
-    from .build import write  # the SDK import is only paid by this command
-
     thresholds = Thresholds(
         queue_factor=queue_factor, queue_floor_s=queue_floor, ttft_gap_s=ttft_gap, error_ratio=error_ratio
     )
