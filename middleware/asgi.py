@@ -1,10 +1,15 @@
 """What the gateway and engine middleware share: ASGI types, request-ID adoption, response watching.
 
 ``Exchange`` is the per-request object both pure-ASGI middlewares create in ``__call__`` (never
-state on the middleware itself). It is fed every response message *after* it was forwarded, with
-the time taken just before forwarding, and emits ``<component>.first_token``, ``.last_token`` and
-``.error`` (or ``gateway.rejected``). Nothing in here may raise into the host: the middlewares call
-it inside ``try`` blocks and count what goes wrong in the emitter's ``errors``.
+state on the middleware itself). It is shown every response message as it is forwarded, with a
+``perf_counter`` reading (converted to epoch seconds only when an event is emitted), and emits
+``<component>.first_token``, ``.last_token`` and ``.error`` (or ``gateway.rejected``). Nothing in
+here may raise into the host: the middlewares call it inside ``try`` blocks and count what goes
+wrong in the emitter's ``errors``.
+
+The middlewares' ``send`` wrappers are plain functions that observe the message and return the
+server's own ``send(message)`` awaitable: no extra coroutine per chunk, which is most of what a
+send wrapper costs on a stream of small chunks.
 """
 
 from __future__ import annotations
@@ -71,20 +76,22 @@ def adopt_request_id(raw: bytes | str | None, where: str) -> str:
 
 
 def read_request_headers(scope: Scope) -> tuple[bytes | None, bytes | None]:
-    """The raw ``X-Request-Id`` and ``X-Hopline-Attempt`` values of an ASGI scope."""
+    """The raw ``X-Request-Id`` and ``X-Hopline-Attempt`` values of an ASGI scope.
+
+    ASGI servers hand over header names lower-cased (the spec requires it), so no ``lower()``.
+    """
     rid = attempt = None
     for name, value in scope.get("headers") or ():
-        lower = name.lower()
-        if lower == REQUEST_ID_HEADER:
+        if name == REQUEST_ID_HEADER:
             rid = value
-        elif lower == ATTEMPT_HEADER:
+        elif name == ATTEMPT_HEADER:
             attempt = value
     return rid, attempt
 
 
 def with_request_id(scope: Scope, request_id: str) -> Scope:
     """A shallow copy of ``scope`` whose headers carry exactly one ``x-request-id: request_id``."""
-    headers = [(k, v) for k, v in scope.get("headers") or () if k.lower() != REQUEST_ID_HEADER]
+    headers = [(k, v) for k, v in scope.get("headers") or () if k != REQUEST_ID_HEADER]
     headers.append((REQUEST_ID_HEADER, request_id.encode()))
     new = dict(scope)
     new["headers"] = headers
@@ -144,12 +151,13 @@ class Exchange:
         self.final = False  # a last_token / error / rejected event was emitted
         self.disconnected = False
 
-    def emit(self, hop: str, ts: float | None = None, **attrs: Any) -> None:
+    def emit(self, hop: str, t: float | None = None, **attrs: Any) -> None:
+        """Emit ``hop`` at ``perf_counter`` reading ``t`` (default now)."""
         if self.extra:
             attrs.update(self.extra)
-        self.emitter.emit(hop, self.request_id, ts, attempt=self.attempt, **attrs)
+        self.emitter.emit(hop, self.request_id, None if t is None else clock.from_perf(t), attempt=self.attempt, **attrs)
 
-    def fail(self, error: str, ts: float | None = None, status: int | None = None) -> None:
+    def fail(self, error: str, t: float | None = None, status: int | None = None) -> None:
         """Emit the component's error event once (its final word on the request)."""
         if self.final:
             return
@@ -157,16 +165,16 @@ class Exchange:
         if status is None:
             status = self.status
         if status is None:
-            self.emit(self._hop_error, ts, error=error)
+            self.emit(self._hop_error, t, error=error)
         else:
-            self.emit(self._hop_error, ts, error=error, status=status)
+            self.emit(self._hop_error, t, error=error, status=status)
 
-    def on_start(self, message: Message, ts: float) -> None:
+    def on_start(self, message: Message, t: float) -> None:
         status = self.status = message.get("status", 200)
         if status >= 400:
             self.final = True
             hop = self._hop_rejected if status in self._rejected else self._hop_error
-            self.emit(hop, ts, status=status, error=f"http_{status}")
+            self.emit(hop, t, status=status, error=f"http_{status}")
             return
         for name, value in message.get("headers") or ():
             if name.lower() == b"content-type":
@@ -176,22 +184,25 @@ class Exchange:
         if self._reader is None:
             self._json = []
 
-    def on_body(self, message: Message, ts: float) -> None:
-        body = message.get("body", b"")
+    def on_body(self, message: Message, t: float) -> None:
         more = message.get("more_body", False)
         if not more:
             self.complete = True
-        if self.final:
+        if self.final or self.disconnected:  # a disconnected request is reported by finish()
             return
+        body = message.get("body")
         reader = self._reader
         if reader is not None:
-            if body and reader.feed(body, ts):
-                self.emit(self._hop_first, ts)
+            if body and reader.feed(body, t):
+                self.emit(self._hop_first, t)
             if reader.error is not None:
-                self.fail(reader.error, ts, reader.error_status or self.status)
+                self.fail(reader.error, t, reader.error_status or self.status)
             elif not more:
                 self.final = True
-                self.emit(self._hop_last, ts, **reader.summary())
+                attrs = reader.summary()
+                if "max_gap_at" in attrs:
+                    attrs["max_gap_at"] = clock.from_perf(attrs["max_gap_at"])
+                self.emit(self._hop_last, t, **attrs)
             return
         parts = self._json
         if parts is not None and body:
@@ -204,10 +215,10 @@ class Exchange:
             body_bytes = b"".join(parts) if parts else b""
             error = error_summary(body_bytes)
             if error is not None:
-                self.fail(error, ts)
+                self.fail(error, t)
                 return
             self.final = True
-            self.emit(self._hop_last, ts, **response_summary(body_bytes))
+            self.emit(self._hop_last, t, **response_summary(body_bytes))
 
     def on_disconnect(self) -> None:
         """The downstream client went away (``http.disconnect`` before the response finished)."""
@@ -218,13 +229,12 @@ class Exchange:
         """After the app returned or raised: report a request that never finished."""
         if self.final:
             return
-        ts = clock.now()
         if self.disconnected or isinstance(exc, OSError):
-            self.fail("disconnected", ts)
+            self.fail("disconnected")
         elif exc is not None:
-            self.fail(_exception_label(exc), ts, self.status if self.status is not None else 500)
+            self.fail(_exception_label(exc), None, self.status if self.status is not None else 500)
         else:
-            self.fail("incomplete", ts)
+            self.fail("incomplete")
 
 
 def _exception_label(exc: BaseException) -> str:

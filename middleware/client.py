@@ -298,9 +298,6 @@ class _ObservedAsyncStream(httpx.AsyncByteStream):
         await self._stream.aclose()
 
 
-_T = TypeVar("_T")
-
-
 class _Instrumentation:
     """What both transports share: the emitter, extra attributes and the logical-call memory."""
 
@@ -333,8 +330,10 @@ class _Instrumentation:
             self.emitter.errors += 1
             return None
 
-    def install_trace(self, request: httpx.Request, call: _Call, make: Callable[[Any, _Call], _T]) -> None:
-        request.extensions = {**request.extensions, "trace": make(request.extensions.get("trace"), call)}
+
+def _add_trace(request: httpx.Request, make: Callable[[Any, _Call], Callable[..., Any]], call: _Call) -> None:
+    """Give the request our httpcore ``trace`` callback; it calls the caller's own one, if any."""
+    request.extensions = {**request.extensions, "trace": make(request.extensions.get("trace"), call)}
 
 
 def _sync_trace(previous: Callable[[str, dict], None] | None, call: _Call) -> Callable[[str, dict], None]:
@@ -369,7 +368,7 @@ class HoplineTransport(httpx.BaseTransport):
         call = hopline.begin(request, threading.get_ident())
         if call is None:
             return self.transport.handle_request(request)
-        _guarded(hopline.emitter, lambda: hopline.install_trace(request, call, _sync_trace))
+        _guarded(hopline.emitter, lambda: _add_trace(request, _sync_trace, call))
         try:
             response = self.transport.handle_request(request)
         except Exception as exc:
@@ -409,7 +408,7 @@ class AsyncHoplineTransport(httpx.AsyncBaseTransport):
         call = hopline.begin(request, _current_task_key())
         if call is None:
             return await self.transport.handle_async_request(request)
-        _guarded(hopline.emitter, lambda: hopline.install_trace(request, call, _async_trace))
+        _guarded(hopline.emitter, lambda: _add_trace(request, _async_trace, call))
         try:
             response = await self.transport.handle_async_request(request)
         except Exception as exc:

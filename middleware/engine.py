@@ -20,8 +20,9 @@ as they come; nothing is buffered on the response path.
 from __future__ import annotations
 
 import os
+from collections.abc import Awaitable
+from time import perf_counter
 
-from hopline.middleware import clock
 from hopline.middleware.asgi import (
     ASGIApp,
     Exchange,
@@ -67,7 +68,7 @@ class EngineMiddleware:
         if scope["type"] != "http" or scope.get("path") not in self.routes or self.emitter is None:
             await self.app(scope, receive, send)
             return
-        entered = clock.now()
+        entered = perf_counter()
         try:
             raw_id, raw_attempt = read_request_headers(scope)
             request_id = adopt_request_id(raw_id, "engine")
@@ -114,23 +115,18 @@ class EngineMiddleware:
                 exchange.emitter.errors += 1
             return message
 
-        async def observed_send(message: Message) -> None:
-            ts = clock.now()
-            try:
-                await send(message)
-            except OSError:
-                exchange.disconnected = True
-                raise
+        def observed_send(message: Message) -> Awaitable[None]:
             try:
                 kind = message["type"]
                 if kind == "http.response.body":
-                    exchange.on_body(message, ts)
+                    exchange.on_body(message, perf_counter())
                 elif kind == "http.response.start":
                     if not received:
                         emit_received(None)
-                    exchange.on_start(message, ts)
+                    exchange.on_start(message, perf_counter())
             except Exception:
                 exchange.emitter.errors += 1
+            return send(message)
 
         def finish(exc: BaseException | None) -> None:
             try:

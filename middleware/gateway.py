@@ -23,9 +23,10 @@ sees the ID in ``request.headers["x-request-id"]`` and the response echoes it.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+from time import perf_counter
 from typing import Any
 
-from hopline.middleware import clock
 from hopline.middleware.asgi import (
     REQUEST_ID_HEADER,
     ASGIApp,
@@ -154,28 +155,19 @@ class GatewayMiddleware:
                 exchange.on_disconnect()
             return message
 
-        async def observed_send(message: Message) -> None:
-            ts = clock.now()
-            kind = message["type"]
-            if kind == "http.response.start":
-                try:
+        def observed_send(message: Message) -> Awaitable[None]:
+            try:
+                kind = message["type"]
+                if kind == "http.response.body":
+                    exchange.on_body(message, perf_counter())
+                elif kind == "http.response.start":
                     headers = [(k, v) for k, v in message.get("headers") or () if k.lower() != REQUEST_ID_HEADER]
                     headers.append(echoed)
                     message["headers"] = headers
-                except Exception:
-                    exchange.emitter.errors += 1
-            try:
-                await send(message)
-            except OSError:
-                exchange.disconnected = True
-                raise
-            try:
-                if kind == "http.response.body":
-                    exchange.on_body(message, ts)
-                elif kind == "http.response.start":
-                    exchange.on_start(message, ts)
+                    exchange.on_start(message, perf_counter())
             except Exception:
                 exchange.emitter.errors += 1
+            return send(message)
 
         try:
             await self.app(scope, observed_receive, observed_send)

@@ -55,6 +55,10 @@ class StreamReader:
         "_after_cr",
         "_data",
         "_event",
+        "_head",
+        "_tail",
+        "_head_len",
+        "_tail_len",
         "first_at",
         "last_output_at",
         "output_chunks",
@@ -74,6 +78,10 @@ class StreamReader:
         self._after_cr = False  # the previous chunk ended with CR (maybe half a CRLF)
         self._data: list[bytes] = []  # data lines of the event being read
         self._event = b""  # its `event:` field
+        # The stream's plain-chunk template (see ``_learn``): bytes before and after the content text
+        self._head: bytes | None = None
+        self._tail = b""
+        self._head_len = self._tail_len = 0
         self.first_at: float | None = None
         self.last_output_at: float | None = None
         self.output_chunks = 0
@@ -89,22 +97,56 @@ class StreamReader:
 
     def feed(self, chunk: bytes, ts: float) -> bool:
         """Parse one network chunk received at ``ts``; True when it carried the first output."""
+        head = self._head
+        if head is not None:
+            h, t, n = self._head_len, self._tail_len, len(chunk)
+            if (
+                n > h + t
+                and chunk[:h] == head
+                and chunk[n - t :] == self._tail
+                and chunk.find(34, h, n - t) < 0  # no '"' in the content text: it is one JSON string
+                and chunk[n - t - 1] != 92  # ...not ending in a backslash that would escape the quote
+                and not (self._buf or self._data)
+            ):
+                # the stream's plain chunk again, with other text: output (``_output``, inlined)
+                self.output_chunks += 1
+                gap = ts - self.last_output_at
+                if self.max_gap_s is None or gap > self.max_gap_s:
+                    self.max_gap_s = gap
+                    self.max_gap_at = self.last_output_at
+                self.last_output_at = ts
+                return False
         had_output = self.first_at is not None
         if (
-            not self._buf
-            and not self._data
-            and not self._after_cr
-            and chunk.startswith(b"data:")
+            chunk.startswith(b"data: ")
+            and chunk.find(b"\n") == len(chunk) - 2
             and chunk.endswith(b"\n\n")
-            and chunk.count(b"\n") == 2
-            and b"\r" not in chunk
+            and not (self._buf or self._data or self._after_cr)
         ):
-            # the common case: exactly one single-line event per chunk
-            payload = chunk[5:-2]
-            self._dispatch(payload[1:] if payload[:1] == b" " else payload, b"", ts)
+            if self._dispatch(chunk[6:-2], b"", ts) and head is None:
+                self._learn(chunk)
         else:
             self._feed_lines(chunk, ts)
         return not had_output and self.first_at is not None
+
+    def _learn(self, chunk: bytes) -> None:
+        """Remember a plain chunk as the template for the rest of the stream.
+
+        A plain chunk is one complete event with exactly one choice, whose delta is only a
+        non-empty ``content``, unfinished, with no usage and no error (``_dispatch`` decided).
+        Engines send the same bytes around the content text in every such chunk (id, model,
+        ``"finish_reason":null``...), so a later chunk made of the same head, a content text
+        without quotes, and the same tail is the same kind of event: ``feed`` counts it without
+        decoding JSON. That keeps the per-chunk cost of a long stream small.
+        """
+        if chunk.count(b'"content":"') != 1:
+            return
+        start = chunk.find(b'"content":"') + 11
+        end = chunk.find(b'"', start)
+        if end <= start or chunk.find(b"\\", start, end) >= 0:
+            return
+        self._head, self._tail = chunk[:start], chunk[end:]
+        self._head_len, self._tail_len = start, len(chunk) - end
 
     def _feed_lines(self, chunk: bytes, ts: float) -> None:
         if self._after_cr and chunk.startswith(b"\n"):
@@ -138,25 +180,26 @@ class StreamReader:
                 self._event = line[6:].strip()
             # comments (":"), id:, retry: and unknown fields carry nothing hopline reads
 
-    def _dispatch(self, payload: bytes, event: bytes, ts: float) -> None:
+    def _dispatch(self, payload: bytes, event: bytes, ts: float) -> bool:
+        """Read one event; True when it is a plain chunk (see ``_learn``)."""
         if payload.strip() == _DONE:
             self.done = True
-            return
+            return False
         try:
             obj = orjson.loads(payload)
         except orjson.JSONDecodeError:
             self.malformed += 1
             if event == b"error" and self.error is None:
                 self.error = "stream_error"
-            return
+            return False
         if not isinstance(obj, dict):
             self.malformed += 1
-            return
+            return False
         err = obj.get("error")
         if err or event == b"error":
             if self.error is None:
                 self.error, self.error_status = _describe_error(err)
-            return
+            return False
         usage = obj.get("usage")
         if isinstance(usage, dict):
             out, prompt = usage.get("completion_tokens"), usage.get("prompt_tokens")
@@ -166,7 +209,7 @@ class StreamReader:
                 self.prompt_tokens = prompt
         choices = obj.get("choices")
         if not choices or not isinstance(choices, list):
-            return
+            return False
         output = False
         for choice in choices:
             if _output_in_choice(choice):
@@ -174,17 +217,31 @@ class StreamReader:
             reason = choice.get("finish_reason") if isinstance(choice, dict) else None
             if isinstance(reason, str):
                 self.finish_reason = reason[:32]
-        if output:
-            self.output_chunks += 1
-            last = self.last_output_at
-            if last is None:
-                self.first_at = ts
-            else:
-                gap = ts - last
-                if self.max_gap_s is None or gap > self.max_gap_s:
-                    self.max_gap_s = gap
-                    self.max_gap_at = last
-            self.last_output_at = ts
+        if not output:
+            return False
+        self._output(ts)
+        choice = choices[0]
+        return (
+            len(choices) == 1
+            and choice.get("finish_reason") is None
+            and usage is None
+            and isinstance(choice.get("delta"), dict)
+            and choice["delta"].keys() == {"content"}
+            and isinstance(choice["delta"]["content"], str)
+        )
+
+    def _output(self, ts: float) -> None:
+        """Count an event carrying output and track the largest gap between such events."""
+        self.output_chunks += 1
+        last = self.last_output_at
+        if last is None:
+            self.first_at = ts
+        else:
+            gap = ts - last
+            if self.max_gap_s is None or gap > self.max_gap_s:
+                self.max_gap_s = gap
+                self.max_gap_at = last
+        self.last_output_at = ts
 
     def summary(self) -> dict[str, Any]:
         """The ``*.last_token`` attributes (None values are left out)."""

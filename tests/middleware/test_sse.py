@@ -160,3 +160,27 @@ def test_response_and_error_summaries():
     assert response_summary(b"\x00\xff") == {}
     assert error_summary(orjson.dumps({"error": {"type": "bad\nrequest", "message": "SECRET"}})) == "stream_error:badrequest"
     assert error_summary(body) is None
+
+
+TRICKY = [
+    chat({"content": 'say \\"content\\":\\"\\" and \\"finish_reason\\":null'}),  # look-alike text, escaped
+    chat({"content": 'a "quoted" "finish_reason":"stop" word'}),
+    chat({"content": "x"}, "stop"),  # content and finish in one chunk
+    event({"choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": None},
+                       {"index": 1, "delta": {"content": "y"}, "finish_reason": "length"}]}),
+    chat({"content": "x"}, usage={"prompt_tokens": 1, "completion_tokens": 2}),
+    chat({"content": "x"}, error={"type": "Overloaded"}),
+    chat({"reasoning_content": "r", "content": ""}),
+    chat({"content": "x", "tool_calls": []}),
+    event({"choices": [{"index": 0, "delta": {"content": "x"}, "logprobs": {"content": []}, "finish_reason": None}]}),
+]
+
+
+def test_fast_path_agrees_with_full_parse():
+    """Single-event chunks may skip JSON decoding; a comment line in front forces the exact path."""
+    for chunk in TRICKY:
+        fast, slow = StreamReader(), StreamReader()
+        fast.feed(chunk, 1.0)
+        slow.feed(b": force the line parser\n" + chunk, 1.0)
+        state = lambda r: (r.first_at, r.output_chunks, r.finish_reason, r.output_tokens, r.error, r.malformed)  # noqa: E731
+        assert state(fast) == state(slow), chunk

@@ -1,0 +1,242 @@
+"""What EngineMiddleware costs a streaming ASGI server, next to no middleware and OpenTelemetry's.
+
+    python bench/bench_asgi.py                    # 8 rounds x 2000 requests per variant
+    python bench/bench_asgi.py --rounds 4 --requests 1000 --concurrency 16
+
+One small Starlette app streams an OpenAI-style SSE response (34 chunks: role, 30 content, finish,
+usage, [DONE]; no sleeps). Each variant runs in its own uvicorn process (uvloop + httptools),
+started once, pinned to CPU0; the load generator (raw asyncio sockets on keep-alive connections,
+so that the server and not the client is the bottleneck) is pinned to CPU1:
+
+* ``bare``: the app alone;
+* ``hopline``: ``EngineMiddleware`` emitting every hop to a file sink (the background writer
+  thread runs in the server process, so its CPU is counted);
+* ``hopline_null``: the same with the null sink (events built and queued, then discarded): the
+  middleware's own cost without serialization and I/O;
+* ``otel``: ``OpenTelemetryMiddleware`` with a ``TracerProvider`` and a ``BatchSpanProcessor``
+  exporting to a no-op exporter (defaults: one span per send/receive);
+* ``otel_lean``: the same with ``exclude_spans=["receive", "send"]``.
+
+Rounds alternate the variant order (reversed on odd rounds). Per round and variant we measure
+server CPU per request (utime + stime from ``/proc/<pid>/stat``) and requests per second; ratios
+vs ``bare`` are taken within a round, and we print their median [min, max] over rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+VARIANTS = ("bare", "hopline", "hopline_null", "otel", "otel_lean")
+PATH = "/v1/chat/completions"
+CONTENT_CHUNKS = 30
+REQUEST_BODY = (
+    b'{"model":"tiny","messages":[{"role":"user","content":"Tell me a story about a lighthouse."}],'
+    b'"stream":true,"max_tokens":30,"stream_options":{"include_usage":true}}'
+)
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+# --- server side (runs in the child process) ------------------------------------------------------
+
+
+def build_app(variant: str, events_path: str):
+    import orjson
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import StreamingResponse
+    from starlette.routing import Route
+
+    def chunk(delta: dict | None, finish: str | None = None, **extra: object) -> bytes:
+        choices = [] if delta is None else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
+        obj = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 1, "model": "tiny",
+               "choices": choices, **extra}
+        return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+    role = chunk({"role": "assistant", "content": ""})
+    words = [chunk({"content": f" word{i}"}) for i in range(CONTENT_CHUNKS)]
+    tail = [chunk({}, "length"), chunk(None, usage={"prompt_tokens": 9, "completion_tokens": 30, "total_tokens": 39}),
+            b"data: [DONE]\n\n"]
+
+    async def generate(request: Request) -> StreamingResponse:
+        await request.body()
+
+        async def stream():
+            yield role
+            for word in words:
+                yield word
+            for part in tail:
+                yield part
+
+        return StreamingResponse(stream(), media_type="text/event-stream")
+
+    app = Starlette(routes=[Route(PATH, generate, methods=["POST"])])
+    if variant.startswith("hopline"):
+        from hopline.middleware.emit import Emitter
+        from hopline.middleware.engine import EngineMiddleware
+
+        sink = "null" if variant == "hopline_null" else f"file:{events_path}"
+        return EngineMiddleware(app, emitter=Emitter(sink, replica="r1"))
+    if variant.startswith("otel"):
+        from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+        class NoopExporter(SpanExporter):
+            def export(self, spans):
+                return SpanExportResult.SUCCESS
+
+        provider = TracerProvider()
+        provider.add_span_processor(BatchSpanProcessor(NoopExporter()))
+        exclude = ["receive", "send"] if variant == "otel_lean" else None
+        return OpenTelemetryMiddleware(app, tracer_provider=provider, exclude_spans=exclude)
+    return app
+
+
+def serve(variant: str, port: int, events_path: str) -> None:
+    import uvicorn
+
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {0})
+    uvicorn.run(build_app(variant, events_path), host="127.0.0.1", port=port, log_level="warning",
+                access_log=False, loop="uvloop", http="httptools", lifespan="off")
+
+
+# --- load side ----------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
+
+
+async def _worker(port: int, count: list[int], stop_at: int) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    request = (
+        f"POST {PATH} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(REQUEST_BODY)}\r\n\r\n"
+    ).encode() + REQUEST_BODY
+    try:
+        while count[0] < stop_at:
+            count[0] += 1
+            writer.write(request)
+            buf = b""
+            while not buf.endswith(b"\r\n0\r\n\r\n"):  # end of the chunked body
+                data = await reader.read(65536)
+                if not data:
+                    raise ConnectionError("server closed the connection")
+                buf = buf[-16:] + data
+    finally:
+        writer.close()
+
+
+async def _load(port: int, requests: int, concurrency: int) -> float:
+    count = [0]
+    start = time.perf_counter()
+    await asyncio.gather(*(_worker(port, count, requests) for _ in range(concurrency)))
+    return time.perf_counter() - start
+
+
+def run_load(port: int, requests: int, concurrency: int) -> float:
+    try:
+        import uvloop
+
+        return uvloop.run(_load(port, requests, concurrency))
+    except ImportError:
+        return asyncio.run(_load(port, requests, concurrency))
+
+
+def wait_listening(port: int, proc: subprocess.Popen, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError("server did not start")
+
+
+def summarize(values: list[float]) -> str:
+    return f"{statistics.median(values):.3f} [{min(values):.3f}, {max(values):.3f}]"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--requests", type=int, default=2000, help="requests per variant per round")
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--serve", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--events", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        serve(args.serve, args.port, args.events)
+        return
+
+    variants = args.variants.split(",")
+    tmp = tempfile.mkdtemp(prefix="hopline-bench-")
+    servers: dict[str, tuple[subprocess.Popen, int]] = {}
+    try:
+        for variant in variants:
+            port = free_port()
+            proc = subprocess.Popen([sys.executable, __file__, "--serve", variant, "--port", str(port),
+                                     "--events", os.path.join(tmp, f"{variant}.ndjson")])
+            servers[variant] = (proc, port)
+        for variant, (proc, port) in servers.items():
+            wait_listening(port, proc)
+        if hasattr(os, "sched_setaffinity") and os.cpu_count() and os.cpu_count() > 1:
+            os.sched_setaffinity(0, {1})
+        for proc, port in servers.values():  # warm-up
+            run_load(port, args.requests // 4, args.concurrency)
+
+        cpu: dict[str, list[float]] = {v: [] for v in variants}
+        rps: dict[str, list[float]] = {v: [] for v in variants}
+        for rnd in range(args.rounds):
+            order = variants if rnd % 2 == 0 else variants[::-1]
+            for variant in order:
+                proc, port = servers[variant]
+                before = cpu_seconds(proc.pid)
+                wall = run_load(port, args.requests, args.concurrency)
+                cpu[variant].append((cpu_seconds(proc.pid) - before) / args.requests)
+                rps[variant].append(args.requests / wall)
+    finally:
+        for proc, _ in servers.values():
+            proc.terminate()
+        for proc, _ in servers.values():
+            proc.wait(timeout=10)
+
+    if "hopline" in variants:
+        events = Path(tmp, "hopline.ndjson")
+        lines = events.read_bytes().count(b"\n") if events.exists() else 0
+        print(f"hopline events written: {lines}")
+    print(f"{args.rounds} rounds x {args.requests} requests, concurrency {args.concurrency}, "
+          f"{CONTENT_CHUNKS + 4} SSE chunks per response")
+    print("| variant | req/s | srv CPU µs/req | req/s ratio vs bare | CPU ratio vs bare |")
+    print("|---|---|---|---|---|")
+    for variant in variants:
+        rps_ratio = [r / b for r, b in zip(rps[variant], rps["bare"])]
+        cpu_ratio = [c / b for c, b in zip(cpu[variant], cpu["bare"])]
+        print(f"| {variant} | {statistics.median(rps[variant]):.0f} | {statistics.median(cpu[variant]) * 1e6:.0f} "
+              f"| {summarize(rps_ratio)} | {summarize(cpu_ratio)} |")
+
+
+if __name__ == "__main__":
+    main()
