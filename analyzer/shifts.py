@@ -58,6 +58,8 @@ class ShiftConfig:
     min_abs_ms: float = 5.0  # and at least this many ms apart
     min_side: int = 50  # requests on each side of the split
     alpha: float = 1e-3  # family-wise, Bonferroni over scopes x stages x candidate splits
+    max_depth: int = 3  # binary segmentation: up to 2**4 - 1 change points per scope and stage
+    cluster_windows: float = 3.0  # detections in different scopes this close are one change
     max_requests: int = 200_000  # per scope; a seeded subsample beyond (plenty for a rank test)
     unchanged_within: float = 0.15  # another stage within ±15% counts as unchanged
     notable_change: float = 0.2  # a covariate that moved 20% or more is mentioned
@@ -74,6 +76,7 @@ class Shift:
     z: float
     requests_after: int
     context: dict = field(default_factory=dict)
+    until: float | None = None  # Unix seconds: where the change reverted, if it did
 
     @property
     def factor(self) -> float:
@@ -81,13 +84,14 @@ class Shift:
 
     @property
     def impact_s(self) -> float:
-        """Users' time the change added (or saved): (after - before) x requests after it."""
+        """Users' time the change added (or saved): (after - before) x requests it affected."""
         return (self.after_ms - self.before_ms) / 1e3 * self.requests_after
 
     def summary(self) -> str:
         where = _scope_words(self.scope)
         text = (
-            f"{STAGE_WORDS.get(self.stage, self.stage)} {_factor_words(self.factor)} at {_clock(self.at)}"
+            f"{STAGE_WORDS.get(self.stage, self.stage)} {_factor_words(self.factor)} "
+            f"{'at ' + _clock(self.at) if self.until is None else f'from {_clock(self.at)} to {_clock(self.until)}'}"
             f"{' on ' + where if where else ''} ({self.statistic} {_ms(self.before_ms)} → {_ms(self.after_ms)} ms)"
         )
         unchanged = self.context.get("unchanged", [])
@@ -106,6 +110,7 @@ class Shift:
             "summary": self.summary(),
             "stage": self.stage,
             "at": _iso(self.at),
+            "until": None if self.until is None else _iso(self.until),
             "scope": self.scope,
             "statistic": self.statistic,
             "before_ms": round(self.before_ms, 3),
@@ -208,6 +213,7 @@ class _Detection:
     after_ms: float
     z: float
     after_n: int
+    until: float | None = None  # the change reverted here (a transient incident)
 
     @property
     def up(self) -> bool:
@@ -218,35 +224,76 @@ class _Detection:
         return max(self.after_ms, 1e-9) / max(self.before_ms, 1e-9)
 
 
-def _detect(t: np.ndarray, x: np.ndarray, boundaries: np.ndarray, z_crit: float, cfg: ShiftConfig,
-            stage: str, scope: dict[str, str]) -> _Detection | None:
-    n = len(x)
-    if n < 2 * cfg.min_side:
-        return None
-    ks = np.searchsorted(t, boundaries)
+def _change_points(t: np.ndarray, x: np.ndarray, boundaries: np.ndarray, z_crit: float, cfg: ShiftConfig,
+                   lo: int, hi: int, depth: int = 0) -> list[tuple[int, float, float]]:
+    """Binary segmentation: ``(index, boundary, z)`` of every significant split of x[lo:hi]."""
+    n = hi - lo
+    if n < 2 * cfg.min_side or depth > cfg.max_depth:
+        return []
+    inside = boundaries[(boundaries > t[lo]) & (boundaries <= t[hi - 1])]
+    ks = np.searchsorted(t[lo:hi], inside)  # requests before each boundary
     ok = (ks >= cfg.min_side) & (ks <= n - cfg.min_side)
     if not ok.any():
-        return None
-    ks, bs = ks[ok], boundaries[ok]
-    z = split_z(x, ks)
+        return []
+    ks, inside = ks[ok], inside[ok]
+    z = split_z(x[lo:hi], ks)
     best = int(np.argmax(np.abs(z)))
     if abs(z[best]) < z_crit:
-        return None
-    k = int(ks[best])
-    before, after = x[:k], x[k:]
+        return []
+    k = lo + int(ks[best])
+    return (
+        _change_points(t, x, boundaries, z_crit, cfg, lo, k, depth + 1)
+        + [(k, float(inside[best]), float(z[best]))]
+        + _change_points(t, x, boundaries, z_crit, cfg, k, hi, depth + 1)
+    )
+
+
+def _effect(before: np.ndarray, after: np.ndarray, z: float, cfg: ShiftConfig) -> tuple[str, float, float] | None:
+    """(statistic, before ms, after ms) when the p50 — else the p90 — moved enough for a user."""
     for statistic, q in (("p50", 50), ("p90", 90)):
         b, a = np.percentile(before, q) * 1e3, np.percentile(after, q) * 1e3
         lo, hi = min(a, b), max(a, b)
-        if hi - lo >= cfg.min_abs_ms and (lo <= 0 or hi / lo >= cfg.min_factor) and (a > b) == (z[best] > 0):
-            return _Detection(stage, scope, float(bs[best]), statistic, float(b), float(a), float(z[best]), n - k)
+        if hi - lo >= cfg.min_abs_ms and (lo <= 0 or hi / lo >= cfg.min_factor) and (a > b) == (z > 0):
+            return statistic, float(b), float(a)
     return None
+
+
+def _detect(t: np.ndarray, x: np.ndarray, boundaries: np.ndarray, z_crit: float, cfg: ShiftConfig,
+            stage: str, scope: dict[str, str]) -> list[_Detection]:
+    """Changes of one stage in one scope; a change that reverts later is one detection with
+    ``until`` (its before / after are the segments next to it, so a burst is not diluted)."""
+    cps = _change_points(t, x, boundaries, z_crit, cfg, 0, len(x))
+    edges = [0] + [k for k, _, _ in cps] + [len(x)]
+    found: list[_Detection | None] = []
+    for i, (k, at, z) in enumerate(cps):
+        effect = _effect(x[edges[i]:k], x[k:edges[i + 2]], z, cfg)
+        found.append(None if effect is None else _Detection(stage, scope, at, *effect, z, edges[i + 2] - k))
+    out: list[_Detection] = []
+    for i, det in enumerate(found):
+        if det is None:
+            continue
+        prev = found[i - 1] if i else None
+        if prev is not None and prev.until == det.at:
+            continue  # folded into the previous detection
+        nxt = found[i + 1] if i + 1 < len(found) else None
+        if nxt is not None and nxt.up != det.up:
+            back = max(nxt.after_ms, 1e-9) / max(det.before_ms, 1e-9)
+            if max(back, 1 / back) < cfg.min_factor:
+                det.until = nxt.at
+        out.append(det)
+    return out
+
+
+def _after(det: _Detection) -> pl.Expr:
+    after = pl.col("start") >= det.at
+    return after if det.until is None else after & (pl.col("start") < det.until)
 
 
 def _ratio_at(frame: pl.DataFrame, det: _Detection) -> float | None:
     """after / before of ``det``'s statistic, at ``det``'s time, in another scope's requests."""
     q = 0.5 if det.statistic == "p50" else 0.9
     before = frame.filter(pl.col("start") < det.at)[det.stage].quantile(q, "linear")
-    after = frame.filter(pl.col("start") >= det.at)[det.stage].quantile(q, "linear")
+    after = frame.filter(_after(det))[det.stage].quantile(q, "linear")
     return after / before if before and after is not None else None
 
 
@@ -280,7 +327,7 @@ def _narrowest(found: list[_Detection], tested: dict[str, list[str]], frames: di
 def _context(frame: pl.DataFrame, det: _Detection, stages: list[str], cfg: ShiftConfig) -> dict:
     """Other stages and the load, before vs after, in the finding's scope."""
     before = frame.filter(pl.col("start") < det.at)
-    after = frame.filter(pl.col("start") >= det.at)
+    after = frame.filter(_after(det))
     unchanged, moved = [], {}
     for stage in stages:
         if stage == det.stage:
@@ -353,17 +400,27 @@ def find_shifts(
         for stage in stages:
             values = sub[stage].to_numpy()
             keep = ~np.isnan(values)
-            det = _detect(starts[keep], values[keep], boundaries, z_crit, cfg, stage, scope)
-            if det is not None:
-                found[stage].append(det)
+            found[stage] += _detect(starts[keep], values[keep], boundaries, z_crit, cfg, stage, scope)
     shifts = []
     for stage, dets in found.items():
-        for det in _narrowest(dets, tested, sub_frames) if dets else []:
-            shifts.append(
-                Shift(det.stage, det.scope, det.at, det.statistic, det.before_ms, det.after_ms, det.z, det.after_n,
-                      _context(sub_frames[_key(det.scope)], det, stages, cfg))
-            )
+        for cluster in _clusters(dets, cfg.cluster_windows * window_s):
+            for det in _narrowest(cluster, tested, sub_frames):
+                shifts.append(
+                    Shift(det.stage, det.scope, det.at, det.statistic, det.before_ms, det.after_ms, det.z, det.after_n,
+                          _context(sub_frames[_key(det.scope)], det, stages, cfg), det.until)
+                )
     return sorted(shifts, key=lambda s: -abs(s.impact_s))
+
+
+def _clusters(dets: list[_Detection], within_s: float) -> list[list[_Detection]]:
+    """Detections of one stage grouped by time: one change seen from several scopes."""
+    groups: list[list[_Detection]] = []
+    for det in sorted(dets, key=lambda d: d.at):
+        if groups and det.at - groups[-1][0].at <= within_s:
+            groups[-1].append(det)
+        else:
+            groups.append([det])
+    return groups
 
 
 def _key(scope: dict[str, str]) -> str:

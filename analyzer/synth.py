@@ -29,14 +29,18 @@ SHIFTABLE = ("connect", "network", "gateway", "frontend", "queue", "prefill", "d
 @dataclass(frozen=True)
 class StageShift:
     """``stage`` times ``factor`` for requests in ``scope`` starting at or after ``at_s`` (seconds
-    from the log's start). ``arrivals`` multiplies the scope's share of traffic from then on (a
-    replica that gets more load queues more)."""
+    from the log's start) and before ``until_s`` (None: to the end). ``arrivals`` multiplies a
+    replica scope's traffic meanwhile (a replica that gets more load queues more)."""
 
     stage: str
     factor: float
     at_s: float
     scope: dict[str, str] = field(default_factory=dict)
     arrivals: float = 1.0
+    until_s: float | None = None
+
+    def active(self, t: np.ndarray) -> np.ndarray:
+        return (t >= self.at_s) & (t < (np.inf if self.until_s is None else self.until_s))
 
 
 @dataclass(frozen=True)
@@ -97,12 +101,14 @@ def _in_scope(scope: dict[str, str], cols: dict[str, np.ndarray]) -> np.ndarray:
 def _arrivals(rng: np.random.Generator, n: int, rate: float, n_replicas: int, shifts: list[StageShift]) -> np.ndarray:
     """Poisson arrival times; a shift with ``arrivals`` f on one replica raises the total rate
     so that, with ``_route``'s weights, that replica gets f times its traffic and the others
-    keep theirs (the time axis is compressed after ``at_s`` by (R + f - 1) / R)."""
+    keep theirs (the time axis runs (R + f - 1) / R times faster from ``at_s`` to ``until_s``)."""
     t = np.cumsum(rng.exponential(1.0 / rate, n))
     for s in sorted(shifts, key=lambda s: s.at_s):
         if s.arrivals != 1.0 and set(s.scope) == {"replica"}:
             speed = (n_replicas + s.arrivals - 1) / n_replicas
-            t = np.where(t > s.at_s, s.at_s + (t - s.at_s) / speed, t)
+            fast_end = np.inf if s.until_s is None else s.at_s + (s.until_s - s.at_s) * speed
+            squeezed = s.at_s + (np.minimum(t, fast_end) - s.at_s) / speed + np.maximum(t - fast_end, 0)
+            t = np.where(t > s.at_s, squeezed, t)
     return t
 
 
@@ -111,7 +117,7 @@ def _route(rng: np.random.Generator, t: np.ndarray, replicas: tuple[str, ...], s
     weights = np.ones((len(t), len(replicas)))
     for s in shifts:
         if s.arrivals != 1.0 and set(s.scope) == {"replica"} and s.scope["replica"] in replicas:
-            weights[t >= s.at_s, replicas.index(s.scope["replica"])] *= s.arrivals
+            weights[s.active(t), replicas.index(s.scope["replica"])] *= s.arrivals
     cum = np.cumsum(weights / weights.sum(axis=1, keepdims=True), axis=1)
     pick = (rng.random(len(t))[:, None] > cum).sum(axis=1)
     return np.asarray(replicas, dtype=object)[np.minimum(pick, len(replicas) - 1)]
@@ -176,7 +182,7 @@ def _requests(
     cols["itl"] = _lognormal(rng, 0.022, 0.15, n)
     scale = {stage: np.ones(n) for stage in SHIFTABLE}
     for s in shifts:
-        scale[s.stage][_in_scope(s.scope, cols) & (t0 >= s.at_s)] *= s.factor
+        scale[s.stage][_in_scope(s.scope, cols) & s.active(t0)] *= s.factor
     cols["connect_scale"] = scale["connect"]
     for stage in ("gateway", "frontend", "queue", "prefill"):
         cols[stage] = cols[stage] * scale[stage]
