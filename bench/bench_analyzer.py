@@ -1,0 +1,347 @@
+"""Timelines + attribution on a large log: hopline vs DuckDB (vs pandas on a slice), one run.
+
+    python bench/bench_analyzer.py --requests 5000000 --pandas-requests 1000000
+    python bench/bench_analyzer.py --requests 20000 --pandas-requests 20000   # a quick check
+
+The query: hop events (globally shuffled Parquet, ``bench/gen_large.py``) -> one row per request
+with the contract's stages -> p50 / p90 / p99 of the 7 stages (connect, network, gateway,
+frontend, queue, prefill, decode) per replica.
+
+* ``hopline``: ``io.scan_events`` + ``timelines.timelines`` + a Polars quantile aggregation;
+* ``duckdb``: the same stage table compiled to SQL (2 threads, memory_limit);
+* ``pandas``: the same stage table on pandas Series (sort, drop_duplicates, pivot);
+* ``polars-narrow``: an experiment: only the inputs these 7 stages need, categorical hops.
+
+Every engine runs in a fresh process (``--worker``); peak memory is that process's ru_maxrss
+(``os.wait4``), time is the query inside it, Parquet read included. All engines' tables must
+agree (``--rtol``); a mismatch fails the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import polars as pl
+
+from hopline.middleware.contract import ATTRIBUTE_SOURCES, INPUTS, STAGES, Formula
+
+SEVEN = ("connect", "network", "gateway", "frontend", "queue", "prefill", "decode")
+QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
+RESULT_COLUMNS = ["replica"] + [f"{s}_{q}" for s in SEVEN for q in QUANTILES]
+HERE = Path(__file__).resolve()
+
+
+# --- hopline ---------------------------------------------------------------------------------
+
+
+def quantiles_by_replica(per_request: pl.LazyFrame) -> pl.LazyFrame:
+    return (
+        per_request.group_by("replica")
+        .agg(pl.col(s).quantile(q, interpolation="linear").alias(f"{s}_{n}") for s in SEVEN for n, q in QUANTILES.items())
+        .sort("replica")
+    )
+
+
+def run_hopline(path: Path) -> pl.DataFrame:
+    from hopline.analyzer.io import scan_events
+    from hopline.analyzer.timelines import timelines
+
+    events, _ = scan_events([path])
+    return quantiles_by_replica(timelines(events)).collect()
+
+
+# --- DuckDB: the stage table compiled to SQL -----------------------------------------------------
+
+# The contract's pick (highest attempt, earliest ts on a tie) as one number per event, as in
+# timelines.py: ts - attempt * 2**24 (exact in float64; cheaper for DuckDB than a struct key).
+_KEY = "k"
+
+
+def _pick(column: str, hop: str) -> str:
+    return f"arg_min_null({column}, {_KEY}) FILTER (WHERE hop = '{hop}')"
+
+
+def _sql_formula(formula: Formula) -> str:
+    expr = " ".join(("+ " if sign > 0 else "- ") + f'"{name}"' for sign, name in formula.terms).removeprefix("+ ")
+    conditions = [f'"{name}" IS NULL' for name in formula.when_null]
+    if formula.stream is not None:
+        conditions.append(f"stream IS {'TRUE' if formula.stream else 'FALSE'}")
+    return f"CASE WHEN {' AND '.join(conditions)} THEN {expr} END" if conditions else f"({expr})"
+
+
+def stage_sql(path: Path) -> str:
+    """The per-request pivot, the stage table and the quantiles, as one DuckDB query."""
+    inputs = []
+    for inp in INPUTS:
+        if inp.attr is None:
+            inputs.append(f'{_pick("ts", inp.hop)} AS "{inp.name}"')
+        else:
+            value = _pick(inp.attr, inp.hop)
+            if inp.default is not None:
+                value = f"CASE WHEN count(*) FILTER (WHERE hop = '{inp.hop}') > 0 THEN coalesce({value}, {inp.default}) END"
+            inputs.append(f'{value} AS "{inp.name}"')
+    stream = "coalesce(" + ", ".join(_pick("stream", h) for h in ATTRIBUTE_SOURCES["stream"]) + ") AS stream"
+    replica = (
+        f"coalesce(arg_min(replica, {_KEY}) FILTER (WHERE starts_with(hop, 'engine.')), "
+        f"{_pick('upstream', 'gateway.forwarded')}) AS replica"
+    )
+    stages = []
+    for stage in STAGES:
+        formulas = [_sql_formula(f) for f in stage.formulas]
+        stages.append(f'{"coalesce(" + ", ".join(formulas) + ")" if len(formulas) > 1 else formulas[0]} AS "{stage.name}"')
+    quantiles = ", ".join(
+        f'quantile_cont("{s}", {q}) AS "{s}_{n}"' for s in SEVEN for n, q in QUANTILES.items()
+    )
+    return f"""
+        WITH per_request AS (
+            SELECT request_id, {", ".join(inputs)}, {stream}, {replica}
+            FROM (SELECT *, ts - attempt * 16777216.0 AS k FROM read_parquet('{path}')) GROUP BY request_id
+        ), staged AS (
+            SELECT replica, {", ".join(stages)} FROM per_request
+        )
+        SELECT replica, {quantiles} FROM staged GROUP BY replica ORDER BY replica
+    """
+
+
+def run_duckdb(path: Path) -> pl.DataFrame:
+    import duckdb
+
+    con = duckdb.connect()
+    con.execute("SET threads = 2")
+    con.execute("SET memory_limit = '8GB'")
+    return pl.from_arrow(con.sql(stage_sql(path)).to_arrow_table())  # type: ignore[return-value]
+
+
+# --- pandas: the stage table on Series ---------------------------------------------------------
+
+
+def run_pandas(path: Path) -> pl.DataFrame:
+    import pandas as pd
+
+    attrs = sorted({inp.attr for inp in INPUTS if inp.attr} | {"stream", "upstream"})
+    df = pd.read_parquet(path, columns=["request_id", "hop", "attempt", "ts", "replica", *attrs])
+    df["neg_attempt"] = -df["attempt"]
+    df = df.sort_values(["request_id", "neg_attempt", "ts"], kind="stable")
+    chosen = df.drop_duplicates(["request_id", "hop"])  # the contract's event per hop
+    wide = chosen.pivot(index="request_id", columns="hop", values=["ts", *attrs])
+
+    def column(name: str, hop: str) -> pd.Series:
+        return wide[(name, hop)] if (name, hop) in wide.columns else pd.Series(float("nan"), index=wide.index)
+
+    values: dict[str, pd.Series] = {}
+    for inp in INPUTS:
+        if inp.attr is None:
+            values[inp.name] = column("ts", inp.hop).astype("float64")
+        else:
+            value = column(inp.attr, inp.hop).astype("float64")
+            if inp.default is not None:
+                value = value.where(column("ts", inp.hop).isna(), value.fillna(inp.default))
+            values[inp.name] = value
+    stream = pd.Series(pd.NA, index=wide.index, dtype="boolean")
+    for hop in ATTRIBUTE_SOURCES["stream"]:
+        stream = stream.fillna(column("stream", hop).astype("boolean"))
+    engine = df[df["hop"].str.startswith("engine.") & df["replica"].notna()].drop_duplicates("request_id")
+    replica = engine.set_index("request_id")["replica"].reindex(wide.index).fillna(column("upstream", "gateway.forwarded"))
+    for stage in STAGES:
+        result = pd.Series(float("nan"), index=wide.index)
+        for formula in stage.formulas:
+            total = sum(sign * values[name] for sign, name in formula.terms)
+            ok = pd.Series(True, index=wide.index)
+            for name in formula.when_null:
+                ok &= values[name].isna()
+            if formula.stream is not None:
+                ok &= (stream == formula.stream).fillna(False).astype(bool)
+            result = result.fillna(total.where(ok))
+        values[stage.name] = result
+    staged = pd.DataFrame({"replica": replica, **{s: values[s] for s in SEVEN}})
+    table = staged.groupby("replica")[list(SEVEN)].quantile(list(QUANTILES.values())).unstack()
+    table.columns = [f"{s}_{dict(zip(QUANTILES.values(), QUANTILES))[q]}" for s, q in table.columns]
+    return pl.from_pandas(table.reset_index()).select(RESULT_COLUMNS).sort("replica")
+
+
+# --- an experimental shape for hopline's timelines ---------------------------------------------
+
+
+def run_polars_narrow(path: Path, hashed: bool = False) -> pl.DataFrame:
+    """Only what these 7 stages need, with the same pick rule and stage expressions as timelines.
+
+    ``hashed``: group by a 64-bit hash of ``request_id`` instead of the string (hashing strings
+    once is cheaper than a string-keyed hash table), keeping ``request_id`` as the group's
+    first value. A second, independent hash detects a collision (two IDs in one group: its
+    min and max differ); the run fails then (timelines() would recompute those groups by string).
+    """
+    from hopline.analyzer.timelines import stage_exprs
+
+    needed = {inp.hop for inp in INPUTS}
+    key = pl.col("ts") - pl.col("attempt").cast(pl.Float64) * 2.0**24
+    lf = pl.scan_parquet(path).select("request_id", "hop", "attempt", "ts", "replica", "stream", "upstream",
+                                      *{i.attr for i in INPUTS if i.attr})  # fmt: skip
+    hops = sorted(needed | set(ATTRIBUTE_SOURCES["stream"]) | {"gateway.forwarded"})
+    per_request = (
+        lf.with_columns(pl.col("hop").cast(pl.Categorical))
+        .with_columns(
+            [pl.when(pl.col("hop") == h).then(key).alias(f"_k:{h}") for h in hops]
+            + [pl.when(pl.col("hop").cast(pl.String).str.starts_with("engine.") & pl.col("replica").is_not_null())
+               .then(key).alias("_k:engine")]  # fmt: skip
+        )
+        .group_by(pl.col("request_id").hash(0).alias("_rid") if hashed else "request_id")
+        .agg(
+            ([pl.col("request_id").first(), pl.col("request_id").hash(1).min().alias("_c0"),
+              pl.col("request_id").hash(1).max().alias("_c1")] if hashed else [])  # fmt: skip
+            + [pl.col("ts").min_by(f"_k:{h}").alias(f"_ts:{h}") for h in hops]
+            + [pl.col(i.attr).min_by(f"_k:{i.hop}").alias(f"_a:{i.name}") for i in INPUTS if i.attr]
+            + [pl.col("stream").min_by(f"_k:{h}").alias(f"_s:{h}") for h in ATTRIBUTE_SOURCES["stream"]]
+            + [pl.col("upstream").min_by("_k:gateway.forwarded").alias("_up"),
+               pl.col("replica").min_by("_k:engine").alias("_replica")]  # fmt: skip
+        )
+    )
+    values: dict[str, pl.Expr] = {}
+    for inp in INPUTS:
+        if inp.attr is None:
+            values[inp.name] = pl.col(f"_ts:{inp.hop}")
+        else:
+            value = pl.col(f"_a:{inp.name}")
+            if inp.default is not None:
+                value = pl.when(pl.col(f"_ts:{inp.hop}").is_not_null()).then(value.fill_null(inp.default))
+            values[inp.name] = value
+    values["stream"] = pl.coalesce([pl.col(f"_s:{h}") for h in ATTRIBUTE_SOURCES["stream"]])
+    values["output_tokens"] = pl.lit(None, dtype=pl.Int64)
+    values["n"] = pl.lit(None, dtype=pl.Int64)
+    values = stage_exprs(values)
+    if hashed:
+        staged = per_request.select(
+            replica=pl.coalesce("_replica", "_up"), **{s: values[s] for s in SEVEN}, _collided=pl.col("_c0") != pl.col("_c1")
+        ).collect()
+        if staged["_collided"].any():
+            raise SystemExit("request_id hash collision: those groups need the string key")
+        return quantiles_by_replica(staged.lazy().drop("_collided")).collect()
+    staged = per_request.select(replica=pl.coalesce("_replica", "_up"), **{s: values[s] for s in SEVEN})
+    return quantiles_by_replica(staged).collect()
+
+
+ENGINES: dict[str, Callable[[Path], pl.DataFrame]] = {
+    "hopline": run_hopline,
+    "duckdb": run_duckdb,
+    "pandas": run_pandas,
+    "polars-narrow": run_polars_narrow,
+    "polars-narrow-hash": lambda path: run_polars_narrow(path, hashed=True),
+}
+
+
+# --- the harness ---------------------------------------------------------------------------------
+
+
+def worker(engine: str, path: Path, result: Path) -> None:
+    began = time.perf_counter()
+    table = ENGINES[engine](path)
+    seconds = time.perf_counter() - began
+    table.select(RESULT_COLUMNS).write_parquet(result)
+    print(json.dumps({"seconds": seconds}))
+
+
+def measure(engine: str, path: Path, result: Path) -> dict[str, float]:
+    """Run one engine in a fresh process: its query time, its CPU time (user + system, the whole
+    process: on a shared machine less noisy than wall time) and its peak RSS (ru_maxrss)."""
+    proc = subprocess.Popen(
+        [sys.executable, str(HERE), "--worker", engine, "--file", str(path), "--result", str(result)],
+        stdout=subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    output = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise SystemExit(f"{engine} failed with exit code {proc.returncode}")
+    return {
+        "seconds": json.loads(output)["seconds"],
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+        "peak_gib": usage.ru_maxrss / 1024**2,
+    }
+
+
+def same(a: pl.DataFrame, b: pl.DataFrame, rtol: float) -> str | None:
+    """None when the tables agree within ``rtol`` (relative, plus 1 ns absolute), else why not."""
+    if a["replica"].to_list() != b["replica"].to_list():
+        return f"replicas differ: {a['replica'].to_list()} vs {b['replica'].to_list()}"
+    for name in RESULT_COLUMNS[1:]:
+        x, y = a[name], b[name]
+        if not ((x - y).abs() <= 1e-9 + rtol * y.abs()).all() or x.null_count() != y.null_count():
+            return f"{name} differs: {x.to_list()} vs {y.to_list()}"
+    return None
+
+
+def dataset(requests: int, folder: Path) -> Path:
+    path = folder / f"events-{requests}.parquet"
+    if not path.exists():
+        subprocess.run([sys.executable, str(HERE.parent / "gen_large.py"), "--requests", str(requests), "--out", str(path)],
+                       check=True)  # fmt: skip
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=5_000_000)
+    parser.add_argument("--pandas-requests", type=int, default=1_000_000, help="0 to skip pandas")
+    parser.add_argument("--engines", default="hopline,duckdb,polars-narrow")
+    parser.add_argument("--reps", type=int, default=1)
+    parser.add_argument("--data", type=Path, default=Path("/work/bench-data"))
+    parser.add_argument("--rtol", type=float, default=1e-9)
+    parser.add_argument("--worker", choices=sorted(ENGINES))
+    parser.add_argument("--file", type=Path)
+    parser.add_argument("--result", type=Path)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args.worker, args.file, args.result)
+        return
+    args.data.mkdir(parents=True, exist_ok=True)
+    runs = [(args.requests, args.engines.split(","))]
+    if args.pandas_requests:
+        runs.insert(0, (args.pandas_requests, ["hopline", "duckdb", "pandas"]))
+    failed = False
+    for requests, engines in runs:
+        path = dataset(requests, args.data)
+        events = pl.scan_parquet(path).select(pl.len()).collect().item()
+        print(f"\n{requests:,} requests, {events:,} events, {path.stat().st_size / 1e6:,.0f} MB Parquet")
+        timings: dict[str, list[dict[str, float]]] = {e: [] for e in engines}
+        tables: dict[str, pl.DataFrame] = {}
+        for rep in range(args.reps):
+            for engine in engines if rep % 2 == 0 else reversed(engines):
+                result = args.data / f"result-{engine}-{requests}.parquet"
+                timings[engine].append(measure(engine, path, result))
+                tables[engine] = pl.read_parquet(result)
+                result.unlink()
+        reference = "duckdb" if "duckdb" in tables else engines[0]
+        print(f"{'engine':<20} {'wall s median [min, max]':<26} {'CPU s':>7} {'peak GiB':>9} "
+              f"{'wall ratio':>11} {'CPU ratio':>10} {'mem ratio':>10}  output")  # fmt: skip
+
+        def median(engine: str, key: str) -> float:
+            values = sorted(t[key] for t in timings[engine])
+            return values[len(values) // 2]
+
+        ref_m = max(t["peak_gib"] for t in timings[reference])
+        for engine in engines:
+            secs = sorted(t["seconds"] for t in timings[engine])
+            peak = max(t["peak_gib"] for t in timings[engine])
+            verdict = same(tables[engine], tables[reference], args.rtol)
+            failed |= verdict is not None
+            wall = f"{median(engine, 'seconds'):.2f} [{secs[0]:.2f}, {secs[-1]:.2f}]"
+            print(
+                f"{engine:<20} {wall:<26} "
+                f"{median(engine, 'cpu_s'):>7.1f} {peak:>9.2f} "
+                f"{median(engine, 'seconds') / median(reference, 'seconds'):>10.2f}x "
+                f"{median(engine, 'cpu_s') / median(reference, 'cpu_s'):>9.2f}x {peak / ref_m:>9.2f}x  "
+                f"{'equal' if verdict is None else 'DIFFERENT: ' + verdict}"
+            )
+    if failed:
+        raise SystemExit("outputs differ")
+
+
+if __name__ == "__main__":
+    main()
