@@ -1,0 +1,132 @@
+"""Every pitfall triggered by the incident that causes it, and silent on a healthy log."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+
+from hopline.analyzer import pitfalls
+from hopline.analyzer.synth import (
+    ColdConnections,
+    LongPrompts,
+    NoMaxTokens,
+    StageShift,
+    VerboseService,
+    generate,
+)
+from hopline.analyzer.timelines import timelines
+
+N = 5000
+
+
+def tl_for(*incidents, seed: int = 31, **kw) -> pl.DataFrame:
+    return timelines(generate(N, seed=seed, incidents=list(incidents), **kw).lazy()).collect()
+
+
+@pytest.fixture(scope="module")
+def healthy() -> pl.DataFrame:
+    return tl_for()
+
+
+CHECKS = [
+    pitfalls.user_vs_engine_gap,
+    pitfalls.new_connection_per_request,
+    pitfalls.long_prefill_stall,
+    pitfalls.no_max_tokens,
+    pitfalls.verbose_outputs,
+]
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
+def test_not_triggered_on_a_healthy_log(check, healthy):
+    assert check(healthy) == []
+
+
+def test_healthy_logs_from_other_seeds_have_no_pitfalls():
+    for seed in (1001, 1002, 1003):
+        assert pitfalls.find_pitfalls(tl_for(seed=seed, clock_skew_s=20.0)) == []
+
+
+def test_user_vs_engine_gap_names_the_network_of_one_service():
+    tl = tl_for(StageShift("network", 25.0, at_s=0, scope={"service": "search-assist"}))
+    (f,) = pitfalls.user_vs_engine_gap(tl)
+    assert (f["kind"], f["name"], f["scope"]) == ("pitfall", "user_vs_engine_gap", {"service": "search-assist"})
+    ev = f["evidence"]
+    assert ev["main"] == "network" and ev["network_share_of_gap"] > 0.9
+    assert ev["client_ttft_p50_ms"] > 1.5 * ev["engine_ttft_p50_ms"]
+    assert f["affected_requests"] == tl.filter(pl.col("service") == "search-assist", pl.col("engine_ttft").is_not_null()).height
+    assert "network takes" in f["summary"]
+
+
+def test_user_vs_engine_gap_everywhere_is_scope_all():
+    tl = tl_for(StageShift("gateway", 60.0, at_s=0))
+    (f,) = pitfalls.user_vs_engine_gap(tl)
+    assert f["scope"] == {} and f["evidence"]["main"] == "gateway"
+
+
+def test_new_connection_per_request():
+    tl = tl_for(ColdConnections("kite-chat"))
+    (f,) = pitfalls.new_connection_per_request(tl)
+    assert f["scope"] == {"service": "kite-chat"}
+    assert f["evidence"]["new_connection_share"] == 1.0
+    assert f["affected_requests"] == tl.filter(pl.col("service") == "kite-chat").height
+    # connect + TLS: 12 + 30 ms medians in the generator
+    assert 30 < f["evidence"]["connect_p50_ms"] < 60
+
+
+def test_long_prefill_stall_matches_the_requests_that_were_decoding():
+    # engine clocks 40 s off: the match uses only the engine's own timestamps
+    tl = tl_for(LongPrompts("r1", count=3), clock_skew_s=40.0)
+    (f,) = pitfalls.long_prefill_stall(tl)
+    assert f["scope"] == {"replica": "r1"}
+    ev = f["evidence"]
+    assert ev["long_prompts"] == 3 and ev["prompt_tokens_max"] == 32_000
+    # ground truth: requests on r1 whose decode spanned the start of a long prefill
+    long = tl.filter(pl.col("prompt_tokens") == 32_000)
+    begins = (long["engine_first"] - long["prefill"]).to_list()
+    others = tl.filter((pl.col("replica") == "r1") & (pl.col("prompt_tokens") != 32_000))
+    truth = others.filter(
+        pl.any_horizontal([(pl.col("engine_first") < b) & (pl.col("engine_last") > b) for b in begins])
+    )
+    assert f["affected_requests"] == truth.height > 10
+    assert ev["stall_gap_p50_ms"] > 1000
+
+
+def test_long_prompts_with_chunked_prefill_do_not_stall():
+    """Long prompts alone (no overlapping output gap) are not the pitfall."""
+    tl = tl_for(LongPrompts("r1", count=3)).with_columns(engine_max_gap_s=pl.col("client_itl") * 2)
+    assert pitfalls.long_prefill_stall(tl) == []
+
+
+def test_no_max_tokens_with_kv_memory():
+    tl = tl_for(NoMaxTokens("kite-chat", share=0.3))
+    (f,) = pitfalls.no_max_tokens(tl, kv_bytes_per_token=131_072)
+    assert f["scope"] == {"service": "kite-chat"}
+    ev = f["evidence"]
+    assert ev["ran_long"] == f["affected_requests"] > 50
+    assert ev["output_tokens_p50"] > ev["capped_output_tokens_p90"]
+    assert ev["kv_gb_seconds"] == pytest.approx(ev["kv_token_seconds"] * 131_072 / 1e9, rel=1e-3)
+    # without a model description the finding stands, without the KV bytes
+    (plain,) = pitfalls.no_max_tokens(tl)
+    assert "kv_gb_seconds" not in plain["evidence"]
+
+
+def test_verbose_outputs():
+    tl = tl_for(VerboseService("search-assist", factor=3.0))
+    (f,) = pitfalls.verbose_outputs(tl)
+    assert f["scope"] == {"service": "search-assist"}
+    assert 2.5 < f["evidence"]["ratio"] < 3.5
+    assert f["evidence"]["model"] == "llama-3.1-8b"
+
+
+def test_services_on_different_models_are_not_compared():
+    tl = tl_for(VerboseService("search-assist", factor=3.0), models={"kite-chat": "small", "search-assist": "large"})
+    assert pitfalls.verbose_outputs(tl) == []
+
+
+def test_find_pitfalls_orders_by_impact():
+    tl = tl_for(ColdConnections("kite-chat"), VerboseService("search-assist"))
+    found = pitfalls.find_pitfalls(tl)
+    names = [f["name"] for f in found]
+    assert {"new_connection_per_request", "verbose_outputs"} <= set(names)
+    assert [f["impact_s"] for f in found] == sorted((f["impact_s"] for f in found), reverse=True)
