@@ -109,6 +109,19 @@ def _layout(fig: go.Figure, title: str, y_title: str, height: int = 420) -> go.F
     return fig
 
 
+def mark_shifts(fig: go.Figure, findings: Mapping[str, Any]) -> go.Figure:
+    """A dashed line where each shift begins, labelled with its stage, factor and scope."""
+    for f in findings.get("findings", []):
+        if f.get("kind") != "shift" or not f.get("at"):
+            continue
+        at = datetime.fromisoformat(str(f["at"]).replace("Z", "+00:00")).replace(tzinfo=None)
+        scope = " ".join(f"{k}={v}" for k, v in (f.get("scope") or {}).items())
+        fig.add_vline(x=at, line_dash="dash", line_color="#333", line_width=1)
+        fig.add_annotation(x=at, y=1.0, yref="paper", yanchor="bottom", showarrow=False, font={"size": 11},
+                           text=f"{f.get('stage')} ×{f.get('factor', 0):.1f} {scope}".strip())  # fmt: skip
+    return fig
+
+
 def stages_over_time(over_time: pl.DataFrame, window_s: int) -> go.Figure:
     fig = go.Figure()
     for stage in (s for s in TTFT_BARS if s in over_time.columns and over_time[s].is_not_null().any()):
@@ -236,8 +249,8 @@ def render_html(findings: dict[str, Any], timelines: pl.DataFrame, path: str | P
         agg = _aggregates(timelines)
         window = int(agg["meta"]["window_s"][0])
         figures = [
-            stages_over_time(agg["over_time"], window),
-            ttft_quantiles(agg["quantiles"], window),
+            mark_shifts(stages_over_time(agg["over_time"], window), findings),
+            mark_shifts(ttft_quantiles(agg["quantiles"], window), findings),
             replica_breakdown(agg["per_replica"]),
             slowest_waterfalls(agg["slowest"]),
         ]
@@ -251,10 +264,12 @@ def render_html(findings: dict[str, Any], timelines: pl.DataFrame, path: str | P
     else:
         sections.append(("Requests", "<p>No requests in the input.</p>"))
     generated = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-    meta = (
-        f"{findings.get('requests', timelines.height):,} requests over {findings.get('window_s', 0):,.0f} s; "
-        f"generated {generated}"
-    )
+    first, last = (timelines["start"].min(), timelines["start"].max()) if timelines.height else (None, None)
+    span = (
+        f" from {datetime.fromtimestamp(first, UTC):%Y-%m-%d %H:%M:%S} to {datetime.fromtimestamp(last, UTC):%H:%M:%S} UTC"
+        if first is not None else ""
+    )  # fmt: skip
+    meta = f"{findings.get('requests', timelines.height):,} requests{span}; generated {generated}"
     body = "".join(f"<section><h2>{html.escape(t)}</h2>{content}</section>" for t, content in sections)
     path.write_text(
         "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>hopline report</title>"

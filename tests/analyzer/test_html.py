@@ -1,11 +1,15 @@
-"""The HTML report: one self-contained file whose plots really render, offline, in headless Chromium."""
+"""The HTML report: one self-contained file whose plots really render, offline, in headless Chromium.
+
+The report's input is the real pipeline: synthetic events with an injected incident, written to
+Parquet, scanned, turned into timelines and analysed.
+"""
 
 from __future__ import annotations
 
+import html
 import re
 import struct
 import subprocess
-import sys
 import zlib
 from collections import Counter
 from pathlib import Path
@@ -14,30 +18,22 @@ import numpy as np
 import polars as pl
 import pytest
 
+from hopline.analyzer import synth
 from hopline.analyzer.html import STAGE_COLOURS, choose_window, render_html
 from hopline.analyzer.io import scan_events
+from hopline.analyzer.report import analyze
+from hopline.analyzer.synth import StageShift
 from hopline.analyzer.timelines import timelines
 
 CHROMIUM = "/usr/bin/chromium"
-GEN_LARGE = Path(__file__).parents[2] / "bench" / "gen_large.py"
 WIDTH, HEIGHT = 1400, 2600
-FINDINGS = {
-    "requests": 3000,
-    "window_s": 30,
-    "stages": {
-        "queue": {"p50_ms": 52.0, "p90_ms": 180.0, "p99_ms": 610.0, "share_of_ttft": 0.31},
-        "prefill": {"p50_ms": 150.0, "p90_ms": 420.0, "p99_ms": 900.0, "share_of_ttft": 0.45},
-    },
+HOSTILE = {
+    "requests": 1,
+    "window_s": 1.0,
+    "stages": {},
     "findings": [
-        {
-            "kind": "shift", "summary": "queue p90 tripled at 00:00:18 on replica r2", "stage": "queue",
-            "at": "2026-01-01T00:00:18Z", "scope": {"replica": "r2"}, "statistic": "p90",
-            "before_ms": 180.0, "after_ms": 540.0, "factor": 3.0,
-        },
-        {
-            "kind": "pitfall", "name": "no_max_tokens", "summary": "<script>alert(1)</script> 4% of requests set no max_tokens",
-            "scope": {}, "affected_requests": 120, "evidence": {"share": 0.04},
-        },
+        {"kind": "pitfall", "name": "no_max_tokens", "summary": "<script>alert(1)</script> set no max_tokens",
+         "scope": {}, "affected_requests": 1, "evidence": {"share": 1.0}},
     ],
 }  # fmt: skip
 
@@ -103,17 +99,24 @@ def chromium(*args: str, profile: Path) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory) -> Path:
-    """3,000 synthetic requests (client, gateway, engine; replica r2's queue triples late) in a
-    real Parquet file, read with scan_events, turned into timelines, rendered."""
-    folder = tmp_path_factory.mktemp("report")
-    events = folder / "events.parquet"
-    subprocess.run([sys.executable, str(GEN_LARGE), "--requests", "3000", "--out", str(events)], check=True,
-                   capture_output=True, timeout=120)  # fmt: skip
-    frame, _ = scan_events([events])
-    rows = timelines(frame).collect()
-    assert rows.height == 3000
-    return render_html(FINDINGS, rows, folder / "report.html")
+def frame(tmp_path_factory) -> pl.DataFrame:
+    """3,000 synthetic requests over two replicas (client, gateway, engine, skewed clocks) whose
+    queue on r2 triples 90 s in, written to Parquet and read back with scan_events."""
+    events = synth.generate(n_requests=3000, seed=3, incidents=[StageShift("queue", 3.0, at_s=90, scope={"replica": "r2"})])
+    path = tmp_path_factory.mktemp("events") / "events.parquet"
+    events.write_parquet(path)
+    scanned, _ = scan_events([path])
+    return timelines(scanned).collect()
+
+
+@pytest.fixture(scope="module")
+def findings(frame: pl.DataFrame) -> dict:
+    return analyze(frame)
+
+
+@pytest.fixture(scope="module")
+def report(frame: pl.DataFrame, findings: dict, tmp_path_factory) -> Path:
+    return render_html(findings, frame, tmp_path_factory.mktemp("report") / "report.html")
 
 
 def test_report_is_one_self_contained_file(report: Path) -> None:
@@ -122,9 +125,22 @@ def test_report_is_one_self_contained_file(report: Path) -> None:
     assert not re.search(r"<link[^>]+href=", text)
     assert text.count("plotly.js v") == 1 or len(re.findall(r"\* plotly\.js", text)) == 1
     assert text.count('class="plotly-graph-div"') == 4
-    # findings text is escaped, never markup
+
+
+def test_report_shows_the_findings_with_their_evidence(report: Path, findings: dict) -> None:
+    text = report.read_text()
+    shifts = [f for f in findings["findings"] if f["kind"] == "shift"]
+    # the injected incident is found (the analyzer's job) and shown with its numbers (this one's)
+    assert any(f["stage"] == "queue" and f["scope"] == {"replica": "r2"} for f in shifts)
+    for f in shifts:
+        assert html.escape(f["summary"]) in text
+        assert f"<th>before_ms</th><td>{f['before_ms']}</td>" in text
+    assert "<th>p50 ms</th>" in text and "<th>queue</th>" in text  # the stage table
+
+
+def test_findings_text_is_escaped(frame: pl.DataFrame, tmp_path: Path) -> None:
+    text = render_html(HOSTILE, frame, tmp_path / "hostile.html").read_text()
     assert "<script>alert(1)</script>" not in text and "&lt;script&gt;alert(1)&lt;/script&gt;" in text
-    assert "queue p90 tripled at 00:00:18 on replica r2" in text
 
 
 def test_plots_render_in_headless_chromium(report: Path, tmp_path: Path) -> None:
