@@ -4,7 +4,8 @@ The file opens anywhere, offline: plotly.js is embedded once, no fonts or script
 It shows, top to bottom, the findings with their evidence (what changed, in one sentence each),
 the stage percentiles, the mean TTFT stages over time (stacked, so the stage that grew stands
 out), TTFT quantiles per view over time (client, gateway, engine: where they part, the time went
-between them), a per-replica breakdown, and the slowest requests as waterfalls.
+between them), a per-replica breakdown, the slowest requests as waterfalls and, given the
+model's KV bytes per token, each replica's KV cache in flight.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 import plotly.graph_objects as go
 import polars as pl
 
+from hopline.analyzer.kv import kv_in_flight
 from hopline.analyzer.waterfall import WATERFALL_ORDER
 from hopline.middleware.contract import VIEWS
 
@@ -235,11 +237,25 @@ th { text-align: left; } .findings li { margin-bottom: 14px; } .finding p { marg
 """
 
 
-def render_html(findings: dict[str, Any], timelines: pl.DataFrame, path: str | Path) -> Path:
+def kv_chart(timelines: pl.DataFrame, bytes_per_token: int, window_s: int) -> go.Figure:
+    """Each replica's KV cache in flight (peak per window), from ``kv.kv_in_flight``."""
+    peaks = kv_in_flight(timelines.lazy(), bytes_per_token, every=f"{window_s}s").collect()
+    fig = go.Figure()
+    for (replica,), part in peaks.partition_by("replica", as_dict=True, maintain_order=True).items():
+        fig.add_scatter(x=part["time"], y=part["kv_bytes"] / 1024**3, name=str(replica), mode="lines",
+                        line_shape="hv")  # fmt: skip
+    return _layout(fig, f"KV cache in flight per replica (peak per {window_s} s; prompt + output tokens held "
+                        "from engine.received to engine.last_token)", "GiB")  # fmt: skip
+
+
+def render_html(
+    findings: dict[str, Any], timelines: pl.DataFrame, path: str | Path, kv_bytes_per_token: int | None = None
+) -> Path:
     """Write the report to ``path`` and return it.
 
     ``findings`` is the findings-contract dict (DESIGN.md), ``timelines`` the collected output
-    of ``timelines()`` (one row per request).
+    of ``timelines()`` (one row per request). With ``kv_bytes_per_token`` (``kv.KVSpec``) the
+    report adds each replica's KV cache in flight over time.
     """
     path = Path(path)
     sections: list[tuple[str, str]] = [("Findings", _findings_html(findings))]
@@ -254,13 +270,15 @@ def render_html(findings: dict[str, Any], timelines: pl.DataFrame, path: str | P
             replica_breakdown(agg["per_replica"]),
             slowest_waterfalls(agg["slowest"]),
         ]
+        titles = ["Stages over time", "TTFT per view", "Per replica", "Slowest requests"]
+        if kv_bytes_per_token:
+            figures.append(kv_chart(timelines, kv_bytes_per_token, window))
+            titles.append("KV cache")
         plots = [
             fig.to_html(full_html=False, include_plotlyjs=(i == 0), config=_PLOT_CONFIG)
             for i, fig in enumerate(figures)
         ]
-        for title, plot in zip(("Stages over time", "TTFT per view", "Per replica", "Slowest requests"), plots,
-                               strict=True):  # fmt: skip
-            sections.append((title, plot))
+        sections += list(zip(titles, plots, strict=True))
     else:
         sections.append(("Requests", "<p>No requests in the input.</p>"))
     generated = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")

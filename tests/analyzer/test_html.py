@@ -177,3 +177,8 @@ def test_empty_timelines_still_write_a_report(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("span", "window"), [(30, 1), (61, 2), (600, 10), (3600, 60), (14 * 3600, 900)])
 def test_window_adapts_to_the_span(span: float, window: int) -> None:
     assert choose_window(span) == window
+
+
+def test_kv_chart_when_bytes_per_token_are_known(frame: pl.DataFrame, tmp_path: Path) -> None:
+    with_kv = render_html({"findings": []}, frame, tmp_path / "kv.html", kv_bytes_per_token=98_304).read_text()
+    assert with_kv.count('class="plotly-graph-div"') == 5 and "KV cache in flight per replica" in with_kv
