@@ -1,0 +1,88 @@
+"""``hopline analyze`` as a user runs it: a real process on real files."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hopline.analyzer.synth import ColdConnections, StageShift, generate, write_ndjson
+
+INCIDENTS = [StageShift("queue", 3.0, at_s=120, scope={"replica": "r2"}), ColdConnections("search-assist")]
+
+
+def hopline(*args: str) -> subprocess.CompletedProcess:
+    # a wide terminal, so that rich does not wrap the sentences the tests look for
+    env = {**os.environ, "COLUMNS": "250", "NO_COLOR": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "hopline.middleware.cli", *args], capture_output=True, text=True, timeout=120, env=env
+    )
+
+
+@pytest.fixture(scope="module")
+def log_dir(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("logs")
+    events = generate(4000, seed=51, incidents=INCIDENTS, engine_id_prefix=True)
+    # two files, as two hosts would write them (one rotated)
+    write_ndjson(events.filter(events["hop"].str.starts_with("engine")), folder / "engine" / "events.ndjson.2026010510.1")
+    path = write_ndjson(events.filter(~events["hop"].str.starts_with("engine")), folder / "edge.ndjson")
+    with path.open("ab") as f:
+        f.write(b'{"ts": "yesterday", "request_id": "x", "hop": "client.sent"}\n')
+    return folder
+
+
+def test_json_is_the_findings_contract(log_dir):
+    proc = hopline("analyze", str(log_dir), "--json", "--slo", "ttft=400ms,itl=50ms")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)  # nothing but the object on stdout
+    assert result["requests"] == 4000
+    assert result["window_s"] == 1.0  # 200 s of logs: one-second windows
+    assert set(result["stages"]["queue"]) >= {"p50_ms", "p90_ms", "p99_ms", "share_of_ttft"}
+    kinds = [(f["kind"], f.get("stage") or f.get("name"), f["scope"]) for f in result["findings"]]
+    assert ("shift", "queue", {"replica": "r2"}) in kinds
+    assert ("pitfall", "new_connection_per_request", {"service": "search-assist"}) in kinds
+    shift = next(f for f in result["findings"] if f["kind"] == "shift")
+    assert shift["at"] == "2026-01-05T10:02:00Z"
+    assert result["scan"]["bad_lines"] == 1
+    assert "edge.ndjson" in result["scan"]["errors"][0] and "ts must be" in result["scan"]["errors"][0]
+    assert result["goodput"]["good"] <= result["requests"]
+    impacts = [abs(f["impact_s"]) for f in result["findings"]]
+    assert impacts == sorted(impacts, reverse=True)
+
+
+def test_terminal_report_and_html(log_dir, tmp_path):
+    html = tmp_path / "report.html"
+    proc = hopline("analyze", str(log_dir), "--html", str(html), "--by", "replica")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "queue time tripled at 10:02 on replica r2" in out
+    assert "Stages (all requests)" in out and "By replica" in out and "By service" not in out
+    assert "1 bad lines" in out
+    assert html.stat().st_size > 1000 and "<html" in html.read_text().lower()
+
+
+def test_time_range(log_dir):
+    proc = hopline("analyze", str(log_dir), "--json", "--since", "2026-01-05T10:01:00Z", "--until", "2026-01-05T10:02:00Z")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert 0 < result["requests"] < 4000
+    assert result["span"]["start"] >= "2026-01-05T10:01:00Z"
+
+
+def test_bad_input_is_a_clear_error(tmp_path):
+    proc = hopline("analyze", str(tmp_path / "missing"))
+    assert proc.returncode == 2 and "no such file or folder" in proc.stderr
+    proc = hopline("analyze", str(tmp_path))
+    assert proc.returncode == 2 and "no event files" in proc.stderr
+    proc = hopline("analyze", str(tmp_path), "--slo", "speed=1s")
+    assert proc.returncode == 2 and "bad SLO" in proc.stderr
+
+
+def test_help_has_an_example():
+    proc = hopline("analyze", "--help")
+    assert proc.returncode == 0
+    assert "Example" in proc.stdout and "hopline analyze" in proc.stdout
