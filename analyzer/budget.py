@@ -58,8 +58,12 @@ def compute_budget(
     this size fit in the memory the weights leave, ignoring activations and the engine's own
     reserve: an upper bound to hold a deployment against.
     """
-    for name, value in (("network_ms", network_ms), ("queue_ms", queue_ms), ("prefill_ms", prefill_ms),
-                        ("itl_ms", itl_ms)):
+    for name, value in (
+        ("network_ms", network_ms),
+        ("queue_ms", queue_ms),
+        ("prefill_ms", prefill_ms),
+        ("itl_ms", itl_ms),
+    ):
         if not math.isfinite(value) or value < 0:
             raise ValueError(f"{name} must be a finite number >= 0, got {value}")
     if itl_ms == 0:
@@ -132,7 +136,9 @@ def render_budget(budget: dict[str, Any], console: Console) -> None:
         f"{dtype_bytes(m['dtype']):g} B ({m['dtype']})",
     )
     tokens = budget["prompt_tokens"] + budget["output_tokens"]
-    table.add_row("KV per request", human_bytes(budget["kv_bytes_per_request"]), f"{tokens:,} tokens at its end")
+    table.add_row(
+        "KV per request", human_bytes(budget["kv_bytes_per_request"]), f"{tokens:,} tokens at its end"
+    )
     table.add_row(
         f"KV for {budget['concurrent']:,} requests",
         human_bytes(budget["kv_bytes_concurrent"]),
@@ -168,19 +174,26 @@ def budget_command(
     output_tokens: Annotated[int, typer.Option(help="Output tokens per request.")],
     itl_ms: Annotated[float, typer.Option(help="Inter-token latency during decode, in ms.")],
     model_config: Annotated[
-        Path | None, typer.Option(help="A Hugging Face config.json (instead of --layers/--kv-heads/--head-dim).")
+        Path | None,
+        typer.Option(help="A Hugging Face config.json (instead of --layers/--kv-heads/--head-dim)."),
     ] = None,
     layers: Annotated[int | None, typer.Option(help="Transformer layers (num_hidden_layers).")] = None,
     kv_heads: Annotated[int | None, typer.Option(help="KV heads (num_key_value_heads).")] = None,
     head_dim: Annotated[int | None, typer.Option(help="Head dimension.")] = None,
-    dtype: Annotated[str | None, typer.Option(help="Weights' dtype with explicit numbers: bf16, fp16, fp32 …")] = None,
+    dtype: Annotated[
+        str | None, typer.Option(help="Weights' dtype with explicit numbers: bf16, fp16, fp32 …")
+    ] = None,
     kv_dtype: Annotated[
         str | None, typer.Option(help="KV-cache dtype when it differs from the weights' (fp8, int8 …).")
     ] = None,
     concurrent: Annotated[int, typer.Option(help="Requests in flight at once.")] = 1,
     gpu_mem_gib: Annotated[float | None, typer.Option(help="GPU memory in GiB (with --weights-gib).")] = None,
-    weights_gib: Annotated[float | None, typer.Option(help="Model weights in GiB (with --gpu-mem-gib).")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
+    weights_gib: Annotated[
+        float | None, typer.Option(help="Model weights in GiB (with --gpu-mem-gib).")
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object instead of a table.")
+    ] = False,
 ) -> None:
     """The latency and KV-cache arithmetic for a deployment: TTFT, end-to-end, tokens/s and KV memory."""
     err = Console(stderr=True)
@@ -191,7 +204,11 @@ def budget_command(
                 raise KVConfigError("give either --model-config or --layers/--kv-heads/--head-dim, not both")
             kv = KVSpec.from_config(model_config, kv_dtype=kv_dtype or dtype)
         else:
-            missing = [f"--{n}" for n, v in zip(("layers", "kv-heads", "head-dim"), explicit) if v is None]
+            missing = [
+                f"--{n}"
+                for n, v in zip(("layers", "kv-heads", "head-dim"), explicit, strict=True)
+                if v is None
+            ]
             if kv_dtype is None and dtype is None:
                 missing.append("--dtype")
             if missing:

@@ -80,11 +80,11 @@ def _aggregates(timelines: pl.DataFrame) -> dict[str, pl.DataFrame]:
         .sort("_window")
     )
     per_replica = (
-        lf.group_by(pl.col("replica").fill_null("(none)"))
-        .agg(*ms, requests=pl.len())
-        .sort("replica")
+        lf.group_by(pl.col("replica").fill_null("(none)")).agg(*ms, requests=pl.len()).sort("replica")
     )
-    slow_by = pl.coalesce(*[f"{v}_ttft" for v in views], *[f"{v}_e2e" for v in VIEWS if f"{v}_e2e" in lf.collect_schema()])
+    slow_by = pl.coalesce(
+        *[f"{v}_ttft" for v in views], *[f"{v}_e2e" for v in VIEWS if f"{v}_e2e" in lf.collect_schema()]
+    )
     slowest = (
         lf.with_columns(_slow=slow_by)
         .filter(pl.col("_slow").is_not_null())
@@ -151,13 +151,17 @@ def ttft_quantiles(quantiles: pl.DataFrame, window_s: int) -> go.Figure:
 def replica_breakdown(per_replica: pl.DataFrame) -> go.Figure:
     """Mean TTFT stages per replica; decode goes in the label (its bar would dwarf the rest)."""
     fig = go.Figure()
-    decode = per_replica["decode"] if "decode" in per_replica.columns else pl.Series([None] * per_replica.height)
+    decode = (
+        per_replica["decode"] if "decode" in per_replica.columns else pl.Series([None] * per_replica.height)
+    )
     labels = [
         f"{r} ({n:,} req, decode {d:,.0f} ms)" if d is not None else f"{r} ({n:,} req)"
         for r, n, d in zip(per_replica["replica"], per_replica["requests"], decode, strict=True)
     ]
     for stage in (s for s in TTFT_BARS if s in per_replica.columns and per_replica[s].is_not_null().any()):
-        fig.add_bar(y=labels, x=per_replica[stage], name=stage, orientation="h", marker_color=STAGE_COLOURS[stage])
+        fig.add_bar(
+            y=labels, x=per_replica[stage], name=stage, orientation="h", marker_color=STAGE_COLOURS[stage]
+        )
     fig.update_layout(barmode="relative", legend_traceorder="normal")
     fig = _layout(fig, "Mean TTFT stages per replica", "", height=max(300, 80 + 40 * len(labels)))
     return fig.update_xaxes(title="ms")
@@ -202,11 +206,11 @@ def _findings_html(findings: Mapping[str, Any]) -> str:
         )
         items.append(
             f'<li class="finding {html.escape(str(f.get("kind", "")))}"><p><b>{html.escape(str(f.get("kind", "")))}</b> '
-            f"{html.escape(str(f.get('summary', '')))}</p><table class=\"evidence\">{rows}</table></li>"
+            f'{html.escape(str(f.get("summary", "")))}</p><table class="evidence">{rows}</table></li>'
         )
     if not items:
         return "<p>No findings: no stage shifted and no pitfall was detected.</p>"
-    return "<ol class=\"findings\">" + "".join(items) + "</ol>"
+    return '<ol class="findings">' + "".join(items) + "</ol>"
 
 
 def _stages_html(stages: Mapping[str, Mapping[str, Any]]) -> str:
@@ -221,7 +225,7 @@ def _stages_html(stages: Mapping[str, Mapping[str, Any]]) -> str:
         for name, s in stages.items()
     )
     return (
-        "<table class=\"stages\"><tr><th>stage</th><th>p50 ms</th><th>p90 ms</th><th>p99 ms</th>"
+        '<table class="stages"><tr><th>stage</th><th>p50 ms</th><th>p90 ms</th><th>p99 ms</th>'
         f"<th>share of TTFT</th></tr>{rows}</table>"
     )
 
@@ -290,8 +294,8 @@ def render_html(
     meta = f"{findings.get('requests', timelines.height):,} requests{span}; generated {generated}"
     body = "".join(f"<section><h2>{html.escape(t)}</h2>{content}</section>" for t, content in sections)
     path.write_text(
-        "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>hopline report</title>"
-        f"<style>{_CSS}</style></head><body><h1>hopline report</h1><p class=\"meta\">{html.escape(meta)}</p>"
+        '<!DOCTYPE html><html><head><meta charset="utf-8"><title>hopline report</title>'
+        f'<style>{_CSS}</style></head><body><h1>hopline report</h1><p class="meta">{html.escape(meta)}</p>'
         f"{body}</body></html>",
         encoding="utf-8",
     )

@@ -157,9 +157,13 @@ def request_kv_bytes(timelines: pl.LazyFrame, bytes_per_token: int | Mapping[str
 
     Null when a token count is unknown: a guess would hide the gap.
     """
-    return _token_bytes(timelines, bytes_per_token).with_columns(
-        kv_tokens=pl.col("prompt_tokens") + pl.col("output_tokens"),
-    ).with_columns(kv_bytes=pl.col("kv_tokens") * pl.col("kv_bytes_per_token"))
+    return (
+        _token_bytes(timelines, bytes_per_token)
+        .with_columns(
+            kv_tokens=pl.col("prompt_tokens") + pl.col("output_tokens"),
+        )
+        .with_columns(kv_bytes=pl.col("kv_tokens") * pl.col("kv_bytes_per_token"))
+    )
 
 
 def kv_in_flight(
@@ -197,9 +201,9 @@ def kv_in_flight(
         .sort("replica", "ts")
         .select(
             "replica",
-            time=pl.from_epoch((pl.col("ts") * 1_000_000).round().cast(pl.Int64), time_unit="us").dt.replace_time_zone(
-                "UTC"
-            ),
+            time=pl.from_epoch(
+                (pl.col("ts") * 1_000_000).round().cast(pl.Int64), time_unit="us"
+            ).dt.replace_time_zone("UTC"),
             kv_bytes=pl.col("d_bytes").cum_sum().over("replica"),
             requests=pl.col("d_req").cum_sum().over("replica"),
         )
@@ -214,9 +218,9 @@ def kv_in_flight(
         .explode("time")
         .sort("time")
     )
-    carried = grid.join_asof(steps.sort("time"), on="time", by="replica", strategy="backward", check_sortedness=False).select(
-        "replica", "time", pl.col("kv_bytes").fill_null(0), pl.col("requests").fill_null(0)
-    )
+    carried = grid.join_asof(
+        steps.sort("time"), on="time", by="replica", strategy="backward", check_sortedness=False
+    ).select("replica", "time", pl.col("kv_bytes").fill_null(0), pl.col("requests").fill_null(0))
     return (
         pl.concat([steps, carried])
         .group_by("replica", pl.col("time").dt.truncate(every))

@@ -149,7 +149,12 @@ def hops_tables(events: pl.DataFrame) -> list[Table]:
             first = hops["ts"].min()
             title = f"{comp}{' ' + host if host else ''} hops (ms after its first hop)"
             table = Table(title=title, title_justify="left", box=None, pad_edge=False)
-            for column, justify in (("+ms", "right"), ("hop", "left"), ("attempt", "right"), ("attributes", "left")):
+            for column, justify in (
+                ("+ms", "right"),
+                ("hop", "left"),
+                ("attempt", "right"),
+                ("attributes", "left"),
+            ):
                 table.add_column(column, justify=justify)  # type: ignore[arg-type]
             for event in hops.iter_rows(named=True):  # one request's handful of events: display only
                 table.add_row(
@@ -180,28 +185,40 @@ def problems(stages: Mapping[str, Any], events: pl.DataFrame) -> list[Text]:
     negative = stages["negative"] if stages.get("negative") is not None else negative_stages(stages)
     for name in negative:
         lines.append(
-            Text(f"negative stage {name} = {_ms(stages[name])}: an instrumentation or clock problem", style="bold red")
+            Text(
+                f"negative stage {name} = {_ms(stages[name])}: an instrumentation or clock problem",
+                style="bold red",
+            )
         )
     return lines
 
 
 def render_waterfall(request_id: str, stages: Mapping[str, Any], events: pl.DataFrame) -> Group:
     """Everything ``hopline timeline`` prints for one request (``stages``: its timelines row)."""
-    origin = "client.sent" if stages.get("client_sent") is not None else f"its first hop ({events.sort('ts')['hop'][0]})"
+    origin = (
+        "client.sent"
+        if stages.get("client_sent") is not None
+        else f"its first hop ({events.sort('ts')['hop'][0]})"
+    )
     header = Text.assemble(
         ("request ", "bold"),
         (request_id, "bold cyan"),
         f"  service={stages.get('service') or '-'} replica={stages.get('replica') or '-'} "
         f"model={stages.get('model') or '-'} stream={stages.get('stream')} outcome={stages.get('outcome') or '-'}",
     )
-    parts: list[Any] = [header, Text(f"time axis from {origin}; stages end to end (TTFT terms, then decode)", style="dim")]
+    parts: list[Any] = [
+        header,
+        Text(f"time axis from {origin}; stages end to end (TTFT terms, then decode)", style="dim"),
+    ]
     parts.append(waterfall_table(stages))
     for view in ("client", "gateway", "engine"):
         ttft, e2e = stages.get(f"{view}_ttft"), stages.get(f"{view}_e2e")
         if ttft is not None or e2e is not None:
             parts.append(
-                Text(f"{view} view: TTFT {_ms(ttft) if ttft is not None else '-'}, "
-                     f"end-to-end {_ms(e2e) if e2e is not None else '-'}")  # fmt: skip
+                Text(
+                    f"{view} view: TTFT {_ms(ttft) if ttft is not None else '-'}, "
+                    f"end-to-end {_ms(e2e) if e2e is not None else '-'}"
+                )  # fmt: skip
             )
     parts.extend(problems(stages, events))
     parts.extend(hops_tables(events))
@@ -209,8 +226,12 @@ def render_waterfall(request_id: str, stages: Mapping[str, Any], events: pl.Data
 
 
 def timeline_command(
-    request_id: Annotated[str, typer.Argument(help="The request ID (X-Request-Id; a chatcmpl- prefix is stripped).")],
-    paths: Annotated[list[Path], typer.Argument(help="Event files: NDJSON or Parquet, as the collector stores them.")],
+    request_id: Annotated[
+        str, typer.Argument(help="The request ID (X-Request-Id; a chatcmpl- prefix is stripped).")
+    ],
+    paths: Annotated[
+        list[Path], typer.Argument(help="Event files: NDJSON or Parquet, as the collector stores them.")
+    ],
 ) -> None:
     """Draw one request's waterfall: its stages on a time axis and every component's raw hops.
 
@@ -221,7 +242,9 @@ def timeline_command(
     err = Console(stderr=True)
     rid = normalize_request_id(request_id)
     if rid is None:
-        err.print(f"[red]hopline timeline:[/red] {request_id!r} is not a request ID (1-64 characters of [A-Za-z0-9._:-])")
+        err.print(
+            f"[red]hopline timeline:[/red] {request_id!r} is not a request ID (1-64 characters of [A-Za-z0-9._:-])"
+        )
         raise typer.Exit(2)
     try:
         events, _report = scan_events(paths)

@@ -44,7 +44,11 @@ HERE = Path(__file__).resolve()
 def quantiles_by_replica(per_request: pl.LazyFrame) -> pl.LazyFrame:
     return (
         per_request.group_by("replica")
-        .agg(pl.col(s).quantile(q, interpolation="linear").alias(f"{s}_{n}") for s in SEVEN for n, q in QUANTILES.items())
+        .agg(
+            pl.col(s).quantile(q, interpolation="linear").alias(f"{s}_{n}")
+            for s in SEVEN
+            for n, q in QUANTILES.items()
+        )
         .sort("replica")
     )
 
@@ -69,7 +73,9 @@ def _pick(column: str, hop: str) -> str:
 
 
 def _sql_formula(formula: Formula) -> str:
-    expr = " ".join(("+ " if sign > 0 else "- ") + f'"{name}"' for sign, name in formula.terms).removeprefix("+ ")
+    expr = " ".join(("+ " if sign > 0 else "- ") + f'"{name}"' for sign, name in formula.terms).removeprefix(
+        "+ "
+    )
     conditions = [f'"{name}" IS NULL' for name in formula.when_null]
     if formula.stream is not None:
         conditions.append(f"stream IS {'TRUE' if formula.stream else 'FALSE'}")
@@ -95,7 +101,9 @@ def stage_sql(path: Path) -> str:
     stages = []
     for stage in STAGES:
         formulas = [_sql_formula(f) for f in stage.formulas]
-        stages.append(f'{"coalesce(" + ", ".join(formulas) + ")" if len(formulas) > 1 else formulas[0]} AS "{stage.name}"')
+        stages.append(
+            f'{"coalesce(" + ", ".join(formulas) + ")" if len(formulas) > 1 else formulas[0]} AS "{stage.name}"'
+        )
     quantiles = ", ".join(
         f'quantile_cont("{s}", {q}) AS "{s}_{n}"' for s in SEVEN for n, q in QUANTILES.items()
     )
@@ -148,7 +156,11 @@ def run_pandas(path: Path) -> pl.DataFrame:
     for hop in ATTRIBUTE_SOURCES["stream"]:
         stream = stream.fillna(column("stream", hop).astype("boolean"))
     engine = df[df["hop"].str.startswith("engine.") & df["replica"].notna()].drop_duplicates("request_id")
-    replica = engine.set_index("request_id")["replica"].reindex(wide.index).fillna(column("upstream", "gateway.forwarded"))
+    replica = (
+        engine.set_index("request_id")["replica"]
+        .reindex(wide.index)
+        .fillna(column("upstream", "gateway.forwarded"))
+    )
     for stage in STAGES:
         result = pd.Series(float("nan"), index=wide.index)
         for formula in stage.formulas:
@@ -162,7 +174,9 @@ def run_pandas(path: Path) -> pl.DataFrame:
         values[stage.name] = result
     staged = pd.DataFrame({"replica": replica, **{s: values[s] for s in SEVEN}})
     table = staged.groupby("replica")[list(SEVEN)].quantile(list(QUANTILES.values())).unstack()
-    table.columns = [f"{s}_{dict(zip(QUANTILES.values(), QUANTILES))[q]}" for s, q in table.columns]
+    table.columns = [
+        f"{s}_{dict(zip(QUANTILES.values(), QUANTILES, strict=True))[q]}" for s, q in table.columns
+    ]
     return pl.from_pandas(table.reset_index()).select(RESULT_COLUMNS).sort("replica")
 
 
@@ -188,18 +202,32 @@ def run_polars_narrow(path: Path, hashed: bool = False) -> pl.DataFrame:
         lf.with_columns(pl.col("hop").cast(pl.Categorical))
         .with_columns(
             [pl.when(pl.col("hop") == h).then(key).alias(f"_k:{h}") for h in hops]
-            + [pl.when(pl.col("hop").cast(pl.String).str.starts_with("engine.") & pl.col("replica").is_not_null())
-               .then(key).alias("_k:engine")]  # fmt: skip
+            + [
+                pl.when(
+                    pl.col("hop").cast(pl.String).str.starts_with("engine.") & pl.col("replica").is_not_null()
+                )
+                .then(key)
+                .alias("_k:engine")
+            ]  # fmt: skip
         )
         .group_by(pl.col("request_id").hash(0).alias("_rid") if hashed else "request_id")
         .agg(
-            ([pl.col("request_id").first(), pl.col("request_id").hash(1).min().alias("_c0"),
-              pl.col("request_id").hash(1).max().alias("_c1")] if hashed else [])  # fmt: skip
+            (
+                [
+                    pl.col("request_id").first(),
+                    pl.col("request_id").hash(1).min().alias("_c0"),
+                    pl.col("request_id").hash(1).max().alias("_c1"),
+                ]
+                if hashed
+                else []
+            )  # fmt: skip
             + [pl.col("ts").min_by(f"_k:{h}").alias(f"_ts:{h}") for h in hops]
             + [pl.col(i.attr).min_by(f"_k:{i.hop}").alias(f"_a:{i.name}") for i in INPUTS if i.attr]
             + [pl.col("stream").min_by(f"_k:{h}").alias(f"_s:{h}") for h in ATTRIBUTE_SOURCES["stream"]]
-            + [pl.col("upstream").min_by("_k:gateway.forwarded").alias("_up"),
-               pl.col("replica").min_by("_k:engine").alias("_replica")]  # fmt: skip
+            + [
+                pl.col("upstream").min_by("_k:gateway.forwarded").alias("_up"),
+                pl.col("replica").min_by("_k:engine").alias("_replica"),
+            ]  # fmt: skip
         )
     )
     values: dict[str, pl.Expr] = {}
@@ -217,7 +245,9 @@ def run_polars_narrow(path: Path, hashed: bool = False) -> pl.DataFrame:
     values = stage_exprs(values)
     if hashed:
         staged = per_request.select(
-            replica=pl.coalesce("_replica", "_up"), **{s: values[s] for s in SEVEN}, _collided=pl.col("_c0") != pl.col("_c1")
+            replica=pl.coalesce("_replica", "_up"),
+            **{s: values[s] for s in SEVEN},
+            _collided=pl.col("_c0") != pl.col("_c1"),
         ).collect()
         if staged["_collided"].any():
             raise SystemExit("request_id hash collision: those groups need the string key")
@@ -321,7 +351,7 @@ def main() -> None:
         print(f"{'engine':<20} {'wall s median [min, max]':<26} {'CPU s':>7} {'peak GiB':>9} "
               f"{'wall ratio':>11} {'CPU ratio':>10} {'mem ratio':>10}  output")  # fmt: skip
 
-        def median(engine: str, key: str) -> float:
+        def median(engine: str, key: str, timings: dict[str, list[dict[str, float]]] = timings) -> float:
             values = sorted(t[key] for t in timings[engine])
             return values[len(values) // 2]
 

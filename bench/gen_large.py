@@ -173,9 +173,13 @@ def generate(requests: int, out: Path, chunk: int = 250_000, seed: int = 1) -> d
     for number, first in enumerate(range(0, requests, chunk)):
         n = min(chunk, requests - first)
         events = events_chunk(requests_chunk(rng, first, n, requests), rng)
-        events = events.with_columns(_bucket=pl.Series(rng.integers(0, buckets, events.height), dtype=pl.UInt32))
+        events = events.with_columns(
+            _bucket=pl.Series(rng.integers(0, buckets, events.height), dtype=pl.UInt32)
+        )
         for (bucket,), part in events.partition_by("_bucket", as_dict=True).items():
-            part.drop("_bucket").write_parquet(scratch / f"b{bucket:05d}-c{number:05d}.parquet", compression="lz4")
+            part.drop("_bucket").write_parquet(
+                scratch / f"b{bucket:05d}-c{number:05d}.parquet", compression="lz4"
+            )
     total = 0
     writer = None
     try:

@@ -66,7 +66,16 @@ def test_terminal_table_shows_the_sums_in_human_units() -> None:
         "--concurrent", "50",
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
-    for text in ("= TTFT", "400 ms", "= end-to-end", "8,400 ms", "50 tokens/s", "96 KiB", "600 MiB", "29.3 GiB"):
+    for text in (
+        "= TTFT",
+        "400 ms",
+        "= end-to-end",
+        "8,400 ms",
+        "50 tokens/s",
+        "96 KiB",
+        "600 MiB",
+        "29.3 GiB",
+    ):
         assert text in run.stdout
 
 
@@ -81,10 +90,25 @@ def test_help_has_the_example() -> None:
     [
         (["--layers", "48", "--kv-heads", "4"], "give --head-dim, --dtype"),
         (["--model-config", "/nonexistent/config.json"], "cannot read model config"),
-        (["--layers", "48", "--kv-heads", "4", "--head-dim", "128", "--dtype", "bf99"], "unknown dtype 'bf99'"),
         (
-            ["--layers", "48", "--kv-heads", "4", "--head-dim", "128", "--dtype", "bf16", "--gpu-mem-gib", "80",
-             "--weights-gib", "90"],
+            ["--layers", "48", "--kv-heads", "4", "--head-dim", "128", "--dtype", "bf99"],
+            "unknown dtype 'bf99'",
+        ),
+        (
+            [
+                "--layers",
+                "48",
+                "--kv-heads",
+                "4",
+                "--head-dim",
+                "128",
+                "--dtype",
+                "bf16",
+                "--gpu-mem-gib",
+                "80",
+                "--weights-gib",
+                "90",
+            ],
             "leave no room",
         ),
     ],
@@ -105,8 +129,14 @@ def test_fp8_kv_cache_doubles_what_fits() -> None:
 
 
 @pytest.mark.parametrize(
-    ("n", "text"), [(512, "512 B"), (96 * KIB, "96 KiB"), (600 * MIB, "600 MiB"), (50 * 600 * MIB, "29.3 GiB"),
-                    (1536, "1.5 KiB")]  # fmt: skip
+    ("n", "text"),
+    [
+        (512, "512 B"),
+        (96 * KIB, "96 KiB"),
+        (600 * MIB, "600 MiB"),
+        (50 * 600 * MIB, "29.3 GiB"),
+        (1536, "1.5 KiB"),
+    ],  # fmt: skip
 )
 def test_human_bytes(n: int, text: str) -> None:
     assert human_bytes(n) == text

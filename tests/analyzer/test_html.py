@@ -67,7 +67,9 @@ def read_png(path: Path) -> np.ndarray:
         if kind == 0:
             row = line.copy()
         elif kind == 1:
-            row = (np.cumsum(line.reshape(width, bpp), axis=0, dtype=np.uint64) % 256).astype(np.uint8).ravel()
+            row = (
+                (np.cumsum(line.reshape(width, bpp), axis=0, dtype=np.uint64) % 256).astype(np.uint8).ravel()
+            )
         elif kind == 2:
             row = line + prev
         else:
@@ -102,7 +104,9 @@ def chromium(*args: str, profile: Path) -> subprocess.CompletedProcess[str]:
 def frame(tmp_path_factory) -> pl.DataFrame:
     """3,000 synthetic requests over two replicas (client, gateway, engine, skewed clocks) whose
     queue on r2 triples 90 s in, written to Parquet and read back with scan_events."""
-    events = synth.generate(n_requests=3000, seed=3, incidents=[StageShift("queue", 3.0, at_s=90, scope={"replica": "r2"})])
+    events = synth.generate(
+        n_requests=3000, seed=3, incidents=[StageShift("queue", 3.0, at_s=90, scope={"replica": "r2"})]
+    )
     path = tmp_path_factory.mktemp("events") / "events.parquet"
     events.write_parquet(path)
     scanned, _ = scan_events([path])
@@ -158,7 +162,7 @@ def test_plots_render_in_headless_chromium(report: Path, tmp_path: Path) -> None
     flat = pixels.reshape(-1, 3)
     non_white = int((flat.min(axis=1) < 235).sum())
     assert non_white > 0.05 * len(flat), non_white  # a blank page with text is ~2%
-    colours = Counter(map(bytes, flat[:: 7]))
+    colours = Counter(map(bytes, flat[::7]))
     assert len(colours) > 200
     # the stage colours fill bars: queue red and prefill green cover thousands of pixels each
     for stage in ("queue", "prefill"):
@@ -180,5 +184,7 @@ def test_window_adapts_to_the_span(span: float, window: int) -> None:
 
 
 def test_kv_chart_when_bytes_per_token_are_known(frame: pl.DataFrame, tmp_path: Path) -> None:
-    with_kv = render_html({"findings": []}, frame, tmp_path / "kv.html", kv_bytes_per_token=98_304).read_text()
+    with_kv = render_html(
+        {"findings": []}, frame, tmp_path / "kv.html", kv_bytes_per_token=98_304
+    ).read_text()
     assert with_kv.count('class="plotly-graph-div"') == 5 and "KV cache in flight per replica" in with_kv

@@ -60,7 +60,10 @@ def test_from_config_defaults_head_dim_and_kv_heads() -> None:
 def test_kv_dtype_overrides_weights_dtype() -> None:
     # an FP8 cache beside BF16 weights halves the KV bytes
     assert KVSpec.from_config(QWEN3_30B_A3B, kv_dtype="fp8").bytes_per_token == 48 * KIB
-    assert KVSpec.from_config({**QWEN3_30B_A3B, "torch_dtype": None, "dtype": "float32"}).bytes_per_token == 192 * KIB
+    assert (
+        KVSpec.from_config({**QWEN3_30B_A3B, "torch_dtype": None, "dtype": "float32"}).bytes_per_token
+        == 192 * KIB
+    )
 
 
 def test_text_config_of_multimodal_models() -> None:
