@@ -7,7 +7,9 @@
 
 ``instrument(client)`` wraps the client's transport (and its per-mount transports) in a
 ``HoplineTransport`` / ``AsyncHoplineTransport``; nothing is monkeypatched, and a transport can also
-be wrapped directly: ``httpx.Client(transport=HoplineTransport(httpx.HTTPTransport()))``.
+be wrapped directly: ``httpx.Client(transport=HoplineTransport(httpx.HTTPTransport()))``. The
+``httpx2`` fork (what ``openai.DefaultHttpxClient`` is built on since openai 3) works the same way:
+both share one API, and the wrappers subclass the base classes of each one installed.
 
 Per request the transport:
 
@@ -39,6 +41,11 @@ from typing import Any, TypeVar
 
 import httpx
 
+try:  # the fork openai >= 3 builds its default clients on; same API as httpx
+    import httpx2
+except ImportError:  # pragma: no cover - depends on what is installed
+    httpx2 = None
+
 from hopline.middleware import clock
 from hopline.middleware.contract import new_request_id, normalize_request_id
 from hopline.middleware.emit import Emitter, get_emitter
@@ -51,6 +58,9 @@ SDK_RETRY_HEADER = "x-stainless-retry-count"
 TRACEPARENT_HEADER = "traceparent"
 MAX_ATTEMPT = 1000
 _TRACE_ID = re.compile(r"[0-9a-f]{32}")
+_FLAVOURS = (httpx,) if httpx2 is None else (httpx, httpx2)
+_SYNC_CLIENTS = tuple(m.Client for m in _FLAVOURS)
+_ASYNC_CLIENTS = tuple(m.AsyncClient for m in _FLAVOURS)
 
 
 class _LogicalCalls:
@@ -97,7 +107,7 @@ def _traceparent(request_id: str) -> str:
 def _body_of(request: httpx.Request) -> bytes | None:
     try:
         return request.content
-    except httpx.RequestNotRead:  # a streamed upload: not read, attributes unknown
+    except RuntimeError:  # RequestNotRead: a streamed upload, attributes unknown
         return None
 
 
@@ -252,7 +262,7 @@ def _guarded(emitter: Emitter, action: Callable[[], None]) -> None:
         emitter.errors += 1
 
 
-class _ObservedSyncStream(httpx.SyncByteStream):
+class _ObservedSyncStream(*(m.SyncByteStream for m in _FLAVOURS)):  # type: ignore[misc]
     """The response body, passed through chunk by chunk while ``_Call`` watches it."""
 
     def __init__(self, stream: httpx.SyncByteStream, call: _Call) -> None:
@@ -275,7 +285,7 @@ class _ObservedSyncStream(httpx.SyncByteStream):
         self._stream.close()
 
 
-class _ObservedAsyncStream(httpx.AsyncByteStream):
+class _ObservedAsyncStream(*(m.AsyncByteStream for m in _FLAVOURS)):  # type: ignore[misc]
     """The async twin of ``_ObservedSyncStream`` (shape of httpx's ``BoundAsyncStream``)."""
 
     def __init__(self, stream: httpx.AsyncByteStream, call: _Call) -> None:
@@ -356,7 +366,7 @@ def _async_trace(
     return trace
 
 
-class HoplineTransport(httpx.BaseTransport):
+class HoplineTransport(*(m.BaseTransport for m in _FLAVOURS)):  # type: ignore[misc]
     """Wraps a sync httpx transport and emits client hops for every request through it."""
 
     def __init__(self, transport: httpx.BaseTransport, *, emitter: Emitter | None = None, service: str | None = None) -> None:
@@ -394,7 +404,7 @@ class HoplineTransport(httpx.BaseTransport):
         self.transport.__exit__(*args)
 
 
-class AsyncHoplineTransport(httpx.AsyncBaseTransport):
+class AsyncHoplineTransport(*(m.AsyncBaseTransport for m in _FLAVOURS)):  # type: ignore[misc]
     """Wraps an async httpx transport and emits client hops for every request through it."""
 
     def __init__(
@@ -442,15 +452,16 @@ def _current_task_key() -> Hashable:
     return id(task) if task is not None else threading.get_ident()
 
 
-_C = TypeVar("_C", httpx.Client, httpx.AsyncClient)
+_C = TypeVar("_C")
 
 
 def instrument(client: _C, *, emitter: Emitter | None = None, service: str | None = None) -> _C:
     """Wrap ``client``'s transport and per-mount transports so that every request emits client hops.
 
     Args:
-        client: an ``httpx.Client`` or ``httpx.AsyncClient`` (e.g. the one passed to
-            ``openai.OpenAI(http_client=...)``); returned, instrumented in place.
+        client: an ``httpx.Client`` or ``httpx.AsyncClient`` (or their ``httpx2`` twins, such as
+            ``openai.DefaultHttpxClient()``), e.g. the one passed to
+            ``openai.OpenAI(http_client=...)``; returned, instrumented in place.
         emitter: where events go; default ``get_emitter()`` (from ``HOPLINE_*``).
         service: the calling service's name on every event (else the emitter's ``service``).
 
@@ -460,9 +471,9 @@ def instrument(client: _C, *, emitter: Emitter | None = None, service: str | Non
     Raises:
         TypeError: ``client`` is not an httpx client.
     """
-    if isinstance(client, httpx.AsyncClient):
+    if isinstance(client, _ASYNC_CLIENTS):
         wrap_class: type = AsyncHoplineTransport
-    elif isinstance(client, httpx.Client):
+    elif isinstance(client, _SYNC_CLIENTS):
         wrap_class = HoplineTransport
     else:
         raise TypeError(f"instrument() needs an httpx.Client or httpx.AsyncClient, got {type(client).__name__}")

@@ -205,3 +205,32 @@ def test_mounts_are_wrapped_once_and_user_trace_still_called(mw, echo_url):
     assert isinstance(instrument(httpx.AsyncClient(), emitter=emitter)._transport, AsyncHoplineTransport)
     with pytest.raises(TypeError, match="httpx.Client"):
         instrument(object(), emitter=emitter)  # type: ignore[type-var]
+
+
+def test_openai_default_clients_built_on_httpx2(mw, engine_url):
+    """openai >= 3 builds its default clients on httpx2; instrument() takes those too."""
+    emitter = mw.memory_emitter()
+    client = openai.OpenAI(base_url=engine_url + "/v1", api_key="k", max_retries=1,
+                           http_client=instrument(openai.DefaultHttpxClient(), emitter=emitter))
+    chunks = list(client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], stream=True, max_tokens=2,
+        extra_headers={"x-fake-mode": "fail_once"}))
+    client.close()
+
+    async def run_async() -> list:
+        http = instrument(openai.DefaultAsyncHttpxClient(), emitter=emitter)
+        async with openai.AsyncOpenAI(base_url=engine_url + "/v1", api_key="k", http_client=http) as sdk:
+            return [c async for c in await sdk.chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": "hi"}], stream=True, max_tokens=2)]
+
+    async_chunks = asyncio.run(run_async())
+    sync_id, async_id = rid_of(chunks[0]), rid_of(async_chunks[0])
+    events = mw.wait_for(emitter, lambda ev: sum(e["hop"] == "client.last_token" for e in ev) == 2)
+    assert [(e["hop"], e["attempt"]) for e in sorted(events, key=lambda e: e["ts"]) if e["request_id"] == sync_id] == [
+        ("client.sent", 0), ("client.error", 0), ("client.sent", 1), ("client.first_token", 1), ("client.last_token", 1)]
+    assert mw.hops_of(events, async_id) == ["client.sent", "client.first_token", "client.last_token"]
+    assert mw.one(events, "client.sent", request_id=async_id)["conn_reused"] is False
+
+
+def rid_of(chunk) -> str:
+    return chunk.id.removeprefix("chatcmpl-")
