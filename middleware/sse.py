@@ -23,6 +23,7 @@ import orjson
 MAX_JSON_BYTES = 1 << 20  # bodies above this are passed on untouched and not parsed
 MAX_EVENT_BYTES = 1 << 20  # an SSE event (or a line without newline) above this is dropped
 _DONE = b"[DONE]"
+_DONE_EVENT = b"data: [DONE]\n\n"
 
 
 def _output_in_choice(choice: Any) -> bool:
@@ -116,6 +117,9 @@ class StreamReader:
                     self.max_gap_at = self.last_output_at
                 self.last_output_at = ts
                 return False
+        if chunk == _DONE_EVENT and not (self._buf or self._data):
+            self.done = True
+            return False
         had_output = self.first_at is not None
         if (
             chunk.startswith(b"data: ")
