@@ -226,15 +226,18 @@ class Exchange:
             self.disconnected = True
 
     def finish(self, exc: BaseException | None) -> None:
-        """After the app returned or raised: report a request that never finished."""
+        """After the app returned or raised: report a request that never finished (never raises)."""
         if self.final:
             return
-        if self.disconnected or isinstance(exc, OSError):
-            self.fail("disconnected")
-        elif exc is not None:
-            self.fail(_exception_label(exc), None, self.status if self.status is not None else 500)
-        else:
-            self.fail("incomplete")
+        try:
+            if self.disconnected or isinstance(exc, OSError):
+                self.fail("disconnected")
+            elif exc is not None:
+                self.fail(_exception_label(exc), None, self.status if self.status is not None else 500)
+            else:
+                self.fail("incomplete")
+        except Exception:
+            self.emitter.errors += 1
 
 
 def _exception_label(exc: BaseException) -> str:

@@ -47,6 +47,7 @@ except ImportError:  # pragma: no cover - depends on what is installed
     httpx2 = None
 
 from hopline.middleware import clock
+from hopline.middleware.asgi import parse_attempt
 from hopline.middleware.contract import new_request_id, normalize_request_id
 from hopline.middleware.emit import Emitter, get_emitter
 from hopline.middleware.log import logger
@@ -56,7 +57,6 @@ REQUEST_ID_HEADER = "x-request-id"
 ATTEMPT_HEADER = "x-hopline-attempt"
 SDK_RETRY_HEADER = "x-stainless-retry-count"
 TRACEPARENT_HEADER = "traceparent"
-MAX_ATTEMPT = 1000
 _TRACE_ID = re.compile(r"[0-9a-f]{32}")
 _FLAVOURS = (httpx,) if httpx2 is None else (httpx, httpx2)
 _SYNC_CLIENTS = tuple(m.Client for m in _FLAVOURS)
@@ -86,16 +86,9 @@ class _LogicalCalls:
 
 
 def _attempt_of(headers: httpx.Headers) -> int:
-    for name in (ATTEMPT_HEADER, SDK_RETRY_HEADER):
-        raw = headers.get(name)
-        if raw is not None:
-            try:
-                value = int(raw)
-            except ValueError:
-                continue
-            if 0 <= value <= MAX_ATTEMPT:
-                return value
-    return 0
+    """The caller's ``X-Hopline-Attempt``, else the SDK's retry count, else 0."""
+    raw = headers.get(ATTEMPT_HEADER)
+    return parse_attempt(raw if raw is not None else headers.get(SDK_RETRY_HEADER))
 
 
 def _traceparent(request_id: str) -> str:

@@ -129,12 +129,12 @@ class EngineMiddleware:
             return send(message)
 
         def finish(exc: BaseException | None) -> None:
-            try:
-                if not received:
+            if not received:
+                try:
                     emit_received(None)
-                exchange.finish(exc)
-            except Exception:
-                exchange.emitter.errors += 1
+                except Exception:
+                    exchange.emitter.errors += 1
+            exchange.finish(exc)
 
         try:
             await self.app(scope, observed_receive, observed_send)

@@ -151,7 +151,7 @@ class GatewayMiddleware:
 
         async def observed_receive() -> Message:
             message = await receive()
-            if message["type"] == "http.disconnect":
+            if message.get("type") == "http.disconnect":
                 exchange.on_disconnect()
             return message
 
@@ -172,13 +172,6 @@ class GatewayMiddleware:
         try:
             await self.app(scope, observed_receive, observed_send)
         except BaseException as exc:
-            _finish(exchange, exc)
+            exchange.finish(exc)
             raise
-        _finish(exchange, None)
-
-
-def _finish(exchange: Exchange, exc: BaseException | None) -> None:
-    try:
-        exchange.finish(exc)
-    except Exception:
-        exchange.emitter.errors += 1
+        exchange.finish(None)
