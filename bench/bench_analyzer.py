@@ -10,7 +10,9 @@ frontend, queue, prefill, decode) per replica.
 * ``hopline``: ``io.scan_events`` + ``timelines.timelines`` + a Polars quantile aggregation;
 * ``duckdb``: the same stage table compiled to SQL (2 threads, memory_limit);
 * ``pandas``: the same stage table on pandas Series (sort, drop_duplicates, pivot);
-* ``polars-narrow``: an experiment: only the inputs these 7 stages need, categorical hops.
+* experiments: ``polars-narrow`` (only the inputs these 7 stages need), ``polars-narrow-hash``
+  (the same grouped by a 64-bit hash of request_id), ``hopline-buckets`` (hopline's io +
+  timelines on the log partitioned by request hash, one partition at a time).
 
 Every engine runs in a fresh process (``--worker``); peak memory is that process's ru_maxrss
 (``os.wait4``), time is the query inside it, Parquet read included. All engines' tables must
@@ -256,12 +258,45 @@ def run_polars_narrow(path: Path, hashed: bool = False) -> pl.DataFrame:
     return quantiles_by_replica(staged).collect()
 
 
+# --- an experimental layout: events partitioned by request --------------------------------------
+
+BUCKETS = 8
+
+
+def bucket_folder(path: Path) -> Path:
+    return path.with_name(path.stem + f".buckets{BUCKETS}")
+
+
+def bucketize(path: Path) -> Path:
+    """Rewrite the shuffled log as ``BUCKETS`` partitions by a hash of ``request_id`` (what a
+    collector could write at compaction): every request's events land in one partition, so
+    timelines can be built one partition at a time, in a fraction of the memory."""
+    folder = bucket_folder(path)
+    if not folder.exists():
+        bucket = (pl.col("request_id").hash(7) % BUCKETS).alias("bucket")
+        pl.scan_parquet(path).sink_parquet(pl.PartitionBy(folder, key=bucket, include_key=False), mkdir=True)
+    return folder
+
+
+def run_hopline_buckets(path: Path) -> pl.DataFrame:
+    """hopline's own io + timelines, one request-hash partition at a time (``bucketize``)."""
+    from hopline.analyzer.io import scan_events
+    from hopline.analyzer.timelines import timelines
+
+    parts = []
+    for folder in sorted(bucket_folder(path).iterdir()):
+        events, _ = scan_events([folder])
+        parts.append(timelines(events).select("replica", *SEVEN).collect())
+    return quantiles_by_replica(pl.concat(parts).lazy()).collect()
+
+
 ENGINES: dict[str, Callable[[Path], pl.DataFrame]] = {
     "hopline": run_hopline,
     "duckdb": run_duckdb,
     "pandas": run_pandas,
     "polars-narrow": run_polars_narrow,
     "polars-narrow-hash": lambda path: run_polars_narrow(path, hashed=True),
+    "hopline-buckets": run_hopline_buckets,
 }
 
 
@@ -337,6 +372,10 @@ def main() -> None:
     failed = False
     for requests, engines in runs:
         path = dataset(requests, args.data)
+        if "hopline-buckets" in engines and not bucket_folder(path).exists():
+            began = time.perf_counter()
+            bucketize(path)
+            print(f"bucketized {path.name} into {BUCKETS} request-hash partitions in {time.perf_counter() - began:.1f} s")
         events = pl.scan_parquet(path).select(pl.len()).collect().item()
         print(f"\n{requests:,} requests, {events:,} events, {path.stat().st_size / 1e6:,.0f} MB Parquet")
         timings: dict[str, list[dict[str, float]]] = {e: [] for e in engines}
