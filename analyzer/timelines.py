@@ -5,18 +5,18 @@ The Polars expressions here are generated from ``contract.INPUTS``, ``ATTRIBUTE_
 Python), so the collector and the analyzer cannot disagree; ``tests/golden_stages.json`` checks it.
 
 Query shape (the part that decides speed on tens of millions of events): one ``group_by`` over
-``request_id`` whose aggregations are all plain ``min`` / ``max`` / ``min_by`` on columns
-computed beforehand, row-wise and vectorised — shapes the streaming engine aggregates natively,
-without materialising groups. The contract picks, per hop, the event of the highest attempt
-(earliest ``ts`` on a tie); that is the minimum of one number per event,
-``pick = ts - attempt * 2**24`` (exact in float64 for Unix timestamps, and correctly ordered as
-long as one hop's attempts of one request lie within 2**24 s = 194 days of each other), so the
-chosen event's values are ``min_by(pick)``.
+``request_id`` whose aggregations are plain ``min`` / ``max`` / ``min_by`` of columns computed
+beforehand, row-wise and vectorised: shapes the streaming engine aggregates natively, without
+materialising groups. The contract picks, per hop, the event of the highest attempt (earliest
+``ts`` on a tie): the minimum of ``pick = ts - attempt * 2**24`` (exact in float64 for Unix
+timestamps; correctly ordered while one hop's attempts of one request lie within 2**24 s = 194
+days). One window expression marks those ``chosen`` events; after that a hop's time is the
+``min`` of ``ts`` masked to its chosen event, and an attribute read from the first of several
+hops that carries it is one ``min_by`` over a priority (the hop's place in the list) — one
+aggregation per attribute, however many hops it may come from.
 """
 
 from __future__ import annotations
-
-from collections.abc import Iterable
 
 import polars as pl
 
@@ -27,7 +27,6 @@ from hopline.middleware.contract import (
     INPUTS,
     RATIOS,
     STAGES,
-    STORAGE_COLUMNS,
     Formula,
     component,
 )
@@ -54,11 +53,6 @@ GAP_COLUMNS = {
     "client_max_gap_s": ("client.last_token", "max_gap_s"),
     "client_max_gap_at": ("client.last_token", "max_gap_at"),
 }
-STORAGE_TYPES = {name: getattr(pl, dtype)() for name, dtype in STORAGE_COLUMNS.items()}
-
-
-def _pick_col(hop: str) -> str:
-    return f"_pick:{hop}"
 
 
 def _hop_ts(hop: str) -> str:
@@ -69,59 +63,82 @@ def _hop_attr(hop: str, attr: str) -> str:
     return f"_{attr}:{hop}"
 
 
-def _needed() -> tuple[list[str], dict[str, list[str]]]:
-    """Hops whose chosen event is read, and which attributes of each."""
-    hops: dict[str, None] = {}
-    attrs: dict[str, dict[str, None]] = {}
-    for inp in INPUTS:
-        hops[inp.hop] = None
-        if inp.attr is not None:
-            attrs.setdefault(inp.hop, {})[inp.attr] = None
-    for name, sources in ATTRIBUTE_SOURCES.items():
-        for hop in sources:
-            hops[hop] = None
-            attrs.setdefault(hop, {})[name] = None
-    for hop, attr in GAP_COLUMNS.values():
-        hops[hop] = None
-        attrs.setdefault(hop, {})[attr] = None
-    for hop in sorted(ERROR_HOPS) + [h for hops_ in EXPECTED_HOPS.values() for h in hops_]:
-        hops[hop] = None
-    for hop in ERROR_HOPS:
-        for attr in ERROR_ATTRS:
-            attrs.setdefault(hop, {})[attr] = None
-    return list(hops), {h: list(a) for h, a in attrs.items()}
+def _attr(name: str) -> str:
+    return f"_attr:{name}"
 
 
-def _per_event_columns(hops: Iterable[str]) -> list[pl.Expr]:
-    """Row-wise columns the single group_by aggregates: a pick key per hop and per component."""
-    hop = pl.col("hop")
+# Attributes taken from the first listed hop whose chosen event carries them: the contract's,
+# plus the error's status and text (from the error hops, in a fixed order).
+SOURCES: dict[str, tuple[str, ...]] = {
+    **ATTRIBUTE_SOURCES,
+    **{name: tuple(sorted(ERROR_HOPS)) for name in ERROR_ATTRS},
+}
+# Attributes read from one hop: the stage table's inputs and the output-gap columns.
+HOP_ATTRS: tuple[tuple[str, str], ...] = tuple(
+    dict.fromkeys([(inp.hop, inp.attr) for inp in INPUTS if inp.attr is not None] + list(GAP_COLUMNS.values()))
+)
+# Hops whose time is needed: inputs, presence checks (missing hops, outcome, defaults).
+TIMED_HOPS: tuple[str, ...] = tuple(
+    dict.fromkeys(
+        [inp.hop for inp in INPUTS]
+        + [h for hops in EXPECTED_HOPS.values() for h in hops]
+        + sorted(ERROR_HOPS)
+    )
+)
+FIRST_HOPS = ("client.sent", "gateway.received", "engine.received")  # where a request starts
+# Events of other hops (gateway.admitted) carry nothing a timeline uses: dropped before grouping.
+READ_HOPS = list(dict.fromkeys(TIMED_HOPS + tuple(h for hops in SOURCES.values() for h in hops) + tuple(h for h, _ in HOP_ATTRS)))
+
+
+def _priority(hops: tuple[str, ...]) -> pl.Expr:
+    """The event's place in ``hops`` (0 first), null for other hops."""
+    expr = pl.when(pl.col("hop") == hops[0]).then(pl.lit(0, pl.Int8))
+    for i, hop in enumerate(hops[1:], start=1):
+        expr = expr.when(pl.col("hop") == hop).then(pl.lit(i, pl.Int8))
+    return expr
+
+
+def _per_event_columns() -> list[pl.Expr]:
+    """Row-wise columns the single group_by aggregates (needs ``_chosen``)."""
+    hop, chosen = pl.col("hop"), pl.col("_chosen")
     key = pl.col("ts") - pl.col("attempt").cast(pl.Float64) * ATTEMPT_SPAN_S
-    cols = [pl.when(hop == h).then(key).alias(_pick_col(h)) for h in hops]
-    for comp in COMPONENTS:
-        in_comp = hop.is_in([h for h in HOPS if component(h) == comp])
-        cols.append(pl.when(in_comp).then(pl.col("ts")).alias(f"_ts:{comp}"))
-        if comp == "engine":  # the final attempt's engine replica and model
-            cols.append(pl.when(in_comp & pl.col("replica").is_not_null()).then(key).alias("_rkey:engine"))
-            cols.append(pl.when(in_comp & pl.col("model").is_not_null()).then(key).alias("_mkey:engine"))
-        else:
-            cols.append(pl.when(in_comp).then(pl.col("service")).alias(f"_svc:{comp}"))
-            cols.append(pl.when(in_comp).then(pl.col("model")).alias(f"_mod:{comp}"))
-    for h in ("client.sent", "gateway.received", "engine.received"):
-        cols.append(pl.when(hop == h).then(pl.col("ts")).alias(f"_first:{h}"))
+    cols = [pl.when(chosen & (hop == h)).then(pl.col("ts")).alias(_hop_ts(h)) for h in TIMED_HOPS]
+    cols += [pl.when(chosen & (hop == h)).then(pl.col(a)).alias(_hop_attr(h, a)) for h, a in HOP_ATTRS]
+    cols += [
+        pl.when(chosen & pl.col(name).is_not_null()).then(_priority(hops)).alias(f"_prio:{name}")
+        for name, hops in SOURCES.items()
+    ]
+    cols += [pl.when(hop == h).then(pl.col("ts")).alias(f"_first:{h}") for h in FIRST_HOPS]
+    in_comp = {comp: hop.is_in([h for h in HOPS if component(h) == comp]) for comp in COMPONENTS}
+    cols += [pl.when(in_comp[comp]).then(pl.col("ts")).alias(f"_ts:{comp}") for comp in COMPONENTS]
+    # one key per request-level name, so each is a single aggregation (see ``timelines``):
+    # service: a client's, else the gateway's; replica: the final attempt's engine;
+    # model: the final attempt's engine's, else the client's, else the gateway's.
+    cols.append(
+        pl.when(pl.col("service").is_not_null())
+        .then(pl.when(in_comp["client"]).then(0.0).when(in_comp["gateway"]).then(1.0))
+        .alias("_key:service")
+    )
+    cols.append(pl.when(in_comp["engine"] & pl.col("replica").is_not_null()).then(key).alias("_key:replica"))
+    cols.append(
+        pl.when(pl.col("model").is_not_null())
+        .then(pl.when(in_comp["engine"]).then(key).when(in_comp["client"]).then(1e12).when(in_comp["gateway"]).then(2e12))
+        .alias("_key:model")
+    )
+    in_error = hop.is_in(sorted(ERROR_HOPS))
+    gone = (pl.col("status") == 499) | pl.col("error").str.contains("(?i)disconnect")
+    cols.append((chosen & in_error & gone.fill_null(False)).alias("_gone"))
     return cols
 
 
-def _aggregations(hops: list[str], attrs: dict[str, list[str]]) -> list[pl.Expr]:
-    aggs = [pl.col("ts").min_by(_pick_col(h)).alias(_hop_ts(h)) for h in hops]
-    aggs += [pl.col(a).min_by(_pick_col(h)).alias(_hop_attr(h, a)) for h, names in attrs.items() for a in names]
-    aggs += [pl.col(f"_first:{h}").min() for h in ("client.sent", "gateway.received", "engine.received")]
+def _aggregations() -> list[pl.Expr]:
+    aggs = [pl.col(_hop_ts(h)).min() for h in TIMED_HOPS]
+    aggs += [pl.col(_hop_attr(h, a)).min() for h, a in HOP_ATTRS]
+    aggs += [pl.col(name).min_by(f"_prio:{name}").alias(_attr(name)) for name in SOURCES]
+    aggs += [pl.col(f"_first:{h}").min() for h in FIRST_HOPS]
     aggs += [pl.col(f"_ts:{comp}").min().alias(f"_seen:{comp}") for comp in COMPONENTS]
-    aggs += [
-        pl.col("replica").min_by("_rkey:engine").alias("_replica:engine"),
-        pl.col("model").min_by("_mkey:engine").alias("_model:engine"),
-    ]
-    for comp in ("client", "gateway"):
-        aggs += [pl.col(f"_svc:{comp}").min().alias(f"_service:{comp}"), pl.col(f"_mod:{comp}").min().alias(f"_model:{comp}")]
+    aggs += [pl.col(name).min_by(f"_key:{name}") for name in ("service", "replica", "model")]
+    aggs.append(pl.col("_gone").any().alias("_disconnected"))
     aggs.append((pl.col("attempt").max() + 1).alias("attempts"))  # tries seen by any component
     return aggs
 
@@ -141,8 +158,8 @@ def _inputs() -> dict[str, pl.Expr]:
             if inp.default is not None:
                 value = pl.when(_present(inp.hop)).then(value.fill_null(inp.default))
             exprs[inp.name] = value
-    for name, sources in ATTRIBUTE_SOURCES.items():
-        exprs[name] = pl.coalesce([pl.col(_hop_attr(h, name)) for h in sources]).cast(STORAGE_TYPES[name])
+    for name in ATTRIBUTE_SOURCES:
+        exprs[name] = pl.col(_attr(name))
     return exprs
 
 
@@ -178,13 +195,7 @@ def _outcome() -> pl.Expr:
     """ok / error / rejected / disconnected / incomplete, from the outermost component seen."""
     errors = [_present(h) for h in sorted(ERROR_HOPS)]
     any_error = pl.any_horizontal(errors)
-    disconnected = pl.any_horizontal(
-        [
-            (pl.col(_hop_attr(h, "status")) == 499)
-            | pl.col(_hop_attr(h, "error")).str.contains("(?i)disconnect").fill_null(False)
-            for h in sorted(ERROR_HOPS)
-        ]
-    )
+    disconnected = pl.col("_disconnected")
     outer_done = (
         pl.when(pl.col("_seen:client").is_not_null())
         .then(_present("client.last_token") & ~_present("client.error"))
@@ -252,29 +263,28 @@ def timelines(events: pl.LazyFrame) -> pl.LazyFrame:
     string or already the ``HOP_ENUM``. Times are Unix seconds (``start``, inputs) and seconds
     (stages); ``negative`` and ``missing`` are lists of stage / hop names.
     """
-    hops, attrs = _needed()
+    pick = pl.col("ts") - pl.col("attempt").cast(pl.Float64) * ATTEMPT_SPAN_S
     per_request = (
         events.with_columns(pl.col("hop").cast(HOP_ENUM, strict=False))
-        .with_columns(_per_event_columns(hops))
+        .filter(pl.col("hop").is_in(READ_HOPS))
+        .with_columns(_chosen=pick == pick.min().over("request_id", "hop"))
+        .with_columns(_per_event_columns())
         .group_by("request_id")
-        .agg(_aggregations(hops, attrs))
+        .agg(_aggregations())
     )
     values = _inputs()
     attributes = {name: values[name] for name in ATTRIBUTE_SOURCES}
     values = stage_exprs(values)
-    error_hops = sorted(ERROR_HOPS)
     row = {
-        "service": pl.coalesce(pl.col("_service:client"), pl.col("_service:gateway")),
-        "replica": pl.coalesce(pl.col("_replica:engine"), pl.col(_hop_attr("gateway.forwarded", "upstream"))),
-        "model": pl.coalesce(pl.col("_model:engine"), pl.col("_model:client"), pl.col("_model:gateway")),
+        "replica": pl.coalesce(pl.col("replica"), pl.col(_attr("upstream"))),
         "start": pl.coalesce(
             pl.col("_first:client.sent"), pl.col("_first:gateway.received"), pl.col("_first:engine.received")
         ),
         **{name: values[name] for name in INPUT_NAMES},
         **{column: attributes[name] for name, column in ATTRIBUTE_COLUMNS.items()},
         **{name: pl.col(_hop_attr(hop, attr)) for name, (hop, attr) in GAP_COLUMNS.items()},
-        "status": pl.coalesce([pl.col(_hop_attr(h, "status")) for h in error_hops]),
-        "error": pl.coalesce([pl.col(_hop_attr(h, "error")) for h in error_hops]),
+        "status": pl.col(_attr("status")),
+        "error": pl.col(_attr("error")),
         **{name: values[name] for name in STAGE_COLUMNS + RATIO_COLUMNS},
     }
     return (
