@@ -8,20 +8,23 @@ from typing import Any
 import polars as pl
 from rich.console import Console
 
-from hopline.analyzer.io import scan_events
+from hopline.analyzer.demo.engine_sim import EngineConfig
+from hopline.analyzer.io import ScanReport, scan_events
+from hopline.analyzer.report import analyze, render
 from hopline.analyzer.timelines import timelines
 
 
-def load_timelines(run_dir: Path) -> pl.DataFrame:
+def load_timelines(run_dir: Path) -> tuple[pl.DataFrame, ScanReport]:
     """One row per request, from the collector's store under ``run_dir/events``."""
-    events, _ = scan_events([run_dir / "events"])
-    return timelines(events).collect()
+    events, scan = scan_events([run_dir / "events"])
+    return timelines(events).collect(), scan
 
 
 def analyze_run(run_dir: Path) -> tuple[dict[str, Any], pl.DataFrame]:
     """The findings report (DESIGN.md's contract) and the timelines it was computed from."""
-    frame = load_timelines(run_dir)
-    return {"requests": frame.height, "findings": []}, frame
+    frame, scan = load_timelines(run_dir)
+    kv_bytes = EngineConfig().model.kv.bytes_per_token
+    return analyze(frame, scan=scan, kv_bytes_per_token=kv_bytes), frame
 
 
 def render_html(report: dict[str, Any], frame: pl.DataFrame, path: Path) -> Path:
@@ -40,6 +43,5 @@ def write_dashboards(out: Path, collector_url: str) -> list[Path]:
 
 
 def print_report(report: dict[str, Any], console: Console) -> None:
-    """The analyzer's terminal report."""
-    for finding in report.get("findings", []):
-        console.print(f"• {finding.get('summary')}")
+    """The analyzer's terminal report (as ``hopline analyze`` prints it)."""
+    render(report, console)

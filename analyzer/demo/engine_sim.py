@@ -85,7 +85,7 @@ class EngineConfig:
     chunked_prefill: bool = True
     max_num_batched_tokens: int = 1024  # per step, with chunked prefill
     step_base_s: float = 0.010  # a forward pass's fixed cost (weights read once per step)
-    step_per_seq_s: float = 0.0002  # + per running sequence (KV reads)
+    step_per_seq_s: float = 0.0001  # + per running sequence (decode is memory-bound: weights dominate)
     prefill_per_token_s: float = 0.00004  # + per prompt token computed in the step
     frontend_s: float = 0.001  # HTTP parsing, chat template, tokenization
     frontend_per_token_s: float = 0.0000005
@@ -426,15 +426,24 @@ class Engine:
         }
 
     async def _stream(self, r: SimRequest, meta: dict[str, Any], include_usage: bool) -> AsyncIterator[bytes]:
+        """One SSE event per token, or per run of tokens when the reader falls behind (as vLLM's
+        output processor merges what accumulated since the reader last took output)."""
         chunk = {**meta, "object": "chat.completion.chunk"}
+        sent = 0
         try:
-            first = True
             while (await r.outbox.get()) is not None:
-                if first:  # like vLLM, the role chunk leaves with the first output
-                    first = False
+                done = False
+                while not r.outbox.empty():
+                    done = r.outbox.get_nowait() is None
+                    if done:
+                        break
+                if sent == 0:  # like vLLM, the role chunk leaves with the first output
                     yield _sse({**chunk, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]})
-                word = WORDS[r.generated % len(WORDS)]
-                yield _sse({**chunk, "choices": [{"index": 0, "delta": {"content": word}, "logprobs": None, "finish_reason": None}]})
+                text = "".join(WORDS[i % len(WORDS)] for i in range(sent, r.generated))
+                sent = r.generated
+                yield _sse({**chunk, "choices": [{"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": None}]})
+                if done:
+                    break
             yield _sse({**chunk, "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": r.finish_reason}]})
             if include_usage:
                 yield _sse({**chunk, "choices": [], "usage": self._usage(r)})

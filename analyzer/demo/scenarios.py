@@ -5,9 +5,9 @@ Poisson rate, spread over two replicas by conversation) and injects one thing at
 (a fraction of the run, late enough that the analyzer has a "before" to compare with, early
 enough for an "after"). ``expect`` is the first finding the analyzer must report.
 
-The sizes are meant to be realistic for an 8B model on one GPU, scaled in time: a burst that
-triples one replica's queueing, a 4x prefill regression (a kernel fallback), 50 ms of one-way
-latency on one client's path, 12k-token prompts, a client opening a connection per request, a
+The sizes are meant to be realistic for an 8B model on one GPU, scaled in time: a batch job
+that saturates one replica (its queue time goes from milliseconds to about a second), a 4x prefill regression (a kernel fallback), 15 ms more each way
+on one client's path, 14k-token prompts, a client opening a connection per request, a
 client that sends no ``max_tokens``.
 """
 
@@ -21,6 +21,9 @@ from hopline.analyzer.demo.loadgen import Traffic
 
 REPLICAS = ("r1", "r2")
 INCIDENT_AT = 0.55
+# A client that always opened a connection per request, or never set max_tokens, runs from the
+# start: were it to appear mid-run, the traffic it adds would itself be a shift (connect p90 of all
+# traffic, say) whose cost to users is, rightly, at least the pitfall's, and would be reported first.
 
 
 def pinned_user(prefix: str, replica: str) -> str:
@@ -29,12 +32,12 @@ def pinned_user(prefix: str, replica: str) -> str:
 
 
 BASELINE: tuple[Traffic, ...] = (
-    Traffic("kite-chat", rate=4.0, api_key="sk-demo-chat", users=60),
+    Traffic("kite-chat", rate=4.5, api_key="sk-demo-chat", users=80),
     Traffic(
         "kite-docs",
-        rate=1.0,
+        rate=3.5,
         api_key="sk-demo-docs",
-        users=20,
+        users=60,
         system_tokens=1200,
         prompt_median_tokens=60,
         max_turns=2,
@@ -75,20 +78,21 @@ SCENARIOS: dict[str, Scenario] = {
     for s in (
         Scenario(
             "queue-burst",
-            "a batch job with 28 workers starts, pinned to replica r2 by its conversation key",
+            "a batch job (24 workers, non-streaming) starts, pinned to replica r2 by its conversation key",
             expect={"kind": "shift", "stage": "queue", "scope": {"replica": "r2"}},
             incident_traffic=(
                 Traffic(
                     "batch-eval",
                     rate=0.0,
-                    concurrency=28,
+                    concurrency=24,
                     api_key="sk-demo-batch",
                     pinned_user=pinned_user("batch-eval", "r2"),
                     system_tokens=200,
                     prompt_median_tokens=300,
                     prompt_sigma=0.5,
                     max_turns=1,
-                    max_tokens=128,
+                    max_tokens=256,
+                    stream=False,
                 ),
             ),
         ),
@@ -100,23 +104,24 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         Scenario(
             "slow-network",
-            "50 ms of one-way latency between kite-chat's clients and the gateway",
+            "kite-chat's traffic is rerouted through another region: 15 ms more each way to the gateway",
             expect={"kind": "shift", "stage": "network", "scope": {"service": "kite-chat"}},
             via_proxy=frozenset({"kite-chat"}),
-            proxy_delay_ms=50.0,
+            proxy_delay_ms=15.0,
+            incident_at=0.5,
         ),
         Scenario(
             "huge-prompt",
-            "kite-rag starts sending 12k-token prompts; the engines run without chunked prefill",
+            "kite-rag starts sending 14k-token prompts; the engines run without chunked prefill",
             expect={"kind": "pitfall", "name": "long_prefill_stall"},
             engine={"chunked_prefill": False},
             incident_traffic=(
                 Traffic(
                     "kite-rag",
-                    rate=0.6,
+                    rate=0.3,
                     api_key="sk-demo-rag",
                     users=30,
-                    system_tokens=12000,
+                    system_tokens=14000,
                     prompt_median_tokens=100,
                     max_turns=1,
                     max_tokens=256,
@@ -125,17 +130,26 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         Scenario(
             "cold-connections",
-            "kite-cli starts opening a new TLS connection for every request",
+            "kite-cli, a command-line tool summarising files, opens a new TLS connection for every request",
             expect={"kind": "pitfall", "name": "new_connection_per_request"},
             incident_traffic=(
-                Traffic("kite-cli", rate=2.0, api_key="sk-demo-cli", new_connection_per_request=True),
+                Traffic(
+                    "kite-cli",
+                    rate=2.0,
+                    api_key="sk-demo-cli",
+                    new_connection_per_request=True,
+                    system_tokens=1500,
+                    max_turns=1,
+                ),
             ),
+            incident_at=0.0,  # see the note at the top
         ),
         Scenario(
             "no-max-tokens",
-            "kite-notebook starts sending requests without max_tokens",
+            "kite-notebook sends its requests without max_tokens",
             expect={"kind": "pitfall", "name": "no_max_tokens"},
-            incident_traffic=(Traffic("kite-notebook", rate=2.0, api_key="sk-demo-notebook", max_tokens=None),),
+            incident_traffic=(Traffic("kite-notebook", rate=4.0, api_key="sk-demo-notebook", max_tokens=None),),
+            incident_at=0.0,  # see the note at the top
         ),
     )
 }

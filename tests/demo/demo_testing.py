@@ -49,7 +49,10 @@ def events_of(emitter: Emitter) -> list[dict[str, Any]]:
     return list(emitter.sink.events)
 
 
-DEMO_SECONDS = 25  # long enough for the analyzer to see a before and an after
+# Long enough for the analyzer: a shift needs 50 requests on each side of it in the scope it names
+# (a replica gets ~4 requests/s); a pitfall needs 20 requests of the culprit.
+SHIFT_SECONDS = 36
+PITFALL_SECONDS = 25
 
 
 def run_demo(out: Path, scenario: str, seconds: int, seed: int = 7) -> dict[str, Any]:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from demo_testing import DEMO_SECONDS, first_finding, processes_of, run_demo
+from demo_testing import SHIFT_SECONDS, first_finding, processes_of, run_demo
 
 from hopline.analyzer.demo.scenarios import SCENARIOS, matches
 
 
 def test_first_finding_names_the_incident(tmp_path: Path) -> None:
-    report = run_demo(tmp_path, "prefill-regression", DEMO_SECONDS)
+    report = run_demo(tmp_path, "prefill-regression", SHIFT_SECONDS)
     finding = first_finding(report)
     assert matches(finding, SCENARIOS["prefill-regression"].expect), (finding, report["findings"][1:3])
     assert processes_of(tmp_path) == []

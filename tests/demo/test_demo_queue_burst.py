@@ -7,7 +7,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from demo_testing import DEMO_SECONDS, first_finding, processes_of, run_demo
+from demo_testing import SHIFT_SECONDS, first_finding, processes_of, run_demo
 
 from hopline.analyzer.demo.analysis import load_timelines
 from hopline.analyzer.demo.scenarios import SCENARIOS, matches
@@ -18,7 +18,7 @@ TOLERANCE_S = 0.025  # engine hops are stamped on the response path, the truth i
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     out = tmp_path_factory.mktemp("queue-burst")
-    return out, run_demo(out, "queue-burst", DEMO_SECONDS)
+    return out, run_demo(out, "queue-burst", SHIFT_SECONDS)
 
 
 def test_first_finding_is_the_queue_on_the_burst_replica(run) -> None:
@@ -31,7 +31,7 @@ def test_first_finding_is_the_queue_on_the_burst_replica(run) -> None:
 def test_stages_agree_with_the_simulators_true_intervals(run) -> None:
     out, _ = run
     truth = pl.concat([pl.read_ndjson(p) for p in sorted(out.glob("truth-*.jsonl"))])
-    frame = load_timelines(out).join(truth, on="request_id", how="inner", suffix="_truth")
+    frame = load_timelines(out)[0].join(truth, on="request_id", how="inner", suffix="_truth")
     # every request the engines finished was joined by hopline, on the replica that served it
     assert frame.height == truth.height > 100
     assert (frame["replica"] == frame["replica_truth"]).all()
