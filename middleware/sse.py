@@ -8,7 +8,9 @@ or completion ``text``. A role-only chunk (vLLM and OpenAI send one first), a us
 
 ``StreamReader`` parses an SSE byte stream incrementally: events split across network chunks or
 several events in one chunk come out the same. It keeps counts and timestamps, never text: a
-chunk's JSON is decoded, a few fields are read, and the object is dropped.
+chunk's JSON is decoded, a few fields are read, and the object is dropped. Because it runs once per
+streamed chunk inside the engine's server, the stream's plain content chunk is learnt once and its
+repeats (same bytes around different text) are counted without decoding.
 
 ``request_summary`` / ``response_summary`` read the few attributes hopline records from a JSON
 request or a non-streaming response body, refusing bodies over ``MAX_JSON_BYTES``.
