@@ -2,8 +2,8 @@
 
 ``analyze`` takes collected timelines and returns the JSON-ready dict ``hopline analyze --json``
 prints; ``render`` draws the same dict with rich tables. Keys beyond the contract
-(``by_scope``, ``goodput``, ``negative_stages``, ``missing_hops``, ``outcomes``, ``scan``, ``span``)
-are additive.
+(``by_scope``, ``windows``, ``goodput``, ``negative_stages``, ``missing_hops``, ``outcomes``,
+``scan``, ``span``, ``dominant``; ``impact_s`` and ``context`` on findings) are additive.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 import polars as pl
+import polars.selectors as cs
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -70,6 +71,12 @@ def analyze(
         },
         "by_scope": attribution.by_scope(timelines.lazy(), tuple(d for d in by if d in timelines.columns)) if n else {},
     }
+    if n:
+        series = attribution.windowed(timelines.lazy(), window_s).with_columns(
+            cs.float().round(3), pl.col("window").dt.strftime("%Y-%m-%dT%H:%M:%SZ")
+        )
+        series = series.collect()
+        result["windows"] = series.select(c.name for c in series if c.null_count() < c.len()).to_dicts()
     if slo is not None and n:
         result["goodput"] = attribution.goodput(timelines.lazy(), slo)
     if scan is not None:
