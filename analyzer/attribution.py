@@ -13,7 +13,6 @@ import re
 from dataclasses import dataclass
 
 import polars as pl
-
 from hopline.middleware.contract import STAGES, TIME_STAGES, TTFT_STAGES
 
 VIEW_STAGES = tuple(s.name for s in STAGES if s.kind == "view")
@@ -102,7 +101,11 @@ class Slo:
         return pl.all_horizontal(checks)
 
     def to_dict(self) -> dict[str, float]:
-        return {f"{k}_ms": v * 1e3 for k, v in (("ttft", self.ttft), ("itl", self.itl), ("e2e", self.e2e)) if v is not None}
+        return {
+            f"{k}_ms": v * 1e3
+            for k, v in (("ttft", self.ttft), ("itl", self.itl), ("e2e", self.e2e))
+            if v is not None
+        }
 
 
 def _stage_aggs(stages: tuple[str, ...] = REPORTED) -> list[pl.Expr]:
@@ -111,12 +114,18 @@ def _stage_aggs(stages: tuple[str, ...] = REPORTED) -> list[pl.Expr]:
         col = pl.col(stage)
         aggs.append(col.count().alias(f"{stage}:n"))
         aggs.append((col.mean() * 1e3).alias(f"{stage}:mean_ms"))
-        aggs += [(col.quantile(q, "linear") * 1e3).alias(f"{stage}:{name}_ms") for name, q in QUANTILES.items()]
+        aggs += [
+            (col.quantile(q, "linear") * 1e3).alias(f"{stage}:{name}_ms") for name, q in QUANTILES.items()
+        ]
         # shares: mean stage over mean TTFT / e2e of the same requests
         both = col.is_not_null() & pl.col("_ttft").is_not_null()
-        aggs.append((col.filter(both).sum() / pl.col("_ttft").filter(both).sum()).alias(f"{stage}:share_of_ttft"))
+        aggs.append(
+            (col.filter(both).sum() / pl.col("_ttft").filter(both).sum()).alias(f"{stage}:share_of_ttft")
+        )
         both = col.is_not_null() & pl.col("_e2e").is_not_null()
-        aggs.append((col.filter(both).sum() / pl.col("_e2e").filter(both).sum()).alias(f"{stage}:share_of_e2e"))
+        aggs.append(
+            (col.filter(both).sum() / pl.col("_e2e").filter(both).sum()).alias(f"{stage}:share_of_e2e")
+        )
     aggs.append(pl.col("negative").list.len().gt(0).sum().alias("negative_requests"))
     return aggs
 
@@ -154,7 +163,9 @@ def stage_table(row: dict) -> dict[str, dict]:
 
 def dominant(table: dict[str, dict]) -> str | None:
     """The TTFT part with the largest share (the stage to look at first)."""
-    shares = {s: v["share_of_ttft"] for s, v in table.items() if s in TTFT_PARTS and v["share_of_ttft"] is not None}
+    shares = {
+        s: v["share_of_ttft"] for s, v in table.items() if s in TTFT_PARTS and v["share_of_ttft"] is not None
+    }
     return max(shares, key=shares.__getitem__) if shares else None
 
 
@@ -172,23 +183,38 @@ def by_scope(timelines: pl.LazyFrame, scopes: tuple[str, ...] = SCOPES) -> dict[
         rows = []
         for row in frame.filter(pl.col(dim).is_not_null()).sort(dim).iter_rows(named=True):
             table = stage_table(row)
-            rows.append({"scope": {dim: row[dim]}, "requests": row["count"], "dominant": dominant(table), "stages": table})
+            rows.append(
+                {
+                    "scope": {dim: row[dim]},
+                    "requests": row["count"],
+                    "dominant": dominant(table),
+                    "stages": table,
+                }
+            )
         out[dim] = rows
     return out
 
 
-def windowed(timelines: pl.LazyFrame, window_s: float, by: str | None = None,
-             stages: tuple[str, ...] = TTFT_PARTS + ("decode",)) -> pl.LazyFrame:
+def windowed(
+    timelines: pl.LazyFrame,
+    window_s: float,
+    by: str | None = None,
+    stages: tuple[str, ...] = TTFT_PARTS + ("decode",),
+) -> pl.LazyFrame:
     """Per window (and per value of ``by``): request count and p50 / p90 / p99 of each stage
     (and of TTFT and e2e, best view) in ms. ``window`` is the window's start (UTC datetime)."""
     every = f"{max(1, round(window_s * 1e6))}us"
     frame = _with_views(timelines).with_columns(
-        window=pl.from_epoch((pl.col("start") * 1e6).cast(pl.Int64), time_unit="us").dt.replace_time_zone("UTC")
+        window=pl.from_epoch((pl.col("start") * 1e6).cast(pl.Int64), time_unit="us").dt.replace_time_zone(
+            "UTC"
+        )
     )
     aggs = [pl.len().alias("count")]
     for stage in stages + ("_ttft", "_e2e"):
         name = stage.lstrip("_")
-        aggs += [(pl.col(stage).quantile(q, "linear") * 1e3).alias(f"{name}:{k}_ms") for k, q in QUANTILES.items()]
+        aggs += [
+            (pl.col(stage).quantile(q, "linear") * 1e3).alias(f"{name}:{k}_ms") for k, q in QUANTILES.items()
+        ]
     keys = ["window"] + ([by] if by else [])
     return frame.with_columns(pl.col("window").dt.truncate(every)).group_by(keys).agg(aggs).sort(keys)
 
@@ -201,12 +227,21 @@ def goodput(timelines: pl.LazyFrame, slo: Slo) -> dict:
     """
     frame = _with_views(timelines).with_columns(_good=slo.met())
     parts = TTFT_PARTS + ("decode",)
-    stats = frame.select(
-        pl.len().alias("requests"),
-        pl.col("_good").sum().alias("good"),
-        (pl.col("start").max() - pl.col("start").min()).alias("span_s"),
-        *[(pl.col(s).filter(~pl.col("_good")).mean() - pl.col(s).filter(pl.col("_good")).mean()).alias(s) for s in parts],
-    ).collect().row(0, named=True)
+    stats = (
+        frame.select(
+            pl.len().alias("requests"),
+            pl.col("_good").sum().alias("good"),
+            (pl.col("start").max() - pl.col("start").min()).alias("span_s"),
+            *[
+                (pl.col(s).filter(~pl.col("_good")).mean() - pl.col(s).filter(pl.col("_good")).mean()).alias(
+                    s
+                )
+                for s in parts
+            ],
+        )
+        .collect()
+        .row(0, named=True)
+    )
     span = stats["span_s"] or 0.0
     excess = {s: round(stats[s] * 1e3, 3) for s in parts if stats[s] is not None}
     missed = stats["requests"] - stats["good"]

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Annotated
 
 import orjson
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
-
 from hopline.analyzer import attribution, io, report
 from hopline.analyzer.timelines import timelines
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
 
 HELP = """Where did the time go? Per-request timelines, stage percentiles, shifts and pitfalls.
 
@@ -27,22 +27,40 @@ def _dims(text: str) -> tuple[str, ...]:
     dims = tuple(d.strip() for d in text.split(",") if d.strip())
     unknown = [d for d in dims if d not in attribution.SCOPES]
     if unknown:
-        raise typer.BadParameter(f"unknown scope {', '.join(unknown)}: choose from {', '.join(attribution.SCOPES)}")
+        raise typer.BadParameter(
+            f"unknown scope {', '.join(unknown)}: choose from {', '.join(attribution.SCOPES)}"
+        )
     return dims
 
 
 def analyze_command(
-    paths: list[Path] = typer.Argument(..., help="Event files or folders (NDJSON, Parquet, collector store)."),
-    since: str | None = typer.Option(None, help="Only events at or after this time (ISO-8601, UTC by default, or Unix seconds)."),
-    until: str | None = typer.Option(None, help="Only events at or before this time."),
-    window: str = typer.Option("auto", help="Window for shifts and series: auto, or e.g. 10s, 1m."),
-    by: str = typer.Option("replica,model,service", help="Scopes to break down and search for shifts."),
-    slo: str | None = typer.Option(None, help="Targets for goodput, e.g. ttft=500ms,itl=50ms,e2e=20s."),
-    json_out: bool = typer.Option(False, "--json", help="Print the findings object as JSON (nothing else on stdout)."),
-    html: Path | None = typer.Option(None, "--html", help="Also write an HTML report to this file."),
-    kv_config: Path | None = typer.Option(
-        None, help="Model config.json: adds KV-cache memory to the no_max_tokens evidence."
-    ),
+    paths: Annotated[
+        list[Path], typer.Argument(help="Event files or folders (NDJSON, Parquet, collector store).")
+    ],
+    since: Annotated[
+        str | None,
+        typer.Option(help="Only events at or after this time (ISO-8601, UTC by default, or Unix seconds)."),
+    ] = None,
+    until: Annotated[str | None, typer.Option(help="Only events at or before this time.")] = None,
+    window: Annotated[
+        str, typer.Option(help="Window for shifts and series: auto, or e.g. 10s, 1m.")
+    ] = "auto",
+    by: Annotated[
+        str, typer.Option(help="Scopes to break down and search for shifts.")
+    ] = "replica,model,service",
+    slo: Annotated[
+        str | None, typer.Option(help="Targets for goodput, e.g. ttft=500ms,itl=50ms,e2e=20s.")
+    ] = None,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="Print the findings object as JSON (nothing else on stdout).")
+    ] = False,
+    html: Annotated[
+        Path | None, typer.Option("--html", help="Also write an HTML report to this file.")
+    ] = None,
+    kv_config: Annotated[
+        Path | None,
+        typer.Option(help="Model config.json: adds KV-cache memory to the no_max_tokens evidence."),
+    ] = None,
 ) -> None:
     err = Console(stderr=True)
     try:
@@ -67,12 +85,20 @@ def analyze_command(
         err.print(f"hopline analyze: {exc}", markup=False)
         raise typer.Exit(2) from exc
     if not files:
-        err.print(f"hopline analyze: no event files (*.ndjson, *.jsonl, *.parquet) under {', '.join(map(str, paths))}", markup=False)
+        err.print(
+            f"hopline analyze: no event files (*.ndjson, *.jsonl, *.parquet) under {', '.join(map(str, paths))}",
+            markup=False,
+        )
         raise typer.Exit(2)
 
     with Progress(
-        SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-        console=err, transient=True, disable=not err.is_terminal,
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        console=err,
+        transient=True,
+        disable=not err.is_terminal,
     ) as progress:
         task = progress.add_task("reading events", total=len(files))
 
@@ -83,7 +109,9 @@ def analyze_command(
         progress.update(task, description="building timelines")
         frame = timelines(events).collect()
         progress.update(task, description="finding shifts and pitfalls")
-        result = report.analyze(frame, window=window, by=dims, slo=slo_targets, scan=scan, kv_bytes_per_token=kv_bytes)
+        result = report.analyze(
+            frame, window=window, by=dims, slo=slo_targets, scan=scan, kv_bytes_per_token=kv_bytes
+        )
 
     if html is not None:
         from hopline.analyzer.html import render_html

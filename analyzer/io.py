@@ -18,12 +18,11 @@ import gzip
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import orjson
 import polars as pl
-
 from hopline.middleware.contract import ENGINE_ID_PREFIXES, STORAGE_COLUMNS, iter_ndjson
 
 SCHEMA: dict[str, pl.DataType] = {name: getattr(pl, dtype)() for name, dtype in STORAGE_COLUMNS.items()}
@@ -51,7 +50,12 @@ class ScanReport:
             self.errors.append(f"{where}: {reason}")
 
     def to_dict(self) -> dict:
-        return {"files": len(self.files), "lines": self.lines, "bad_lines": self.bad_lines, "errors": self.errors}
+        return {
+            "files": len(self.files),
+            "lines": self.lines,
+            "bad_lines": self.bad_lines,
+            "errors": self.errors,
+        }
 
 
 def to_epoch(value: TimeBound) -> float | None:
@@ -62,9 +66,9 @@ def to_epoch(value: TimeBound) -> float | None:
         try:
             return float(value)
         except ValueError:
-            value = datetime.fromisoformat(value.replace("Z", "+00:00"))
+            value = datetime.fromisoformat(value)
     if value.tzinfo is None:
-        value = value.replace(tzinfo=timezone.utc)
+        value = value.replace(tzinfo=UTC)
     return value.timestamp()
 
 
@@ -82,7 +86,7 @@ def _partition_hour(path: Path) -> tuple[float, float] | None:
     if "date" not in parts:
         return None
     try:
-        day = datetime.fromisoformat(parts["date"]).replace(tzinfo=timezone.utc).timestamp()
+        day = datetime.fromisoformat(parts["date"]).replace(tzinfo=UTC).timestamp()
         if "hour" not in parts:
             return day, day + 86400.0
         start = day + 3600.0 * int(parts["hour"])
@@ -91,7 +95,9 @@ def _partition_hour(path: Path) -> tuple[float, float] | None:
     return start, start + 3600.0
 
 
-def find_files(paths: Iterable[str | Path], since: float | None = None, until: float | None = None) -> list[Path]:
+def find_files(
+    paths: Iterable[str | Path], since: float | None = None, until: float | None = None
+) -> list[Path]:
     """Event files under ``paths`` (files as given, folders recursively, sorted), skipping
     hive partitions entirely outside [since, until]. Raises ``FileNotFoundError`` for a path
     that does not exist."""
@@ -106,7 +112,9 @@ def find_files(paths: Iterable[str | Path], since: float | None = None, until: f
             raise FileNotFoundError(f"no such file or folder: {path}")
         for p in candidates:
             span = _partition_hour(p)
-            if span is not None and ((since is not None and span[1] <= since) or (until is not None and span[0] > until)):
+            if span is not None and (
+                (since is not None and span[1] <= since) or (until is not None and span[0] > until)
+            ):
                 continue
             found.append(p)
     return found

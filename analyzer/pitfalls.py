@@ -20,7 +20,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import polars as pl
-
 from hopline.analyzer.attribution import e2e
 
 
@@ -108,7 +107,9 @@ def user_vs_engine_gap(tl: pl.DataFrame, cfg: PitfallConfig = PitfallConfig()) -
             **{f"{p}_share_of_gap": round(shares[p], 3) for p in parts},
             "main": main,
         }
-        hits.append((scope, _finding("user_vs_engine_gap", scope, part.height, evidence, summary, s["gap_total"])))
+        hits.append(
+            (scope, _finding("user_vs_engine_gap", scope, part.height, evidence, summary, s["gap_total"]))
+        )
     return _narrow(hits, len(scoped))
 
 
@@ -141,8 +142,19 @@ def new_connection_per_request(tl: pl.DataFrame, cfg: PitfallConfig = PitfallCon
             "connect_mean_ms": _ms(s["connect_mean"]),
             "connect_share_of_ttft": round(s["share_of_ttft"], 3) if s["share_of_ttft"] is not None else None,
         }
-        hits.append((scope, _finding("new_connection_per_request", scope, new.height, evidence, summary,
-                                     s["connect_total"] or 0.0)))
+        hits.append(
+            (
+                scope,
+                _finding(
+                    "new_connection_per_request",
+                    scope,
+                    new.height,
+                    evidence,
+                    summary,
+                    s["connect_total"] or 0.0,
+                ),
+            )
+        )
     return _narrow(hits, len(scoped))
 
 
@@ -150,47 +162,69 @@ def long_prefill_stall(tl: pl.DataFrame, cfg: PitfallConfig = PitfallConfig()) -
     """Long prefills and the output gaps that line up with them, per replica, on the engine's
     own clock (prefill interval = [engine_first - prefill, engine_first]; the stalled request's
     ``engine_max_gap_at``), matched with an as-of join: skew-free by construction."""
-    base = tl.filter(pl.col("replica").is_not_null() & pl.col("prefill").is_not_null() & pl.col("engine_first").is_not_null())
+    base = tl.filter(
+        pl.col("replica").is_not_null()
+        & pl.col("prefill").is_not_null()
+        & pl.col("engine_first").is_not_null()
+    )
     if base.height == 0:
         return []
-    long = base.with_columns(
-        med_prompt=pl.col("prompt_tokens").median().over("replica"),
-        med_prefill=pl.col("prefill").median().over("replica"),
-    ).filter(
-        (pl.col("prefill") >= cfg.long_prefill_min_s)
-        & (
-            (pl.col("prompt_tokens") >= cfg.long_prompt_factor * pl.col("med_prompt")).fill_null(False)
-            | (pl.col("prefill") >= cfg.long_prefill_factor * pl.col("med_prefill"))
+    long = (
+        base.with_columns(
+            med_prompt=pl.col("prompt_tokens").median().over("replica"),
+            med_prefill=pl.col("prefill").median().over("replica"),
         )
-    ).select(
-        "replica",
-        long_id=pl.col("request_id"),
-        begin=pl.col("engine_first") - pl.col("prefill"),
-        end=pl.col("engine_first"),
-        long_prefill=pl.col("prefill"),
-        long_prompt=pl.col("prompt_tokens"),
-    ).sort("begin")
+        .filter(
+            (pl.col("prefill") >= cfg.long_prefill_min_s)
+            & (
+                (pl.col("prompt_tokens") >= cfg.long_prompt_factor * pl.col("med_prompt")).fill_null(False)
+                | (pl.col("prefill") >= cfg.long_prefill_factor * pl.col("med_prefill"))
+            )
+        )
+        .select(
+            "replica",
+            long_id=pl.col("request_id"),
+            begin=pl.col("engine_first") - pl.col("prefill"),
+            end=pl.col("engine_first"),
+            long_prefill=pl.col("prefill"),
+            long_prompt=pl.col("prompt_tokens"),
+        )
+        .sort("begin")
+    )
     if long.height == 0:
         return []
-    gaps = base.filter(pl.col("engine_max_gap_at").is_not_null()).select(
-        "replica", "request_id", gap_at=pl.col("engine_max_gap_at"), gap_s=pl.col("engine_max_gap_s")
-    ).sort("gap_at")
-    stalled = (
-        gaps.join_asof(long, left_on="gap_at", right_on="begin", by="replica", strategy="backward",
-                       tolerance=None, check_sortedness=False)
-        .filter(
-            pl.col("long_id").is_not_null()
-            & (pl.col("request_id") != pl.col("long_id"))
-            & (pl.col("gap_at") <= pl.col("end") + cfg.stall_slack_s)
-            & (pl.col("gap_s") >= cfg.stall_share * pl.col("long_prefill"))
-        )
+    gaps = (
+        base.filter(pl.col("engine_max_gap_at").is_not_null())
+        .select("replica", "request_id", gap_at=pl.col("engine_max_gap_at"), gap_s=pl.col("engine_max_gap_s"))
+        .sort("gap_at")
+    )
+    stalled = gaps.join_asof(
+        long,
+        left_on="gap_at",
+        right_on="begin",
+        by="replica",
+        strategy="backward",
+        tolerance=None,
+        check_sortedness=False,
+    ).filter(
+        pl.col("long_id").is_not_null()
+        & (pl.col("request_id") != pl.col("long_id"))
+        & (pl.col("gap_at") <= pl.col("end") + cfg.stall_slack_s)
+        & (pl.col("gap_s") >= cfg.stall_share * pl.col("long_prefill"))
     )
     # a gap that starts just before the prefill (scheduling slack) belongs to it too
-    early = (
-        gaps.join_asof(long, left_on="gap_at", right_on="begin", by="replica", strategy="forward",
-                       tolerance=cfg.stall_slack_s, check_sortedness=False)
-        .filter(pl.col("long_id").is_not_null() & (pl.col("request_id") != pl.col("long_id"))
-                & (pl.col("gap_s") >= cfg.stall_share * pl.col("long_prefill")))
+    early = gaps.join_asof(
+        long,
+        left_on="gap_at",
+        right_on="begin",
+        by="replica",
+        strategy="forward",
+        tolerance=cfg.stall_slack_s,
+        check_sortedness=False,
+    ).filter(
+        pl.col("long_id").is_not_null()
+        & (pl.col("request_id") != pl.col("long_id"))
+        & (pl.col("gap_s") >= cfg.stall_share * pl.col("long_prefill"))
     )
     stalled = pl.concat([stalled, early]).unique("request_id", keep="first")
     findings = []
@@ -211,19 +245,31 @@ def long_prefill_stall(tl: pl.DataFrame, cfg: PitfallConfig = PitfallConfig()) -
             f"on replica {replica} prefilled for up to {culprits['long_prefill'].max():.1f} s in one piece and stalled "
             f"{part.height} other requests' output (largest gap p50 {part['gap_s'].median():.1f} s); enable chunked prefill"
         )
-        findings.append(_finding("long_prefill_stall", {"replica": replica}, part.height, evidence, summary,
-                                 part["gap_s"].sum()))
+        findings.append(
+            _finding(
+                "long_prefill_stall",
+                {"replica": replica},
+                part.height,
+                evidence,
+                summary,
+                part["gap_s"].sum(),
+            )
+        )
     return findings
 
 
-def no_max_tokens(tl: pl.DataFrame, cfg: PitfallConfig = PitfallConfig(), kv_bytes_per_token: int | None = None) -> list[dict]:
+def no_max_tokens(
+    tl: pl.DataFrame, cfg: PitfallConfig = PitfallConfig(), kv_bytes_per_token: int | None = None
+) -> list[dict]:
     """Requests sent without max_tokens whose output ran past the capped requests' p90 (per model)."""
-    if tl.filter(pl.col("max_tokens_set") == False).height == 0:  # noqa: E712
+    if tl.filter(pl.col("max_tokens_set") == False).height == 0:
         return []
-    capped_p90 = tl.filter(pl.col("max_tokens_set") == True).group_by("model").agg(  # noqa: E712
-        p90=pl.col("output_tokens").quantile(cfg.long_output_quantile, "linear")
+    capped_p90 = (
+        tl.filter(pl.col("max_tokens_set") == True)
+        .group_by("model")
+        .agg(p90=pl.col("output_tokens").quantile(cfg.long_output_quantile, "linear"))
     )
-    uncapped = tl.filter(pl.col("max_tokens_set") == False).join(capped_p90, on="model", how="left")  # noqa: E712
+    uncapped = tl.filter(pl.col("max_tokens_set") == False).join(capped_p90, on="model", how="left")
     ran_long = uncapped.filter(pl.col("output_tokens") > pl.col("p90"))
     if ran_long.height < max(5, cfg.min_requests // 4):
         return []
@@ -235,7 +281,9 @@ def no_max_tokens(tl: pl.DataFrame, cfg: PitfallConfig = PitfallConfig(), kv_byt
             decode_max=pl.col("decode").max(),
             out_p50=pl.col("output_tokens").median(),
             out_max=pl.col("output_tokens").max(),
-            token_seconds=((pl.col("prompt_tokens").fill_null(0) + pl.col("output_tokens")) * pl.col("decode")).sum(),
+            token_seconds=(
+                (pl.col("prompt_tokens").fill_null(0) + pl.col("output_tokens")) * pl.col("decode")
+            ).sum(),
             cap_p90=pl.col("p90").max(),
         ).row(0, named=True)
         evidence = {
@@ -259,18 +307,36 @@ def no_max_tokens(tl: pl.DataFrame, cfg: PitfallConfig = PitfallConfig(), kv_byt
             f"output tokens vs p90 {held['cap_p90']:.0f} with a cap), holding {held['decode_total']:.0f} s of decode{kv}; "
             f"set max_tokens"
         )
-        findings.append(_finding("no_max_tokens", {"service": service}, part.height, evidence, summary,
-                                 held["decode_total"] or 0.0))
+        findings.append(
+            _finding(
+                "no_max_tokens",
+                {"service": service},
+                part.height,
+                evidence,
+                summary,
+                held["decode_total"] or 0.0,
+            )
+        )
     return findings
 
 
 def verbose_outputs(tl: pl.DataFrame, cfg: PitfallConfig = PitfallConfig()) -> list[dict]:
     """A service whose p50 output length is ``verbose_factor`` × the other services' on the model."""
-    rows = tl.filter(pl.col("output_tokens").is_not_null() & pl.col("service").is_not_null() & pl.col("model").is_not_null())
-    per = rows.group_by("model", "service").agg(
-        n=pl.len(), out_p50=pl.col("output_tokens").median(), decode_mean=pl.col("decode").mean(),
-        e2e_mean=e2e().mean(),
-    ).filter(pl.col("n") >= cfg.min_requests)
+    rows = tl.filter(
+        pl.col("output_tokens").is_not_null()
+        & pl.col("service").is_not_null()
+        & pl.col("model").is_not_null()
+    )
+    per = (
+        rows.group_by("model", "service")
+        .agg(
+            n=pl.len(),
+            out_p50=pl.col("output_tokens").median(),
+            decode_mean=pl.col("decode").mean(),
+            e2e_mean=e2e().mean(),
+        )
+        .filter(pl.col("n") >= cfg.min_requests)
+    )
     findings = []
     for (model,), group in per.group_by("model", maintain_order=True):
         if group.height < 2:
@@ -296,11 +362,15 @@ def verbose_outputs(tl: pl.DataFrame, cfg: PitfallConfig = PitfallConfig()) -> l
                 f"service {row['service']}'s answers are {ratio:.1f}× longer than other services' on {model} "
                 f"(p50 {row['out_p50']:.0f} vs {others_p50:.0f} tokens); check its chat template and stop tokens"
             )
-            findings.append(_finding("verbose_outputs", {"service": row["service"]}, row["n"], evidence, summary, extra))
+            findings.append(
+                _finding("verbose_outputs", {"service": row["service"]}, row["n"], evidence, summary, extra)
+            )
     return findings
 
 
-def find_pitfalls(tl: pl.DataFrame, cfg: PitfallConfig = PitfallConfig(), kv_bytes_per_token: int | None = None) -> list[dict]:
+def find_pitfalls(
+    tl: pl.DataFrame, cfg: PitfallConfig = PitfallConfig(), kv_bytes_per_token: int | None = None
+) -> list[dict]:
     """Every pitfall check, largest impact first."""
     findings = (
         user_vs_engine_gap(tl, cfg)

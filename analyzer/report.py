@@ -8,24 +8,23 @@ prints; ``render`` draws the same dict with rich tables. Keys beyond the contrac
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import polars as pl
 import polars.selectors as cs
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
-
 from hopline.analyzer import attribution
 from hopline.analyzer.attribution import Slo
 from hopline.analyzer.io import ScanReport
 from hopline.analyzer.pitfalls import find_pitfalls
 from hopline.analyzer.shifts import find_shifts
 from hopline.middleware.contract import STAGE_NAMES
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
 
 
 def _iso(ts: float | None) -> str | None:
-    return None if ts is None else datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return None if ts is None else datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _counts(series: pl.Series) -> dict[str, int]:
@@ -51,8 +50,16 @@ def analyze(
     shifts = [s.to_finding() for s in find_shifts(timelines, window_s, dims=by)] if n else []
     pitfalls = find_pitfalls(timelines, kv_bytes_per_token=kv_bytes_per_token) if n else []
     findings = sorted(shifts + pitfalls, key=lambda f: -abs(f.get("impact_s") or 0.0))
-    negative = timelines.select(pl.col("negative").explode().drop_nulls())["negative"] if n else pl.Series([], dtype=pl.String)
-    missing = timelines.select(pl.col("missing").explode().drop_nulls())["missing"] if n else pl.Series([], dtype=pl.String)
+    negative = (
+        timelines.select(pl.col("negative").explode().drop_nulls())["negative"]
+        if n
+        else pl.Series([], dtype=pl.String)
+    )
+    missing = (
+        timelines.select(pl.col("missing").explode().drop_nulls())["missing"]
+        if n
+        else pl.Series([], dtype=pl.String)
+    )
     result: dict = {
         "requests": n,
         "window_s": window_s,
@@ -69,7 +76,9 @@ def analyze(
             "requests": int(timelines["missing"].list.len().gt(0).sum()) if n else 0,
             "by_hop": _counts(missing),
         },
-        "by_scope": attribution.by_scope(timelines.lazy(), tuple(d for d in by if d in timelines.columns)) if n else {},
+        "by_scope": attribution.by_scope(timelines.lazy(), tuple(d for d in by if d in timelines.columns))
+        if n
+        else {},
     }
     if n:
         series = attribution.windowed(timelines.lazy(), window_s).with_columns(
@@ -105,8 +114,13 @@ def _stage_table(title: str, stages: dict[str, dict]) -> Table:
         if row is None:
             continue
         table.add_row(
-            stage, f"{row['count']:,}", _fmt(row["p50_ms"]), _fmt(row["p90_ms"]), _fmt(row["p99_ms"]),
-            _fmt(row["share_of_ttft"], "%"), _fmt(row["share_of_e2e"], "%"),
+            stage,
+            f"{row['count']:,}",
+            _fmt(row["p50_ms"]),
+            _fmt(row["p90_ms"]),
+            _fmt(row["p99_ms"]),
+            _fmt(row["share_of_ttft"], "%"),
+            _fmt(row["share_of_e2e"], "%"),
         )
     return table
 
@@ -119,7 +133,9 @@ def render(result: dict, console: Console) -> None:
         f"({span['seconds']:,.0f} s, window {result['window_s']:g} s)"
     )
     if result["findings"]:
-        table = Table(title="Findings (largest effect on users' time first)", title_justify="left", header_style="bold")
+        table = Table(
+            title="Findings (largest effect on users' time first)", title_justify="left", header_style="bold"
+        )
         for name in ("#", "kind", "finding", "requests"):
             table.add_column(name, justify="right" if name in ("#", "requests") else "left")
         for i, f in enumerate(result["findings"], 1):
@@ -142,7 +158,9 @@ def render(result: dict, console: Console) -> None:
             table.add_column(f"{stage} p50", justify="right")
         for r in rows:
             table.add_row(
-                r["scope"][dim], f"{r['requests']:,}", r["dominant"] or "–",
+                r["scope"][dim],
+                f"{r['requests']:,}",
+                r["dominant"] or "–",
                 *[_fmt(r["stages"].get(s, {}).get("p50_ms")) for s in shown],
             )
         console.print(table)
@@ -160,7 +178,9 @@ def render(result: dict, console: Console) -> None:
     neg = result["negative_stages"]
     if neg["requests"]:
         detail = ", ".join(f"{k} {v:,}" for k, v in neg["by_stage"].items())
-        console.print(f"[yellow]{neg['requests']:,} requests have negative stages ({detail}): instrumentation or clock problem[/]")
+        console.print(
+            f"[yellow]{neg['requests']:,} requests have negative stages ({detail}): instrumentation or clock problem[/]"
+        )
     miss = result["missing_hops"]
     if miss["requests"]:
         detail = ", ".join(f"{k} {v:,}" for k, v in list(miss["by_hop"].items())[:6])

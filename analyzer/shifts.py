@@ -28,11 +28,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import numpy as np
 import polars as pl
-
 from hopline.analyzer.attribution import TTFT_PARTS
 
 SHIFT_STAGES = TTFT_PARTS + ("decode",)
@@ -127,11 +126,11 @@ class Shift:
 
 
 def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(round(ts), tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.fromtimestamp(round(ts), tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _clock(ts: float) -> str:
-    moment = datetime.fromtimestamp(round(ts), tz=timezone.utc)
+    moment = datetime.fromtimestamp(round(ts), tz=UTC)
     return moment.strftime("%H:%M" if moment.second == 0 else "%H:%M:%S")
 
 
@@ -224,8 +223,16 @@ class _Detection:
         return max(self.after_ms, 1e-9) / max(self.before_ms, 1e-9)
 
 
-def _change_points(t: np.ndarray, x: np.ndarray, boundaries: np.ndarray, z_crit: float, cfg: ShiftConfig,
-                   lo: int, hi: int, depth: int = 0) -> list[tuple[int, float, float]]:
+def _change_points(
+    t: np.ndarray,
+    x: np.ndarray,
+    boundaries: np.ndarray,
+    z_crit: float,
+    cfg: ShiftConfig,
+    lo: int,
+    hi: int,
+    depth: int = 0,
+) -> list[tuple[int, float, float]]:
     """Binary segmentation: ``(index, boundary, z)`` of every significant split of x[lo:hi]."""
     n = hi - lo
     if n < 2 * cfg.min_side or depth > cfg.max_depth:
@@ -248,7 +255,9 @@ def _change_points(t: np.ndarray, x: np.ndarray, boundaries: np.ndarray, z_crit:
     )
 
 
-def _effect(before: np.ndarray, after: np.ndarray, z: float, cfg: ShiftConfig) -> tuple[str, float, float] | None:
+def _effect(
+    before: np.ndarray, after: np.ndarray, z: float, cfg: ShiftConfig
+) -> tuple[str, float, float] | None:
     """(statistic, before ms, after ms) when the p50 — else the p90 — moved enough for a user."""
     for statistic, q in (("p50", 50), ("p90", 90)):
         b, a = np.percentile(before, q) * 1e3, np.percentile(after, q) * 1e3
@@ -258,15 +267,22 @@ def _effect(before: np.ndarray, after: np.ndarray, z: float, cfg: ShiftConfig) -
     return None
 
 
-def _detect(t: np.ndarray, x: np.ndarray, boundaries: np.ndarray, z_crit: float, cfg: ShiftConfig,
-            stage: str, scope: dict[str, str]) -> list[_Detection]:
+def _detect(
+    t: np.ndarray,
+    x: np.ndarray,
+    boundaries: np.ndarray,
+    z_crit: float,
+    cfg: ShiftConfig,
+    stage: str,
+    scope: dict[str, str],
+) -> list[_Detection]:
     """Changes of one stage in one scope; a change that reverts later is one detection with
     ``until`` (its before / after are the segments next to it, so a burst is not diluted)."""
     cps = _change_points(t, x, boundaries, z_crit, cfg, 0, len(x))
     edges = [0] + [k for k, _, _ in cps] + [len(x)]
     found: list[_Detection | None] = []
     for i, (k, at, z) in enumerate(cps):
-        effect = _effect(x[edges[i]:k], x[k:edges[i + 2]], z, cfg)
+        effect = _effect(x[edges[i] : k], x[k : edges[i + 2]], z, cfg)
         found.append(None if effect is None else _Detection(stage, scope, at, *effect, z, edges[i + 2] - k))
     out: list[_Detection] = []
     for i, det in enumerate(found):
@@ -297,7 +313,9 @@ def _ratio_at(frame: pl.DataFrame, det: _Detection) -> float | None:
     return after / before if before and after is not None else None
 
 
-def _narrowest(found: list[_Detection], tested: dict[str, list[str]], frames: dict[str, pl.DataFrame]) -> list[_Detection]:
+def _narrowest(
+    found: list[_Detection], tested: dict[str, list[str]], frames: dict[str, pl.DataFrame]
+) -> list[_Detection]:
     """For one stage: the scopes the change lives in (see module docstring, step 4).
 
     A dimension explains the change when some of its values moved and the others did not move
@@ -354,8 +372,14 @@ def _context(frame: pl.DataFrame, det: _Detection, stages: list[str], cfg: Shift
 
     lb, la = load(before), load(after)
     covariates = {k: round(la[k] / lb[k] - 1, 3) for k in lb if lb[k] and la[k] is not None}
-    return {"unchanged": unchanged, "moved": moved, "covariates": covariates, "notable": cfg.notable_change,
-            "before": {k: _round(v) for k, v in lb.items()}, "after": {k: _round(v) for k, v in la.items()}}
+    return {
+        "unchanged": unchanged,
+        "moved": moved,
+        "covariates": covariates,
+        "notable": cfg.notable_change,
+        "before": {k: _round(v) for k, v in lb.items()},
+        "after": {k: _round(v) for k, v in la.items()},
+    }
 
 
 def _round(value: float | None) -> float | None:
@@ -380,7 +404,9 @@ def find_shifts(
     scopes: list[dict[str, str]] = [{}]
     tested: dict[str, list[str]] = {}
     for dim in dims:
-        counts = frame.group_by(dim).len().filter(pl.col(dim).is_not_null() & (pl.col("len") >= 2 * cfg.min_side))
+        counts = (
+            frame.group_by(dim).len().filter(pl.col(dim).is_not_null() & (pl.col("len") >= 2 * cfg.min_side))
+        )
         values = sorted(counts[dim].cast(pl.String).to_list())
         if len(values) >= 2:
             tested[dim] = values
@@ -406,8 +432,18 @@ def find_shifts(
         for cluster in _clusters(dets, cfg.cluster_windows * window_s):
             for det in _narrowest(cluster, tested, sub_frames):
                 shifts.append(
-                    Shift(det.stage, det.scope, det.at, det.statistic, det.before_ms, det.after_ms, det.z, det.after_n,
-                          _context(sub_frames[_key(det.scope)], det, stages, cfg), det.until)
+                    Shift(
+                        det.stage,
+                        det.scope,
+                        det.at,
+                        det.statistic,
+                        det.before_ms,
+                        det.after_ms,
+                        det.z,
+                        det.after_n,
+                        _context(sub_frames[_key(det.scope)], det, stages, cfg),
+                        det.until,
+                    )
                 )
     return sorted(shifts, key=lambda s: -abs(s.impact_s))
 

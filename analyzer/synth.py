@@ -14,15 +14,14 @@ Everything is vectorised numpy / Polars (millions of requests in seconds, seedab
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 import polars as pl
-
 from hopline.analyzer.io import SCHEMA
 
-DEFAULT_START = datetime(2026, 1, 5, 10, 0, tzinfo=timezone.utc).timestamp()
+DEFAULT_START = datetime(2026, 1, 5, 10, 0, tzinfo=UTC).timestamp()
 SHIFTABLE = ("connect", "network", "gateway", "frontend", "queue", "prefill", "decode")
 
 
@@ -98,7 +97,9 @@ def _in_scope(scope: dict[str, str], cols: dict[str, np.ndarray]) -> np.ndarray:
     return mask
 
 
-def _arrivals(rng: np.random.Generator, n: int, rate: float, n_replicas: int, shifts: list[StageShift]) -> np.ndarray:
+def _arrivals(
+    rng: np.random.Generator, n: int, rate: float, n_replicas: int, shifts: list[StageShift]
+) -> np.ndarray:
     """Poisson arrival times; a shift with ``arrivals`` f on one replica raises the total rate
     so that, with ``_route``'s weights, that replica gets f times its traffic and the others
     keep theirs (the time axis runs (R + f - 1) / R times faster from ``at_s`` to ``until_s``)."""
@@ -112,7 +113,9 @@ def _arrivals(rng: np.random.Generator, n: int, rate: float, n_replicas: int, sh
     return t
 
 
-def _route(rng: np.random.Generator, t: np.ndarray, replicas: tuple[str, ...], shifts: list[StageShift]) -> np.ndarray:
+def _route(
+    rng: np.random.Generator, t: np.ndarray, replicas: tuple[str, ...], shifts: list[StageShift]
+) -> np.ndarray:
     """Replica per request: uniform, except where a shift sends a replica more traffic."""
     weights = np.ones((len(t), len(replicas)))
     for s in shifts:
@@ -166,7 +169,9 @@ def _requests(
             chosen = rng.choice(candidates, size=min(inc.count, len(candidates)), replace=False)
             long_prompt[chosen] = True
             prompt[chosen] = inc.prompt_tokens
-    cols.update(prompt=prompt, output=output, max_tokens=max_tokens, max_tokens_set=max_tokens_set, reused=reused)
+    cols.update(
+        prompt=prompt, output=output, max_tokens=max_tokens, max_tokens_set=max_tokens_set, reused=reused
+    )
     cols["long_prompt"] = long_prompt
     cols["cached"] = (prompt * rng.uniform(0, 0.5, n)).astype(np.int64)
     # stage times, seconds
@@ -174,7 +179,9 @@ def _requests(
     cols["pool_wait_s"] = np.where(new, _lognormal(rng, 0.0002, 0.5, n), 0.0)
     cols["connect_s"] = np.where(new, _lognormal(rng, 0.012, 0.3, n), 0.0)
     cols["tls_s"] = np.where(new, _lognormal(rng, 0.030, 0.3, n), 0.0)
-    legs = np.stack([_lognormal(rng, m, 0.35, n) for m in (0.004, 0.001, 0.001, 0.004)])  # out, out, back, back
+    legs = np.stack(
+        [_lognormal(rng, m, 0.35, n) for m in (0.004, 0.001, 0.001, 0.004)]
+    )  # out, out, back, back
     cols["gateway"] = _lognormal(rng, 0.003, 0.4, n)
     cols["frontend"] = _lognormal(rng, 0.004, 0.3, n) + prompt * 1e-6
     cols["queue"] = _lognormal(rng, 0.040, 0.6, n)
@@ -193,7 +200,10 @@ def _requests(
 
 
 def _stall(
-    rng: np.random.Generator, cols: dict[str, np.ndarray], engine_first: np.ndarray, engine_last: np.ndarray,
+    rng: np.random.Generator,
+    cols: dict[str, np.ndarray],
+    engine_first: np.ndarray,
+    engine_last: np.ndarray,
     scheduled: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Largest output gap per request (true time) and how much a stall lengthened its decode:
@@ -283,7 +293,11 @@ def generate(
     def hop(name: str, mask: np.ndarray, ts: np.ndarray, offset: float | np.ndarray, **attrs: object) -> None:
         idx = np.flatnonzero(mask)
         off = offset[idx] if isinstance(offset, np.ndarray) else offset
-        data = {"request_id": ids.gather(idx), "hop": pl.repeat(name, len(idx), eager=True), "ts": base + ts[idx] + off}
+        data = {
+            "request_id": ids.gather(idx),
+            "hop": pl.repeat(name, len(idx), eager=True),
+            "ts": base + ts[idx] + off,
+        }
         data.update((key, column(value, idx)) for key, value in attrs.items())
         frames.append(pl.DataFrame(data, strict=False))
 
@@ -293,40 +307,113 @@ def generate(
     client = {"service": svc, "model": mod}
     gateway = {"service": "gateway", "replica": "gw-0", "model": mod}
     engine = {"service": "engine", "replica": rep, "model": mod}
-    hop("client.sent", everyone, client_sent, 0.0, **client, stream=stream, pool_wait_s=c["pool_wait_s"] * c["connect_scale"],
-        connect_s=c["connect_s"] * c["connect_scale"], tls_s=c["tls_s"] * c["connect_scale"], conn_reused=c["reused"],
-        max_tokens=np.where(c["max_tokens_set"], c["max_tokens"], -1), max_tokens_set=c["max_tokens_set"])
+    hop(
+        "client.sent",
+        everyone,
+        client_sent,
+        0.0,
+        **client,
+        stream=stream,
+        pool_wait_s=c["pool_wait_s"] * c["connect_scale"],
+        connect_s=c["connect_s"] * c["connect_scale"],
+        tls_s=c["tls_s"] * c["connect_scale"],
+        conn_reused=c["reused"],
+        max_tokens=np.where(c["max_tokens_set"], c["max_tokens"], -1),
+        max_tokens_set=c["max_tokens_set"],
+    )
     hop("gateway.received", everyone, gw_received, gw_off, **gateway, stream=stream)
     hop("gateway.admitted", everyone, gw_admitted, gw_off, **gateway)
     hop("gateway.forwarded", everyone, gw_forwarded, gw_off, **gateway, upstream=rep)
-    hop("engine.received", everyone, eng_received, eng_off, **engine, stream=stream, n=np.ones(n, dtype=np.int64),
-        max_tokens=np.where(c["max_tokens_set"], c["max_tokens"], -1), max_tokens_set=c["max_tokens_set"])
+    hop(
+        "engine.received",
+        everyone,
+        eng_received,
+        eng_off,
+        **engine,
+        stream=stream,
+        n=np.ones(n, dtype=np.int64),
+        max_tokens=np.where(c["max_tokens_set"], c["max_tokens"], -1),
+        max_tokens_set=c["max_tokens_set"],
+    )
     hop("engine.first_token", ok, eng_first, eng_off, **engine)
     finish = pl.Series(np.where(c["output"] >= c["max_tokens"], "length", "stop"))
-    hop("engine.last_token", ok, eng_last, eng_off, **engine, output_tokens=c["output"], finish_reason=finish,
-        output_chunks=c["output"], max_gap_s=gap_s, max_gap_at=base + gap_at + eng_off)
-    hop("engine.stats", ok, eng_last + 0.0005, eng_off, **engine, queue_s=c["queue"], prefill_s=c["prefill"],
-        decode_s=eng_last - eng_first, prompt_tokens=c["prompt"], output_tokens=c["output"], cached_tokens=c["cached"])
+    hop(
+        "engine.last_token",
+        ok,
+        eng_last,
+        eng_off,
+        **engine,
+        output_tokens=c["output"],
+        finish_reason=finish,
+        output_chunks=c["output"],
+        max_gap_s=gap_s,
+        max_gap_at=base + gap_at + eng_off,
+    )
+    hop(
+        "engine.stats",
+        ok,
+        eng_last + 0.0005,
+        eng_off,
+        **engine,
+        queue_s=c["queue"],
+        prefill_s=c["prefill"],
+        decode_s=eng_last - eng_first,
+        prompt_tokens=c["prompt"],
+        output_tokens=c["output"],
+        cached_tokens=c["cached"],
+    )
     hop("gateway.first_token", ok, gw_first, gw_off, **gateway)
     hop("client.first_token", ok, cl_first, 0.0, **client)
     hop("gateway.last_token", ok, gw_last, gw_off, **gateway, output_tokens=c["output"], finish_reason=finish)
-    hop("client.last_token", ok, cl_last, 0.0, **client, output_tokens=c["output"], finish_reason=finish,
-        output_chunks=c["output"], max_gap_s=gap_s, max_gap_at=base + gap_at)
+    hop(
+        "client.last_token",
+        ok,
+        cl_last,
+        0.0,
+        **client,
+        output_tokens=c["output"],
+        finish_reason=finish,
+        output_chunks=c["output"],
+        max_gap_s=gap_s,
+        max_gap_at=base + gap_at,
+    )
     error_at = eng_received + c["frontend"]
     hop("engine.error", failed, error_at, eng_off, **engine, status=np.full(n, 500), error="engine_error")
-    hop("gateway.error", failed, error_at + legs[2], gw_off, **gateway, status=np.full(n, 502), error="upstream_error")
-    hop("client.error", failed, error_at + legs[2] + legs[3], 0.0, **client, status=np.full(n, 502), error="upstream_error")
+    hop(
+        "gateway.error",
+        failed,
+        error_at + legs[2],
+        gw_off,
+        **gateway,
+        status=np.full(n, 502),
+        error="upstream_error",
+    )
+    hop(
+        "client.error",
+        failed,
+        error_at + legs[2] + legs[3],
+        0.0,
+        **client,
+        status=np.full(n, 502),
+        error="upstream_error",
+    )
 
     events = pl.concat(frames, how="diagonal_relaxed").with_columns(
-        v=pl.lit(1, pl.Int16), attempt=pl.lit(0, pl.Int32),
+        v=pl.lit(1, pl.Int16),
+        attempt=pl.lit(0, pl.Int32),
         max_tokens=pl.when(pl.col("max_tokens") >= 0).then(pl.col("max_tokens")),
     )
     if engine_id_prefix:
         events = events.with_columns(
-            request_id=pl.when(pl.col("hop") == "engine.stats").then("chatcmpl-" + pl.col("request_id")).otherwise(pl.col("request_id"))
+            request_id=pl.when(pl.col("hop") == "engine.stats")
+            .then("chatcmpl-" + pl.col("request_id"))
+            .otherwise(pl.col("request_id"))
         )
     events = events.select(
-        [(pl.col(name) if name in events.columns else pl.lit(None)).cast(dtype).alias(name) for name, dtype in SCHEMA.items()]
+        [
+            (pl.col(name) if name in events.columns else pl.lit(None)).cast(dtype).alias(name)
+            for name, dtype in SCHEMA.items()
+        ]
     )
     if shuffle:
         events = events.sample(fraction=1.0, shuffle=True, seed=seed)

@@ -19,7 +19,6 @@ aggregation per attribute, however many hops it may come from.
 from __future__ import annotations
 
 import polars as pl
-
 from hopline.middleware.contract import (
     ATTRIBUTE_SOURCES,
     ERROR_HOPS,
@@ -75,7 +74,9 @@ SOURCES: dict[str, tuple[str, ...]] = {
 }
 # Attributes read from one hop: the stage table's inputs and the output-gap columns.
 HOP_ATTRS: tuple[tuple[str, str], ...] = tuple(
-    dict.fromkeys([(inp.hop, inp.attr) for inp in INPUTS if inp.attr is not None] + list(GAP_COLUMNS.values()))
+    dict.fromkeys(
+        [(inp.hop, inp.attr) for inp in INPUTS if inp.attr is not None] + list(GAP_COLUMNS.values())
+    )
 )
 # Hops whose time is needed: inputs, presence checks (missing hops, outcome, defaults).
 TIMED_HOPS: tuple[str, ...] = tuple(
@@ -87,7 +88,11 @@ TIMED_HOPS: tuple[str, ...] = tuple(
 )
 FIRST_HOPS = ("client.sent", "gateway.received", "engine.received")  # where a request starts
 # Events of other hops (gateway.admitted) carry nothing a timeline uses: dropped before grouping.
-READ_HOPS = list(dict.fromkeys(TIMED_HOPS + tuple(h for hops in SOURCES.values() for h in hops) + tuple(h for h, _ in HOP_ATTRS)))
+READ_HOPS = list(
+    dict.fromkeys(
+        TIMED_HOPS + tuple(h for hops in SOURCES.values() for h in hops) + tuple(h for h, _ in HOP_ATTRS)
+    )
+)
 
 
 def _priority(hops: tuple[str, ...]) -> pl.Expr:
@@ -122,7 +127,14 @@ def _per_event_columns() -> list[pl.Expr]:
     cols.append(pl.when(in_comp["engine"] & pl.col("replica").is_not_null()).then(key).alias("_key:replica"))
     cols.append(
         pl.when(pl.col("model").is_not_null())
-        .then(pl.when(in_comp["engine"]).then(key).when(in_comp["client"]).then(1e12).when(in_comp["gateway"]).then(2e12))
+        .then(
+            pl.when(in_comp["engine"])
+            .then(key)
+            .when(in_comp["client"])
+            .then(1e12)
+            .when(in_comp["gateway"])
+            .then(2e12)
+        )
         .alias("_key:model")
     )
     in_error = hop.is_in(sorted(ERROR_HOPS))
@@ -228,7 +240,7 @@ def _missing() -> pl.Expr:
             if hop.endswith("_token"):
                 expected = expected & ~failed
                 if hop.endswith("first_token"):
-                    expected = expected & (pl.col("stream") == True).fill_null(False)  # noqa: E712
+                    expected = expected & (pl.col("stream") == True).fill_null(False)
             if hop == "gateway.forwarded":
                 expected = expected & ~_present("gateway.rejected")
             flags.append(pl.when(expected & ~_present(hop)).then(pl.lit(hop)))
@@ -245,15 +257,21 @@ INPUT_NAMES = tuple(inp.name for inp in INPUTS)
 STAGE_COLUMNS = tuple(s.name for s in STAGES)
 # An attribute named like a stage (``upstream``: the gateway's chosen replica) is shadowed by the
 # stage in the contract's evaluation; here it keeps its value under a prefixed name.
-ATTRIBUTE_COLUMNS = {
-    name: f"gateway_{name}" if name in STAGE_COLUMNS else name for name in ATTRIBUTE_SOURCES
-}
+ATTRIBUTE_COLUMNS = {name: f"gateway_{name}" if name in STAGE_COLUMNS else name for name in ATTRIBUTE_SOURCES}
 ATTRIBUTE_NAMES = tuple(ATTRIBUTE_COLUMNS.values())
 RATIO_COLUMNS = tuple(r.name for r in RATIOS)
 ID_COLUMNS = ("request_id", "service", "replica", "model", "start", "attempts")
 EXTRA_COLUMNS = tuple(GAP_COLUMNS) + ("status", "error")
 STATUS_COLUMNS = ("outcome", "negative", "missing")
-COLUMNS = ID_COLUMNS + INPUT_NAMES + ATTRIBUTE_NAMES + EXTRA_COLUMNS + STAGE_COLUMNS + RATIO_COLUMNS + STATUS_COLUMNS
+COLUMNS = (
+    ID_COLUMNS
+    + INPUT_NAMES
+    + ATTRIBUTE_NAMES
+    + EXTRA_COLUMNS
+    + STAGE_COLUMNS
+    + RATIO_COLUMNS
+    + STATUS_COLUMNS
+)
 
 
 def timelines(events: pl.LazyFrame) -> pl.LazyFrame:

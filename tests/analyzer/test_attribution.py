@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 import pytest
-
 from hopline.analyzer import attribution
 from hopline.analyzer.attribution import Slo, auto_window, choose_window, parse_duration
 from hopline.analyzer.synth import StageShift, generate
@@ -69,8 +68,10 @@ def test_windowed_series(tl):
     assert series["window"].dtype == pl.Datetime("us", "UTC")
     first = series.filter(pl.col("window") == series["window"].min())
     assert set(first["replica"]) == {"r1", "r2"}
-    assert (series.filter(pl.col("replica") == "r2")["queue:p50_ms"].median()
-            > 2 * series.filter(pl.col("replica") == "r1")["queue:p50_ms"].median())
+    assert (
+        series.filter(pl.col("replica") == "r2")["queue:p50_ms"].median()
+        > 2 * series.filter(pl.col("replica") == "r1")["queue:p50_ms"].median()
+    )
 
 
 def test_goodput_and_culprit(tl):

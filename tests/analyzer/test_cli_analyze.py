@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from hopline.analyzer.synth import ColdConnections, StageShift, generate, write_ndjson
 
 INCIDENTS = [StageShift("queue", 3.0, at_s=120, scope={"replica": "r2"}), ColdConnections("search-assist")]
@@ -19,7 +18,12 @@ def hopline(*args: str) -> subprocess.CompletedProcess:
     # a wide terminal, so that rich does not wrap the sentences the tests look for
     env = {**os.environ, "COLUMNS": "250", "NO_COLOR": "1"}
     return subprocess.run(
-        [sys.executable, "-m", "hopline.middleware.cli", *args], capture_output=True, text=True, timeout=120, env=env
+        [sys.executable, "-m", "hopline.middleware.cli", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
     )
 
 
@@ -28,7 +32,10 @@ def log_dir(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("logs")
     events = generate(4000, seed=51, incidents=INCIDENTS, engine_id_prefix=True)
     # two files, as two hosts would write them (one rotated)
-    write_ndjson(events.filter(events["hop"].str.starts_with("engine")), folder / "engine" / "events.ndjson.2026010510.1")
+    write_ndjson(
+        events.filter(events["hop"].str.starts_with("engine")),
+        folder / "engine" / "events.ndjson.2026010510.1",
+    )
     path = write_ndjson(events.filter(~events["hop"].str.starts_with("engine")), folder / "edge.ndjson")
     with path.open("ab") as f:
         f.write(b'{"ts": "yesterday", "request_id": "x", "hop": "client.sent"}\n')
@@ -66,7 +73,15 @@ def test_terminal_report_and_html(log_dir, tmp_path):
 
 
 def test_time_range(log_dir):
-    proc = hopline("analyze", str(log_dir), "--json", "--since", "2026-01-05T10:01:00Z", "--until", "2026-01-05T10:02:00Z")
+    proc = hopline(
+        "analyze",
+        str(log_dir),
+        "--json",
+        "--since",
+        "2026-01-05T10:01:00Z",
+        "--until",
+        "2026-01-05T10:02:00Z",
+    )
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     assert 0 < result["requests"] < 4000

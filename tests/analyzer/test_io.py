@@ -9,7 +9,6 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-
 from hopline.analyzer.io import MAX_ERRORS, SCHEMA, find_files, scan_events, to_epoch
 from hopline.middleware.contract import dumps
 
@@ -72,8 +71,13 @@ def test_folder_finds_rotated_and_gzipped_logs_and_ignores_others(tmp_path):
 def test_parquet_with_missing_columns_is_typed_and_normalized(tmp_path):
     path = tmp_path / "part.parquet"
     pl.DataFrame(
-        {"ts": [T0, T0 + 1], "request_id": ["x", "cmpl-x"], "hop": ["client.sent", "engine.stats"], "attempt": [0, 0],
-         "prefill_s": [None, 0.5]}
+        {
+            "ts": [T0, T0 + 1],
+            "request_id": ["x", "cmpl-x"],
+            "hop": ["client.sent", "engine.stats"],
+            "attempt": [0, 0],
+            "prefill_s": [None, 0.5],
+        }
     ).write_parquet(path)
     events, report = scan_events([path])
     df = events.collect()
@@ -90,8 +94,12 @@ def test_collector_store_partitions_and_time_filters(tmp_path):
     pl.DataFrame(
         {"ts": [T0 + 60, T0 + 120], "request_id": ["p1", "p2"], "hop": ["client.sent"] * 2}
     ).write_parquet(compacted)
-    write_lines(store / "date=2026-01-05" / "hour=11" / "open.ndjson", [dumps(event("n1", "client.sent", T0 + 3700))])
-    write_lines(store / "date=2026-01-05" / "hour=12" / "open.ndjson", [dumps(event("n2", "client.sent", T0 + 7300))])
+    write_lines(
+        store / "date=2026-01-05" / "hour=11" / "open.ndjson", [dumps(event("n1", "client.sent", T0 + 3700))]
+    )
+    write_lines(
+        store / "date=2026-01-05" / "hour=12" / "open.ndjson", [dumps(event("n2", "client.sent", T0 + 7300))]
+    )
     events, report = scan_events([tmp_path / "store"])
     assert sorted(events.collect()["request_id"].to_list()) == ["n1", "n2", "p1", "p2"]
     # since/until filter events, and whole hours outside the range are not even opened

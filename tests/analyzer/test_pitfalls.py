@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import polars as pl
 import pytest
-
 from hopline.analyzer import pitfalls
 from hopline.analyzer.synth import (
     ColdConnections,
@@ -50,11 +49,18 @@ def test_healthy_logs_from_other_seeds_have_no_pitfalls():
 def test_user_vs_engine_gap_names_the_network_of_one_service():
     tl = tl_for(StageShift("network", 25.0, at_s=0, scope={"service": "search-assist"}))
     (f,) = pitfalls.user_vs_engine_gap(tl)
-    assert (f["kind"], f["name"], f["scope"]) == ("pitfall", "user_vs_engine_gap", {"service": "search-assist"})
+    assert (f["kind"], f["name"], f["scope"]) == (
+        "pitfall",
+        "user_vs_engine_gap",
+        {"service": "search-assist"},
+    )
     ev = f["evidence"]
     assert ev["main"] == "network" and ev["network_share_of_gap"] > 0.9
     assert ev["client_ttft_p50_ms"] > 1.5 * ev["engine_ttft_p50_ms"]
-    assert f["affected_requests"] == tl.filter(pl.col("service") == "search-assist", pl.col("engine_ttft").is_not_null()).height
+    assert (
+        f["affected_requests"]
+        == tl.filter(pl.col("service") == "search-assist", pl.col("engine_ttft").is_not_null()).height
+    )
     assert "network takes" in f["summary"]
 
 
@@ -120,7 +126,9 @@ def test_verbose_outputs():
 
 
 def test_services_on_different_models_are_not_compared():
-    tl = tl_for(VerboseService("search-assist", factor=3.0), models={"kite-chat": "small", "search-assist": "large"})
+    tl = tl_for(
+        VerboseService("search-assist", factor=3.0), models={"kite-chat": "small", "search-assist": "large"}
+    )
     assert pitfalls.verbose_outputs(tl) == []
 
 

@@ -6,12 +6,11 @@ Thresholds (``ShiftConfig``) were tuned on seeds 0-9 only; the false-positive te
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import numpy as np
 import polars as pl
 import pytest
-
 from hopline.analyzer.attribution import auto_window
 from hopline.analyzer.shifts import Shift, find_shifts, split_z, z_threshold
 from hopline.analyzer.synth import DEFAULT_START, StageShift, generate
@@ -25,7 +24,7 @@ def analyse(n: int, seed: int, incidents=(), rate: float = 20.0, **kw) -> tuple[
 
 
 def iso(offset_s: float) -> str:
-    return datetime.fromtimestamp(DEFAULT_START + offset_s, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.fromtimestamp(DEFAULT_START + offset_s, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def test_rank_cusum_equals_mann_whitney_by_hand():
@@ -42,7 +41,11 @@ def test_bonferroni_threshold():
 
 
 def test_queue_tripled_on_one_replica_is_reported_there_with_its_load():
-    found, window = analyse(12_000, seed=21, incidents=[StageShift("queue", 3.0, at_s=240, scope={"replica": "r2"}, arrivals=1.45)])
+    found, _ = analyse(
+        12_000,
+        seed=21,
+        incidents=[StageShift("queue", 3.0, at_s=240, scope={"replica": "r2"}, arrivals=1.45)],
+    )
     assert len(found) == 1
     f = found[0].to_finding()
     assert (f["kind"], f["stage"], f["scope"], f["statistic"]) == ("shift", "queue", {"replica": "r2"}, "p50")
@@ -62,14 +65,18 @@ def test_all_replicas_moving_is_scope_all_traffic():
 
 
 def test_network_change_on_one_service():
-    found, _ = analyse(12_000, seed=23, incidents=[StageShift("network", 3.0, at_s=200, scope={"service": "search-assist"})])
+    found, _ = analyse(
+        12_000, seed=23, incidents=[StageShift("network", 3.0, at_s=200, scope={"service": "search-assist"})]
+    )
     assert [(s.stage, s.scope) for s in found] == [("network", {"service": "search-assist"})]
     assert 2.5 <= found[0].factor <= 3.5
 
 
 def test_a_burst_that_recovers_is_one_finding_with_until():
     found, window = analyse(
-        1800, seed=24, rate=30.0,
+        1800,
+        seed=24,
+        rate=30.0,
         incidents=[StageShift("queue", 3.0, at_s=20, until_s=40, scope={"replica": "r2"}, arrivals=1.5)],
     )
     assert window == 1.0  # a one-minute log is read in one-second windows
@@ -87,8 +94,12 @@ def test_an_improvement_is_reported_as_one():
 
 def test_several_changes_are_ordered_by_users_time():
     found, _ = analyse(
-        12_000, seed=26,
-        incidents=[StageShift("gateway", 4.0, at_s=100), StageShift("queue", 3.0, at_s=300, scope={"replica": "r1"})],
+        12_000,
+        seed=26,
+        incidents=[
+            StageShift("gateway", 4.0, at_s=100),
+            StageShift("queue", 3.0, at_s=300, scope={"replica": "r1"}),
+        ],
     )
     assert [s.stage for s in found] == ["queue", "gateway"]
     assert abs(found[0].impact_s) > abs(found[1].impact_s)
@@ -127,6 +138,8 @@ def test_too_few_requests_is_no_finding():
 def test_findings_contract_fields():
     found, _ = analyse(6000, seed=29, incidents=[StageShift("prefill", 2.5, at_s=150)])
     f = found[0].to_finding()
-    assert {"kind", "summary", "stage", "at", "scope", "statistic", "before_ms", "after_ms", "factor"} <= set(f)
+    assert {"kind", "summary", "stage", "at", "scope", "statistic", "before_ms", "after_ms", "factor"} <= set(
+        f
+    )
     assert f["factor"] == pytest.approx(f["after_ms"] / f["before_ms"], rel=1e-3)
     assert isinstance(pl.Series([f["before_ms"]]).item(), float)

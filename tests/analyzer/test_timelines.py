@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
-
 from hopline.analyzer.io import SCHEMA
 from hopline.analyzer.synth import generate
 from hopline.analyzer.timelines import (
@@ -119,7 +118,10 @@ def test_request_level_columns():
     assert set(tl["service"].unique()) == {"kite-chat", "search-assist"}
     assert (tl["start"] == tl["client_sent"]).all()
     # the identity of DESIGN.md holds for every complete streaming request
-    total = ok.select(pl.sum_horizontal("connect", "network", "gateway", "frontend", "queue", "prefill") - pl.col("client_ttft"))
+    total = ok.select(
+        pl.sum_horizontal("connect", "network", "gateway", "frontend", "queue", "prefill")
+        - pl.col("client_ttft")
+    )
     assert total.to_series().abs().max() < 1e-9
 
 
@@ -136,7 +138,14 @@ def test_missing_hops_and_outcomes():
         {**base, "ts": 20.1, "request_id": "rej", "hop": "gateway.rejected", "status": 429},
         # the client went away
         {**base, "ts": 30.0, "request_id": "gone", "hop": "client.sent", "stream": True},
-        {**base, "ts": 31.0, "request_id": "gone", "hop": "client.error", "status": 499, "error": "client disconnected"},
+        {
+            **base,
+            "ts": 31.0,
+            "request_id": "gone",
+            "hop": "client.error",
+            "status": 499,
+            "error": "client disconnected",
+        },
     ]
     tl = {r["request_id"]: r for r in timelines(frame(events)).collect().iter_rows(named=True)}
     assert tl["inc"]["outcome"] == "incomplete"
