@@ -311,23 +311,48 @@ def worker(engine: str, path: Path, result: Path) -> None:
     print(json.dumps({"seconds": seconds}))
 
 
-def measure(engine: str, path: Path, result: Path) -> dict[str, float]:
+def measure(engine: str, path: Path, result: Path, max_gib: float) -> dict[str, float]:
     """Run one engine in a fresh process: its query time, its CPU time (user + system, the whole
-    process: on a shared machine less noisy than wall time) and its peak RSS (ru_maxrss)."""
+    process: on a shared machine less noisy than wall time) and its peak RSS (ru_maxrss).
+
+    A process whose RSS passes ``max_gib`` is killed (the machine is shared: an engine that
+    outgrows it must not take other processes down with it) and reported as such.
+    """
+    import psutil
+
     proc = subprocess.Popen(
         [sys.executable, str(HERE), "--worker", engine, "--file", str(path), "--result", str(result)],
         stdout=subprocess.PIPE,
     )
+    watched, killed = psutil.Process(proc.pid), False
+    while True:  # not proc.poll(): it would reap the child before wait4 reads its rusage
+        try:
+            if watched.status() == psutil.STATUS_ZOMBIE:
+                break
+            if not killed and watched.memory_info().rss > max_gib * 1024**3:
+                proc.kill()
+                killed = True
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.2)
     assert proc.stdout is not None
     output = proc.stdout.read()
     _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        raise SystemExit(f"{engine} failed with exit code {proc.returncode}")
+    code = os.waitstatus_to_exitcode(status)
+    peak = usage.ru_maxrss / 1024**2
+    if killed:
+        return {
+            "seconds": float("nan"),
+            "cpu_s": usage.ru_utime + usage.ru_stime,
+            "peak_gib": peak,
+            "killed": 1.0,
+        }
+    if code != 0:
+        raise SystemExit(f"{engine} failed with exit code {code}")
     return {
         "seconds": json.loads(output)["seconds"],
         "cpu_s": usage.ru_utime + usage.ru_stime,
-        "peak_gib": usage.ru_maxrss / 1024**2,
+        "peak_gib": peak,
     }
 
 
@@ -340,6 +365,51 @@ def same(a: pl.DataFrame, b: pl.DataFrame, rtol: float) -> str | None:
         if not ((x - y).abs() <= 1e-9 + rtol * y.abs()).all() or x.null_count() != y.null_count():
             return f"{name} differs: {x.to_list()} vs {y.to_list()}"
     return None
+
+
+def report(
+    engines: list[str],
+    timings: dict[str, list[dict[str, float]]],
+    tables: dict[str, pl.DataFrame],
+    rtol: float,
+    max_gib: float,
+) -> bool:
+    """Print one line per engine, ratios against DuckDB; True when an output differs."""
+    if not tables:
+        print("every engine was killed: " + ", ".join(engines))
+        return True
+    reference = "duckdb" if "duckdb" in tables else next(iter(tables))
+
+    def median(engine: str, key: str) -> float:
+        values = sorted(t[key] for t in timings[engine])
+        return values[len(values) // 2]
+
+    print(
+        f"{'engine':<20} {'wall s median [min, max]':<26} {'CPU s':>7} {'peak GiB':>9} "
+        f"{'wall ratio':>11} {'CPU ratio':>10} {'mem ratio':>10}  output"
+    )
+    ref_m = max(t["peak_gib"] for t in timings[reference])
+    failed = False
+    for engine in engines:
+        peak = max(t["peak_gib"] for t in timings[engine])
+        if any(t.get("killed") for t in timings[engine]):
+            print(
+                f"{engine:<20} {'killed':<26} {median(engine, 'cpu_s'):>7.1f} {peak:>9.2f}  (RSS over {max_gib} GiB)"
+            )
+            continue
+        secs = sorted(t["seconds"] for t in timings[engine])
+        verdict = same(tables[engine], tables[reference], rtol)
+        failed |= verdict is not None
+        wall = f"{median(engine, 'seconds'):.2f} [{secs[0]:.2f}, {secs[-1]:.2f}]"
+        print(
+            f"{engine:<20} {wall:<26} "
+            f"{median(engine, 'cpu_s'):>7.1f} {peak:>9.2f} "
+            f"{median(engine, 'seconds') / median(reference, 'seconds'):>10.2f}x "
+            f"{median(engine, 'cpu_s') / median(reference, 'cpu_s'):>9.2f}x {peak / ref_m:>9.2f}x  "
+            f"{'equal' if verdict is None else 'DIFFERENT: ' + verdict}",
+            flush=True,
+        )
+    return failed
 
 
 def dataset(requests: int, folder: Path) -> Path:
@@ -358,6 +428,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=1)
     parser.add_argument("--data", type=Path, default=Path("/work/bench-data"))
     parser.add_argument("--rtol", type=float, default=1e-9)
+    parser.add_argument("--max-gib", type=float, default=12.0, help="kill an engine whose RSS passes this")
     parser.add_argument("--worker", choices=sorted(ENGINES))
     parser.add_argument("--file", type=Path)
     parser.add_argument("--result", type=Path)
@@ -375,39 +446,24 @@ def main() -> None:
         if "hopline-buckets" in engines and not bucket_folder(path).exists():
             began = time.perf_counter()
             bucketize(path)
-            print(f"bucketized {path.name} into {BUCKETS} request-hash partitions in {time.perf_counter() - began:.1f} s")
+            print(
+                f"bucketized {path.name} into {BUCKETS} request-hash partitions in {time.perf_counter() - began:.1f} s"
+            )
         events = pl.scan_parquet(path).select(pl.len()).collect().item()
-        print(f"\n{requests:,} requests, {events:,} events, {path.stat().st_size / 1e6:,.0f} MB Parquet")
+        print(
+            f"\n{requests:,} requests, {events:,} events, {path.stat().st_size / 1e6:,.0f} MB Parquet",
+            flush=True,
+        )
         timings: dict[str, list[dict[str, float]]] = {e: [] for e in engines}
         tables: dict[str, pl.DataFrame] = {}
         for rep in range(args.reps):
             for engine in engines if rep % 2 == 0 else reversed(engines):
                 result = args.data / f"result-{engine}-{requests}.parquet"
-                timings[engine].append(measure(engine, path, result))
-                tables[engine] = pl.read_parquet(result)
-                result.unlink()
-        reference = "duckdb" if "duckdb" in tables else engines[0]
-        print(f"{'engine':<20} {'wall s median [min, max]':<26} {'CPU s':>7} {'peak GiB':>9} "
-              f"{'wall ratio':>11} {'CPU ratio':>10} {'mem ratio':>10}  output")  # fmt: skip
-
-        def median(engine: str, key: str, timings: dict[str, list[dict[str, float]]] = timings) -> float:
-            values = sorted(t[key] for t in timings[engine])
-            return values[len(values) // 2]
-
-        ref_m = max(t["peak_gib"] for t in timings[reference])
-        for engine in engines:
-            secs = sorted(t["seconds"] for t in timings[engine])
-            peak = max(t["peak_gib"] for t in timings[engine])
-            verdict = same(tables[engine], tables[reference], args.rtol)
-            failed |= verdict is not None
-            wall = f"{median(engine, 'seconds'):.2f} [{secs[0]:.2f}, {secs[-1]:.2f}]"
-            print(
-                f"{engine:<20} {wall:<26} "
-                f"{median(engine, 'cpu_s'):>7.1f} {peak:>9.2f} "
-                f"{median(engine, 'seconds') / median(reference, 'seconds'):>10.2f}x "
-                f"{median(engine, 'cpu_s') / median(reference, 'cpu_s'):>9.2f}x {peak / ref_m:>9.2f}x  "
-                f"{'equal' if verdict is None else 'DIFFERENT: ' + verdict}"
-            )
+                timings[engine].append(measure(engine, path, result, args.max_gib))
+                if result.exists():
+                    tables[engine] = pl.read_parquet(result)
+                    result.unlink()
+        failed |= report(engines, timings, tables, args.rtol, args.max_gib)
     if failed:
         raise SystemExit("outputs differ")
 
