@@ -9,14 +9,16 @@ Method, per scope (all traffic, each replica / service / model) and per stage:
    window after the change).
 2. For every candidate at once, a Mann-Whitney U statistic of the requests before vs after it,
    from one cumulative sum of ranks (the rank-CUSUM; O(n log n) for all splits). The split with
-   the largest |z| is the change point.
+   the largest |z| is a change point; each side is searched again (binary segmentation), so a
+   burst that ends is found with its end, and reported once, with ``until``.
 3. It is reported only when it is significant after a Bonferroni correction for every scope ×
    stage × candidate tested, has at least ``min_side`` requests on each side, and is large for a
    user: the p50 (or, for stages that are mostly zero such as ``connect``, the p90) moved by
    ``min_factor`` or more and by ``min_abs_ms`` or more.
 4. The narrowest scope wins: when some replicas (services, models) moved and the others did not,
    the finding names those; when every value moved, the scope is ``{}`` (all traffic).
-5. What moved with it: other stages' p50, arrival rate, concurrency, prompt length and cache hits,
+5. Detections of one stage in several scopes within a few windows are one change.
+6. What moved with it: other stages' p50, arrival rate, concurrency, prompt length and cache hits,
    before vs after, in the same scope.
 
 The statistic is rank-based, so a few very slow requests cannot fake a shift, and skewed clocks
@@ -32,7 +34,7 @@ from datetime import UTC, datetime
 
 import numpy as np
 import polars as pl
-from hopline.analyzer.attribution import TTFT_PARTS
+from hopline.analyzer.attribution import TTFT_PARTS, e2e
 
 SHIFT_STAGES = TTFT_PARTS + ("decode",)
 STAGE_WORDS = {
@@ -46,6 +48,13 @@ STAGE_WORDS = {
     "upstream_network": "upstream network time",
     "upstream": "upstream time",
     "decode": "decode time",
+}
+
+COVARIATE_WORDS = {
+    "arrivals_per_s": "arrivals",
+    "concurrency": "concurrency",
+    "prompt_tokens_p50": "prompt length",
+    "cache_hit_ratio": "cache hits",
 }
 
 
@@ -98,9 +107,9 @@ class Shift:
             text += f"; {_join(unchanged)} unchanged"
         for name, change in self.context.get("moved", {}).items():
             text += f"; {STAGE_WORDS.get(name, name).replace(' time', '')} {_percent_words(change)}"
-        for name, change in self.context.get("covariates", {}).items():
-            if abs(change) >= self.context.get("notable", 0.2):
-                text += f"; {name}{' on ' + _scope_value(self.scope) if self.scope else ''} {_percent_words(change)}"
+        for name, change in self.context.get("moved_with", {}).items():
+            where = f" on {_scope_value(self.scope)}" if self.scope else ""
+            text += f"; {COVARIATE_WORDS[name]}{where} {_percent_words(change)}"
         return text
 
     def to_finding(self) -> dict:
@@ -361,13 +370,13 @@ def _context(frame: pl.DataFrame, det: _Detection, stages: list[str], cfg: Shift
 
     def load(part: pl.DataFrame) -> dict[str, float | None]:
         span = (part["start"].max() or 0) - (part["start"].min() or 0)
-        e2e = part.select(pl.coalesce("client_e2e", "gateway_e2e", "engine_e2e").sum()).item()
+        busy = part.select(e2e().sum()).item()
         prompt, cached = part["prompt_tokens"].sum(), part["cached_tokens"].sum()
         return {
-            "arrivals": part.height / span if span > 0 else None,
-            "concurrency": e2e / span if span > 0 and e2e else None,
-            "prompt length": part["prompt_tokens"].median(),
-            "cache hits": cached / prompt if prompt else None,
+            "arrivals_per_s": part.height / span if span > 0 else None,
+            "concurrency": busy / span if span > 0 and busy else None,
+            "prompt_tokens_p50": part["prompt_tokens"].median(),
+            "cache_hit_ratio": cached / prompt if prompt else None,
         }
 
     lb, la = load(before), load(after)
@@ -376,7 +385,7 @@ def _context(frame: pl.DataFrame, det: _Detection, stages: list[str], cfg: Shift
         "unchanged": unchanged,
         "moved": moved,
         "covariates": covariates,
-        "notable": cfg.notable_change,
+        "moved_with": {k: v for k, v in covariates.items() if abs(v) >= cfg.notable_change},
         "before": {k: _round(v) for k, v in lb.items()},
         "after": {k: _round(v) for k, v in la.items()},
     }
@@ -393,7 +402,11 @@ def find_shifts(
     config: ShiftConfig = ShiftConfig(),
     seed: int = 0,
 ) -> list[Shift]:
-    """Shifts in ``timelines`` (collected), narrowest scope first, largest impact first."""
+    """Shifts in ``timelines`` (collected), each in its narrowest scope, largest impact first.
+
+    ``window_s`` sets the candidate change times (window boundaries); ``dims`` the scopes
+    searched besides all traffic; ``seed`` the subsample of scopes above ``max_requests``.
+    """
     cfg = config
     frame = timelines.filter(pl.col("start").is_not_null()).sort("start")
     if frame.height < 2 * cfg.min_side:
@@ -420,13 +433,17 @@ def find_shifts(
         for dim, value in scope.items():
             sub = sub.filter(pl.col(dim).cast(pl.String) == value)
         sub_frames[_key(scope)] = sub
+        scale = 1.0
         if sub.height > cfg.max_requests:
+            scale = sub.height / cfg.max_requests
             sub = sub[np.sort(rng.choice(sub.height, cfg.max_requests, replace=False))]
         starts = sub["start"].to_numpy()
         for stage in stages:
             values = sub[stage].to_numpy()
             keep = ~np.isnan(values)
-            found[stage] += _detect(starts[keep], values[keep], boundaries, z_crit, cfg, stage, scope)
+            for det in _detect(starts[keep], values[keep], boundaries, z_crit, cfg, stage, scope):
+                det.after_n = round(det.after_n * scale)  # requests, not sampled ones
+                found[stage].append(det)
     shifts = []
     for stage, dets in found.items():
         for cluster in _clusters(dets, cfg.cluster_windows * window_s):

@@ -217,8 +217,9 @@ def _stall(
         begin, length = scheduled[i], cols["prefill"][i]
         hit = (cols["replica"] == cols["replica"][i]) & (engine_first < begin) & (engine_last > begin)
         hit[i] = False
-        gap_s = np.where(hit & (length > gap_s), length, gap_s)
-        gap_at = np.where(hit & (length >= gap_s), begin, gap_at)
+        longer = hit & (length > gap_s)
+        gap_s = np.where(longer, length, gap_s)
+        gap_at = np.where(longer, begin, gap_at)
         extra = np.where(hit, extra + length, extra)
     return gap_s, gap_at, extra
 
