@@ -65,6 +65,7 @@ _FALLBACK_NOTES = {
     "engine": "no engine hops: upstream stands for everything beyond the gateway",
 }
 BAR_WIDTH = 48
+ZOOM_WIDTH = 32
 
 
 def _ms(seconds: float) -> str:
@@ -93,31 +94,49 @@ def stage_bars(stages: Mapping[str, Any]) -> list[tuple[str, float, float]]:
     return bars
 
 
-def _bar(start: float, duration: float, total: float, colour: str) -> Text:
-    scale = BAR_WIDTH / total if total > 0 else 0.0
-    left = min(BAR_WIDTH, round(start * scale))
-    width = max(1, round(max(duration, 0.0) * scale)) if duration > 0 else 0
-    width = min(width, BAR_WIDTH - left)
+def _bar(start: float, duration: float, span: float, colour: str, width: int) -> Text:
+    """One bar on an axis of ``width`` characters for ``span`` seconds; past the axis: ``▸``."""
+    scale = width / span if span > 0 else 0.0
+    left = min(width, round(start * scale))
+    if start >= span > 0:
+        return Text(" " * (width - 1) + "▸", style="dim")
+    if duration < 0:
+        return Text(" " * left + "◂ negative", style="bold red")
+    size = min(max(1, round(duration * scale)) if duration > 0 else 0, width - left)
     text = Text(" " * left)
-    text.append("█" * width if duration >= 0 else "◂ negative", style=colour if duration >= 0 else "bold red")
+    text.append("█" * size, style=colour)
+    if start + duration > span > 0:
+        text.append("▸", style="dim")
     return text
 
 
 def waterfall_table(stages: Mapping[str, Any]) -> Table:
-    """The stages as bars on one time axis, TTFT terms then decode."""
+    """The stages as bars on two time axes: the whole request, and (when decode dwarfs it) a
+    zoom on the time to first token, so that the TTFT terms stay readable."""
     bars = stage_bars(stages)
     negative = set(stages["negative"] if stages.get("negative") is not None else negative_stages(stages))
     end = max((s + max(d, 0.0) for _, s, d in bars), default=0.0)
     total = max(end, stages.get("client_e2e") or 0.0, stages.get("gateway_e2e") or 0.0)
+    after = [s for name, s, _ in bars if name == "decode" or name.startswith("after first token")]
+    ttft_end = after[0] if after else end
+    zoom = 0 < ttft_end < total / 3
     table = Table(show_edge=False, pad_edge=False, box=None)
     table.add_column("stage")
     table.add_column("start", justify="right", style="dim")
     table.add_column("duration", justify="right")
+    if zoom:
+        table.add_column(f"0 … {_ms(ttft_end)} (first token)", no_wrap=True)
     table.add_column(f"0 … {_ms(total)}", no_wrap=True)
     for name, start, duration in bars:
-        label = Text(name, style="bold red" if name in negative else "")
-        dur = Text(_ms(duration), style="bold red" if name in negative else "")
-        table.add_row(label, _ms(start), dur, _bar(start, duration, total, STAGE_COLOURS.get(name, "blue")))
+        style = "bold red" if name in negative else ""
+        colour = STAGE_COLOURS.get(name, "blue")
+        cells = [Text(name, style=style), _ms(start), Text(_ms(duration), style=style)]
+        if zoom:
+            cells.append(_bar(start, duration, ttft_end, colour, ZOOM_WIDTH))
+        cells.append(
+            _bar(start, duration, total, colour, BAR_WIDTH if not zoom else BAR_WIDTH - ZOOM_WIDTH // 2)
+        )
+        table.add_row(*cells)
     return table
 
 

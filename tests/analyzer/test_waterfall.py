@@ -68,6 +68,8 @@ def test_complete_request_stages_and_hops(events_file: Path) -> None:
     assert stages["prefill"][:4] == ["250.0", "ms", "200.0", "ms"]
     assert stages["decode"][:4] == ["450.0", "ms", "8,000.0", "ms"]
     assert "client view: TTFT 450.0 ms, end-to-end 8,450.0 ms" in out
+    # decode (8 s) dwarfs the TTFT (450 ms): a second axis zooms on the time to first token
+    assert "0 … 450.0 ms (first token)" in out and "0 … 8,450.0 ms" in out
     # raw hops relative to each component's own first hop: the engine's clock is 5 s ahead,
     # which must not show (its first token is 300 ms after its own received)
     hop_rows = [line.split() for line in out.splitlines()]
@@ -88,6 +90,7 @@ def test_negative_stage_is_flagged_not_clamped(events_file: Path) -> None:
     assert run.exit_code == 0, run.output
     # stats claim 500 ms queue + 100 ms prefill inside a 300 ms engine TTFT: frontend = -300 ms
     assert "negative stage frontend = -300.0 ms" in run.stdout
+    assert "(first token)" not in run.stdout  # decode is short here: one axis is enough
     assert rows(run.stdout)["frontend"][:4] == ["30.0", "ms", "-300.0", "ms"]
 
 
