@@ -8,23 +8,17 @@ prints; ``render`` draws the same dict with rich tables. Keys beyond the contrac
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 import polars as pl
 import polars.selectors as cs
 from hopline.analyzer import attribution
 from hopline.analyzer.attribution import Slo
 from hopline.analyzer.io import ScanReport
 from hopline.analyzer.pitfalls import find_pitfalls
-from hopline.analyzer.shifts import find_shifts
+from hopline.analyzer.shifts import find_shifts, iso_utc
 from hopline.middleware.contract import STAGE_NAMES
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
-
-
-def _iso(ts: float | None) -> str | None:
-    return None if ts is None else datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _counts(series: pl.Series) -> dict[str, int]:
@@ -66,7 +60,11 @@ def analyze(
         "stages": stages,
         "findings": findings,
         "dominant": attribution.dominant(stages),
-        "span": {"start": _iso(start), "end": _iso(end), "seconds": round(span or 0.0, 3)},
+        "span": {
+            "start": start and iso_utc(start),
+            "end": end and iso_utc(end),
+            "seconds": round(span or 0.0, 3),
+        },
         "outcomes": _counts(timelines["outcome"].cast(pl.String)) if n else {},
         "negative_stages": {
             "requests": int(timelines["negative"].list.len().gt(0).sum()) if n else 0,

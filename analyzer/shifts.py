@@ -117,8 +117,8 @@ class Shift:
             "kind": "shift",
             "summary": self.summary(),
             "stage": self.stage,
-            "at": _iso(self.at),
-            "until": None if self.until is None else _iso(self.until),
+            "at": iso_utc(self.at),
+            "until": None if self.until is None else iso_utc(self.until),
             "scope": self.scope,
             "statistic": self.statistic,
             "before_ms": round(self.before_ms, 3),
@@ -134,7 +134,8 @@ class Shift:
 # --- words ------------------------------------------------------------------------------------
 
 
-def _iso(ts: float) -> str:
+def iso_utc(ts: float) -> str:
+    """Unix seconds as ISO-8601 UTC to the second (the findings contract's time format)."""
     return datetime.fromtimestamp(round(ts), tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
