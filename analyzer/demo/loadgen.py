@@ -233,6 +233,7 @@ class LoadGenerator:
         await asyncio.sleep(max(0.0, begin - time.monotonic()))
 
         async def worker() -> None:
+            await asyncio.sleep(self.rng.uniform(0.0, 1.0))  # workers come up within a second
             while time.monotonic() < end:
                 await self._request(t)
 

@@ -6,7 +6,8 @@ Poisson rate, spread over two replicas by conversation) and injects one thing at
 enough for an "after"). ``expect`` is the first finding the analyzer must report.
 
 The sizes are meant to be realistic for an 8B model on one GPU, scaled in time: a batch job
-that saturates one replica (its queue time goes from milliseconds to about a second), a 4x prefill regression (a kernel fallback), 15 ms more each way
+that saturates one replica (its queue time goes from milliseconds to seconds, steadily: a closed
+loop of more workers than the replica has batch slots), a 4x prefill regression (a kernel fallback), 15 ms more each way
 on one client's path, 14k-token prompts, a client opening a connection per request, a
 client that sends no ``max_tokens``.
 """
@@ -78,13 +79,13 @@ SCENARIOS: dict[str, Scenario] = {
     for s in (
         Scenario(
             "queue-burst",
-            "a batch job (24 workers, non-streaming) starts, pinned to replica r2 by its conversation key",
+            "a batch job (40 workers, non-streaming) starts, pinned to replica r2 by its conversation key",
             expect={"kind": "shift", "stage": "queue", "scope": {"replica": "r2"}},
             incident_traffic=(
                 Traffic(
                     "batch-eval",
                     rate=0.0,
-                    concurrency=24,
+                    concurrency=40,
                     api_key="sk-demo-batch",
                     pinned_user=pinned_user("batch-eval", "r2"),
                     system_tokens=200,
