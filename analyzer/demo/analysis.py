@@ -6,12 +6,11 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
-from rich.console import Console
-
 from hopline.analyzer.demo.engine_sim import EngineConfig
 from hopline.analyzer.io import ScanReport, scan_events
 from hopline.analyzer.report import analyze, render
 from hopline.analyzer.timelines import timelines
+from rich.console import Console
 
 
 def load_timelines(run_dir: Path) -> tuple[pl.DataFrame, ScanReport]:

@@ -3,27 +3,30 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import orjson
 import typer
-from rich.console import Console
-
 from hopline.analyzer.demo.scenarios import DEFAULT_SCENARIO, SCENARIOS, matches
+from rich.console import Console
 
 
 def demo(
-    seconds: Annotated[float, typer.Option(min=10, help="How long traffic runs (the incident comes at ~55%).")] = 90,
+    seconds: Annotated[
+        float, typer.Option(min=10, help="How long traffic runs (the incident comes at ~55%).")
+    ] = 90,
     scenario: Annotated[
         str, typer.Option(help=f"The incident to inject: {', '.join(SCENARIOS)}.")
     ] = DEFAULT_SCENARIO,
     out: Annotated[
-        Optional[Path],  # noqa: UP007 (typer)
-        typer.Option(help="Keep everything here: events, engines' truth logs, report.json, dashboards, logs."),
+        Path | None,
+        typer.Option(
+            help="Keep everything here: events, engines' truth logs, report.json, dashboards, logs."
+        ),
     ] = None,
-    html: Annotated[Optional[Path], typer.Option(help="Write the HTML report to this file.")] = None,  # noqa: UP007
+    html: Annotated[Path | None, typer.Option(help="Write the HTML report to this file.")] = None,
     json: Annotated[bool, typer.Option("--json", help="Print only the findings JSON on stdout.")] = False,
-    seed: Annotated[Optional[int], typer.Option(help="Seed the traffic and the engines' randomness.")] = None,  # noqa: UP007
+    seed: Annotated[int | None, typer.Option(help="Seed the traffic and the engines' randomness.")] = None,
 ) -> None:
     """Run a simulated LLM serving stack with an incident and show what hopline finds.
 
@@ -40,7 +43,9 @@ def demo(
     from hopline.analyzer.demo.orchestrate import run_demo
 
     if scenario not in SCENARIOS:
-        raise typer.BadParameter(f"unknown scenario {scenario!r}; choose from {', '.join(SCENARIOS)}", param_hint="--scenario")
+        raise typer.BadParameter(
+            f"unknown scenario {scenario!r}; choose from {', '.join(SCENARIOS)}", param_hint="--scenario"
+        )
     chosen = SCENARIOS[scenario]
     console = Console(stderr=json)
     try:
@@ -58,7 +63,11 @@ def demo(
     named = bool(findings) and matches(findings[0], chosen.expect)
     console.print(
         f"\ninjected: {chosen.injected}\n"
-        + ("[green]the first finding names it[/green]" if named else "[red]the first finding does not name it[/red]")
+        + (
+            "[green]the first finding names it[/green]"
+            if named
+            else "[red]the first finding does not name it[/red]"
+        )
     )
     if out is not None:
         console.print(f"events, report.json, dashboards and logs: {out}")

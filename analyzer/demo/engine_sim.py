@@ -46,7 +46,6 @@ from typing import Any
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-
 from hopline.analyzer.kv import KVSpec, dtype_bytes
 from hopline.middleware import clock
 
@@ -383,14 +382,17 @@ class Engine:
         received = clock.now()
         try:
             body = orjson.loads(await request.body())
-            messages = body["messages"]
-            assert isinstance(messages, list) and messages
-        except Exception:
+        except orjson.JSONDecodeError:
+            body = None
+        messages = body.get("messages") if isinstance(body, dict) else None
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
             return _error(400, "body must be JSON with a non-empty 'messages' list")
         cfg = self.scheduler.config
         prompt_tokens = estimate_prompt_tokens(messages)
         if prompt_tokens >= cfg.max_model_len:
-            return _error(400, f"prompt has about {prompt_tokens} tokens; this model's context is {cfg.max_model_len}")
+            return _error(
+                400, f"prompt has about {prompt_tokens} tokens; this model's context is {cfg.max_model_len}"
+            )
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
         room = cfg.max_model_len - prompt_tokens
         limit = min(int(max_tokens), room) if max_tokens else room
@@ -412,7 +414,11 @@ class Engine:
         )
         self.scheduler.remember_prefix(messages, prompt_tokens)
         self.scheduler.submit(r)
-        meta = {"id": f"chatcmpl-{request_id}", "created": int(time.time()), "model": body.get("model") or cfg.model.name}
+        meta = {
+            "id": f"chatcmpl-{request_id}",
+            "created": int(time.time()),
+            "model": body.get("model") or cfg.model.name,
+        }
         if stream:
             return StreamingResponse(self._stream(r, meta, include_usage), media_type="text/event-stream")
         return await self._complete(r, meta)
@@ -438,13 +444,39 @@ class Engine:
                     if done:
                         break
                 if sent == 0:  # like vLLM, the role chunk leaves with the first output
-                    yield _sse({**chunk, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]})
+                    yield _sse(
+                        {
+                            **chunk,
+                            "choices": [
+                                {
+                                    "index": 0,
+                                    "delta": {"role": "assistant", "content": ""},
+                                    "logprobs": None,
+                                    "finish_reason": None,
+                                }
+                            ],
+                        }
+                    )
                 text = "".join(WORDS[i % len(WORDS)] for i in range(sent, r.generated))
                 sent = r.generated
-                yield _sse({**chunk, "choices": [{"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": None}]})
+                yield _sse(
+                    {
+                        **chunk,
+                        "choices": [
+                            {"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": None}
+                        ],
+                    }
+                )
                 if done:
                     break
-            yield _sse({**chunk, "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": r.finish_reason}]})
+            yield _sse(
+                {
+                    **chunk,
+                    "choices": [
+                        {"index": 0, "delta": {}, "logprobs": None, "finish_reason": r.finish_reason}
+                    ],
+                }
+            )
             if include_usage:
                 yield _sse({**chunk, "choices": [], "usage": self._usage(r)})
             yield b"data: [DONE]\n\n"
@@ -464,7 +496,14 @@ class Engine:
             {
                 **meta,
                 "object": "chat.completion",
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": r.finish_reason}],
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": text},
+                        "logprobs": None,
+                        "finish_reason": r.finish_reason,
+                    }
+                ],
                 "usage": self._usage(r),
             }
         )
@@ -478,7 +517,9 @@ def create_app(engine: Engine) -> FastAPI:
         loop = asyncio.get_running_loop()
         task = loop.create_task(engine.scheduler.run())
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # Windows; not main thread
-            loop.add_signal_handler(signal.SIGUSR1, lambda: engine.scheduler.apply(engine.scheduler.config.with_incident()))
+            loop.add_signal_handler(
+                signal.SIGUSR1, lambda: engine.scheduler.apply(engine.scheduler.config.with_incident())
+            )
         try:
             yield
         finally:

@@ -29,16 +29,18 @@ import httpx
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.background import BackgroundTask
-
 from hopline.analyzer.demo.wiring import gateway_hops
+from starlette.background import BackgroundTask
 
 RELAYED_HEADERS = ("content-type",)
 
 
 def home_replica(conversation: str, replicas: list[str]) -> str:
     """Rendezvous hashing: the replica with the highest hash of (conversation, replica)."""
-    return max(replicas, key=lambda name: hashlib.blake2b(f"{conversation}\x00{name}".encode(), digest_size=8).digest())
+    return max(
+        replicas,
+        key=lambda name: hashlib.blake2b(f"{conversation}\x00{name}".encode(), digest_size=8).digest(),
+    )
 
 
 @dataclass
@@ -175,7 +177,9 @@ def main(argv: list[str] | None = None) -> None:
 
     async def health_unobserved(scope: dict[str, Any], receive: Any, send: Any) -> None:
         """Health checks (the clients' pool warm-up, load balancers) are not LLM requests: no hops."""
-        await (app if scope["type"] == "http" and scope["path"] == "/health" else observed)(scope, receive, send)
+        await (app if scope["type"] == "http" and scope["path"] == "/health" else observed)(
+            scope, receive, send
+        )
 
     sock = listening_socket()
     announce_port(args.port_file, sock.getsockname()[1])

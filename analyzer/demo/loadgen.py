@@ -28,7 +28,6 @@ from typing import Any
 import httpx
 import openai
 import orjson
-
 from hopline.analyzer.demo.wiring import instrument_client
 
 CHARS_PER_TOKEN = 4  # the engine simulator estimates tokens the same way
@@ -133,7 +132,11 @@ class LoadGenerator:
             service=t.service,
         )
         return openai.AsyncOpenAI(
-            base_url=self._base_url(t), api_key=t.api_key, http_client=http_client, max_retries=0, timeout=120.0
+            base_url=self._base_url(t),
+            api_key=t.api_key,
+            http_client=http_client,
+            max_retries=0,
+            timeout=120.0,
         )
 
     async def warm_up(self) -> None:
@@ -185,8 +188,12 @@ class LoadGenerator:
                 # per-chunk model objects cost ~0.3 ms of CPU each, more than everything else in
                 # this process, so the SSE lines are read raw (as the SDK's own raw-response API allows).
                 async with client.chat.completions.with_streaming_response.create(
-                    model=self.model, messages=messages, user=user, stream=True,
-                    stream_options={"include_usage": True}, **extra,
+                    model=self.model,
+                    messages=messages,
+                    user=user,
+                    stream=True,
+                    stream_options={"include_usage": True},
+                    **extra,
                 ) as response:
                     async for line in response.iter_lines():
                         if not line.startswith("data: {"):
@@ -246,7 +253,9 @@ class LoadGenerator:
     async def run(self) -> LiveStats:
         """The traffic itself (call ``warm_up`` first)."""
         self.started = time.monotonic()
-        await asyncio.gather(*(self._workers(t) if t.concurrency else self._arrivals(t) for t in self.traffic))
+        await asyncio.gather(
+            *(self._workers(t) if t.concurrency else self._arrivals(t) for t in self.traffic)
+        )
         await asyncio.sleep(max(0.0, self.started + self.seconds - time.monotonic()))
         if self._tasks:
             _, late = await asyncio.wait(set(self._tasks), timeout=self.grace)

@@ -30,15 +30,14 @@ from typing import Any
 
 import orjson
 import trustme
-from rich.console import Console
-from rich.live import Live
-from rich.table import Table
-
 from hopline.analyzer.demo.engine_sim import EngineConfig
 from hopline.analyzer.demo.loadgen import LiveStats, LoadGenerator
 from hopline.analyzer.demo.process import Child, free_port, python_module
 from hopline.analyzer.demo.scenarios import REPLICAS, Scenario
 from hopline.analyzer.demo.wiring import make_emitter
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
 
 DEMO = "hopline.analyzer.demo"
 
@@ -85,7 +84,13 @@ def start_stack(scenario: Scenario, stack: Stack, seed: int | None = None) -> No
     collector = Child(
         "collector",
         python_module(
-            "hopline.collector", "--host", "127.0.0.1", "--port", str(collector_port), "--data-dir", str(stack.run_dir)
+            "hopline.collector",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(collector_port),
+            "--data-dir",
+            str(stack.run_dir),
         ),
         logs,
     )
@@ -100,29 +105,40 @@ def start_stack(scenario: Scenario, stack: Stack, seed: int | None = None) -> No
             f"engine-{replica}",
             python_module(
                 f"{DEMO}.engine_sim",
-                "--replica", replica,
-                "--sink", stack.collector_url,
-                "--truth", str(stack.run_dir / f"truth-{replica}.jsonl"),
-                "--port-file", str(logs / f"engine-{replica}.port"),
-                "--config", orjson.dumps(config).decode(),
+                "--replica",
+                replica,
+                "--sink",
+                stack.collector_url,
+                "--truth",
+                str(stack.run_dir / f"truth-{replica}.jsonl"),
+                "--port-file",
+                str(logs / f"engine-{replica}.port"),
+                "--config",
+                orjson.dumps(config).decode(),
             ),
             logs,
         )
     stack.write_pids()
     collector.wait_listening(collector_port)
     upstreams = [
-        f"{replica}=http://127.0.0.1:{stack.children[f'engine-{replica}'].wait_port()}" for replica in REPLICAS
+        f"{replica}=http://127.0.0.1:{stack.children[f'engine-{replica}'].wait_port()}"
+        for replica in REPLICAS
     ]
     gateway = Child(
         "gateway",
         python_module(
             f"{DEMO}.gateway_app",
             *(arg for upstream in upstreams for arg in ("--upstream", upstream)),
-            "--keys", orjson.dumps(scenario.api_keys()).decode(),
-            "--sink", stack.collector_url,
-            "--port-file", str(logs / "gateway.port"),
-            "--certfile", str(cert),
-            "--keyfile", str(key),
+            "--keys",
+            orjson.dumps(scenario.api_keys()).decode(),
+            "--sink",
+            stack.collector_url,
+            "--port-file",
+            str(logs / "gateway.port"),
+            "--certfile",
+            str(cert),
+            "--keyfile",
+            str(key),
         ),
         logs,
     )
@@ -135,9 +151,12 @@ def start_stack(scenario: Scenario, stack: Stack, seed: int | None = None) -> No
             "delay-proxy",
             python_module(
                 f"{DEMO}.delay_proxy",
-                "--target", f"127.0.0.1:{gateway_port}",
-                "--delay-ms", str(scenario.proxy_delay_ms),
-                "--port-file", str(logs / "delay-proxy.port"),
+                "--target",
+                f"127.0.0.1:{gateway_port}",
+                "--delay-ms",
+                str(scenario.proxy_delay_ms),
+                "--port-file",
+                str(logs / "delay-proxy.port"),
             ),
             logs,
         )
@@ -180,7 +199,9 @@ def _panel(scenario: Scenario, stats: LiveStats, elapsed: float, seconds: float,
     return table
 
 
-async def drive(scenario: Scenario, stack: Stack, seconds: float, console: Console, seed: int | None) -> LiveStats:
+async def drive(
+    scenario: Scenario, stack: Stack, seconds: float, console: Console, seed: int | None
+) -> LiveStats:
     """Run the traffic for ``seconds`` with the live display; inject the incident on time."""
     assert stack.ca_path is not None
     emitters: dict[str, Any] = {}
@@ -289,8 +310,9 @@ def run_demo(
         if out is not None:
             (run_dir / "report.json").write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
             write_dashboards(run_dir / "dashboards", stack.collector_url)
-        return DemoResult(report, run_dir, stats, scenario.expect, {n: c.pid for n, c in stack.children.items()})
+        return DemoResult(
+            report, run_dir, stats, scenario.expect, {n: c.pid for n, c in stack.children.items()}
+        )
     finally:
         if out is None:
             shutil.rmtree(run_dir, ignore_errors=True)
-

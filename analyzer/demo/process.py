@@ -5,8 +5,9 @@ Three layers make sure nothing the demo started outlives it:
 * every child is its own session / process group (``start_new_session``), so the demo can stop a
   child together with anything it spawned, and a Ctrl-C in the terminal reaches only the demo,
   which then stops its children in order (load first, collector last, so no event is lost);
-* before ``exec`` every child asks the kernel for ``SIGTERM`` when its parent dies
-  (``prctl(PR_SET_PDEATHSIG)``, Linux), which also covers a ``kill -9`` of the demo;
+* every child starts through this module (``python -m hopline.analyzer.demo.process MODULE …``),
+  which first asks the kernel for ``SIGTERM`` when its parent dies (``prctl(PR_SET_PDEATHSIG)``,
+  Linux; this also covers a ``kill -9`` of the demo), then runs ``MODULE`` as ``__main__``;
 * the demo's own servers additionally run ``watch_parent``: a thread that exits the process when
   its parent pid changes (the portable fallback where ``prctl`` does not exist).
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import runpy
 import signal
 import socket
 import subprocess
@@ -32,8 +34,11 @@ from pathlib import Path
 PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    """``preexec_fn``: SIGTERM this child when the parent dies; exit now if it already has."""
+PARENT_ENV = "HOPLINE_DEMO_PARENT"
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Ask the kernel for SIGTERM when the parent dies (Linux); exit now if it already has."""
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
@@ -86,16 +91,14 @@ class Child:
         self.log_path = log_dir / f"{name}.log"
         self.port_path = log_dir / f"{name}.port"
         self.port_path.unlink(missing_ok=True)
-        parent = os.getpid()
         with self.log_path.open("ab") as log:
             self.popen = subprocess.Popen(
                 list(argv),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=log,
-                env={**os.environ, **(env or {})},
+                env={**os.environ, **(env or {}), PARENT_ENV: str(os.getpid())},
                 start_new_session=True,
-                preexec_fn=lambda: _die_with_parent(parent),
             )
 
     @property
@@ -115,7 +118,9 @@ class Child:
                 return int(self.port_path.read_text())
             self._check_alive()
             time.sleep(0.05)
-        raise TimeoutError(f"{self.name} did not start listening within {timeout:.0f} s (log: {self.log_path})")
+        raise TimeoutError(
+            f"{self.name} did not start listening within {timeout:.0f} s (log: {self.log_path})"
+        )
 
     def wait_listening(self, port: int, timeout: float = 20.0) -> None:
         """Wait until something accepts TCP connections on ``port`` (for children we cannot change)."""
@@ -147,5 +152,17 @@ class Child:
 
 
 def python_module(module: str, *args: str) -> list[str]:
-    """argv to run one of the demo's modules with the interpreter running the demo."""
-    return [sys.executable, "-m", module, *args]
+    """argv to run ``python -m module args…`` as a child that dies with the demo."""
+    return [sys.executable, "-m", __name__, module, *args]
+
+
+def _launch(argv: list[str]) -> None:
+    """``python -m hopline.analyzer.demo.process MODULE ARGS…``: tie this process to its parent,
+    then run MODULE as ``python -m MODULE ARGS…`` would."""
+    die_with_parent(int(os.environ.get(PARENT_ENV) or os.getppid()))
+    sys.argv = argv
+    runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    _launch(sys.argv[1:])

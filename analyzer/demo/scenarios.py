@@ -149,7 +149,9 @@ SCENARIOS: dict[str, Scenario] = {
             "no-max-tokens",
             "kite-notebook sends its requests without max_tokens",
             expect={"kind": "pitfall", "name": "no_max_tokens"},
-            incident_traffic=(Traffic("kite-notebook", rate=4.0, api_key="sk-demo-notebook", max_tokens=None),),
+            incident_traffic=(
+                Traffic("kite-notebook", rate=4.0, api_key="sk-demo-notebook", max_tokens=None),
+            ),
             incident_at=0.0,  # see the note at the top
         ),
     )

@@ -8,18 +8,18 @@ around the apps, and hopline's httpx transport under the OpenAI SDK's client.
 from __future__ import annotations
 
 import socket
-import ssl
 from typing import Any
 
 import httpx
 import uvicorn
-
 from hopline.middleware.emit import Emitter
 
 ASGIApp = Any
 
 
-def make_emitter(sink: str | None, *, service: str, replica: str | None = None, model: str | None = None) -> Emitter:
+def make_emitter(
+    sink: str | None, *, service: str, replica: str | None = None, model: str | None = None
+) -> Emitter:
     """An emitter for one demo component (``sink`` None: events are kept in memory)."""
     return Emitter(sink or "memory", service=service, replica=replica, model=model)
 
@@ -50,7 +50,9 @@ def instrument_client(client: httpx.AsyncClient, *, emitter: Emitter, service: s
     return instrument(client, emitter=emitter, service=service)
 
 
-def serve(app: ASGIApp, sock: socket.socket, *, certfile: str | None = None, keyfile: str | None = None) -> None:
+def serve(
+    app: ASGIApp, sock: socket.socket, *, certfile: str | None = None, keyfile: str | None = None
+) -> None:
     """Run ``app`` with uvicorn on an already listening socket until SIGTERM / SIGINT."""
     config = uvicorn.Config(
         app,

@@ -15,7 +15,6 @@ from typing import Any
 import orjson
 import psutil
 import uvicorn
-
 from hopline.analyzer.demo.process import listening_socket
 from hopline.middleware.emit import Emitter
 from hopline.middleware.sinks import MemorySink
@@ -57,9 +56,22 @@ PITFALL_SECONDS = 25
 
 def run_demo(out: Path, scenario: str, seconds: int, seed: int = 7) -> dict[str, Any]:
     """``hopline demo … --json`` in a child process; its stdout must be exactly the findings JSON."""
-    argv = [sys.executable, "-m", "hopline.middleware.cli", "demo", "--seconds", str(seconds),
-            "--scenario", scenario, "--out", str(out), "--json", "--seed", str(seed)]
-    proc = subprocess.run(argv, capture_output=True, timeout=seconds + 90)
+    argv = [
+        sys.executable,
+        "-m",
+        "hopline.middleware.cli",
+        "demo",
+        "--seconds",
+        str(seconds),
+        "--scenario",
+        scenario,
+        "--out",
+        str(out),
+        "--json",
+        "--seed",
+        str(seed),
+    ]
+    proc = subprocess.run(argv, capture_output=True, timeout=seconds + 90, check=False)
     assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-4000:]
     return orjson.loads(proc.stdout)
 
@@ -70,7 +82,9 @@ def processes_of(out: Path) -> list[psutil.Process]:
     found: dict[int, psutil.Process] = {}
     for proc in psutil.process_iter(["cmdline", "status"]):
         with contextlib.suppress(psutil.Error):
-            if proc.info["status"] != psutil.STATUS_ZOMBIE and str(out) in " ".join(proc.info["cmdline"] or ()):
+            if proc.info["status"] != psutil.STATUS_ZOMBIE and str(out) in " ".join(
+                proc.info["cmdline"] or ()
+            ):
                 found[proc.pid] = proc
     pids_file = out / "pids.json"
     for pid in orjson.loads(pids_file.read_bytes()).values() if pids_file.exists() else ():

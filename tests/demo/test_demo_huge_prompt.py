@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from demo_testing import PITFALL_SECONDS, first_finding, processes_of, run_demo
-
 from hopline.analyzer.demo.scenarios import SCENARIOS, matches
 
 

@@ -15,7 +15,17 @@ EXPECTED_CHILDREN = {"collector", "engine-r1", "engine-r2", "gateway"}
 
 
 def _start(out: Path) -> subprocess.Popen[bytes]:
-    argv = [sys.executable, "-m", "hopline.middleware.cli", "demo", "--seconds", "60", "--out", str(out), "--json"]
+    argv = [
+        sys.executable,
+        "-m",
+        "hopline.middleware.cli",
+        "demo",
+        "--seconds",
+        "60",
+        "--out",
+        str(out),
+        "--json",
+    ]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60
     while not ((out / "logs" / "gateway.port").exists() and (out / "pids.json").exists()):

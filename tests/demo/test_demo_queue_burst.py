@@ -8,7 +8,6 @@ from pathlib import Path
 import polars as pl
 import pytest
 from demo_testing import SHIFT_SECONDS, first_finding, processes_of, run_demo
-
 from hopline.analyzer.demo.analysis import load_timelines
 from hopline.analyzer.demo.scenarios import SCENARIOS, matches
 

@@ -10,7 +10,6 @@ import httpx
 import orjson
 import pytest
 from demo_testing import events_of, memory_emitter, running_server
-
 from hopline.analyzer.demo.engine_sim import (
     Engine,
     EngineConfig,
@@ -36,7 +35,10 @@ def test_kv_budget_comes_from_the_model_shape() -> None:
 def test_prompt_tokens_are_estimated_from_message_length() -> None:
     # 3 template tokens + per message 4 + ceil(chars / 4)
     assert estimate_prompt_tokens([{"role": "user", "content": "x" * 400}]) == 3 + 4 + 100
-    assert estimate_prompt_tokens([{"role": "system", "content": "ab"}, {"role": "user", "content": ""}]) == 3 + 5 + 5
+    assert (
+        estimate_prompt_tokens([{"role": "system", "content": "ab"}, {"role": "user", "content": ""}])
+        == 3 + 5 + 5
+    )
 
 
 def _request(rid: str, prompt: int, target: int, limit: int = 10_000) -> SimRequest:
@@ -101,7 +103,9 @@ def test_kv_budget_makes_requests_wait_for_memory() -> None:
 def test_max_tokens_cuts_the_answer_with_finish_reason_length() -> None:
     finished: list[SimRequest] = []
     s = _scheduler(finished)
-    asyncio.run(_run_until_done(s, [_request("cut", 20, target=7, limit=7), _request("free", 20, target=7)], finished))
+    asyncio.run(
+        _run_until_done(s, [_request("cut", 20, target=7, limit=7), _request("free", 20, target=7)], finished)
+    )
     reasons = {r.request_id: (r.finish_reason, r.generated) for r in finished}
     assert reasons == {"cut": ("length", 7), "free": ("stop", 7)}
 
@@ -113,7 +117,9 @@ def _sse_events(body: str) -> list[str]:
 @pytest.fixture
 def engine_url(tmp_path: Path):
     emitter = memory_emitter(service="engine", replica="r1", model="sim-llama-3-8b")
-    engine = Engine(EngineConfig(**FAST, seed=3), replica="r1", emitter=emitter, truth_path=tmp_path / "truth.jsonl")
+    engine = Engine(
+        EngineConfig(**FAST, seed=3), replica="r1", emitter=emitter, truth_path=tmp_path / "truth.jsonl"
+    )
     with running_server(engine_middleware(create_app(engine), emitter)) as url:
         yield url, emitter, tmp_path / "truth.jsonl"
 
@@ -127,7 +133,9 @@ def test_streaming_follows_the_openai_chunk_format(engine_url) -> None:
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    response = httpx.post(f"{url}/v1/chat/completions", json=body, headers={"x-request-id": "abc123"}, timeout=10)
+    response = httpx.post(
+        f"{url}/v1/chat/completions", json=body, headers={"x-request-id": "abc123"}, timeout=10
+    )
     assert response.headers["content-type"].startswith("text/event-stream")
     events = _sse_events(response.text)
     assert events[-1] == "[DONE]"
@@ -151,14 +159,28 @@ def test_streaming_follows_the_openai_chunk_format(engine_url) -> None:
     truth = orjson.loads(truth_path.read_bytes().splitlines()[-1])
     stats = hops["engine.stats"]
     assert truth["request_id"] == "abc123"
-    assert (stats["queue_s"], stats["prefill_s"], stats["decode_s"]) == (truth["queue_s"], truth["prefill_s"], truth["decode_s"])
+    assert (stats["queue_s"], stats["prefill_s"], stats["decode_s"]) == (
+        truth["queue_s"],
+        truth["prefill_s"],
+        truth["decode_s"],
+    )
     assert stats["output_tokens"] == truth["output_tokens"] == tokens
-    assert truth["received"] <= truth["queued"] <= truth["scheduled"] <= truth["first_token"] <= truth["last_token"]
+    assert (
+        truth["received"]
+        <= truth["queued"]
+        <= truth["scheduled"]
+        <= truth["first_token"]
+        <= truth["last_token"]
+    )
 
 
 def test_non_streaming_and_bad_requests(engine_url) -> None:
     url, _, _ = engine_url
-    ok = httpx.post(f"{url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}, timeout=10)
+    ok = httpx.post(
+        f"{url}/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
+        timeout=10,
+    )
     data = ok.json()
     assert data["object"] == "chat.completion"
     assert data["usage"]["completion_tokens"] <= 3

@@ -7,8 +7,8 @@ from collections import Counter
 import httpx
 import pytest
 from demo_testing import events_of, memory_emitter, running_server
-
-from hopline.analyzer.demo.engine_sim import Engine, EngineConfig, create_app as engine_app
+from hopline.analyzer.demo.engine_sim import Engine, EngineConfig
+from hopline.analyzer.demo.engine_sim import create_app as engine_app
 from hopline.analyzer.demo.gateway_app import Router, TokenBucket, create_app, home_replica
 from hopline.analyzer.demo.process import free_port
 from hopline.analyzer.demo.wiring import gateway_middleware
@@ -21,7 +21,10 @@ def test_home_replica_is_stable_and_spreads_conversations() -> None:
     names = ["r1", "r2"]
     homes = Counter(home_replica(f"user-{i}", names) for i in range(400))
     assert set(homes) == {"r1", "r2"} and min(homes.values()) > 150  # 400 keys, about even
-    assert all(home_replica(f"user-{i}", names) == home_replica(f"user-{i}", list(reversed(names))) for i in range(50))
+    assert all(
+        home_replica(f"user-{i}", names) == home_replica(f"user-{i}", list(reversed(names)))
+        for i in range(50)
+    )
 
 
 def test_router_prefers_the_replica_that_served_the_conversation() -> None:
@@ -75,6 +78,11 @@ def test_dead_replica_fails_over_and_affinity_follows(stack) -> None:
     assert second.status_code == 200
     forwarded = [e for e in events_of(emitter) if e["hop"] == "gateway.forwarded"]
     # the home replica r2 is dead: attempt 0 went to r2, attempt 1 to r1 ...
-    assert [(e["upstream"], e["attempt"]) for e in forwarded if e["request_id"] == "rid-failover"] == [("r2", 0), ("r1", 1)]
+    assert [(e["upstream"], e["attempt"]) for e in forwarded if e["request_id"] == "rid-failover"] == [
+        ("r2", 0),
+        ("r1", 1),
+    ]
     # ... and the conversation now sticks to r1, which served it
-    assert [(e["upstream"], e["attempt"]) for e in forwarded if e["request_id"] == "rid-sticky"] == [("r1", 0)]
+    assert [(e["upstream"], e["attempt"]) for e in forwarded if e["request_id"] == "rid-sticky"] == [
+        ("r1", 0)
+    ]
