@@ -54,6 +54,12 @@ GAP_COLUMNS = {
 }
 
 
+def pick_key() -> pl.Expr:
+    """The contract's pick as one number per event: the smallest is the highest attempt's
+    earliest event (see the module docstring)."""
+    return pl.col("ts") - pl.col("attempt").cast(pl.Float64) * ATTEMPT_SPAN_S
+
+
 def _hop_ts(hop: str) -> str:
     return f"_ts:{hop}"
 
@@ -106,7 +112,7 @@ def _priority(hops: tuple[str, ...]) -> pl.Expr:
 def _per_event_columns() -> list[pl.Expr]:
     """Row-wise columns the single group_by aggregates (needs ``_chosen``)."""
     hop, chosen = pl.col("hop"), pl.col("_chosen")
-    key = pl.col("ts") - pl.col("attempt").cast(pl.Float64) * ATTEMPT_SPAN_S
+    key = pick_key()
     cols = [pl.when(chosen & (hop == h)).then(pl.col("ts")).alias(_hop_ts(h)) for h in TIMED_HOPS]
     cols += [pl.when(chosen & (hop == h)).then(pl.col(a)).alias(_hop_attr(h, a)) for h, a in HOP_ATTRS]
     cols += [
@@ -281,7 +287,7 @@ def timelines(events: pl.LazyFrame) -> pl.LazyFrame:
     string or already the ``HOP_ENUM``. Times are Unix seconds (``start``, inputs) and seconds
     (stages); ``negative`` and ``missing`` are lists of stage / hop names.
     """
-    pick = pl.col("ts") - pl.col("attempt").cast(pl.Float64) * ATTEMPT_SPAN_S
+    pick = pick_key()
     per_request = (
         events.with_columns(pl.col("hop").cast(HOP_ENUM, strict=False))
         .filter(pl.col("hop").is_in(READ_HOPS))
