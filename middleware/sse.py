@@ -100,25 +100,8 @@ class StreamReader:
 
     def feed(self, chunk: bytes, ts: float) -> bool:
         """Parse one network chunk received at ``ts``; True when it carried the first output."""
-        head = self._head
-        if head is not None:
-            h, t, n = self._head_len, self._tail_len, len(chunk)
-            if (
-                n > h + t
-                and chunk[:h] == head
-                and chunk[n - t :] == self._tail
-                and chunk.find(34, h, n - t) < 0  # no '"' in the content text: it is one JSON string
-                and chunk[n - t - 1] != 92  # ...not ending in a backslash that would escape the quote
-                and not (self._buf or self._data)
-            ):
-                # the stream's plain chunk again, with other text: output (``_output``, inlined)
-                self.output_chunks += 1
-                gap = ts - self.last_output_at
-                if self.max_gap_s is None or gap > self.max_gap_s:
-                    self.max_gap_s = gap
-                    self.max_gap_at = self.last_output_at
-                self.last_output_at = ts
-                return False
+        if self._head is not None and self.take_plain(chunk, ts):
+            return False
         if chunk == _DONE_EVENT and not (self._buf or self._data):
             self.done = True
             return False
@@ -129,11 +112,39 @@ class StreamReader:
             and chunk.endswith(b"\n\n")
             and not (self._buf or self._data or self._after_cr)
         ):
-            if self._dispatch(chunk[6:-2], b"", ts) and head is None:
+            if self._dispatch(chunk[6:-2], b"", ts) and self._head is None:
                 self._learn(chunk)
         else:
             self._feed_lines(chunk, ts)
         return not had_output and self.first_at is not None
+
+    def take_plain(self, chunk: bytes, ts: float) -> bool:
+        """Count ``chunk`` if it is the stream's plain chunk again (see ``_learn``); False otherwise.
+
+        The per-chunk hot path of every streamed response once output has begun: a few byte
+        comparisons, no JSON, and nothing read but the arrival time. A chunk it declines (an
+        unusual chunk, a split or merged event) must go to ``feed``, which parses it exactly.
+        """
+        head = self._head
+        if head is None or self._buf or self._data:
+            return False
+        h, t, n = self._head_len, self._tail_len, len(chunk)
+        if (
+            n > h + t
+            and chunk[:h] == head
+            and chunk[n - t :] == self._tail
+            and 34 not in chunk[h : n - t]  # no '"' in the content text: it is one JSON string
+            and chunk[n - t - 1] != 92  # ...not ending in a backslash that would escape the quote
+        ):
+            self.output_chunks += 1
+            last = self.last_output_at
+            gap = ts - last
+            if self.max_gap_s is None or gap > self.max_gap_s:
+                self.max_gap_s = gap
+                self.max_gap_at = last
+            self.last_output_at = ts
+            return True
+        return False
 
     def _learn(self, chunk: bytes) -> None:
         """Remember a plain chunk as the template for the rest of the stream.
