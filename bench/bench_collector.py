@@ -37,7 +37,6 @@ from pathlib import Path
 import httpx
 import orjson
 import psutil
-
 from hopline.collector.app import build_collector
 from hopline.collector.config import CollectorConfig
 from hopline.middleware.contract import new_eid, validate_event
@@ -55,17 +54,34 @@ def full_request(rid: str, t: float) -> list[bytes]:
         ("gateway.received", 0.01, g),
         ("gateway.admitted", 0.011, g),
         ("gateway.forwarded", 0.012, {**g, "upstream": e["replica"]}),
-        ("engine.received", 0.02, {**e, "stream": True, "n": 1, "max_tokens": 256, "max_tokens_set": True, "prompt_tokens": 1200}),
+        (
+            "engine.received",
+            0.02,
+            {**e, "stream": True, "n": 1, "max_tokens": 256, "max_tokens_set": True, "prompt_tokens": 1200},
+        ),
         ("engine.first_token", 0.2, e),
         ("gateway.first_token", 0.21, g),
         ("client.first_token", 0.22, c),
         ("engine.last_token", 1.2, {**e, "output_tokens": 100, "finish_reason": "stop"}),
-        ("engine.stats", 1.21, {**e, "queue_s": 0.05, "prefill_s": 0.1, "decode_s": 1.0, "prompt_tokens": 1200, "output_tokens": 100}),
+        (
+            "engine.stats",
+            1.21,
+            {
+                **e,
+                "queue_s": 0.05,
+                "prefill_s": 0.1,
+                "decode_s": 1.0,
+                "prompt_tokens": 1200,
+                "output_tokens": 100,
+            },
+        ),
         ("gateway.last_token", 1.22, g),
         ("client.last_token", 1.23, {**c, "output_tokens": 100, "finish_reason": "stop"}),
     ]
     return [
-        orjson.dumps({"v": 1, "eid": new_eid(), "ts": t + dt, "request_id": rid, "hop": hop, "attempt": 0, **attrs})
+        orjson.dumps(
+            {"v": 1, "eid": new_eid(), "ts": t + dt, "request_id": rid, "hop": hop, "attempt": 0, **attrs}
+        )
         for hop, dt, attrs in hops
     ]
 
@@ -78,8 +94,14 @@ def engine_request(rid: str, t: float, finishes: bool) -> list[bytes]:
         ("engine.first_token", 0.1, e),
     ]
     if finishes:
-        hops += [("engine.last_token", 1.0, {**e, "output_tokens": 50}), ("engine.stats", 1.01, {**e, "queue_s": 0.01})]
-    return [orjson.dumps({"v": 1, "eid": new_eid(), "ts": t + dt, "request_id": rid, "hop": h, **a}) for h, dt, a in hops]
+        hops += [
+            ("engine.last_token", 1.0, {**e, "output_tokens": 50}),
+            ("engine.stats", 1.01, {**e, "queue_s": 0.01}),
+        ]
+    return [
+        orjson.dumps({"v": 1, "eid": new_eid(), "ts": t + dt, "request_id": rid, "hop": h, **a})
+        for h, dt, a in hops
+    ]
 
 
 def batches_of(lines: list[bytes]) -> list[bytes]:
@@ -116,10 +138,9 @@ def _ingest_once(batches: list[bytes], fsync: str, requests: int) -> tuple[float
 
 def _histograms(n: int) -> tuple[float, float]:
     """CPU µs per observe with a request_id exemplar: prometheus_client's bound child vs ours."""
-    from prometheus_client import CollectorRegistry, Histogram
-
     from hopline.collector.histogram import ExemplarHistogram
     from hopline.collector.metric_names import LATENCY_BUCKETS
+    from prometheus_client import CollectorRegistry, Histogram
 
     reg = CollectorRegistry()
     theirs = Histogram("a", "a", ("x",), buckets=LATENCY_BUCKETS, registry=reg).labels("1")
@@ -146,7 +167,9 @@ def bench_ingest(requests: int, rounds: int) -> None:
     rows: dict[str, list[float]] = {}
     for r in range(rounds):
         order = ["batch", "none"] if r % 2 == 0 else ["none", "batch"]
-        rows.setdefault("ref: orjson.loads, µs CPU/event", []).append(cpu_us_per(lambda: [orjson.loads(x) for x in lines], n))
+        rows.setdefault("ref: orjson.loads, µs CPU/event", []).append(
+            cpu_us_per(lambda: [orjson.loads(x) for x in lines], n)
+        )
         rows.setdefault("ref: contract.validate_event, µs CPU/event", []).append(
             cpu_us_per(lambda: [validate_event(o) for o in objs], n)
         )
@@ -162,7 +185,9 @@ def bench_ingest(requests: int, rounds: int) -> None:
         rows.setdefault("observe+exemplar, prometheus_client bound child, µs", []).append(theirs)
         rows.setdefault("observe+exemplar, ExemplarHistogram child, µs", []).append(ours)
         rows.setdefault("ratio: prometheus_client / ExemplarHistogram observe", []).append(theirs / ours)
-    print(f"## ingest in-process: {n:,} events in {len(batches)} batches of {BATCH} (12 hops/request), {rounds} rounds")
+    print(
+        f"## ingest in-process: {n:,} events in {len(batches)} batches of {BATCH} (12 hops/request), {rounds} rounds"
+    )
     print("| measure | median [min, max] |\n|---|---|")
     for name, values in rows.items():
         print(f"| {name} | {_median(values)} |")
@@ -204,7 +229,18 @@ def bench_http(requests: int) -> None:
         port = s.getsockname()[1]
     pin = ["taskset", "-c", "0"] if shutil.which("taskset") else []
     proc = subprocess.Popen(
-        [*pin, sys.executable, "-m", "hopline.collector", "--data-dir", str(tmp), "--port", str(port), "--grace", "0"],
+        [
+            *pin,
+            sys.executable,
+            "-m",
+            "hopline.collector",
+            "--data-dir",
+            str(tmp),
+            "--port",
+            str(port),
+            "--grace",
+            "0",
+        ],
         stderr=subprocess.DEVNULL,
     )
     if pin:
@@ -237,7 +273,9 @@ def bench_http(requests: int) -> None:
         for th in threads:
             th.join()
         wall, cpu = time.perf_counter() - wall0, _proc_cpu(proc.pid) - cpu0
-        print(f"## ingest over HTTP: {n:,} events in {len(batches)} POSTs of {BATCH} (2 client threads, fsync=batch)")
+        print(
+            f"## ingest over HTTP: {n:,} events in {len(batches)} POSTs of {BATCH} (2 client threads, fsync=batch)"
+        )
         print(
             f"{n / wall:,.0f} events/s wall; server {cpu / n * 1e6:.2f} µs CPU/event = {n / cpu:,.0f} events per "
             f"server CPU-second"
@@ -294,7 +332,9 @@ def bench_memory(total: int, max_open: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", choices=("ingest", "http", "memory"))
-    parser.add_argument("--requests", type=int, default=20_000, help="requests for the throughput runs (x12 events)")
+    parser.add_argument(
+        "--requests", type=int, default=20_000, help="requests for the throughput runs (x12 events)"
+    )
     parser.add_argument("--memory-requests", type=int, default=1_000_000)
     parser.add_argument("--max-open", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=3)
@@ -307,8 +347,16 @@ def main() -> None:
         bench_memory(args.memory_requests, args.max_open)
     elif args.only is None:  # in a fresh process: RSS must not include the runs above
         subprocess.run(
-            [sys.executable, __file__, "--only", "memory", "--memory-requests", str(args.memory_requests),
-             "--max-open", str(args.max_open)],
+            [
+                sys.executable,
+                __file__,
+                "--only",
+                "memory",
+                "--memory-requests",
+                str(args.memory_requests),
+                "--max-open",
+                str(args.max_open),
+            ],
             check=True,
         )
 

@@ -22,9 +22,6 @@ from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import choose_encoder
-
 from hopline.collector.config import CollectorConfig
 from hopline.collector.dedup import RecentKeys
 from hopline.collector.ingest import JSON_TYPES, NDJSON_TYPES, IngestError, Ingestor, gunzip, media_type
@@ -33,6 +30,8 @@ from hopline.collector.metrics import Recorder, build_metrics
 from hopline.collector.store import EventStore, StoreError
 from hopline.collector.tail import Tailer
 from hopline.middleware.log import logger
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
 
 SWEEP_INTERVAL_S = 0.25
 
@@ -82,7 +81,7 @@ async def _housekeeping(c: Collector) -> None:
                 await loop.run_in_executor(None, _compact_and_expire, c)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # housekeeping must keep running
+        except Exception as exc:  # noqa: BLE001 - housekeeping must keep running
             logger.warning("housekeeping_failed", error=str(exc))
 
 
@@ -104,7 +103,9 @@ def _unauthorized(token: str | None, header: str | None) -> bool:
 
 
 def _error(status: int, message: str, **extra: object) -> JSONResponse:
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else {"Retry-After": "1"} if status == 503 else None
+    headers = (
+        {"WWW-Authenticate": "Bearer"} if status == 401 else {"Retry-After": "1"} if status == 503 else None
+    )
     return JSONResponse({"error": message, **extra}, status_code=status, headers=headers)
 
 
@@ -134,11 +135,15 @@ def create_app(config: CollectorConfig) -> FastAPI:
         tasks = [asyncio.create_task(_housekeeping(c), name="hopline-housekeeping")]
         if config.tail:
             tailer = Tailer(
-                config.tail, config.data_dir / "tail-state.json",
-                lambda data: c.ingestor.ingest(data, "ndjson"), interval_s=config.tail_interval_s,
+                config.tail,
+                config.data_dir / "tail-state.json",
+                lambda data: c.ingestor.ingest(data, "ndjson"),
+                interval_s=config.tail_interval_s,
             )
             tasks.append(asyncio.create_task(tailer.run(), name="hopline-tail"))
-        logger.info("collector_started", data_dir=str(config.data_dir), fsync=config.fsync, tail=list(config.tail))
+        logger.info(
+            "collector_started", data_dir=str(config.data_dir), fsync=config.fsync, tail=list(config.tail)
+        )
         try:
             yield
         finally:
@@ -159,7 +164,9 @@ def create_app(config: CollectorConfig) -> FastAPI:
             return _error(401, "missing or wrong bearer token")
         kind = media_type(headers.get("content-type"))
         if kind not in NDJSON_TYPES and kind not in JSON_TYPES:
-            return _error(415, f"unsupported content type {kind!r}: send application/x-ndjson or application/json")
+            return _error(
+                415, f"unsupported content type {kind!r}: send application/x-ndjson or application/json"
+            )
         try:
             body = await _read_body(request, config.max_body_bytes)
             encoding = headers.get("content-encoding", "identity").strip().lower()

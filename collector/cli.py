@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-
 from hopline.collector.config import FSYNC_POLICIES, CollectorConfig, parse_duration
 
 EXAMPLE = """
@@ -22,11 +21,16 @@ at http://HOST:9400/metrics (with --enable-feature=exemplar-storage for request_
 
 
 def collector(
-    data_dir: Annotated[Path, typer.Option("--data-dir", help="Where events are stored (DIR/events/date=…/hour=…).")],
+    data_dir: Annotated[
+        Path, typer.Option("--data-dir", help="Where events are stored (DIR/events/date=…/hour=…).")
+    ],
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 9400,
     token: Annotated[
-        str | None, typer.Option(envvar="HOPLINE_TOKEN", help="Bearer token POST /v1/events requires.", show_default=False)
+        str | None,
+        typer.Option(
+            envvar="HOPLINE_TOKEN", help="Bearer token POST /v1/events requires.", show_default=False
+        ),
     ] = None,
     model_config: Annotated[
         list[str] | None,
@@ -36,10 +40,14 @@ def collector(
             "KV-cache gauge. Repeatable.",
         ),
     ] = None,
-    retention: Annotated[str, typer.Option(help="Delete stored hours older than this (e.g. 36h, 14d).")] = "14d",
+    retention: Annotated[
+        str, typer.Option(help="Delete stored hours older than this (e.g. 36h, 14d).")
+    ] = "14d",
     tail: Annotated[
         list[str] | None,
-        typer.Option(help="Follow NDJSON files written by the file sink, e.g. '/var/log/hopline/events.ndjson*'. Repeatable."),
+        typer.Option(
+            help="Follow NDJSON files written by the file sink, e.g. '/var/log/hopline/events.ndjson*'. Repeatable."
+        ),
     ] = None,
     fsync: Annotated[
         str,
@@ -49,15 +57,22 @@ def collector(
         ),
     ] = "batch",
     fsync_interval: Annotated[str, typer.Option(help="fsync period of --fsync interval.")] = "1s",
-    max_body: Annotated[int, typer.Option(help="Largest request body accepted, in bytes (413 above).")] = 8 * 1024 * 1024,
-    grace: Annotated[str, typer.Option(help="Wait this long for late hops once a request's final hops arrived.")] = "2s",
-    ttl: Annotated[str, typer.Option(help="An unfinished request expires this long after its last event.")] = "15m",
-    max_open: Annotated[int, typer.Option(help="Most requests joined at once (the least recently active is evicted).")] = 100_000,
+    max_body: Annotated[int, typer.Option(help="Largest request body accepted, in bytes (413 above).")] = 8
+    * 1024
+    * 1024,
+    grace: Annotated[
+        str, typer.Option(help="Wait this long for late hops once a request's final hops arrived.")
+    ] = "2s",
+    ttl: Annotated[
+        str, typer.Option(help="An unfinished request expires this long after its last event.")
+    ] = "15m",
+    max_open: Annotated[
+        int, typer.Option(help="Most requests joined at once (the least recently active is evicted).")
+    ] = 100_000,
     log_level: Annotated[str, typer.Option(help="uvicorn's log level.")] = "warning",
 ) -> None:
     """Run the collector: ingest hop events, join them, expose /metrics, store events durably."""
     import uvicorn
-
     from hopline.collector.app import create_app
     from hopline.collector.kv_cache import parse_model_config
 
@@ -84,7 +99,11 @@ def collector(
         typer.echo(f"hopline collector: {exc}", err=True)
         raise typer.Exit(2) from None
     uvicorn.run(
-        create_app(config), host=host, port=port, workers=1, log_level=log_level,
+        create_app(config),
+        host=host,
+        port=port,
+        workers=1,
+        log_level=log_level,
         timeout_graceful_shutdown=10,
     )
 

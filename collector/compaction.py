@@ -14,7 +14,6 @@ import os
 from pathlib import Path
 
 import polars as pl
-
 from hopline.middleware.contract import STORAGE_COLUMNS
 
 PARQUET_NAME = "events.parquet"

@@ -27,7 +27,7 @@ from prometheus_client.utils import floatToGoString
 class HistogramChild:
     """One label tuple's buckets; ``observe`` is a bisect and three stores."""
 
-    __slots__ = ("upper", "counts", "exemplars", "sum")
+    __slots__ = ("counts", "exemplars", "sum", "upper")
 
     def __init__(self, upper: tuple[float, ...]) -> None:
         self.upper = upper

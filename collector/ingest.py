@@ -20,14 +20,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-
 from hopline.collector.dedup import RecentKeys
 from hopline.collector.join import Joiner
 from hopline.collector.metrics import Recorder
 from hopline.collector.store import EventStore, StoreError
-from hopline.middleware.contract import ATTRIBUTE_TYPES, CORE_FIELDS, EventError, dedup_key, dumps, validate_event
+from hopline.middleware.contract import (
+    ATTRIBUTE_TYPES,
+    CORE_FIELDS,
+    EventError,
+    dedup_key,
+    dumps,
+    validate_event,
+)
 
-NDJSON_TYPES = frozenset({"application/x-ndjson", "application/ndjson", "application/jsonl", "application/jsonlines"})
+NDJSON_TYPES = frozenset(
+    {"application/x-ndjson", "application/ndjson", "application/jsonl", "application/jsonlines"}
+)
 JSON_TYPES = frozenset({"application/json"})
 _FIELDS = frozenset(CORE_FIELDS) | frozenset(ATTRIBUTE_TYPES)
 MAX_REPORTED_ERRORS = 100  # rejected lines listed in one answer (all are counted)
@@ -41,7 +49,11 @@ class IngestResult:
     rejected_count: int = 0
 
     def answer(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"accepted": self.accepted, "duplicates": self.duplicates, "rejected": self.rejected}
+        out: dict[str, Any] = {
+            "accepted": self.accepted,
+            "duplicates": self.duplicates,
+            "rejected": self.rejected,
+        }
         if self.rejected_count > len(self.rejected):
             out["rejected_total"] = self.rejected_count
         return out
@@ -105,7 +117,9 @@ class Ingestor:
             except orjson.JSONDecodeError as exc:
                 raise IngestError(400, f"body is not JSON: {exc}") from None
             if not isinstance(items, list):
-                raise IngestError(400, f"application/json body must be an array of events, got {type(items).__name__}")
+                raise IngestError(
+                    400, f"application/json body must be an array of events, got {type(items).__name__}"
+                )
             numbered = ((i, item, None) for i, item in enumerate(items, start=1))
         else:
             numbered = ((i, None, line) for i, line in enumerate(body.splitlines(), start=1))

@@ -64,7 +64,7 @@ MAX_EVENTS_PER_REQUEST = 512  # events beyond this are stored but not joined (bo
 class OpenRequest:
     """A request still being joined: its events and per-component progress."""
 
-    __slots__ = ("events", "progress", "last_seen", "due", "engine")
+    __slots__ = ("due", "engine", "events", "last_seen", "progress")
 
     def __init__(self, now: float) -> None:
         self.events: list[dict[str, Any]] = []
@@ -82,7 +82,7 @@ class OpenRequest:
 class FinishedRequest:
     """A finished request in the LRU: its events plus how it ended."""
 
-    __slots__ = ("events", "state", "outcome", "missing")
+    __slots__ = ("events", "missing", "outcome", "state")
 
     def __init__(self, events: list[dict[str, Any]], state: str, outcome: str, missing: str | None) -> None:
         self.events = events
@@ -326,8 +326,11 @@ class Joiner:
         outcome = request_outcome(events)
         recorder = self.recorder
         recorder.request(
-            rid, values, recorder.scope(scope["service"], scope["model"], scope["replica"]),
-            outcome, negative_stages(values),
+            rid,
+            values,
+            recorder.scope(scope["service"], scope["model"], scope["replica"]),
+            outcome,
+            negative_stages(values),
         )
         self._release_all(req)
         self.counts["complete"] += 1

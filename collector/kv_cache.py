@@ -18,7 +18,9 @@ def parse_model_config(spec: str) -> tuple[str, int]:
     """
     name, sep, value = spec.partition("=")
     if not sep or not name or not value:
-        raise ValueError(f"--model-config wants NAME=PATH or NAME=layers,kv_heads,head_dim,kv_dtype, got {spec!r}")
+        raise ValueError(
+            f"--model-config wants NAME=PATH or NAME=layers,kv_heads,head_dim,kv_dtype, got {spec!r}"
+        )
     parts = value.split(",")
     try:
         if len(parts) == 4 and all(p.strip().isdigit() for p in parts[:3]):

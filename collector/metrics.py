@@ -14,11 +14,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
-
 from hopline.collector import metric_names as names
 from hopline.collector.histogram import ExemplarHistogram
 from hopline.middleware.contract import TIME_STAGES
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 OTHER = "other"
 ENGINE_CHILDREN_CACHE = 4096

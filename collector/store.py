@@ -216,4 +216,3 @@ class EventStore:
                 except OSError:
                     pass
         return removed
-

@@ -22,7 +22,6 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import orjson
-
 from hopline.collector.ingest import IngestError
 from hopline.collector.store import StoreError
 from hopline.middleware.log import logger
@@ -125,6 +124,6 @@ class Tailer:
                 await self.poll()
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # keep following whatever one pass met
+            except Exception as exc:  # noqa: BLE001 - keep following whatever one pass met
                 logger.warning("tail_failed", error=str(exc))
             await asyncio.sleep(self.interval_s)

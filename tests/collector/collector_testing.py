@@ -13,7 +13,6 @@ from pathlib import Path
 
 import httpx
 import uvicorn
-
 from hopline.collector.app import create_app
 from hopline.collector.config import CollectorConfig
 from hopline.middleware.contract import new_eid

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 from collector_testing import Running, serve
-
 from hopline.collector.config import CollectorConfig
 
 

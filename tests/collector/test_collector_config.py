@@ -8,7 +8,6 @@ import sys
 
 import pytest
 from collector_testing import env_without_hopline
-
 from hopline.collector.config import CollectorConfig, parse_duration
 from hopline.collector.kv_cache import parse_model_config
 
@@ -25,8 +24,11 @@ def test_model_config_inline_and_from_a_hugging_face_config(tmp_path):
     # 2 (K and V) x 32 layers x 8 KV heads x 128 dims x 2 bytes (bf16) = 131072 bytes per token
     assert parse_model_config("llama=32,8,128,bf16") == ("llama", 131072)
     config = {
-        "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4,
-        "hidden_size": 2048, "torch_dtype": "bfloat16",
+        "num_hidden_layers": 48,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+        "hidden_size": 2048,
+        "torch_dtype": "bfloat16",
     }  # no head_dim: hidden_size / heads = 64 -> 2 x 48 x 4 x 64 x 2 = 49152
     (tmp_path / "config.json").write_text(json.dumps(config))
     assert parse_model_config(f"qwen={tmp_path}") == ("qwen", 49152)
@@ -44,8 +46,20 @@ def test_bad_fsync_policy_is_refused(tmp_path):
 
 def test_command_reports_a_bad_model_config_and_exits_2(tmp_path):
     r = subprocess.run(
-        [sys.executable, "-m", "hopline.collector", "--data-dir", str(tmp_path), "--model-config", "m=/nonexistent.json"],
-        capture_output=True, text=True, env=env_without_hopline(), timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "hopline.collector",
+            "--data-dir",
+            str(tmp_path),
+            "--model-config",
+            "m=/nonexistent.json",
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env_without_hopline(),
+        timeout=60,
     )
     assert r.returncode == 2
     assert "--model-config m: cannot read model config /nonexistent.json" in r.stderr
@@ -53,8 +67,12 @@ def test_command_reports_a_bad_model_config_and_exits_2(tmp_path):
 
 def test_help_has_an_example():
     r = subprocess.run(
-        [sys.executable, "-m", "hopline.collector", "--help"], capture_output=True, text=True,
-        env={**env_without_hopline(), "COLUMNS": "200"}, timeout=60,
+        [sys.executable, "-m", "hopline.collector", "--help"],
+        check=False,
+        capture_output=True,
+        text=True,
+        env={**env_without_hopline(), "COLUMNS": "200"},
+        timeout=60,
     )
     assert r.returncode == 0
     assert "hopline collector --port 9400 --data-dir" in r.stdout

@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 
 from collector_testing import serve, stored_lines
-
 from hopline.collector.config import CollectorConfig
 from hopline.middleware.emit import Emitter
 from hopline.middleware.sinks import HttpSink
@@ -28,9 +27,13 @@ def test_http_sink_with_token_reaches_the_store_and_the_join(tmp_path):
         assert got["state"] == "complete"
         assert got["stages"]["engine_ttft"] == got["hops"][1]["ts"] - got["hops"][0]["ts"]
         reg = c.collector.registry
-        assert reg.get_sample_value(
-            "hopline_ttft_seconds_count", {"view": "engine", "service": "unknown", "model": "m", "replica": "r1"}
-        ) == 20
+        assert (
+            reg.get_sample_value(
+                "hopline_ttft_seconds_count",
+                {"view": "engine", "service": "unknown", "model": "m", "replica": "r1"},
+            )
+            == 20
+        )
         # a sink with the wrong token is refused (401): nothing stored, the sink counts the drop
         wrong = Emitter(HttpSink(c.url, token="wrong"), service="kite-chat")
         wrong.emit("engine.received", "intruder", t, stream=True)

@@ -5,10 +5,9 @@ from __future__ import annotations
 import gzip
 import time
 
+from collector_testing import event, ndjson, serve, stored_lines
 from hopline.collector.config import CollectorConfig
 from hopline.collector.store import NDJSON_NAME, hour_dir
-
-from collector_testing import event, ndjson, serve, stored_lines
 
 NDJSON = {"Content-Type": "application/x-ndjson"}
 
@@ -49,12 +48,17 @@ def test_nothing_valid_is_400_with_the_reasons(collector):
 
 
 def test_json_array_is_accepted_and_engine_prefix_normalized_before_storing(collector):
-    events = [event("engine.received", "chatcmpl-abc", 1767225600.0, stream=True), event("engine.first_token", "abc", 1767225600.1)]
+    events = [
+        event("engine.received", "chatcmpl-abc", 1767225600.0, stream=True),
+        event("engine.first_token", "abc", 1767225600.1),
+    ]
     r = collector.client.post("/v1/events", json=events)
     assert r.json() == {"accepted": 2, "duplicates": 0, "rejected": []}
     # NDJSON with the prefix too: the stored line carries the normalized ID
     r = collector.client.post(
-        "/v1/events", content=ndjson([event("engine.last_token", "chatcmpl-abc", 1767225601.0)]), headers=NDJSON
+        "/v1/events",
+        content=ndjson([event("engine.last_token", "chatcmpl-abc", 1767225601.0)]),
+        headers=NDJSON,
     )
     assert r.json()["accepted"] == 1
     assert {e["request_id"] for e in stored_lines(collector.collector.config.data_dir)} == {"abc"}
@@ -139,7 +143,9 @@ def test_disk_full_is_503_and_nothing_is_acknowledged(tmp_path):
         directory.mkdir(parents=True, exist_ok=True)
         (directory / NDJSON_NAME).symlink_to("/dev/full")
     with serve(config) as c:
-        r = c.client.post("/v1/events", content=ndjson([event("client.sent", "full-1", 1767225600.0)]), headers=NDJSON)
+        r = c.client.post(
+            "/v1/events", content=ndjson([event("client.sent", "full-1", 1767225600.0)]), headers=NDJSON
+        )
         assert r.status_code == 503
         assert "No space left on device" in r.json()["error"]
         assert c.client.get("/v1/requests/full-1").status_code == 404

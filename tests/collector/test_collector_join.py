@@ -6,12 +6,11 @@ import time
 
 import pytest
 from collector_testing import GOLDEN, event, ndjson, serve
-from prometheus_client import CollectorRegistry
-
 from hopline.collector.config import CollectorConfig
 from hopline.collector.join import Joiner
 from hopline.collector.metrics import Recorder, build_metrics
 from hopline.middleware.contract import validate_event
+from prometheus_client import CollectorRegistry
 
 CASES = {c["name"]: c for c in GOLDEN["cases"]}
 
@@ -25,7 +24,9 @@ def test_golden_stages_through_the_collector(tmp_path):
     events = [e for case in GOLDEN["cases"] for e in case["events"]]
     with serve(CollectorConfig(data_dir=tmp_path / "d", grace_s=0.5)) as collector:
         for batch in (events[1::2], events[::2]):  # out of order across and within requests
-            r = collector.client.post("/v1/events", content=ndjson(batch), headers={"Content-Type": "application/x-ndjson"})
+            r = collector.client.post(
+                "/v1/events", content=ndjson(batch), headers={"Content-Type": "application/x-ndjson"}
+            )
             assert r.json()["accepted"] == len(batch)
         deadline = time.monotonic() + 10
         while collector.collector.joiner.open:
@@ -53,14 +54,19 @@ def check_golden(collector):
     # complete_streaming: service from the client, model from the engine, replica the engine's
     scope = {"service": "kite-chat", "model": "m", "replica": "r1"}
     assert reg.get_sample_value("hopline_stage_seconds_count", {"stage": "queue", **scope}) == 1
-    assert reg.get_sample_value("hopline_stage_seconds_sum", {"stage": "queue", **scope}) == pytest.approx(0.06)
+    assert reg.get_sample_value("hopline_stage_seconds_sum", {"stage": "queue", **scope}) == pytest.approx(
+        0.06
+    )
     assert reg.get_sample_value("hopline_negative_stages_total", {"stage": "frontend"}) == 1
     assert reg.get_sample_value("hopline_connections_total", {"reused": "false", **scope}) == 1
     # failover: replica is the engine that served the final attempt
     failover = collector.client.get("/v1/requests/gold-failover").json()
     assert failover["replica"] == "r2" and failover["outcome"] == "ok"
     ok = sum(
-        s.value for m in reg.collect() if m.name == "hopline_requests" for s in m.samples
+        s.value
+        for m in reg.collect()
+        if m.name == "hopline_requests"
+        for s in m.samples
         if s.name == "hopline_requests_total" and s.labels["outcome"] == "ok"
     )
     assert ok == len(GOLDEN["cases"])
@@ -88,7 +94,11 @@ def feed(joiner: Joiner, *events: dict) -> None:
 def test_grace_waits_for_late_stats_and_a_new_attempt_reopens():
     joiner, registry, clock = make_joiner(grace_s=2.0)
     t = 1767225600.0
-    feed(joiner, event("engine.received", "g1", t, stream=True, replica="r1"), event("engine.first_token", "g1", t + 0.1))
+    feed(
+        joiner,
+        event("engine.received", "g1", t, stream=True, replica="r1"),
+        event("engine.first_token", "g1", t + 0.1),
+    )
     feed(joiner, event("engine.last_token", "g1", t + 1.0, output_tokens=11))
     assert "g1" in joiner.open  # complete, but inside its grace period
     clock.now += 1.0
@@ -99,25 +109,41 @@ def test_grace_waits_for_late_stats_and_a_new_attempt_reopens():
     got = joiner.lookup("g1")
     assert got["stages"]["queue"] == pytest.approx(0.03)  # the late stats were joined
     # a client that retried: attempt 0 failed, attempt 1 arrives within the grace period
-    feed(joiner, event("client.sent", "g2", t, stream=True), event("client.error", "g2", t + 0.1, error="ConnectError"))
+    feed(
+        joiner,
+        event("client.sent", "g2", t, stream=True),
+        event("client.error", "g2", t + 0.1, error="ConnectError"),
+    )
     clock.now += 1.0
     feed(joiner, event("client.sent", "g2", t + 0.5, attempt=1, stream=True))
     clock.now += 5.0
     joiner.sweep()
     assert "g2" in joiner.open  # attempt 1 has not finished
-    feed(joiner, event("client.first_token", "g2", t + 0.7, attempt=1), event("client.last_token", "g2", t + 1.5, attempt=1))
+    feed(
+        joiner,
+        event("client.first_token", "g2", t + 0.7, attempt=1),
+        event("client.last_token", "g2", t + 1.5, attempt=1),
+    )
     clock.now += 2.0
     joiner.sweep()
     assert joiner.lookup("g2")["outcome"] == "ok"
-    assert registry.get_sample_value(
-        "hopline_requests_total", {"outcome": "ok", "service": "unknown", "model": "unknown", "replica": "unknown"}
-    ) == 1
+    assert (
+        registry.get_sample_value(
+            "hopline_requests_total",
+            {"outcome": "ok", "service": "unknown", "model": "unknown", "replica": "unknown"},
+        )
+        == 1
+    )
 
 
 def test_expiry_is_sliding_and_counts_the_first_missing_hop():
     joiner, registry, clock = make_joiner(grace_s=0, ttl_s=60)
     t = 1767225600.0
-    feed(joiner, event("client.sent", "x1", t, stream=True, service="svc"), event("engine.received", "x1", t + 0.1, stream=True))
+    feed(
+        joiner,
+        event("client.sent", "x1", t, stream=True, service="svc"),
+        event("engine.received", "x1", t + 0.1, stream=True),
+    )
     clock.now += 50
     feed(joiner, event("engine.first_token", "x1", t + 0.2))  # activity: the TTL starts again
     clock.now += 50
@@ -128,10 +154,16 @@ def test_expiry_is_sliding_and_counts_the_first_missing_hop():
     assert "x1" not in joiner.open
     got = joiner.lookup("x1")
     assert (got["state"], got["outcome"], got["missing"]) == ("expired", "incomplete", "client.first_token")
-    assert registry.get_sample_value("hopline_incomplete_requests_total", {"missing": "client.first_token"}) == 1
-    assert registry.get_sample_value(
-        "hopline_requests_total", {"outcome": "incomplete", "service": "svc", "model": "unknown", "replica": "unknown"}
-    ) == 1
+    assert (
+        registry.get_sample_value("hopline_incomplete_requests_total", {"missing": "client.first_token"}) == 1
+    )
+    assert (
+        registry.get_sample_value(
+            "hopline_requests_total",
+            {"outcome": "incomplete", "service": "svc", "model": "unknown", "replica": "unknown"},
+        )
+        == 1
+    )
 
 
 def test_open_requests_are_capped_oldest_evicted():
@@ -140,7 +172,9 @@ def test_open_requests_are_capped_oldest_evicted():
         feed(joiner, event("gateway.received", f"cap{i}", 1767225600.0 + i))
     assert list(joiner.open) == ["cap2", "cap3", "cap4"]
     assert joiner.counts["evicted"] == 2
-    assert registry.get_sample_value("hopline_incomplete_requests_total", {"missing": "gateway.forwarded"}) == 2
+    assert (
+        registry.get_sample_value("hopline_incomplete_requests_total", {"missing": "gateway.forwarded"}) == 2
+    )
     assert list(joiner.finished) == ["cap0", "cap1"]
 
 
@@ -177,9 +211,13 @@ def test_labels_are_capped_to_other():
         s.labels["service"] for m in registry.collect() if m.name == "hopline_requests" for s in m.samples
     }
     assert services == {"s0", "s1", "other"}
-    assert registry.get_sample_value(
-        "hopline_e2e_seconds_count", {"view": "client", "service": "other", "model": "unknown", "replica": "unknown"}
-    ) == 2
+    assert (
+        registry.get_sample_value(
+            "hopline_e2e_seconds_count",
+            {"view": "client", "service": "other", "model": "unknown", "replica": "unknown"},
+        )
+        == 2
+    )
 
 
 @pytest.mark.parametrize(
@@ -210,9 +248,19 @@ def test_gateway_rejection_is_rejected():
 def test_without_max_tokens_counted(tmp_path):
     with serve(CollectorConfig(data_dir=tmp_path / "d", grace_s=0)) as c:
         events = [
-            event("engine.received", "mt", 1767225600.0, stream=False, max_tokens_set=False, replica="r9", model="m"),
+            event(
+                "engine.received",
+                "mt",
+                1767225600.0,
+                stream=False,
+                max_tokens_set=False,
+                replica="r9",
+                model="m",
+            ),
             event("engine.last_token", "mt", 1767225601.0, replica="r9"),
         ]
         c.client.post("/v1/events", content=ndjson(events), headers={"Content-Type": "application/x-ndjson"})
         text = c.client.get("/metrics").text
-        assert 'hopline_requests_without_max_tokens_total{model="m",replica="r9",service="unknown"} 1.0' in text
+        assert (
+            'hopline_requests_without_max_tokens_total{model="m",replica="r9",service="unknown"} 1.0' in text
+        )

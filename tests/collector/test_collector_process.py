@@ -63,7 +63,10 @@ def test_acknowledged_events_survive_sigkill(tmp_path):
             with httpx.Client(base_url=url, timeout=5) as client:
                 i = 0
                 while not stop.is_set():
-                    batch = [event("engine.received", f"k{i}-{j}", 1767225600.0 + j, stream=True) for j in range(200)]
+                    batch = [
+                        event("engine.received", f"k{i}-{j}", 1767225600.0 + j, stream=True)
+                        for j in range(200)
+                    ]
                     i += 1
                     try:
                         r = client.post("/v1/events", content=ndjson(batch), headers=NDJSON)

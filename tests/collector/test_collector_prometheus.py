@@ -12,7 +12,6 @@ from pathlib import Path
 import httpx
 import pytest
 from collector_testing import event, ndjson, serve
-
 from hopline.collector.config import CollectorConfig
 
 PROMETHEUS = "/usr/bin/prometheus"
@@ -36,8 +35,11 @@ def prometheus(tmp_path: Path, target: str) -> Iterator[str]:
     port = free_port()
     proc = subprocess.Popen(
         [
-            PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}", "--enable-feature=exemplar-storage",
+            PROMETHEUS,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--enable-feature=exemplar-storage",
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -93,7 +95,9 @@ def test_quantiles_and_exemplars_through_prometheus(tmp_path):
     for i in range(10):
         events += request_events(f"prom-{i}", t + i * 0.001, 0.12, 0.25 if i < 4 else 0.6)
     with serve(CollectorConfig(data_dir=tmp_path / "data", grace_s=0)) as c:
-        r = c.client.post("/v1/events", content=ndjson(events), headers={"Content-Type": "application/x-ndjson"})
+        r = c.client.post(
+            "/v1/events", content=ndjson(events), headers={"Content-Type": "application/x-ndjson"}
+        )
         assert r.json()["accepted"] == len(events)
         # the collector negotiates: OpenMetrics (with exemplars) only when asked for
         assert "# {request_id=" not in c.client.get("/metrics").text
@@ -106,7 +110,12 @@ def test_quantiles_and_exemplars_through_prometheus(tmp_path):
             while not query(prom, 'hopline_stage_seconds_count{stage="queue"}'):
                 assert time.monotonic() < deadline, "no scrape reached Prometheus"
                 time.sleep(0.25)
-            expected = {("queue", 0.5): 0.125, ("queue", 0.9): 0.145, ("prefill", 0.5): 0.5 + 0.25 / 6, ("prefill", 0.2): 0.25}
+            expected = {
+                ("queue", 0.5): 0.125,
+                ("queue", 0.9): 0.145,
+                ("prefill", 0.5): 0.5 + 0.25 / 6,
+                ("prefill", 0.2): 0.25,
+            }
             for (stage, q), want in expected.items():
                 got = float(query(prom, promql.format(q=q, stage=stage))[0]["value"][1])
                 assert got == pytest.approx(want, rel=1e-9), (stage, q)
@@ -114,7 +123,11 @@ def test_quantiles_and_exemplars_through_prometheus(tmp_path):
             while True:
                 r = httpx.get(
                     prom + "/api/v1/query_exemplars",
-                    params={"query": 'hopline_stage_seconds_bucket{stage="queue"}', "start": t - 60, "end": time.time() + 60},
+                    params={
+                        "query": 'hopline_stage_seconds_bucket{stage="queue"}',
+                        "start": t - 60,
+                        "end": time.time() + 60,
+                    },
                     timeout=5,
                 )
                 series = r.json()["data"]

@@ -6,7 +6,6 @@ import json
 
 import polars as pl
 import pytest
-
 from hopline.collector.compaction import PARQUET_NAME
 from hopline.collector.store import HOUR, NDJSON_NAME, EventStore, StoreError, hour_dir, parse_hour_dir
 from hopline.middleware.contract import STORAGE_COLUMNS
@@ -54,7 +53,10 @@ def test_closed_hours_are_compacted_to_the_storage_schema(tmp_path):
     clock = Clock(T0 + 100)
     store = EventStore(tmp_path, clock=clock)
     store.open()
-    store.append(line("r2", 5.0, "engine.stats", queue_s=1, attempt=1) + line("r1", 4.0, stream=True, route="/v1/chat", x={"k": [1]}))
+    store.append(
+        line("r2", 5.0, "engine.stats", queue_s=1, attempt=1)
+        + line("r1", 4.0, stream=True, route="/v1/chat", x={"k": [1]})
+    )
     clock.now = T0 + HOUR + 30  # the hour closed 30 s ago
     assert store.compact(delay_s=60) == []  # too early: late batches of that hour may still be in flight
     store.append(line("r3", 6.0))  # the next hour

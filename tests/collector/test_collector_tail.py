@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
-from collector_testing import event, serve, stored_lines
 
+from collector_testing import event, serve, stored_lines
 from hopline.collector.config import CollectorConfig
 from hopline.middleware.sinks import FileSink
 
