@@ -26,7 +26,8 @@ import polars as pl
 from hopline.middleware.contract import ENGINE_ID_PREFIXES, STORAGE_COLUMNS, iter_ndjson
 
 SCHEMA: dict[str, pl.DataType] = {name: getattr(pl, dtype)() for name, dtype in STORAGE_COLUMNS.items()}
-KNOWN_FIELDS = tuple(name for name in STORAGE_COLUMNS if name != "attrs")
+_EVENT_SCHEMA = {name: dtype for name, dtype in SCHEMA.items() if name != "attrs"}
+_KNOWN = frozenset(_EVENT_SCHEMA)
 MAX_ERRORS = 10
 _NDJSON_NAME = re.compile(r"\.(ndjson|jsonl)(\.gz)?$|\.(ndjson|jsonl)\.[0-9][0-9.]*(\.gz)?$")
 _PARTITION = re.compile(r"^(date|hour)=(.+)$")
@@ -127,27 +128,26 @@ def _read_bytes(path: Path) -> bytes:
 
 def read_ndjson(path: Path, report: ScanReport) -> pl.DataFrame:
     """One NDJSON file, every line validated by the contract; bad lines go to ``report``."""
-    columns: dict[str, list] = {name: [] for name in STORAGE_COLUMNS}
-    known = KNOWN_FIELDS
-    known_set = frozenset(known)
-    attrs = columns["attrs"]
-    appenders = [(name, columns[name].append) for name in known]
     try:
         data = _read_bytes(path)
     except (OSError, EOFError) as exc:
         report.bad(str(path), f"unreadable: {exc}")
         return pl.DataFrame(schema=SCHEMA)
+    events: list[dict] = []
+    attrs: list[str | None] = []
     for number, event, error in iter_ndjson(data):
         report.lines += 1
         if event is None:
             report.bad(f"{path}:{number}", error or "invalid")
             continue
-        get = event.get
-        for name, append in appenders:
-            append(get(name))
-        extra = {k: v for k, v in event.items() if k not in known_set}
-        attrs.append(orjson.dumps(extra).decode() if extra else None)
-    return pl.DataFrame(columns, schema=SCHEMA, strict=False)
+        events.append(event)
+        extra = event.keys() - _KNOWN
+        attrs.append(orjson.dumps({k: event[k] for k in sorted(extra)}).decode() if extra else None)
+    # Polars builds the typed columns from the dicts (fields outside the schema are ignored here
+    # and kept in ``attrs``)
+    return pl.DataFrame(events, schema=_EVENT_SCHEMA, strict=False).with_columns(
+        attrs=pl.Series(attrs, dtype=pl.String)
+    )
 
 
 def _normalized_request_id() -> pl.Expr:
