@@ -139,11 +139,12 @@ def render_budget(budget: dict[str, Any], console: Console) -> None:
     table.add_row(
         "KV per request", human_bytes(budget["kv_bytes_per_request"]), f"{tokens:,} tokens at its end"
     )
-    table.add_row(
-        f"KV for {budget['concurrent']:,} requests",
-        human_bytes(budget["kv_bytes_concurrent"]),
-        "in flight at once",
-    )
+    if budget["concurrent"] > 1:
+        table.add_row(
+            f"KV for {budget['concurrent']:,} requests",
+            human_bytes(budget["kv_bytes_concurrent"]),
+            "in flight at once",
+        )
     if "requests_fit" in budget:
         table.add_row(
             "requests that fit",
