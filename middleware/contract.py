@@ -205,10 +205,11 @@ def validate_event(obj: object) -> dict[str, Any]:
         value = event.get(name)
         if value is not None and (not isinstance(value, str) or len(value) > 256):
             raise EventError(f"{name} must be a string of at most 256 characters, got {_describe(value)}")
-    for name, types in ATTRIBUTE_TYPES.items():
-        value = event.get(name)
+    for name in ATTRIBUTE_TYPES.keys() & event.keys():
+        value = event[name]
         if value is None:
             continue
+        types = ATTRIBUTE_TYPES[name]
         if not isinstance(value, types) or (bool not in types and isinstance(value, bool)):
             expected = " or ".join(t.__name__ for t in types)
             raise EventError(f"{name} must be {expected}, got {_describe(value)}")
