@@ -9,6 +9,8 @@ started once, pinned to CPU0; the load generator (raw asyncio sockets on keep-al
 so that the server and not the client is the bottleneck) is pinned to CPU1:
 
 * ``bare``: the app alone;
+* ``mw``: the floor for any send wrapper (perf-anchors §1 "mw"): a pure-ASGI middleware that only
+  timestamps the first and the last body chunk and emits three events to the null sink;
 * ``hopline``: ``EngineMiddleware`` emitting every hop to a file sink (the background writer
   thread runs in the server process, so its CPU is counted);
 * ``hopline_null``: the same with the null sink (events built and queued, then discarded): the
@@ -35,7 +37,7 @@ import tempfile
 import time
 from pathlib import Path
 
-VARIANTS = ("bare", "hopline", "hopline_null", "otel", "otel_lean")
+VARIANTS = ("bare", "mw", "hopline", "hopline_null", "otel", "otel_lean")
 PATH = "/v1/chat/completions"
 CONTENT_CHUNKS = 30
 REQUEST_BODY = (
@@ -79,6 +81,10 @@ def build_app(variant: str, events_path: str):
         return StreamingResponse(stream(), media_type="text/event-stream")
 
     app = Starlette(routes=[Route(PATH, generate, methods=["POST"])])
+    if variant == "mw":
+        from hopline.middleware.emit import Emitter
+
+        return minimal_middleware(app, Emitter("null", replica="r1"))
     if variant.startswith("hopline"):
         from hopline.middleware.emit import Emitter
         from hopline.middleware.engine import EngineMiddleware
@@ -99,6 +105,32 @@ def build_app(variant: str, events_path: str):
         exclude = ["receive", "send"] if variant == "otel_lean" else None
         return OpenTelemetryMiddleware(app, tracer_provider=provider, exclude_spans=exclude)
     return app
+
+
+def minimal_middleware(app, emitter):
+    """A send wrapper that timestamps the first and the last body chunk: what any such wrapper costs."""
+    from time import perf_counter
+
+    async def middleware(scope, receive, send):
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        emitter.emit("engine.received", "rid")
+        first = None
+
+        def observed_send(message):
+            nonlocal first
+            if message["type"] == "http.response.body":
+                if first is None:
+                    first = perf_counter()
+                    emitter.emit("engine.first_token", "rid")
+                if not message.get("more_body", False):
+                    emitter.emit("engine.last_token", "rid")
+            return send(message)
+
+        await app(scope, receive, observed_send)
+
+    return middleware
 
 
 def serve(variant: str, port: int, events_path: str) -> None:

@@ -123,7 +123,6 @@ class Exchange:
         "emitter",
         "request_id",
         "attempt",
-        "extra",
         "_hop_first",
         "_hop_last",
         "_hop_error",
@@ -147,13 +146,11 @@ class Exchange:
         attempt: int,
         *,
         rejected: frozenset[int] = frozenset(),
-        extra: dict[str, Any] | None = None,
         downstream: Send | None = None,
     ) -> None:
         self.emitter = emitter
         self.request_id = request_id
         self.attempt = attempt
-        self.extra = extra or {}  # attributes added to every event (e.g. service)
         self._hop_first, self._hop_last, self._hop_error, self._hop_rejected = _hop_names(component)
         self._rejected = rejected
         self.status: int | None = None
@@ -167,8 +164,6 @@ class Exchange:
 
     def emit(self, hop: str, t: float | None = None, **attrs: Any) -> None:
         """Emit ``hop`` at ``perf_counter`` reading ``t`` (default now)."""
-        if self.extra:
-            attrs.update(self.extra)
         self.emitter.emit(hop, self.request_id, None if t is None else _CLOCK_OFFSET + t, attempt=self.attempt, **attrs)
 
     def send(self, message: Message) -> Awaitable[None]:

@@ -184,3 +184,46 @@ def test_fast_path_agrees_with_full_parse():
         slow.feed(b": force the line parser\n" + chunk, 1.0)
         state = lambda r: (r.first_at, r.output_chunks, r.finish_reason, r.output_tokens, r.error, r.malformed)  # noqa: E731
         assert state(fast) == state(slow), chunk
+
+
+def test_plain_chunk_fast_path_agrees_with_full_parse_once_learnt():
+    """After the first plain content chunk, look-alikes of it must still be read exactly."""
+    plain = chat({"content": "first"})
+    look_alikes = [
+        *TRICKY,
+        chat({"content": "again"}),  # the plain chunk: counted by take_plain
+        chat({"content": ""}),  # same head and tail, no text: not output
+        chat({"content": 'with \\"escaped\\" quotes'}),
+        chat({"content": "ends in a backslash \\"}),
+        chat({"content": "a"}) + chat({"content": "b"}),  # two plain events in one chunk
+        chat({"content": "a"}) + USAGE,
+        chat({"content": "a"})[:-1],  # an event split across chunks...
+        b"\n",  # ...completed by the next one
+        chat({"role": "assistant", "content": "x"}),
+        chat({"content": "x"}, "stop"),
+        DONE,
+    ]
+    for chunk in look_alikes:
+        fast, slow = StreamReader(), StreamReader()
+        for reader, prefix in ((fast, b""), (slow, b": force the line parser\n")):
+            reader.feed(ROLE, 0.0)
+            reader.feed(plain, 1.0)
+            reader.feed(prefix + chunk, 3.0)
+        state = lambda r: (r.first_at, r.output_chunks, r.max_gap_s, r.max_gap_at, r.finish_reason,  # noqa: E731
+                           r.output_tokens, r.error, r.malformed, r.done)
+        assert state(fast) == state(slow), chunk
+    split = StreamReader()
+    for part in (ROLE, plain, chat({"content": "a"})[:-1], b"\n", chat({"content": "b"})):
+        split.feed(part, 1.0)
+    assert split.output_chunks == 3 and split.malformed == 0
+
+
+def test_take_plain_counts_only_the_learnt_chunk_and_tracks_the_gap():
+    reader = StreamReader()
+    assert not reader.take_plain(chat({"content": "a"}), 0.5)  # nothing learnt yet
+    for i, chunk in enumerate([ROLE, chat({"content": "a"})]):
+        reader.feed(chunk, float(i))
+    assert reader.take_plain(chat({"content": "b"}), 4.0)
+    assert reader.take_plain(chat({"content": "c"}), 4.5)
+    assert not reader.take_plain(chat({}, "length"), 5.0) and not reader.take_plain(DONE, 5.0)
+    assert (reader.output_chunks, reader.max_gap_s, reader.max_gap_at) == (3, 3.0, 1.0)
