@@ -14,7 +14,14 @@ engine reads it, so vLLM's own ID is ``chatcmpl-<that ID>`` and the stat logger'
 It tees ``receive`` to read ``model``, ``stream``, ``n``, ``max_tokens`` from the first
 ``MAX_JSON_BYTES`` of the body (larger bodies: attributes unknown; the app always gets every byte)
 and wraps ``send`` to time the first output chunk and the last body chunk. Messages are forwarded
-as they come; nothing is buffered on the response path.
+as they come; nothing is buffered on the response path. A request that carries
+``X-Hopline-Attempt`` > 0 (a gateway failover) is announced to hopline's vLLM stat logger when that
+module is loaded, so its ``engine.stats`` event names the same attempt.
+
+Per request this costs one ``EngineExchange`` (slotted; its bound ``receive``/``send`` replace
+closures), three events, and per streamed chunk one ``perf_counter`` plus the byte comparisons of
+``StreamReader.take_plain``; only the chunks around the first token and the end are JSON-decoded
+(``bench/bench_asgi.py`` measures it against no middleware and OpenTelemetry's).
 """
 
 from __future__ import annotations

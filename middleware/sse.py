@@ -58,10 +58,7 @@ class StreamReader:
         "_after_cr",
         "_data",
         "_event",
-        "_head",
-        "_tail",
-        "_head_len",
-        "_tail_len",
+        "_plain",
         "first_at",
         "last_output_at",
         "output_chunks",
@@ -81,10 +78,9 @@ class StreamReader:
         self._after_cr = False  # the previous chunk ended with CR (maybe half a CRLF)
         self._data: list[bytes] = []  # data lines of the event being read
         self._event = b""  # its `event:` field
-        # The stream's plain-chunk template (see ``_learn``): bytes before and after the content text
-        self._head: bytes | None = None
-        self._tail = b""
-        self._head_len = self._tail_len = 0
+        # The stream's plain-chunk template (see ``_learn``): the bytes before and after the
+        # content text, and their lengths
+        self._plain: tuple[bytes, bytes, int, int] | None = None
         self.first_at: float | None = None
         self.last_output_at: float | None = None
         self.output_chunks = 0
@@ -100,7 +96,7 @@ class StreamReader:
 
     def feed(self, chunk: bytes, ts: float) -> bool:
         """Parse one network chunk received at ``ts``; True when it carried the first output."""
-        if self._head is not None and self.take_plain(chunk, ts):
+        if self._plain is not None and self.take_plain(chunk, ts):
             return False
         if chunk == _DONE_EVENT and not (self._buf or self._data):
             self.done = True
@@ -112,7 +108,7 @@ class StreamReader:
             and chunk.endswith(b"\n\n")
             and not (self._buf or self._data or self._after_cr)
         ):
-            if self._dispatch(chunk[6:-2], b"", ts) and self._head is None:
+            if self._dispatch(chunk[6:-2], b"", ts) and self._plain is None:
                 self._learn(chunk)
         else:
             self._feed_lines(chunk, ts)
@@ -125,14 +121,15 @@ class StreamReader:
         comparisons, no JSON, and nothing read but the arrival time. A chunk it declines (an
         unusual chunk, a split or merged event) must go to ``feed``, which parses it exactly.
         """
-        head = self._head
-        if head is None or self._buf or self._data:
+        plain = self._plain
+        if plain is None or self._buf or self._data:
             return False
-        h, t, n = self._head_len, self._tail_len, len(chunk)
+        head, tail, h, t = plain
+        n = len(chunk)
         if (
             n > h + t
             and chunk[:h] == head
-            and chunk[n - t :] == self._tail
+            and chunk[n - t :] == tail
             and 34 not in chunk[h : n - t]  # no '"' in the content text: it is one JSON string
             and chunk[n - t - 1] != 92  # ...not ending in a backslash that would escape the quote
         ):
@@ -162,8 +159,7 @@ class StreamReader:
         end = chunk.find(b'"', start)
         if end <= start or chunk.find(b"\\", start, end) >= 0:
             return
-        self._head, self._tail = chunk[:start], chunk[end:]
-        self._head_len, self._tail_len = start, len(chunk) - end
+        self._plain = (chunk[:start], chunk[end:], start, len(chunk) - end)
 
     def _feed_lines(self, chunk: bytes, ts: float) -> None:
         if self._after_cr and chunk.startswith(b"\n"):
