@@ -149,6 +149,8 @@ def _ms(value: float) -> str:
 
 
 def _factor_words(factor: float) -> str:
+    if not math.isfinite(factor):
+        return "rose from zero"
     for target, word in ((2, "doubled"), (3, "tripled"), (4, "quadrupled")):
         if abs(factor / target - 1) <= 0.08:
             return word

@@ -54,10 +54,12 @@ class LongPrompts:
 
 @dataclass(frozen=True)
 class ColdConnections:
-    """``service`` opens a new connection (connect + TLS) for ``share`` of its requests."""
+    """``service`` opens a new connection (connect + TLS) for ``share`` of its requests sent at
+    or after ``at_s`` (a deploy that dropped the shared HTTP client)."""
 
     service: str
     share: float = 1.0
+    at_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -161,7 +163,7 @@ def _requests(
     reused = rng.random(n) < 0.97
     for inc in incidents:
         if isinstance(inc, ColdConnections):
-            reused[(service == inc.service) & (rng.random(n) < inc.share)] = False
+            reused[(service == inc.service) & (t0 >= inc.at_s) & (rng.random(n) < inc.share)] = False
     long_prompt = np.zeros(n, dtype=bool)
     for inc in incidents:
         if isinstance(inc, LongPrompts):

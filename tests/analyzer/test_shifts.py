@@ -13,7 +13,7 @@ import polars as pl
 import pytest
 from hopline.analyzer.attribution import auto_window
 from hopline.analyzer.shifts import Shift, find_shifts, split_z, z_threshold
-from hopline.analyzer.synth import DEFAULT_START, StageShift, generate
+from hopline.analyzer.synth import DEFAULT_START, ColdConnections, StageShift, generate
 from hopline.analyzer.timelines import timelines
 
 
@@ -143,3 +143,13 @@ def test_findings_contract_fields():
     )
     assert f["factor"] == pytest.approx(f["after_ms"] / f["before_ms"], rel=1e-3)
     assert isinstance(pl.Series([f["before_ms"]]).item(), float)
+
+
+def test_a_stage_that_was_zero():
+    """connect is 0 on reused connections: a client that stops reusing them shows up from zero."""
+    found, _ = analyse(8000, seed=30, incidents=[ColdConnections("kite-chat", at_s=200)])
+    assert len(found) == 1
+    f = found[0].to_finding()
+    assert (f["stage"], f["scope"], f["at"]) == ("connect", {"service": "kite-chat"}, iso(200))
+    assert f["before_ms"] == 0.0 and f["after_ms"] > 30 and f["factor"] is None
+    assert f["summary"].startswith("connect time rose from zero at 10:03:20 on service kite-chat")
