@@ -2,6 +2,7 @@
 
     python bench/bench_asgi.py                    # 8 rounds x 2000 requests per variant
     python bench/bench_asgi.py --rounds 4 --requests 1000 --concurrency 16
+    python bench/bench_asgi.py --in-process        # no server: where the middleware's µs go
 
 One small Starlette app streams an OpenAI-style SSE response (34 chunks: role, 30 content, finish,
 usage, [DONE]; no sleeps). Each variant runs in its own uvicorn process (uvloop + httptools),
@@ -22,6 +23,10 @@ so that the server and not the client is the bottleneck) is pinned to CPU1:
 Rounds alternate the variant order (reversed on odd rounds). Per round and variant we measure
 server CPU per request (utime + stime from ``/proc/<pid>/stat``) and requests per second; ratios
 vs ``bare`` are taken within a round, and we print their median [min, max] over rounds.
+
+``--in-process`` drives the same apps without a server (asyncio, fake ``receive``/``send``, this
+thread's CPU time), best of ``--rounds`` runs of ``--requests`` requests per variant: the
+middleware's own cost without the server's and the load generator's noise (profile it there).
 """
 
 from __future__ import annotations
@@ -215,12 +220,58 @@ def summarize(values: list[float]) -> str:
     return f"{statistics.median(values):.3f} [{min(values):.3f}, {max(values):.3f}]"
 
 
+async def _in_process_requests(app, requests: int) -> float:
+    """This thread's CPU seconds per request, ``app`` driven with fake receive/send."""
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+             "method": "POST", "scheme": "http", "path": PATH, "raw_path": PATH.encode(), "query_string": b"",
+             "root_path": "", "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2),
+             "headers": [(b"host", b"127.0.0.1"), (b"content-type", b"application/json"),
+                         (b"content-length", str(len(REQUEST_BODY)).encode())]}
+    request = {"type": "http.request", "body": REQUEST_BODY, "more_body": False}
+    never = asyncio.Event()
+
+    async def send(message):
+        pass
+
+    start = time.thread_time()
+    for _ in range(requests):
+        pending = [request]
+
+        async def receive():
+            if pending:
+                return pending.pop()
+            await never.wait()  # the disconnect listener: cancelled when the response ends
+
+        await app(dict(scope), receive, send)
+    return (time.thread_time() - start) / requests
+
+
+def in_process(variants: list[str], rounds: int, requests: int) -> None:
+    apps = {variant: build_app(variant, os.devnull) for variant in variants}
+    best = {variant: float("inf") for variant in variants}
+
+    async def run() -> None:
+        for variant in variants:  # warm-up
+            await _in_process_requests(apps[variant], requests // 4)
+        for rnd in range(rounds):
+            for variant in variants if rnd % 2 == 0 else variants[::-1]:
+                best[variant] = min(best[variant], await _in_process_requests(apps[variant], requests))
+
+    asyncio.run(run())
+    print(f"in-process, best of {rounds} x {requests} requests (thread CPU):")
+    print("| variant | µs/req | added vs bare |")
+    print("|---|---|---|")
+    for variant in variants:
+        print(f"| {variant} | {best[variant] * 1e6:.1f} | {(best[variant] - best['bare']) * 1e6:+.1f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--requests", type=int, default=2000, help="requests per variant per round")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--in-process", action="store_true", help="no server: the middleware's own cost")
     parser.add_argument("--serve", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--events", help=argparse.SUPPRESS)
@@ -230,6 +281,9 @@ def main() -> None:
         return
 
     variants = args.variants.split(",")
+    if args.in_process:
+        in_process(variants, args.rounds, args.requests)
+        return
     tmp = tempfile.mkdtemp(prefix="hopline-bench-")
     servers: dict[str, tuple[subprocess.Popen, int]] = {}
     try:
