@@ -96,12 +96,19 @@ def _partition_hour(path: Path) -> tuple[float, float] | None:
     return start, start + 3600.0
 
 
+PARTITION_SKEW_S = 600.0  # how far ahead of the collector an emitter's clock may run
+
+
 def find_files(
     paths: Iterable[str | Path], since: float | None = None, until: float | None = None
 ) -> list[Path]:
     """Event files under ``paths`` (files as given, folders recursively, sorted), skipping
-    hive partitions entirely outside [since, until]. Raises ``FileNotFoundError`` for a path
-    that does not exist."""
+    hive partitions that cannot hold events of [since, until]. Raises ``FileNotFoundError`` for
+    a path that does not exist.
+
+    The collector partitions by *ingest* time, which is at or after an event's ``ts`` up to the
+    emitting host's clock skew: an hour that closed more than ``PARTITION_SKEW_S`` before
+    ``since`` is skipped; an hour after ``until`` is not (late events land there)."""
     found: list[Path] = []
     for raw in paths:
         path = Path(raw)
@@ -113,9 +120,7 @@ def find_files(
             raise FileNotFoundError(f"no such file or folder: {path}")
         for p in candidates:
             span = _partition_hour(p)
-            if span is not None and (
-                (since is not None and span[1] <= since) or (until is not None and span[0] > until)
-            ):
+            if span is not None and since is not None and span[1] <= since - PARTITION_SKEW_S:
                 continue
             found.append(p)
     return found

@@ -100,12 +100,17 @@ def test_collector_store_partitions_and_time_filters(tmp_path):
     write_lines(
         store / "date=2026-01-05" / "hour=12" / "open.ndjson", [dumps(event("n2", "client.sent", T0 + 7300))]
     )
+    write_lines(
+        store / "date=2026-01-05" / "hour=08" / "open.ndjson", [dumps(event("o1", "client.sent", T0 - 7000))]
+    )
     events, report = scan_events([tmp_path / "store"])
-    assert sorted(events.collect()["request_id"].to_list()) == ["n1", "n2", "p1", "p2"]
-    # since/until filter events, and whole hours outside the range are not even opened
+    assert sorted(events.collect()["request_id"].to_list()) == ["n1", "n2", "o1", "p1", "p2"]
+    # since/until filter events; hours are by ingest time, so an hour that closed well before
+    # `since` is not even opened, while hours after `until` are (late events land there)
     events, report = scan_events([tmp_path / "store"], since="2026-01-05T10:01:30Z", until=T0 + 3800)
     assert sorted(events.collect()["request_id"].to_list()) == ["n1", "p2"]
-    assert not any("hour=12" in f for f in report.files)
+    assert not any("hour=08" in f for f in report.files)
+    assert any("hour=12" in f for f in report.files)
 
 
 def test_missing_path_is_a_clear_error(tmp_path):
