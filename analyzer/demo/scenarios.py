@@ -47,12 +47,29 @@ BASELINE: tuple[Traffic, ...] = (
 )
 
 
+# A batch job pinned to r2 by its conversation key: non-streaming, short answers, a closed loop.
+BATCH_EVAL = Traffic(
+    "batch-eval",
+    rate=0.0,
+    concurrency=12,
+    api_key="sk-demo-batch",
+    pinned_user=pinned_user("batch-eval", "r2"),
+    system_tokens=100,
+    prompt_median_tokens=150,
+    prompt_sigma=0.5,
+    max_turns=1,
+    max_tokens=128,
+    stream=False,
+)
+
+
 @dataclass(frozen=True)
 class Scenario:
     name: str
     injected: str  # one line for the terminal
     expect: dict[str, Any]  # the first finding's identifying fields
-    incident_traffic: tuple[Traffic, ...] = ()
+    background: tuple[Traffic, ...] = ()  # the scenario's own clients, all along
+    incident_traffic: tuple[Traffic, ...] = ()  # clients that start at the incident
     via_proxy: frozenset[str] = frozenset()  # services whose traffic goes through the delay proxy
     proxy_delay_ms: float = 0.0
     engine: dict[str, Any] = field(default_factory=dict)  # EngineConfig overrides, both replicas
@@ -60,8 +77,9 @@ class Scenario:
     incident_at: float = INCIDENT_AT
 
     def traffic(self) -> list[Traffic]:
-        """Baseline (through the proxy where the scenario says so) plus the incident's own clients."""
-        base = [replace(t, via_proxy=t.service in self.via_proxy) for t in BASELINE]
+        """Baseline and background (through the proxy where the scenario says so), then the incident's
+        own clients."""
+        base = [replace(t, via_proxy=t.service in self.via_proxy) for t in BASELINE + self.background]
         return base + [replace(t, start=self.incident_at) for t in self.incident_traffic]
 
     def api_keys(self) -> dict[str, tuple[float, float]]:
@@ -79,23 +97,10 @@ SCENARIOS: dict[str, Scenario] = {
     for s in (
         Scenario(
             "queue-burst",
-            "a batch job (40 workers, non-streaming) starts, pinned to replica r2 by its conversation key",
+            "the batch job pinned to replica r2 (by its conversation key) goes from 12 to 32 workers",
             expect={"kind": "shift", "stage": "queue", "scope": {"replica": "r2"}},
-            incident_traffic=(
-                Traffic(
-                    "batch-eval",
-                    rate=0.0,
-                    concurrency=40,
-                    api_key="sk-demo-batch",
-                    pinned_user=pinned_user("batch-eval", "r2"),
-                    system_tokens=200,
-                    prompt_median_tokens=300,
-                    prompt_sigma=0.5,
-                    max_turns=1,
-                    max_tokens=256,
-                    stream=False,
-                ),
-            ),
+            background=(BATCH_EVAL,),  # 12 workers from the start: within r2's capacity
+            incident_traffic=(replace(BATCH_EVAL, concurrency=20),),  # then 20 more
         ),
         Scenario(
             "prefill-regression",
