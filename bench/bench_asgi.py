@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -316,9 +317,11 @@ def main() -> None:
             proc.wait(timeout=10)
 
     if "hopline" in variants:
-        events = Path(tmp, "hopline.ndjson")
-        lines = events.read_bytes().count(b"\n") if events.exists() else 0
-        print(f"hopline events written: {lines}")
+        # the file sink rotates by size and hour: count the rotated files too
+        lines = sum(path.read_bytes().count(b"\n") for path in Path(tmp).glob("hopline.ndjson*"))
+        expected = 3 * (args.requests // 4 + args.rounds * args.requests)  # warm-up + rounds, 3 hops each
+        print(f"hopline events written: {lines} of {expected}")
+    shutil.rmtree(tmp, ignore_errors=True)
     print(f"{args.rounds} rounds x {args.requests} requests, concurrency {args.concurrency}, "
           f"{CONTENT_CHUNKS + 4} SSE chunks per response")
     print("| variant | req/s | srv CPU µs/req | req/s ratio vs bare | CPU ratio vs bare |")
