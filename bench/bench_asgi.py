@@ -64,15 +64,26 @@ def build_app(variant: str, events_path: str):
     from starlette.routing import Route
 
     def chunk(delta: dict | None, finish: str | None = None, **extra: object) -> bytes:
-        choices = [] if delta is None else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
-        obj = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 1, "model": "tiny",
-               "choices": choices, **extra}
+        choices = (
+            [] if delta is None else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
+        )
+        obj = {
+            "id": "chatcmpl-bench",
+            "object": "chat.completion.chunk",
+            "created": 1,
+            "model": "tiny",
+            "choices": choices,
+            **extra,
+        }
         return b"data: " + orjson.dumps(obj) + b"\n\n"
 
     role = chunk({"role": "assistant", "content": ""})
     words = [chunk({"content": f" word{i}"}) for i in range(CONTENT_CHUNKS)]
-    tail = [chunk({}, "length"), chunk(None, usage={"prompt_tokens": 9, "completion_tokens": 30, "total_tokens": 39}),
-            b"data: [DONE]\n\n"]
+    tail = [
+        chunk({}, "length"),
+        chunk(None, usage={"prompt_tokens": 9, "completion_tokens": 30, "total_tokens": 39}),
+        b"data: [DONE]\n\n",
+    ]
 
     async def generate(request: Request) -> StreamingResponse:
         await request.body()
@@ -144,8 +155,17 @@ def serve(variant: str, port: int, events_path: str) -> None:
 
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {0})
-    uvicorn.run(build_app(variant, events_path), host="127.0.0.1", port=port, log_level="warning",
-                access_log=False, loop="uvloop", http="httptools", lifespan="off", timeout_keep_alive=60)
+    uvicorn.run(
+        build_app(variant, events_path),
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        access_log=False,
+        loop="uvloop",
+        http="httptools",
+        lifespan="off",
+        timeout_keep_alive=60,
+    )
 
 
 # --- load side ----------------------------------------------------------------------------------
@@ -223,19 +243,31 @@ def summarize(values: list[float]) -> str:
 
 async def _in_process_requests(app, requests: int) -> float:
     """This thread's CPU seconds per request, ``app`` driven with fake receive/send."""
-    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
-             "method": "POST", "scheme": "http", "path": PATH, "raw_path": PATH.encode(), "query_string": b"",
-             "root_path": "", "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2),
-             "headers": [(b"host", b"127.0.0.1"), (b"content-type", b"application/json"),
-                         (b"content-length", str(len(REQUEST_BODY)).encode())]}
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": PATH,
+        "raw_path": PATH.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 2),
+        "headers": [
+            (b"host", b"127.0.0.1"),
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(REQUEST_BODY)).encode()),
+        ],
+    }
     request = {"type": "http.request", "body": REQUEST_BODY, "more_body": False}
     never = asyncio.Event()
 
     async def send(message):
         pass
 
-    start = time.thread_time()
-    for _ in range(requests):
+    def receiver():
         pending = [request]
 
         async def receive():
@@ -243,7 +275,11 @@ async def _in_process_requests(app, requests: int) -> float:
                 return pending.pop()
             await never.wait()  # the disconnect listener: cancelled when the response ends
 
-        await app(dict(scope), receive, send)
+        return receive
+
+    start = time.thread_time()
+    for _ in range(requests):
+        await app(dict(scope), receiver(), send)
     return (time.thread_time() - start) / requests
 
 
@@ -267,7 +303,9 @@ def in_process(variants: list[str], rounds: int, requests: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--requests", type=int, default=2000, help="requests per variant per round")
     parser.add_argument("--concurrency", type=int, default=16)
@@ -290,8 +328,18 @@ def main() -> None:
     try:
         for variant in variants:
             port = free_port()
-            proc = subprocess.Popen([sys.executable, __file__, "--serve", variant, "--port", str(port),
-                                     "--events", os.path.join(tmp, f"{variant}.ndjson")])
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    __file__,
+                    "--serve",
+                    variant,
+                    "--port",
+                    str(port),
+                    "--events",
+                    os.path.join(tmp, f"{variant}.ndjson"),
+                ]
+            )
             servers[variant] = (proc, port)
         for variant, (proc, port) in servers.items():
             wait_listening(port, proc)
@@ -322,15 +370,19 @@ def main() -> None:
         expected = 3 * (args.requests // 4 + args.rounds * args.requests)  # warm-up + rounds, 3 hops each
         print(f"hopline events written: {lines} of {expected}")
     shutil.rmtree(tmp, ignore_errors=True)
-    print(f"{args.rounds} rounds x {args.requests} requests, concurrency {args.concurrency}, "
-          f"{CONTENT_CHUNKS + 4} SSE chunks per response")
+    print(
+        f"{args.rounds} rounds x {args.requests} requests, concurrency {args.concurrency}, "
+        f"{CONTENT_CHUNKS + 4} SSE chunks per response"
+    )
     print("| variant | req/s | srv CPU µs/req | req/s ratio vs bare | CPU ratio vs bare |")
     print("|---|---|---|---|---|")
     for variant in variants:
         rps_ratio = [r / b for r, b in zip(rps[variant], rps["bare"])]
         cpu_ratio = [c / b for c, b in zip(cpu[variant], cpu["bare"])]
-        print(f"| {variant} | {statistics.median(rps[variant]):.0f} | {statistics.median(cpu[variant]) * 1e6:.0f} "
-              f"| {summarize(rps_ratio)} | {summarize(cpu_ratio)} |")
+        print(
+            f"| {variant} | {statistics.median(rps[variant]):.0f} | {statistics.median(cpu[variant]) * 1e6:.0f} "
+            f"| {summarize(rps_ratio)} | {summarize(cpu_ratio)} |"
+        )
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ def resolve_emitter(emitter: Emitter | None, owner: str) -> Emitter | None:
         return emitter
     try:
         return get_emitter()
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - a broken configuration must not stop the host
         logger.error("hopline_disabled", middleware=owner, error=str(exc))
         return None
 
@@ -108,7 +108,9 @@ def _hop_names(component: str) -> tuple[str, str, str, str]:
     """``<component>.first_token`` / ``.last_token`` / ``.error`` / ``.rejected``, built once per component."""
     names = _HOP_NAMES.get(component)
     if names is None:
-        names = _HOP_NAMES[component] = tuple(f"{component}.{hop}" for hop in ("first_token", "last_token", "error", "rejected"))
+        names = _HOP_NAMES[component] = tuple(
+            f"{component}.{hop}" for hop in ("first_token", "last_token", "error", "rejected")
+        )
     return names
 
 
@@ -120,22 +122,22 @@ class Exchange:
     """
 
     __slots__ = (
-        "emitter",
-        "request_id",
-        "attempt",
+        "_hop_error",
         "_hop_first",
         "_hop_last",
-        "_hop_error",
         "_hop_rejected",
-        "_rejected",
-        "status",
-        "_reader",
         "_json",
         "_json_size",
+        "_reader",
+        "_rejected",
+        "attempt",
         "complete",
-        "final",
         "disconnected",
         "downstream",
+        "emitter",
+        "final",
+        "request_id",
+        "status",
     )
 
     def __init__(
@@ -164,7 +166,9 @@ class Exchange:
 
     def emit(self, hop: str, t: float | None = None, **attrs: Any) -> None:
         """Emit ``hop`` at ``perf_counter`` reading ``t`` (default now)."""
-        self.emitter.emit(hop, self.request_id, None if t is None else _CLOCK_OFFSET + t, attempt=self.attempt, **attrs)
+        self.emitter.emit(
+            hop, self.request_id, None if t is None else _CLOCK_OFFSET + t, attempt=self.attempt, **attrs
+        )
 
     def send(self, message: Message) -> Awaitable[None]:
         """The ``send`` to give the app: observe ``message``, then forward it to ``downstream``.
@@ -184,7 +188,7 @@ class Exchange:
                     self.on_body(message, t)
             elif message["type"] == "http.response.start":
                 self.on_start(message, perf_counter())
-        except Exception:
+        except Exception:  # noqa: BLE001 - never into the host
             self.emitter.errors += 1
         return self.downstream(message)  # type: ignore[misc]  # set by whoever passes ``send`` on
 
@@ -267,7 +271,7 @@ class Exchange:
                 self.fail(_exception_label(exc), None, self.status if self.status is not None else 500)
             else:
                 self.fail("incomplete")
-        except Exception:
+        except Exception:  # noqa: BLE001 - never into the host
             self.emitter.errors += 1
 
 

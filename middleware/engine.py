@@ -66,10 +66,17 @@ class EngineExchange(Exchange):
     costs one allocation here instead of a set of closures.
     """
 
-    __slots__ = ("upstream", "entered", "route", "drop_model", "received", "_body", "_body_size")
+    __slots__ = ("_body", "_body_size", "drop_model", "entered", "received", "route", "upstream")
 
     def __init__(
-        self, emitter: Emitter, request_id: str, attempt: int, receive: Receive, send: Send, entered: float, route: str
+        self,
+        emitter: Emitter,
+        request_id: str,
+        attempt: int,
+        receive: Receive,
+        send: Send,
+        entered: float,
+        route: str,
     ) -> None:
         super().__init__(emitter, "engine", request_id, attempt, downstream=send)
         self.upstream = receive
@@ -99,7 +106,7 @@ class EngineExchange(Exchange):
                         self.emit_received(b"".join(body) if isinstance(body, list) else body)
             elif kind == "http.disconnect":
                 self.on_disconnect()
-        except Exception:
+        except Exception:  # noqa: BLE001 - never into the host
             self.emitter.errors += 1
         return message
 
@@ -127,7 +134,7 @@ class EngineExchange(Exchange):
         if not self.received:
             try:
                 self.emit_received(None)
-            except Exception:
+            except Exception:  # noqa: BLE001 - never into the host
                 self.emitter.errors += 1
         super().finish(exc)
 
@@ -141,7 +148,9 @@ class EngineMiddleware:
         routes: paths to observe; default from ``HOPLINE_ENGINE_ROUTES``.
     """
 
-    def __init__(self, app: ASGIApp, *, emitter: Emitter | None = None, routes: frozenset[str] | None = None) -> None:
+    def __init__(
+        self, app: ASGIApp, *, emitter: Emitter | None = None, routes: frozenset[str] | None = None
+    ) -> None:
         self.app = app
         self.emitter = resolve_emitter(emitter, "EngineMiddleware")
         self.routes = frozenset(routes) if routes is not None else routes_from_env()
@@ -157,11 +166,13 @@ class EngineMiddleware:
             if raw_id is None or raw_id != request_id.encode():
                 scope = with_request_id(scope, request_id)
             attempt = parse_attempt(raw_attempt)
-            exchange = EngineExchange(self.emitter, request_id, attempt, receive, send, entered, scope["path"])
+            exchange = EngineExchange(
+                self.emitter, request_id, attempt, receive, send, entered, scope["path"]
+            )
             stats = sys.modules.get(VLLM_STATS_MODULE)  # loaded only inside vLLM with hopline's stat logger
             if attempt and stats is not None:
                 stats.note_attempt(request_id, attempt)  # so engine.stats names the failover attempt
-        except Exception:
+        except Exception:  # noqa: BLE001 - never into the host
             self.emitter.errors += 1
             await self.app(scope, receive, send)
             return

@@ -54,23 +54,23 @@ class StreamReader:
     """
 
     __slots__ = (
-        "_buf",
         "_after_cr",
+        "_buf",
         "_data",
         "_event",
         "_plain",
-        "first_at",
-        "last_output_at",
-        "output_chunks",
-        "max_gap_s",
-        "max_gap_at",
-        "finish_reason",
-        "output_tokens",
-        "prompt_tokens",
         "done",
         "error",
         "error_status",
+        "finish_reason",
+        "first_at",
+        "last_output_at",
         "malformed",
+        "max_gap_at",
+        "max_gap_s",
+        "output_chunks",
+        "output_tokens",
+        "prompt_tokens",
     )
 
     def __init__(self) -> None:

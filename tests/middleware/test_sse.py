@@ -209,7 +209,7 @@ def test_plain_chunk_fast_path_agrees_with_full_parse_once_learnt():
             reader.feed(ROLE, 0.0)
             reader.feed(plain, 1.0)
             reader.feed(prefix + chunk, 3.0)
-        state = lambda r: (r.first_at, r.output_chunks, r.max_gap_s, r.max_gap_at, r.finish_reason,  # noqa: E731
+        state = lambda r: (r.first_at, r.output_chunks, r.max_gap_s, r.max_gap_at, r.finish_reason,
                            r.output_tokens, r.error, r.malformed, r.done)
         assert state(fast) == state(slow), chunk
     split = StreamReader()
