@@ -212,7 +212,7 @@ async def drive(
         return emitters[service]
 
     load = LoadGenerator(
-        scenario.traffic(),
+        scenario.traffic(seconds),
         gateway_url=stack.gateway_url,
         proxy_url=stack.proxy_url,
         verify=ssl.create_default_context(cafile=str(stack.ca_path)),
@@ -223,7 +223,7 @@ async def drive(
         seed=seed,
     )
     await load.warm_up()
-    incident_at = scenario.incident_at * seconds
+    incident_at = scenario.starts_at(seconds) * seconds
     started = time.monotonic()
 
     async def incident() -> None:

@@ -75,17 +75,27 @@ class Scenario:
     engine: dict[str, Any] = field(default_factory=dict)  # EngineConfig overrides, both replicas
     engine_incident: dict[str, dict[str, Any]] = field(default_factory=dict)  # replica -> overrides
     incident_at: float = INCIDENT_AT
+    # At most this long before the end (None: no limit). A saturated replica's queue wanders by
+    # 1.5x and more from second to second; over a long incident the analyzer's change points
+    # would follow those waves (each one a "shift") instead of the onset.
+    incident_s: float | None = None
 
-    def traffic(self) -> list[Traffic]:
+    def starts_at(self, seconds: float) -> float:
+        """When the incident begins, as a fraction of a run of ``seconds``."""
+        if self.incident_s is None:
+            return self.incident_at
+        return max(self.incident_at, 1.0 - self.incident_s / seconds)
+
+    def traffic(self, seconds: float) -> list[Traffic]:
         """Baseline and background (through the proxy where the scenario says so), then the incident's
         own clients."""
         base = [replace(t, via_proxy=t.service in self.via_proxy) for t in BASELINE + self.background]
-        return base + [replace(t, start=self.incident_at) for t in self.incident_traffic]
+        return base + [replace(t, start=self.starts_at(seconds)) for t in self.incident_traffic]
 
     def api_keys(self) -> dict[str, tuple[float, float]]:
         """Every client's key, with a rate limit well above what it sends (rate, burst)."""
         keys: dict[str, tuple[float, float]] = {}
-        for t in self.traffic():
+        for t in self.traffic(seconds=1.0):
             rate, burst = keys.get(t.api_key, (0.0, 0.0))
             peak = 10 * t.rate + 20 * (t.concurrency or 0)
             keys[t.api_key] = (rate + peak, burst + max(20, peak))
@@ -101,6 +111,7 @@ SCENARIOS: dict[str, Scenario] = {
             expect={"kind": "shift", "stage": "queue", "scope": {"replica": "r2"}},
             background=(BATCH_EVAL,),  # 12 workers from the start: within r2's capacity
             incident_traffic=(replace(BATCH_EVAL, concurrency=20),),  # then 20 more
+            incident_s=16.0,
         ),
         Scenario(
             "prefill-regression",
