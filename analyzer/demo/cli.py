@@ -13,7 +13,7 @@ from rich.console import Console
 
 def demo(
     seconds: Annotated[
-        float, typer.Option(min=10, help="How long traffic runs (the incident comes at ~55%).")
+        float, typer.Option(min=10, help="How long traffic runs (the incident comes past the middle).")
     ] = 90,
     scenario: Annotated[
         str, typer.Option(help=f"The incident to inject: {', '.join(SCENARIOS)}.")
@@ -28,13 +28,13 @@ def demo(
     json: Annotated[bool, typer.Option("--json", help="Print only the findings JSON on stdout.")] = False,
     seed: Annotated[int | None, typer.Option(help="Seed the traffic and the engines' randomness.")] = None,
 ) -> None:
-    """Run a simulated LLM serving stack with an incident and show what hopline finds.
+    """Run a simulated LLM serving stack with an incident, then show what hopline finds.
 
-    Starts, on 127.0.0.1, a collector, two simulated OpenAI-compatible engine replicas (continuous
-    batching, KV-cache budget, prefill and decode costs), a gateway (API keys, rate limit,
-    conversation affinity, failover, TLS) and a client load generator (the OpenAI SDK through
-    hopline's transport); injects the scenario's incident mid-run; stops everything; and runs
-    the analyzer over the stored events.
+    Starts a collector, two simulated engine replicas, a TLS gateway and an OpenAI-SDK load generator.
+
+    Everything runs on 127.0.0.1 in child processes that the demo always stops.
+
+    Mid-run the scenario's incident is injected; at the end the analyzer reads the stored events.
 
     Example:
 
@@ -49,17 +49,17 @@ def demo(
     chosen = SCENARIOS[scenario]
     console = Console(stderr=json)
     try:
-        result = run_demo(chosen, seconds=seconds, out=out, html=html, console=console, seed=seed)
+        report = run_demo(chosen, seconds=seconds, out=out, html=html, console=console, seed=seed)
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: every process the demo started has been stopped[/yellow]")
         raise typer.Exit(130) from None
     if json:
-        typer.echo(orjson.dumps(result.report).decode())
+        typer.echo(orjson.dumps(report).decode())
         return
     from hopline.analyzer.demo.analysis import print_report
 
-    print_report(result.report, console)
-    findings = result.report.get("findings") or []
+    print_report(report, console)
+    findings = report.get("findings") or []
     named = bool(findings) and matches(findings[0], chosen.expect)
     console.print(
         f"\ninjected: {chosen.injected}\n"

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import shutil
 import signal
 import ssl
@@ -272,15 +271,6 @@ def _terminate_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-@dataclass
-class DemoResult:
-    report: dict[str, Any]
-    run_dir: Path
-    stats: LiveStats
-    expected: dict[str, Any]
-    pids: dict[str, int] = dataclasses.field(default_factory=dict)
-
-
 def run_demo(
     scenario: Scenario,
     *,
@@ -289,8 +279,9 @@ def run_demo(
     html: Path | None,
     console: Console,
     seed: int | None = None,
-) -> DemoResult:
-    """Run the whole demo; the events, logs and truth files stay in ``out`` (else a temp dir, removed)."""
+) -> dict[str, Any]:
+    """Run the whole demo and return the analyzer's report; the events, truth logs, report.json,
+    dashboards and logs stay in ``out`` (else in a temporary folder, removed)."""
     from hopline.analyzer.demo.analysis import analyze_run, render_html, write_dashboards
 
     run_dir = Path(out) if out else Path(tempfile.mkdtemp(prefix="hopline-demo-"))
@@ -301,7 +292,7 @@ def run_demo(
             try:
                 console.print(f"[dim]starting collector, engines r1 r2, gateway… ({run_dir})[/dim]")
                 start_stack(scenario, stack, seed)
-                stats = _run_async(drive(scenario, stack, seconds, console, seed))
+                _run_async(drive(scenario, stack, seconds, console, seed))
             finally:
                 stop_stack(stack)
         report, frame = analyze_run(run_dir)
@@ -310,9 +301,7 @@ def run_demo(
         if out is not None:
             (run_dir / "report.json").write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
             write_dashboards(run_dir / "dashboards", stack.collector_url)
-        return DemoResult(
-            report, run_dir, stats, scenario.expect, {n: c.pid for n, c in stack.children.items()}
-        )
+        return report
     finally:
         if out is None:
             shutil.rmtree(run_dir, ignore_errors=True)
