@@ -39,6 +39,7 @@ from rich.live import Live
 from rich.table import Table
 
 DEMO = "hopline.analyzer.demo"
+WARMUP_S = 3.0  # the first seconds of traffic warm caches and code paths; the analysis skips them
 
 
 @dataclass
@@ -200,8 +201,9 @@ def _panel(scenario: Scenario, stats: LiveStats, elapsed: float, seconds: float,
 
 async def drive(
     scenario: Scenario, stack: Stack, seconds: float, console: Console, seed: int | None
-) -> LiveStats:
-    """Run the traffic for ``seconds`` with the live display; inject the incident on time."""
+) -> float:
+    """Run the traffic for ``seconds`` with the live display; inject the incident on time.
+    Returns when the traffic began (Unix seconds)."""
     assert stack.ca_path is not None
     emitters: dict[str, Any] = {}
 
@@ -224,6 +226,7 @@ async def drive(
     await load.warm_up()
     incident_at = scenario.starts_at(seconds) * seconds
     started = time.monotonic()
+    began = time.time()
 
     async def incident() -> None:
         await asyncio.sleep(incident_at)
@@ -237,17 +240,17 @@ async def drive(
     with Live(console=console, refresh_per_second=4, transient=False) as live:
         tasks = [asyncio.create_task(incident()), asyncio.create_task(display(live))]
         try:
-            stats = await load.run()
+            await load.run()
         finally:
             for task in tasks:
                 task.cancel()
             live.update(_panel(scenario, load.stats, time.monotonic() - started, seconds, incident_at))
     for emitter in emitters.values():
         await asyncio.to_thread(emitter.close)  # the clients' last events reach the collector
-    return stats
+    return began
 
 
-def _run_async(coro: Coroutine[Any, Any, LiveStats]) -> LiveStats:
+def _run_async(coro: Coroutine[Any, Any, float]) -> float:
     """Run the load on uvloop when it is installed: the client side then costs less CPU."""
     try:
         import uvloop
@@ -292,10 +295,10 @@ def run_demo(
             try:
                 console.print(f"[dim]starting collector, engines r1 r2, gateway… ({run_dir})[/dim]")
                 start_stack(scenario, stack, seed)
-                _run_async(drive(scenario, stack, seconds, console, seed))
+                began = _run_async(drive(scenario, stack, seconds, console, seed))
             finally:
                 stop_stack(stack)
-        report, frame = analyze_run(run_dir)
+        report, frame = analyze_run(run_dir, since=began + WARMUP_S)
         if html is not None:
             render_html(report, frame, html)
         if out is not None:

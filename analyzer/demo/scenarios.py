@@ -33,12 +33,12 @@ def pinned_user(prefix: str, replica: str) -> str:
 
 
 BASELINE: tuple[Traffic, ...] = (
-    Traffic("kite-chat", rate=4.5, api_key="sk-demo-chat", users=80),
+    Traffic("kite-chat", rate=4.5, api_key="sk-demo-chat", users=30),
     Traffic(
         "kite-docs",
         rate=3.5,
         api_key="sk-demo-docs",
-        users=60,
+        users=20,
         system_tokens=1200,
         prompt_median_tokens=60,
         max_turns=2,
@@ -89,8 +89,9 @@ class Scenario:
     def traffic(self, seconds: float) -> list[Traffic]:
         """Baseline and background (through the proxy where the scenario says so), then the incident's
         own clients."""
-        base = [replace(t, via_proxy=t.service in self.via_proxy) for t in BASELINE + self.background]
-        return base + [replace(t, start=self.starts_at(seconds)) for t in self.incident_traffic]
+        start = self.starts_at(seconds)
+        clients = [*BASELINE, *self.background, *(replace(t, start=start) for t in self.incident_traffic)]
+        return [replace(t, via_proxy=t.service in self.via_proxy) for t in clients]
 
     def api_keys(self) -> dict[str, tuple[float, float]]:
         """Every client's key, with a rate limit well above what it sends (rate, burst)."""
@@ -147,18 +148,20 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         Scenario(
             "cold-connections",
-            "kite-cli, a command-line tool summarising files, opens a new TLS connection for every request",
+            "kite-cli, a command-line tool run from laptops 12 ms away, opens a new TLS connection per request",
             expect={"kind": "pitfall", "name": "new_connection_per_request"},
             incident_traffic=(
                 Traffic(
                     "kite-cli",
-                    rate=2.0,
+                    rate=2.5,
                     api_key="sk-demo-cli",
                     new_connection_per_request=True,
-                    system_tokens=1500,
+                    system_tokens=4000,  # it summarises files
                     max_turns=1,
                 ),
             ),
+            via_proxy=frozenset({"kite-cli"}),
+            proxy_delay_ms=12.0,
             incident_at=0.0,  # see the note at the top
         ),
         Scenario(
