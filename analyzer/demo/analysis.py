@@ -49,5 +49,6 @@ def write_dashboards(out: Path, collector_url: str) -> list[Path]:
 
 
 def print_report(report: dict[str, Any], console: Console) -> None:
-    """The analyzer's terminal report (as ``hopline analyze`` prints it)."""
+    """The analyzer's terminal report (as ``hopline analyze`` prints it), below the live display."""
+    console.print()
     render(report, console)
