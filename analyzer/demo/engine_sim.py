@@ -50,6 +50,7 @@ from hopline.analyzer.kv import KVSpec, dtype_bytes
 from hopline.middleware import clock
 
 GIB = 1024**3
+CHARS_PER_TOKEN = 4  # English text, roughly; the load generator sizes its prompts with it
 
 
 @dataclass(frozen=True)
@@ -116,8 +117,8 @@ class EngineConfig:
 
 
 def estimate_tokens(text: str) -> int:
-    """Prompt tokens estimated from text length (about four characters per token in English)."""
-    return max(1, (len(text) + 3) // 4)
+    """Prompt tokens estimated from text length (no tokenizer: nothing of the text is kept)."""
+    return max(1, -(-len(text) // CHARS_PER_TOKEN))
 
 
 def estimate_prompt_tokens(messages: list[dict[str, Any]]) -> int:

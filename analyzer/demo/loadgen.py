@@ -2,11 +2,11 @@
 
 Each ``Traffic`` is one client population (one ``service``): requests arrive as a Poisson process
 at ``rate`` per second between two moments of the run (or, for a batch job, from a fixed number
-of workers that each send the next request when the previous one is answered); each request continues one of ``users``
-conversations (the history grows turn by turn, so the prompt does too, and the gateway's
-affinity keeps the conversation on the replica whose prefix cache holds it). Prompt sizes are
-log-normal; answers are as long as the engine decides, capped by ``max_tokens`` unless the
-client forgets it. A client either keeps one connection pool (as it should) or opens a new
+of workers that each send the next request when the previous one is answered); each request
+continues one of ``users`` conversations (the history grows turn by turn, so the prompt does too,
+and the gateway's affinity keeps the conversation on the replica whose prefix cache holds it).
+Prompt sizes are log-normal; answers are as long as the engine decides, capped by ``max_tokens``
+unless the client forgets it. A client either keeps one connection pool (as it should) or opens a new
 connection per request (the ``cold-connections`` pitfall). The prompt text is filler: nothing
 in it means anything, and hopline never records it anyway.
 """
@@ -28,9 +28,9 @@ from typing import Any
 import httpx
 import openai
 import orjson
+from hopline.analyzer.demo.engine_sim import CHARS_PER_TOKEN
 from hopline.analyzer.demo.wiring import instrument_client
 
-CHARS_PER_TOKEN = 4  # the engine simulator estimates tokens the same way
 WARM_CONNECTIONS = 16  # a long-running service's pool is warm; only the cold client starts from zero
 POOL = httpx.Limits(max_connections=256, max_keepalive_connections=64, keepalive_expiry=60.0)
 _SYLLABLES = ("ka", "lo", "mi", "ren", "to", "vu", "sha", "pel", "dor", "ni", "que", "zam")

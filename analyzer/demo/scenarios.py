@@ -6,10 +6,10 @@ Poisson rate, spread over two replicas by conversation) and injects one thing at
 enough for an "after"). ``expect`` is the first finding the analyzer must report.
 
 The sizes are meant to be realistic for an 8B model on one GPU, scaled in time: a batch job
-that saturates one replica (its queue time goes from milliseconds to seconds, steadily: a closed
-loop of more workers than the replica has batch slots), a 4x prefill regression (a kernel fallback), 15 ms more each way
-on one client's path, 14k-token prompts, a client opening a connection per request, a
-client that sends no ``max_tokens``.
+that saturates one replica (its queue time goes from milliseconds to a second, steadily: a closed
+loop of more workers than the replica has batch slots), a 4x prefill regression (a kernel
+fallback), 15 ms more each way on one client's path, 14k-token prompts, a client opening a
+connection per request, a client that sends no ``max_tokens``.
 """
 
 from __future__ import annotations
@@ -148,7 +148,7 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         Scenario(
             "cold-connections",
-            "kite-cli, a command-line tool run from laptops 12 ms away, opens a new TLS connection per request",
+            "kite-cli, a command-line tool on laptops 12 ms away, opens a new TLS connection per request",
             expect={"kind": "pitfall", "name": "new_connection_per_request"},
             incident_traffic=(
                 Traffic(
