@@ -354,7 +354,6 @@ class Engine:
         self.emitter = emitter
         self.truth_file = truth_path.open("ab") if truth_path else None
         self.scheduler = Scheduler(config, replica=replica, on_finished=self._finished)
-        self.pending_prefixes: dict[int, tuple[list[dict[str, Any]], int]] = {}
 
     def _finished(self, r: SimRequest) -> None:
         truth = r.truth(self.replica)
