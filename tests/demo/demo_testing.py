@@ -54,23 +54,15 @@ SHIFT_SECONDS = 36
 PITFALL_SECONDS = 25
 
 
+def demo_argv(out: Path, seconds: int, *options: str) -> list[str]:
+    """``hopline demo --seconds S --out OUT --json OPTIONS…`` with this interpreter."""
+    return [sys.executable, "-m", "hopline.middleware.cli", "demo", "--seconds", str(seconds),
+            "--out", str(out), "--json", *options]  # fmt: skip
+
+
 def run_demo(out: Path, scenario: str, seconds: int, seed: int = 7) -> dict[str, Any]:
     """``hopline demo … --json`` in a child process; its stdout must be exactly the findings JSON."""
-    argv = [
-        sys.executable,
-        "-m",
-        "hopline.middleware.cli",
-        "demo",
-        "--seconds",
-        str(seconds),
-        "--scenario",
-        scenario,
-        "--out",
-        str(out),
-        "--json",
-        "--seed",
-        str(seed),
-    ]
+    argv = demo_argv(out, seconds, "--scenario", scenario, "--seed", str(seed))
     proc = subprocess.run(argv, capture_output=True, timeout=seconds + 90, check=False)
     assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-4000:]
     return orjson.loads(proc.stdout)

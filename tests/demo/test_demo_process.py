@@ -4,28 +4,17 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import orjson
-from demo_testing import processes_of
+from demo_testing import demo_argv, processes_of
 
 EXPECTED_CHILDREN = {"collector", "engine-r1", "engine-r2", "gateway"}
 
 
 def _start(out: Path) -> subprocess.Popen[bytes]:
-    argv = [
-        sys.executable,
-        "-m",
-        "hopline.middleware.cli",
-        "demo",
-        "--seconds",
-        "60",
-        "--out",
-        str(out),
-        "--json",
-    ]
+    argv = demo_argv(out, 60)
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60
     while not ((out / "logs" / "gateway.port").exists() and (out / "pids.json").exists()):
