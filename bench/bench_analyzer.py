@@ -68,6 +68,7 @@ def run_hopline(path: Path) -> pl.DataFrame:
 # The contract's pick (highest attempt, earliest ts on a tie) as one number per event, as in
 # timelines.py: ts - attempt * 2**24 (exact in float64; cheaper for DuckDB than a struct key).
 _KEY = "k"
+DUCKDB_MEMORY = os.environ.get("HOPLINE_BENCH_DUCKDB_MEMORY", "8GB")
 
 
 def _pick(column: str, hop: str) -> str:
@@ -125,7 +126,7 @@ def run_duckdb(path: Path) -> pl.DataFrame:
 
     con = duckdb.connect()
     con.execute("SET threads = 2")
-    con.execute("SET memory_limit = '8GB'")
+    con.execute(f"SET memory_limit = '{DUCKDB_MEMORY}'")
     return pl.from_arrow(con.sql(stage_sql(path)).to_arrow_table())  # type: ignore[return-value]
 
 
@@ -429,10 +430,12 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=Path("/work/bench-data"))
     parser.add_argument("--rtol", type=float, default=1e-9)
     parser.add_argument("--max-gib", type=float, default=12.0, help="kill an engine whose RSS passes this")
+    parser.add_argument("--duckdb-memory", default=DUCKDB_MEMORY, help="DuckDB's memory_limit")
     parser.add_argument("--worker", choices=sorted(ENGINES))
     parser.add_argument("--file", type=Path)
     parser.add_argument("--result", type=Path)
     args = parser.parse_args()
+    os.environ["HOPLINE_BENCH_DUCKDB_MEMORY"] = args.duckdb_memory  # for the workers
     if args.worker:
         worker(args.worker, args.file, args.result)
         return
