@@ -293,9 +293,21 @@ def _detect(
     cps = _change_points(t, x, boundaries, z_crit, cfg, 0, len(x))
     edges = [0] + [k for k, _, _ in cps] + [len(x)]
     found: list[_Detection | None] = []
+    first = 0  # index of the change point where the current run of same-direction steps began
     for i, (k, at, z) in enumerate(cps):
+        prev = found[-1] if found else None
+        if prev is not None and (z > 0) == prev.up:
+            # the same stage moving the same way again right after: a change in steps (a ramp) is
+            # one change, from the segment before its first step to the segment after its last
+            effect = _effect(x[edges[first] : edges[first + 1]], x[k : edges[i + 2]], z, cfg)
+            if effect is not None:
+                found[-1] = _Detection(
+                    stage, scope, prev.at, *effect, max(prev.z, z, key=abs), edges[i + 2] - edges[first + 1]
+                )
+                continue
         effect = _effect(x[edges[i] : k], x[k : edges[i + 2]], z, cfg)
         found.append(None if effect is None else _Detection(stage, scope, at, *effect, z, edges[i + 2] - k))
+        first = i
     out: list[_Detection] = []
     for i, det in enumerate(found):
         if det is None:

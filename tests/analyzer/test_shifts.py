@@ -153,3 +153,22 @@ def test_a_stage_that_was_zero():
     assert (f["stage"], f["scope"], f["at"]) == ("connect", {"service": "kite-chat"}, iso(200))
     assert f["before_ms"] == 0.0 and f["after_ms"] > 30 and f["factor"] is None
     assert f["summary"].startswith("connect time rose from zero at 10:03:20 on service kite-chat")
+
+
+def test_a_rise_in_steps_is_one_shift_from_before_the_first_step_to_after_the_last():
+    # queue on r2 doubles at 240 s, then doubles again at 420 s: one ramp, 4x overall, reported
+    # where it began (two findings would let the smaller, later step outrank the onset)
+    found, _ = analyse(
+        12_000,
+        seed=22,
+        incidents=[
+            StageShift("queue", 2.0, at_s=240, scope={"replica": "r2"}, until_s=420),
+            StageShift("queue", 4.0, at_s=420, scope={"replica": "r2"}),
+        ],
+    )
+    queue = [s.to_finding() for s in found if s.stage == "queue"]
+    assert len(queue) == 1, queue
+    f = queue[0]
+    assert f["scope"] == {"replica": "r2"}
+    assert f["at"] == iso(240)
+    assert 3.2 <= f["factor"] <= 4.8
