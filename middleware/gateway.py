@@ -45,6 +45,7 @@ from hopline.middleware.emit import Emitter, get_emitter
 from hopline.middleware.log import logger
 
 REJECTED_STATUSES = frozenset({401, 403, 429})
+SKIP_PATHS = frozenset({"/health", "/healthz", "/ready", "/readyz", "/livez", "/metrics"})
 STATE_KEY = "hopline"
 
 
@@ -116,6 +117,8 @@ class GatewayMiddleware:
         app: the gateway's ASGI app.
         emitter: where events go; default ``get_emitter()`` (from ``HOPLINE_*``).
         rejected_statuses: response statuses reported as ``gateway.rejected``.
+        skip_paths: paths passed straight through, unobserved (health checks and scrapes are
+            not requests anyone waits for).
     """
 
     def __init__(
@@ -124,13 +127,15 @@ class GatewayMiddleware:
         *,
         emitter: Emitter | None = None,
         rejected_statuses: frozenset[int] = REJECTED_STATUSES,
+        skip_paths: frozenset[str] = SKIP_PATHS,
     ) -> None:
         self.app = app
         self.emitter = resolve_emitter(emitter, "GatewayMiddleware")
         self.rejected_statuses = frozenset(rejected_statuses)
+        self.skip_paths = frozenset(skip_paths)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or self.emitter is None:
+        if scope["type"] != "http" or self.emitter is None or scope.get("path") in self.skip_paths:
             await self.app(scope, receive, send)
             return
         try:

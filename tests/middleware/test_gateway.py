@@ -157,3 +157,32 @@ def test_hops_accepts_a_scope_and_works_without_the_middleware(mw, monkeypatch):
     events = mw.events_of(emitter)
     assert [(e["hop"], e["attempt"], e.get("upstream")) for e in events] == [
         ("gateway.admitted", 3, None), ("gateway.forwarded", 3, "r9"), ("gateway.forwarded", 4, "r8")]
+
+
+def test_health_checks_pass_through_unobserved(mw):
+    calls = []
+
+    async def app(scope, receive, send):
+        calls.append((scope["path"], dict(scope["headers"]).get(b"x-request-id")))
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    emitter = mw.memory_emitter()
+    gateway = GatewayMiddleware(app, emitter=emitter)
+
+    async def call(path):
+        sent = []
+
+        async def send(message):
+            sent.append(message)
+
+        await gateway({"type": "http", "path": path, "headers": []}, None, send)
+        return sent
+
+    asyncio.run(call("/health"))
+    asyncio.run(call("/v1/chat/completions"))
+    emitter.flush()
+    # /health got no request ID and no events; the chat route got both
+    assert calls[0] == ("/health", None)
+    assert calls[1][0] == "/v1/chat/completions" and HEX32.fullmatch(calls[1][1].decode())
+    assert {e["hop"] for e in mw.events_of(emitter)} == {"gateway.received", "gateway.last_token"}
