@@ -24,8 +24,9 @@ def test_first_finding_is_the_queue_on_the_burst_replica(run) -> None:
     _, report = run
     finding = first_finding(report)
     assert matches(finding, SCENARIOS["queue-burst"].expect), finding
-    # the queue rose: ~100x at the onset, or 1.5-3x when the analyzer splits the ramp into steps
-    assert finding["after_ms"] > finding["before_ms"], finding
+    # the burst saturates r2: its queue goes from a few ms to about a second (a ramp in steps is
+    # one finding from its onset, see analyzer/shifts.py)
+    assert finding["factor"] >= 3, finding
 
 
 def test_stages_agree_with_the_simulators_true_intervals(run) -> None:
