@@ -35,12 +35,16 @@ class HistogramChild:
         self.exemplars: list[tuple[Mapping[str, str], float, float] | None] = [None] * len(upper)
         self.sum = 0.0
 
-    def observe(self, value: float, exemplar: Mapping[str, str] | None = None) -> None:
+    def observe(
+        self, value: float, exemplar: Mapping[str, str] | None = None, timestamp: float | None = None
+    ) -> None:
+        """Count ``value``; with ``exemplar``, keep it as its bucket's latest, stamped ``timestamp``
+        (default now: a caller observing many values at once passes one time for all)."""
         i = bisect_left(self.upper, value)
         self.counts[i] += 1
         self.sum += value
         if exemplar is not None:
-            self.exemplars[i] = (exemplar, value, time.time())
+            self.exemplars[i] = (exemplar, value, time.time() if timestamp is None else timestamp)
 
 
 class ExemplarHistogram:

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from hopline.collector.metrics import Recorder
+from hopline.collector.stages import compute_stages
 from hopline.middleware.contract import (
     ATTRIBUTE_SOURCES,
     ERROR_HOPS,
@@ -33,7 +34,6 @@ from hopline.middleware.contract import (
     RATIOS,
     STAGE_NAMES,
     component,
-    compute_stages,
     negative_stages,
 )
 

@@ -10,12 +10,13 @@ bound children per label tuple, because ``.labels(...)`` costs more than the obs
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from hopline.collector import metric_names as names
-from hopline.collector.histogram import ExemplarHistogram
+from hopline.collector.histogram import ExemplarHistogram, HistogramChild
 from hopline.middleware.contract import TIME_STAGES
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -110,6 +111,16 @@ _E2E = tuple((f"{view}_e2e", view) for view in names.VIEW_LABEL_VALUES)
 _ITL = tuple((f"{view}_itl", view) for view in names.VIEW_LABEL_VALUES)
 
 
+@dataclass(frozen=True)
+class ScopedChildren:
+    """The histogram children a finished request of one (service, model, replica) observes on:
+    (key in the computed stages, child) pairs, bound once per scope rather than per request."""
+
+    stages: tuple[tuple[str, HistogramChild], ...]
+    views: tuple[tuple[str, HistogramChild], ...]
+    tokens: tuple[tuple[str, HistogramChild], ...]
+
+
 class Recorder:
     """Observes finished requests and hop events on ``Metrics``, with capped labels and cached children."""
 
@@ -119,6 +130,7 @@ class Recorder:
         self.model = LabelCap(label_cap)
         self.replica = LabelCap(label_cap)
         self._children: dict[tuple, Any] = {}
+        self._scoped_children: dict[tuple[str, str, str], ScopedChildren] = {}
         # raw (model, replica) of engine events -> (in-flight, KV) children (bounded)
         self._engine_children: dict[tuple[str | None, str | None], tuple[Any, Any]] = {}
 
@@ -160,6 +172,24 @@ class Recorder:
 
     # -- per finished request -------------------------------------------------------------------
 
+    def _scoped(self, scope: tuple[str, str, str]) -> ScopedChildren:
+        plan = self._scoped_children.get(scope)
+        if plan is None:
+            m = self.m
+            plan = self._scoped_children[scope] = ScopedChildren(
+                stages=tuple((stage, m.stage_seconds.labels(stage, *scope)) for stage in TIME_STAGES),
+                views=tuple(
+                    (key, metric.labels(view, *scope))
+                    for metric, views in ((m.ttft_seconds, _TTFT), (m.e2e_seconds, _E2E), (m.itl_seconds, _ITL))
+                    for key, view in views
+                ),
+                tokens=(
+                    ("prompt_tokens", m.prompt_tokens.labels(*scope)),
+                    ("output_tokens", m.output_tokens.labels(*scope)),
+                ),
+            )
+        return plan
+
     def request(
         self,
         request_id: str,
@@ -170,28 +200,30 @@ class Recorder:
     ) -> None:
         """One finished request: stages, views, tokens, outcome, connection reuse, max_tokens."""
         exemplar = {"request_id": request_id}
+        now = time.time()
+        plan = self._scoped(scope)
+        get = stages.get
         child = self._child
         m = self.m
         for name in negative:
             child(m.negative_stages, (name,)).inc()
-        for stage in TIME_STAGES:
-            value = stages.get(stage)
+        for stage, histogram in plan.stages:
+            value = get(stage)
             if value is not None and stage not in negative:
-                child(m.stage_seconds, (stage, *scope)).observe(value, exemplar)
-        for metric, views in ((m.ttft_seconds, _TTFT), (m.e2e_seconds, _E2E), (m.itl_seconds, _ITL)):
-            for key, view in views:
-                value = stages.get(key)
-                if value is not None and value >= 0:
-                    child(metric, (view, *scope)).observe(value, exemplar)
-        for metric, key in ((m.prompt_tokens, "prompt_tokens"), (m.output_tokens, "output_tokens")):
-            value = stages.get(key)
+                histogram.observe(value, exemplar, now)
+        for key, histogram in plan.views:
+            value = get(key)
+            if value is not None and value >= 0:
+                histogram.observe(value, exemplar, now)
+        for key, histogram in plan.tokens:
+            value = get(key)
             if value is not None:
-                child(metric, scope).observe(value, exemplar)
+                histogram.observe(value, exemplar, now)
         child(m.requests, (outcome, *scope)).inc()
-        reused = stages.get("conn_reused")
+        reused = get("conn_reused")
         if reused is not None:
             child(m.connections, ("true" if reused else "false", *scope)).inc()
-        if stages.get("max_tokens_set") is False:
+        if get("max_tokens_set") is False:
             child(m.without_max_tokens, scope).inc()
 
     def incomplete(self, missing: str, scope: tuple[str, str, str]) -> None:

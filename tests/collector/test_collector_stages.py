@@ -1,0 +1,55 @@
+"""The compiled stage table (collector/stages.py) gives exactly what the contract's functions give."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+from hopline.collector import stages
+from hopline.middleware import contract
+from hopline.middleware.contract import HOPS, INPUTS, RATIOS, STAGE_NAMES, validate_event
+
+GOLDEN = json.loads((Path(__file__).parents[1] / "golden_stages.json").read_text())
+
+
+@pytest.mark.parametrize("case", GOLDEN["cases"], ids=lambda c: c["name"])
+def test_golden_cases_match_the_interpreted_table(case):
+    events = [validate_event(e) for e in case["events"]]
+    assert stages.request_inputs(events) == contract.request_inputs(events)
+    assert stages.compute_stages(events) == contract.compute_stages(events)
+
+
+def test_random_inputs_evaluate_bit_for_bit():
+    rng = random.Random(7)
+    names = [i.name for i in INPUTS] + ["stream", "n", "output_tokens"]
+    for _ in range(3000):
+        values = {}
+        for name in names:
+            if name == "stream":
+                values[name] = rng.choice([True, False, None])
+            elif name in ("n", "output_tokens"):
+                values[name] = rng.choice([None, 0, 1, 2, 3, 50])
+            else:
+                values[name] = rng.choice([None, None, 0, rng.uniform(-1, 100), 1700000000.5])
+        want = contract.evaluate(dict(values))
+        got = stages.evaluate(dict(values))
+        for key in (*STAGE_NAMES, *(r.name for r in RATIOS)):
+            assert got[key] == want[key] and type(got[key]) is type(want[key]), key
+
+
+def test_random_requests_pick_the_same_events():
+    """Retries, repeated hops, ties on ts, attributes on some hops only."""
+    rng = random.Random(11)
+    attrs = ("stream", "n", "output_tokens", "prompt_tokens", "pool_wait_s", "queue_s", "finish_reason")
+    for r in range(500):
+        events = []
+        for i in range(rng.randint(1, 20)):
+            event = {"ts": 1_700_000_000 + rng.choice([0.0, 0.5, 1.0, rng.random()]), "request_id": f"r{r}",
+                     "hop": rng.choice(HOPS), "attempt": rng.randint(0, 2), "eid": f"{r}-{i}"}
+            for name in rng.sample(attrs, rng.randint(0, 3)):
+                event[name] = {"stream": rng.random() < 0.5, "finish_reason": "stop"}.get(name, rng.randint(0, 9))
+            events.append(validate_event(event))
+        assert stages.request_inputs(events) == contract.request_inputs(events)
+        assert stages.compute_stages(events) == contract.compute_stages(events)
