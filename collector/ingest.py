@@ -17,6 +17,7 @@ import zlib
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
 import orjson
@@ -111,7 +112,8 @@ class Ingestor:
     def parse(self, body: bytes, kind: str) -> tuple[list[dict[str, Any]], list[bytes], list, IngestResult]:
         """Validate and dedup a body: (events, their NDJSON lines, their dedup keys, result so far)."""
         result = IngestResult()
-        if kind == "json":
+        ndjson = kind != "json"
+        if not ndjson:
             try:
                 items = orjson.loads(body)
             except orjson.JSONDecodeError as exc:
@@ -120,9 +122,8 @@ class Ingestor:
                 raise IngestError(
                     400, f"application/json body must be an array of events, got {type(items).__name__}"
                 )
-            numbered = ((i, item, None) for i, item in enumerate(items, start=1))
         else:
-            numbered = ((i, None, line) for i, line in enumerate(body.splitlines(), start=1))
+            items = body.splitlines()
         events: list[dict[str, Any]] = []
         lines: list[bytes] = []
         keys: list = []
@@ -130,15 +131,17 @@ class Ingestor:
         self.dedup.rotate_if_due()
         remember = self.dedup.add
         loads = orjson.loads
-        for number, obj, line in numbered:
+        for number, item in enumerate(items, start=1):
             try:
-                if line is not None:
+                if ndjson:
                     try:
-                        obj = loads(line)
+                        obj = loads(item)
                     except orjson.JSONDecodeError as exc:
-                        if not line.strip():
+                        if not item.strip():
                             continue  # blank lines are skipped (and counted in line numbers)
                         raise EventError(f"not JSON: {exc}") from None
+                else:
+                    obj = item
                 event = validate_event(obj)
             except EventError as exc:
                 message = str(exc)
@@ -153,9 +156,8 @@ class Ingestor:
                 continue
             keys.append(key)
             events.append(event)
-            if line is None or event["request_id"] != obj["request_id"]:
-                line = dumps(event)[:-1]
-            lines.append(line)
+            # stored as it came unless validation changed the request ID (or it came as JSON)
+            lines.append(item if ndjson and event["request_id"] == obj["request_id"] else dumps(event)[:-1])
         return events, lines, keys, result
 
     async def ingest(self, body: bytes, kind: str = "ndjson") -> IngestResult:
@@ -175,7 +177,7 @@ class Ingestor:
         except StoreError:
             self.dedup.forget(keys)
             raise
-        self.recorder.events(Counter(ev["hop"] for ev in events))
+        self.recorder.events(Counter(map(itemgetter("hop"), events)))
         self.joiner.add(events)
         result.accepted = len(events)
         return result
