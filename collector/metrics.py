@@ -180,7 +180,11 @@ class Recorder:
                 stages=tuple((stage, m.stage_seconds.labels(stage, *scope)) for stage in TIME_STAGES),
                 views=tuple(
                     (key, metric.labels(view, *scope))
-                    for metric, views in ((m.ttft_seconds, _TTFT), (m.e2e_seconds, _E2E), (m.itl_seconds, _ITL))
+                    for metric, views in (
+                        (m.ttft_seconds, _TTFT),
+                        (m.e2e_seconds, _E2E),
+                        (m.itl_seconds, _ITL),
+                    )
                     for key, view in views
                 ),
                 tokens=(

@@ -183,9 +183,8 @@ def validate_event(obj: object) -> dict[str, Any]:
     Written for the collector's hot path (one call per ingested event): exact-type checks
     first, the general ones only when those do not settle it.
     """
-    if type(obj) is not dict:
-        if not isinstance(obj, dict):
-            raise EventError(f"event must be a JSON object, got {type(obj).__name__}")
+    if type(obj) is not dict and not isinstance(obj, dict):
+        raise EventError(f"event must be a JSON object, got {type(obj).__name__}")
     event = dict(obj)
     get = event.get
     v = get("v", VERSION)
@@ -205,9 +204,12 @@ def validate_event(obj: object) -> dict[str, Any]:
     raw_rid = get("request_id", _MISSING)
     if raw_rid is _MISSING:
         raise EventError("request_id is missing")
-    if type(raw_rid) is str and not raw_rid.startswith(ENGINE_ID_PREFIXES) and _REQUEST_ID_RE.fullmatch(raw_rid):
-        pass  # already in hopline's form: nothing to normalize
-    else:
+    # a plain string already in hopline's form (the usual case) needs no normalizing
+    if (
+        type(raw_rid) is not str
+        or raw_rid.startswith(ENGINE_ID_PREFIXES)
+        or not _REQUEST_ID_RE.fullmatch(raw_rid)
+    ):
         rid = normalize_request_id(raw_rid)
         if rid is None:
             raise EventError(
@@ -216,9 +218,9 @@ def validate_event(obj: object) -> dict[str, Any]:
             )
         event["request_id"] = rid
     attempt = get("attempt", 0)
-    if type(attempt) is not int or attempt < 0:
-        if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 0:
-            raise EventError(f"attempt must be an integer >= 0, got {_describe(attempt)}")
+    exact_int = type(attempt) is int
+    if (not exact_int and (isinstance(attempt, bool) or not isinstance(attempt, int))) or attempt < 0:
+        raise EventError(f"attempt must be an integer >= 0, got {_describe(attempt)}")
     event["attempt"] = attempt
     eid = get("eid")
     if eid is not None and (not isinstance(eid, str) or not 0 < len(eid) <= 64):

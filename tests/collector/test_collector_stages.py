@@ -46,10 +46,17 @@ def test_random_requests_pick_the_same_events():
     for r in range(500):
         events = []
         for i in range(rng.randint(1, 20)):
-            event = {"ts": 1_700_000_000 + rng.choice([0.0, 0.5, 1.0, rng.random()]), "request_id": f"r{r}",
-                     "hop": rng.choice(HOPS), "attempt": rng.randint(0, 2), "eid": f"{r}-{i}"}
+            event = {
+                "ts": 1_700_000_000 + rng.choice([0.0, 0.5, 1.0, rng.random()]),
+                "request_id": f"r{r}",
+                "hop": rng.choice(HOPS),
+                "attempt": rng.randint(0, 2),
+                "eid": f"{r}-{i}",
+            }
             for name in rng.sample(attrs, rng.randint(0, 3)):
-                event[name] = {"stream": rng.random() < 0.5, "finish_reason": "stop"}.get(name, rng.randint(0, 9))
+                event[name] = {"stream": rng.random() < 0.5, "finish_reason": "stop"}.get(
+                    name, rng.randint(0, 9)
+                )
             events.append(validate_event(event))
         assert stages.request_inputs(events) == contract.request_inputs(events)
         assert stages.compute_stages(events) == contract.compute_stages(events)
