@@ -11,7 +11,9 @@ missing hop. At most ``max_open`` requests are open: beyond that the least recen
 is evicted and counted the same way, so memory is bounded whatever arrives.
 
 A request's events are kept as the validated dicts (no second decode when it finishes; a
-dict costs ~750 bytes against ~300 for its NDJSON line, bounded by ``max_open``). Finished requests stay in a bounded LRU for ``GET /v1/requests/{id}``.
+dict costs ~750 bytes against ~300 for its NDJSON line, bounded by ``max_open``). Finished
+requests stay in a bounded LRU for ``GET /v1/requests/{id}``. Stages are computed with the
+compiled stage table (``stages.py``: the contract's table, same results, a fifth of the cost).
 
 Engine load (requests in flight, KV-cache bytes held per replica) follows
 ``engine.received`` -> ``engine.last_token`` / ``engine.error`` per attempt, as the events arrive.
