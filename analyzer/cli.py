@@ -116,7 +116,7 @@ def analyze_command(
     if html is not None:
         from hopline.analyzer.html import render_html
 
-        render_html(result, frame, html)
+        render_html(result, frame, html, kv_bytes_per_token=kv_bytes)
     if json_out:
         sys.stdout.buffer.write(orjson.dumps(result, option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE))
         sys.stdout.flush()
