@@ -9,11 +9,11 @@ as GenAI-Perf / AIPerf and ``vllm bench serve`` do, so the numbers line up with 
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 
 import polars as pl
 from hopline.middleware.contract import STAGES, TIME_STAGES, TTFT_STAGES
+from hopline.middleware.durations import parse_duration
 
 VIEW_STAGES = tuple(s.name for s in STAGES if s.kind == "view")
 # What TTFT is made of when the split is unavailable (DESIGN.md fallbacks) — candidates to dominate.
@@ -38,15 +38,6 @@ def e2e() -> pl.Expr:
 def itl() -> pl.Expr:
     """Per-token latency (benchmark tools' ITL / vLLM's TPOT), best available view."""
     return pl.coalesce("client_itl", "gateway_itl", "engine_itl")
-
-
-def parse_duration(text: str) -> float:
-    """``500ms``, ``2s``, ``1m``, ``1h``, ``250us`` or a bare number of seconds -> seconds."""
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(us|µs|ms|s|m|min|h)?\s*", text)
-    if not match:
-        raise ValueError(f"not a duration: {text!r} (examples: 500ms, 10s, 1m)")
-    value, unit = float(match.group(1)), match.group(2) or "s"
-    return value * {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}[unit]
 
 
 def auto_window(span_s: float) -> float:

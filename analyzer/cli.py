@@ -10,6 +10,7 @@ import orjson
 import typer
 from hopline.analyzer import attribution, io, report
 from hopline.analyzer.timelines import timelines
+from hopline.middleware.durations import parse_duration
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
 
@@ -67,7 +68,7 @@ def analyze_command(
         dims = _dims(by)
         slo_targets = attribution.Slo.parse(slo) if slo else None
         if window != "auto":
-            attribution.parse_duration(window)
+            parse_duration(window)  # a bad --window fails before any file is read
         kv_bytes = None
         if kv_config is not None:
             from hopline.analyzer.kv import KVConfigError, KVSpec

@@ -6,7 +6,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from hopline.collector.config import FSYNC_POLICIES, CollectorConfig, parse_duration
+from hopline.collector.config import FSYNC_POLICIES, CollectorConfig
+from hopline.middleware.durations import parse_duration
 
 EXAMPLE = """
 Example:

@@ -6,22 +6,10 @@ reader can see what the collector will hold on to whatever arrives.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 FSYNC_POLICIES = ("batch", "interval", "none")
-
-_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)([smhd]?)")
-_UNIT_SECONDS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-
-
-def parse_duration(text: str) -> float:
-    """``"14d"`` -> 1209600.0; units s, m, h, d (bare numbers are seconds)."""
-    match = _DURATION_RE.fullmatch(text.strip())
-    if match is None:
-        raise ValueError(f"not a duration: {text!r} (use e.g. 90s, 15m, 6h, 14d)")
-    return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
 
 
 @dataclass(frozen=True)

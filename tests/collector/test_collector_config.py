@@ -8,8 +8,9 @@ import sys
 
 import pytest
 from collector_testing import env_without_hopline
-from hopline.collector.config import CollectorConfig, parse_duration
+from hopline.collector.config import CollectorConfig
 from hopline.collector.kv_cache import parse_model_config
+from hopline.middleware.durations import parse_duration
 
 
 def test_durations():
