@@ -41,7 +41,11 @@ SUM_CASES = sorted(n for n, c in CASES.items() if c["expected"]["client_ttft"] i
 
 
 def test_sum_cases_are_the_streaming_ones_with_both_ends():
-    assert SUM_CASES == ["client_retry", "complete_streaming", "failover", "negative_stage", "no_engine_split", "no_gateway"]
+    assert SUM_CASES == [
+        "client_cancel_mid_stream", "client_retry", "complete_streaming", "engine_499_after_client_finished",
+        "error_event_client_missed", "error_in_200_stream", "failover", "negative_stage", "never_finished",
+        "no_engine_split", "no_gateway", "retry_after_429_then_success",
+    ]
 
 
 @pytest.mark.parametrize("name", SUM_CASES)
@@ -50,3 +54,26 @@ def test_ttft_is_the_sum_of_its_stages(name):
     engine_part = got["engine"] if got["queue"] is None else got["frontend"] + got["queue"] + got["prefill"]
     total = got["connect"] + got["network"] + (got["gateway"] or 0.0) + engine_part
     assert total == pytest.approx(got["client_ttft"], abs=GOLDEN["tolerance_s"])
+
+
+# --- the request rules (middleware/rules.py) ---------------------------------------------------
+
+from hopline.middleware.rules import SCOPE_SOURCES, describe_request  # noqa: E402
+
+
+def test_fixture_covers_the_request_rules():
+    assert {"client_cancel_mid_stream", "engine_499_after_client_finished", "gateway_429", "error_in_200_stream",
+            "non_streaming_error", "client_retry", "retry_after_429_then_success", "failover", "never_finished"} <= set(CASES)
+    # every outcome and every scope attribute is the answer of at least one case
+    assert {c["outcome"] for c in CASES.values()} == {"ok", "error", "rejected", "disconnected", "incomplete"}
+    assert {k for c in CASES.values() for k in c["scope"]} == set(SCOPE_SOURCES)
+
+
+def expected_request(case):
+    return {"outcome": case["outcome"], "scope": {k: case["scope"].get(k) for k in SCOPE_SOURCES}, "missing": case["missing"]}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_golden_request_rules(name):
+    events = [validate_event(e) for e in CASES[name]["events"]]
+    assert describe_request(events) == expected_request(CASES[name])

@@ -1,0 +1,319 @@
+"""The request rule book: everything about a request beyond its stages, as data.
+
+The stage table (``contract.STAGES``) says how a request's time splits; this module says the
+rest, once, for every part: how a request ended (``OUTCOME_RULES``), which service, replica,
+model and other scope attributes it belongs to (``SCOPE_SOURCES``), which hops it should have
+(``EXPECTED_HOPS``) and what each stage is called and drawn as (``STAGE_LOOKS``, ``VIEW_LOOKS``).
+The functions below evaluate the tables in plain Python (the contract's reference); the
+collector calls them per finished request and the analyzer derives Polars expressions from the
+same tables. ``tests/golden_stages.json`` holds events in / outcome, scope, missing hops out,
+and every implementation reproduces it.
+
+Terms used by the tables:
+
+* a component's *ending* is its final hop (``contract.FINAL_HOPS``) of its highest attempt, the
+  latest on a tie, classified as ``done`` (a last token), ``rejected`` (the gateway refused the
+  request: auth, budget, rate limit), ``cancel`` (the caller went away: ``CANCEL_STATUSES`` or
+  ``CANCEL_ERRORS``) or ``error``; ``None`` when the component never said its last word;
+* the *outer* component is the one nearest the user that reported: client, else gateway,
+  else engine. It speaks for what the user saw.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from hopline.middleware.contract import FINAL_HOPS, TIME_STAGES, TTFT_STAGES, VIEWS, component
+
+COMPONENTS = ("client", "gateway", "engine")  # nearest the user first
+
+# --- outcome -------------------------------------------------------------------------------------
+
+OUTCOMES = ("ok", "error", "rejected", "disconnected", "incomplete")
+ENDINGS = ("done", "rejected", "cancel", "error")
+# An error event says the caller went away (not that the service failed) when it carries one of
+# these: 499 is nginx's "client closed request"; hopline's client reports a stream closed before
+# its end as ``cancelled``, its ASGI middleware a downstream that left as ``disconnected``.
+CANCEL_STATUSES = (499,)
+CANCEL_ERRORS = ("cancelled", "disconnected")
+# The final hop's kind before the cancel test (which turns an ``error`` into a ``cancel``).
+ENDING_OF_HOP = {
+    hop: "done" if hop.endswith(".last_token") else "rejected" if hop == "gateway.rejected" else "error"
+    for hops in FINAL_HOPS.values()
+    for hop in hops
+}
+
+
+@dataclass(frozen=True)
+class OutcomeRule:
+    """``outcome`` when the ending of ``who`` is one of ``endings``.
+
+    ``who``: a component, ``outer`` (the outermost component that reported) or ``any`` (some
+    component). ``None`` in ``endings`` matches a component that never said its last word.
+    """
+
+    outcome: str
+    who: str
+    endings: tuple[str | None, ...]
+    why: str
+
+
+# First match wins; no match is ``incomplete``.
+OUTCOME_RULES: tuple[OutcomeRule, ...] = (
+    OutcomeRule("rejected", "gateway", ("rejected",), "the gateway refused it (401/403/429), whatever the client made of it"),
+    OutcomeRule("incomplete", "outer", (None,), "the component nearest the user never saw it end"),
+    OutcomeRule("disconnected", "outer", ("cancel",), "the user went away before the end (a client cancel, a 499)"),
+    OutcomeRule("error", "outer", ("error", "rejected"), "the user saw an error"),
+    OutcomeRule("error", "any", ("error",), "a hop failed where the user saw a clean end (an error event inside a 200 stream)"),
+    OutcomeRule("ok", "outer", ("done",), "the user saw the end of the answer"),
+)
+
+
+def is_cancel(status: object, error: object) -> bool:
+    """An error event that says the caller went away."""
+    return status in CANCEL_STATUSES or error in CANCEL_ERRORS
+
+
+def endings(events: Iterable[Mapping[str, Any]]) -> dict[str, str | None]:
+    """Each component that reported -> its ending (``ENDINGS``, or None without a final hop)."""
+    best: dict[str, tuple[int, float]] = {}
+    final: dict[str, Mapping[str, Any] | None] = {}
+    for ev in events:
+        hop = ev["hop"]
+        comp = component(hop)
+        final.setdefault(comp, None)
+        kind = ENDING_OF_HOP.get(hop)
+        if kind is None:
+            continue
+        key = (ev.get("attempt", 0), ev["ts"])
+        if comp not in best or key > best[comp]:
+            best[comp], final[comp] = key, ev
+    out: dict[str, str | None] = {}
+    for comp, ev in final.items():
+        if ev is None:
+            out[comp] = None
+            continue
+        kind = ENDING_OF_HOP[ev["hop"]]
+        out[comp] = "cancel" if kind == "error" and is_cancel(ev.get("status"), ev.get("error")) else kind
+    return out
+
+
+def outer_component(seen: Iterable[str]) -> str | None:
+    seen = set(seen)
+    return next((c for c in COMPONENTS if c in seen), None)
+
+
+def outcome_of(ending: Mapping[str, str | None]) -> str:
+    """Apply ``OUTCOME_RULES`` to the components' endings."""
+    outer = outer_component(ending)
+    for rule in OUTCOME_RULES:
+        if rule.who == "outer":
+            if outer is not None and ending[outer] in rule.endings:
+                return rule.outcome
+        elif rule.who == "any":
+            if any(e in rule.endings for e in ending.values()):
+                return rule.outcome
+        elif rule.who in ending and ending[rule.who] in rule.endings:
+            return rule.outcome
+    return "incomplete"
+
+
+def request_outcome(events: Iterable[Mapping[str, Any]]) -> str:
+    return outcome_of(endings(events))
+
+
+# --- scope ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Source:
+    """Read ``field`` from the events of ``where`` (a component, or one hop)."""
+
+    where: str
+    field: str
+
+
+# A request's scope attributes: the first source with a value wins; within a source, the event
+# of the highest attempt carrying the field (earliest on a tie), as the stage table picks hops.
+# DESIGN.md: service is the client's (else the gateway's, else the engine's); replica is the
+# engine replica that served the final attempt (else the gateway's ``upstream``); model is the
+# engine's (else the request's). ``gateway_replica`` is the gateway instance; ``region`` and
+# ``route`` are attributes the client or gateway may set.
+SCOPE_SOURCES: dict[str, tuple[Source, ...]] = {
+    "service": (Source("client", "service"), Source("gateway", "service"), Source("engine", "service")),
+    "replica": (Source("engine", "replica"), Source("gateway.forwarded", "upstream")),
+    "model": (Source("engine", "model"), Source("client", "model"), Source("gateway", "model")),
+    "gateway_replica": (Source("gateway", "replica"),),
+    "region": (Source("client", "region"), Source("gateway", "region"), Source("engine", "region")),
+    "route": (Source("gateway", "route"), Source("client", "route"), Source("engine", "route")),
+}
+# The scopes every report and metric is cut by (bounded label values); the others are searched
+# by the analyzer when present with few values.
+SCOPE_LABELS = ("service", "model", "replica")
+
+
+def _in(source: Source, hop: str) -> bool:
+    return hop == source.where if "." in source.where else component(hop) == source.where
+
+
+def request_scope(events: Iterable[Mapping[str, Any]]) -> dict[str, str | None]:
+    """Every scope attribute of ``SCOPE_SOURCES`` for one request's events (None when no source has it)."""
+    events = list(events)
+    scope: dict[str, str | None] = {}
+    for name, sources in SCOPE_SOURCES.items():
+        value = None
+        for source in sources:
+            best = None
+            for ev in events:
+                if ev.get(source.field) is None or not _in(source, ev["hop"]):
+                    continue
+                key = (-ev.get("attempt", 0), ev["ts"])
+                if best is None or key < best[0]:
+                    best = (key, ev[source.field])
+            if best is not None:
+                value = best[1]
+                break
+        scope[name] = value
+    return scope
+
+
+# --- expected hops -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Expected:
+    """A hop a component that reported on a request should have.
+
+    ``final_attempt``: it must be there for the component's highest attempt (first and last
+    tokens); otherwise any attempt will do (the gateway receives a request once, then forwards it
+    once per attempt). ``stream``: only for streaming requests. ``unless``: not expected when the
+    component's ending is one of these (nothing follows an error or a rejection).
+    """
+
+    hop: str
+    final_attempt: bool = False
+    stream: bool | None = None
+    unless: tuple[str, ...] = ()
+
+
+_AFTER_ERROR = ("rejected", "cancel", "error")
+# In the order a healthy streaming request meets them; ``missing`` lists absent hops in this order.
+# Hops not every deployment emits (gateway.admitted, engine.scheduled, engine.stats) are never missing.
+EXPECTED_HOPS: tuple[Expected, ...] = (
+    Expected("client.sent"),
+    Expected("gateway.received"),
+    Expected("gateway.forwarded", unless=("rejected",)),
+    Expected("engine.received"),
+    Expected("engine.first_token", final_attempt=True, stream=True, unless=_AFTER_ERROR),
+    Expected("gateway.first_token", final_attempt=True, stream=True, unless=_AFTER_ERROR),
+    Expected("client.first_token", final_attempt=True, stream=True, unless=_AFTER_ERROR),
+    Expected("engine.last_token", final_attempt=True, unless=_AFTER_ERROR),
+    Expected("gateway.last_token", final_attempt=True, unless=_AFTER_ERROR),
+    Expected("client.last_token", final_attempt=True, unless=_AFTER_ERROR),
+)
+# Where a request's ``stream`` flag comes from (as contract.ATTRIBUTE_SOURCES).
+STREAM_SOURCES = ("client.sent", "engine.received", "gateway.received")
+
+
+def missing_hops(events: Iterable[Mapping[str, Any]]) -> list[str]:
+    """Expected hops absent from the components that reported on a request, in request order."""
+    events = list(events)
+    top: dict[str, int] = {}
+    at: dict[str, set[int]] = {}
+    stream = None
+    for ev in events:
+        hop, attempt = ev["hop"], ev.get("attempt", 0)
+        comp = component(hop)
+        top[comp] = max(top.get(comp, attempt), attempt)
+        at.setdefault(hop, set()).add(attempt)
+    for hop in STREAM_SOURCES:
+        stream = next((ev["stream"] for ev in events if ev["hop"] == hop and ev.get("stream") is not None), None)
+        if stream is not None:
+            break
+    ending = endings(events)
+    missing = []
+    for exp in EXPECTED_HOPS:
+        comp = component(exp.hop)
+        if comp not in top or ending.get(comp) in exp.unless:
+            continue
+        if exp.stream is not None and stream is not exp.stream:
+            continue
+        have = at.get(exp.hop, ())
+        if (top[comp] not in have) if exp.final_attempt else not have:
+            missing.append(exp.hop)
+    return missing
+
+
+def describe_request(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """Outcome, scope and missing hops of one request (what the golden fixture holds per case)."""
+    events = list(events)
+    return {"outcome": request_outcome(events), "scope": request_scope(events), "missing": missing_hops(events)}
+
+
+# --- the stage vocabulary ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Look:
+    """How a stage (or view) is named and drawn everywhere: terminal, HTML, dashboards, sentences.
+
+    ``colour``: hex, for the HTML report and Grafana; ``terminal``: a rich colour name.
+    ``ttft_part``: a term of the TTFT sum or a fallback standing in for some of them.
+    ``stands_for``: for a fallback, the stages it replaces when they cannot be split.
+    ``view``: the component whose clocks measure it.
+    """
+
+    name: str
+    label: str
+    colour: str
+    terminal: str
+    ttft_part: bool
+    view: str
+    stands_for: tuple[str, ...] = ()
+
+    @property
+    def words(self) -> str:
+        """The stage in a sentence: ``queue time``."""
+        return f"{self.label} time"
+
+
+# In the order a request meets them, each fallback next to the stages it stands in for; at most
+# one of a fallback and the stages it replaces has a value, so bars in this order never overlap.
+STAGE_LOOKS: tuple[Look, ...] = (
+    Look("connect", "connect", "#7f7f7f", "bright_black", True, "client"),
+    Look("network", "network", "#17becf", "cyan", True, "client"),
+    Look("gateway", "gateway", "#9467bd", "magenta", True, "gateway"),
+    Look("upstream_network", "upstream network", "#9edae5", "cyan", True, "gateway", ("network",)),
+    Look("upstream", "upstream", "#1f77b4", "blue", True, "client", ("network", "frontend", "queue", "prefill")),
+    Look("frontend", "engine frontend", "#bcbd22", "yellow", True, "engine"),
+    Look("queue", "queue", "#d62728", "red", True, "engine"),
+    Look("prefill", "prefill", "#2ca02c", "green", True, "engine"),
+    Look("engine", "engine", "#ff9896", "bright_red", True, "engine", ("frontend", "queue", "prefill")),
+    Look("decode", "decode", "#aec7e8", "bright_blue", False, "engine"),
+)
+VIEW_LOOKS: tuple[Look, ...] = (
+    Look("client", "client", "#1f77b4", "cyan", False, "client"),
+    Look("gateway", "gateway", "#9467bd", "magenta", False, "gateway"),
+    Look("engine", "engine", "#ff7f0e", "yellow", False, "engine"),
+)
+LOOK = {look.name: look for look in STAGE_LOOKS}
+VIEW_LOOK = {look.name: look for look in VIEW_LOOKS}
+STAGE_ORDER = tuple(look.name for look in STAGE_LOOKS)  # waterfall / chart order
+TTFT_PARTS = tuple(look.name for look in STAGE_LOOKS if look.ttft_part)  # terms and fallbacks
+FALLBACKS = tuple(look.name for look in STAGE_LOOKS if look.stands_for)
+
+
+def _check() -> None:
+    """The vocabulary names exactly the contract's stages and views (an import-time guard)."""
+    if set(STAGE_ORDER) != set(TIME_STAGES) or len(STAGE_ORDER) != len(TIME_STAGES):
+        raise RuntimeError(f"STAGE_LOOKS {STAGE_ORDER} differ from the stage table's {TIME_STAGES}")
+    if tuple(VIEW_LOOK) != VIEWS:
+        raise RuntimeError(f"VIEW_LOOKS {tuple(VIEW_LOOK)} differ from the contract's views {VIEWS}")
+    terms = tuple(n for n in STAGE_ORDER if LOOK[n].ttft_part and not LOOK[n].stands_for)
+    if set(terms) != set(TTFT_STAGES):
+        raise RuntimeError(f"TTFT terms {terms} differ from the contract's {TTFT_STAGES}")
+
+
+_check()
