@@ -7,7 +7,7 @@ finished after ``grace_s`` more seconds, so late hops (``engine.stats`` comes af
 ``engine.last_token``) still count. Events may arrive in any order: a new, higher attempt
 re-opens a request that looked complete. A request that stays incomplete expires ``ttl_s``
 after its last event (sliding; long generations keep it alive) and is counted by its first
-missing hop. At most ``max_open`` requests are open: beyond that the least recently active one
+missing hop. Outcome, scope and missing hops come from the rule book (``middleware/rules.py``). At most ``max_open`` requests are open: beyond that the least recently active one
 is evicted and counted the same way, so memory is bounded whatever arrives.
 
 A request's events are kept as the validated dicts (no second decode when it finishes; a
@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from hopline.collector.metrics import Recorder
 from hopline.collector.stages import compute_stages
 from hopline.middleware.contract import (
     ATTRIBUTE_SOURCES,
-    ERROR_HOPS,
     FINAL_HOPS,
     HOPS,
     RATIOS,
@@ -38,28 +37,12 @@ from hopline.middleware.contract import (
     component,
     negative_stages,
 )
+from hopline.middleware.rules import describe_request
 
 FINAL_HOP_SET = frozenset(h for hops in FINAL_HOPS.values() for h in hops)
 # hop -> (component, is a final hop): one dict lookup per event on the hot path
 HOP_INFO = {hop: (component(hop), hop in FINAL_HOP_SET) for hop in HOPS}
 ENGINE_DONE = frozenset(FINAL_HOPS["engine"])
-# The hops of a healthy request in the order it meets them; the first one absent (of the
-# components that reported) names why an unfinished request is incomplete. Hops that not every
-# deployment emits (gateway.admitted, engine.scheduled) are never "missing".
-EXPECTED_ORDER = (
-    "client.sent",
-    "gateway.received",
-    "gateway.forwarded",
-    "engine.received",
-    "engine.first_token",
-    "gateway.first_token",
-    "client.first_token",
-    "engine.last_token",
-    "gateway.last_token",
-    "client.last_token",
-)
-FIRST_TOKEN_HOPS = frozenset(h for h in EXPECTED_ORDER if h.endswith(".first_token"))
-OUTER_FIRST = ("client", "gateway", "engine")
 MAX_EVENTS_PER_REQUEST = 512  # events beyond this are stored but not joined (bounded memory)
 
 
@@ -82,111 +65,27 @@ class OpenRequest:
 
 
 class FinishedRequest:
-    """A finished request in the LRU: its events plus how it ended."""
+    """A finished request in the LRU: its events and why it was finished (complete, expired, evicted)."""
 
-    __slots__ = ("events", "missing", "outcome", "state")
+    __slots__ = ("events", "state")
 
-    def __init__(self, events: list[dict[str, Any]], state: str, outcome: str, missing: str | None) -> None:
+    def __init__(self, events: list[dict[str, Any]], state: str) -> None:
         self.events = events
         self.state = state
-        self.outcome = outcome
-        self.missing = missing
 
 
-def request_scope(events: Iterable[Mapping[str, Any]]) -> dict[str, str | None]:
-    """service, model, replica of one request (DESIGN.md).
-
-    service: the client's, else the gateway's. replica: the engine replica that served the final
-    attempt (engine hops), else the gateway's ``upstream`` of its final attempt. model: the
-    engine's, else the request's (any other hop's).
-    """
-    service = {"client": None, "gateway": None}
-    engine_attempt, engine_replica, engine_model = -1, None, None
-    upstream_attempt, upstream = -1, None
-    model = None
-    for ev in events:
-        comp = ev["hop"].partition(".")[0]
-        attempt = ev.get("attempt", 0)
-        if comp == "engine":
-            if attempt > engine_attempt:
-                engine_attempt, engine_replica, engine_model = attempt, None, None
-            if attempt == engine_attempt:
-                engine_replica = engine_replica or ev.get("replica")
-                engine_model = engine_model or ev.get("model")
-        else:
-            if service[comp] is None:
-                service[comp] = ev.get("service")
-            if ev["hop"] == "gateway.forwarded" and attempt > upstream_attempt and ev.get("upstream"):
-                upstream_attempt, upstream = attempt, ev["upstream"]
-            model = model or ev.get("model")
-    return {
-        "service": service["client"] or service["gateway"],
-        "model": engine_model or model,
-        "replica": engine_replica or upstream,
-    }
-
-
-def is_disconnect(event: Mapping[str, Any]) -> bool:
-    """An error event that says the downstream client went away (status 499 or 'disconnect')."""
-    return event.get("status") == 499 or "disconnect" in str(event.get("error") or "").lower()
-
-
-def request_outcome(events: list[Mapping[str, Any]]) -> str:
-    """ok | error | rejected | disconnected, from the outermost component's final hop.
-
-    The outermost component that reported (client, else gateway, else engine) speaks for the
-    request: its final hop of its highest attempt decides. A gateway rejection (auth, rate limit)
-    makes the request ``rejected`` whatever the client made of it.
-    """
-    final: dict[str, tuple[int, float, Mapping[str, Any]]] = {}
-    for ev in events:
-        if ev["hop"] in FINAL_HOP_SET:
-            comp = ev["hop"].partition(".")[0]
-            key = (ev.get("attempt", 0), ev["ts"], ev)
-            if comp not in final or key[:2] > final[comp][:2]:
-                final[comp] = key
-    gateway = final.get("gateway")
-    if gateway is not None and gateway[2]["hop"] == "gateway.rejected":
-        return "rejected"
-    for comp in OUTER_FIRST:
-        if comp in final:
-            ev = final[comp][2]
-            if ev["hop"] not in ERROR_HOPS:
-                return "ok"
-            return "disconnected" if is_disconnect(ev) else "error"
-    return "incomplete"
-
-
-def first_missing(events: list[Mapping[str, Any]]) -> str:
-    """The first hop of ``EXPECTED_ORDER`` absent from a request, among the components that reported."""
-    hops = {ev["hop"] for ev in events}
-    components = {h.partition(".")[0] for h in hops}
-    stream = next((ev["stream"] for ev in events if ev.get("stream") is not None), None)
-    for hop in EXPECTED_ORDER:
-        if hop.partition(".")[0] not in components or hop in hops:
-            continue
-        if stream is False and hop in FIRST_TOKEN_HOPS:
-            continue
-        return hop
-    # every expected hop is there, yet a final hop of the highest attempt is not
-    return next(
-        (hops_[0] for comp, hops_ in FINAL_HOPS.items() if comp in components),
-        "unknown",
-    )
-
-
-def timeline(
-    request_id: str, events: list[dict[str, Any]], state: str, outcome: str | None, missing: str | None
-) -> dict:
-    """The JSON answer of ``GET /v1/requests/{id}``: hops in time order, stages, attributes."""
+def timeline(request_id: str, events: list[dict[str, Any]], state: str) -> dict:
+    """The JSON answer of ``GET /v1/requests/{id}``: hops in time order, stages, attributes, and
+    the rule book's outcome, scope and missing hops (``missing``: a list, in request order)."""
     events = sorted(events, key=lambda e: (e["ts"], e["attempt"]))
     values = compute_stages(events)
+    described = describe_request(events)
     return {
         "request_id": request_id,
         "state": state,
-        "outcome": outcome,
-        "missing": missing,
-        **request_scope(events),
+        "outcome": described["outcome"],
+        "missing": described["missing"],
+        **described["scope"],
         "stages": {name: values[name] for name in STAGE_NAMES},
         "ratios": {r.name: values[r.name] for r in RATIOS},
         "attributes": {name: values[name] for name in ATTRIBUTE_SOURCES if name != "upstream"},
@@ -324,30 +223,37 @@ class Joiner:
         del self.open[rid]
         events = req.events
         values = compute_stages(events)
-        scope = request_scope(events)
-        outcome = request_outcome(events)
+        described = describe_request(events)
+        scope = described["scope"]
         recorder = self.recorder
         recorder.request(
             rid,
             values,
             recorder.scope(scope["service"], scope["model"], scope["replica"]),
-            outcome,
+            described["outcome"],
             negative_stages(values),
         )
         self._release_all(req)
         self.counts["complete"] += 1
-        self._remember(rid, FinishedRequest(events, "complete", outcome, None))
+        self._remember(rid, FinishedRequest(events, "complete"))
 
     def _give_up(self, rid: str, why: str) -> None:
+        """An expired or evicted request: counted by its first missing hop and by its outcome
+        (the rule book's: ``incomplete`` unless the component nearest the user saw it end)."""
         req = self.open.pop(rid)
         events = req.events
-        missing = first_missing(events)
-        scope = request_scope(events)
+        described = describe_request(events)
+        scope = described["scope"]
+        missing = described["missing"]
         recorder = self.recorder
-        recorder.incomplete(missing, recorder.scope(scope["service"], scope["model"], scope["replica"]))
+        recorder.incomplete(
+            missing[0] if missing else "unknown",
+            described["outcome"],
+            recorder.scope(scope["service"], scope["model"], scope["replica"]),
+        )
         self._release_all(req)
         self.counts[why] += 1
-        self._remember(rid, FinishedRequest(events, why, "incomplete", missing))
+        self._remember(rid, FinishedRequest(events, why))
 
     def _release_all(self, req: OpenRequest) -> None:
         if req.engine:
@@ -373,8 +279,8 @@ class Joiner:
         """The timeline of an open or recently finished request, or None."""
         req = self.open.get(rid)
         if req is not None:
-            return timeline(rid, req.events, "open", None, None)
+            return timeline(rid, req.events, "open")
         done = self.finished.get(rid)
         if done is not None:
-            return timeline(rid, done.events, done.state, done.outcome, done.missing)
+            return timeline(rid, done.events, done.state)
         return None

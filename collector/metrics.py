@@ -230,6 +230,7 @@ class Recorder:
         if get("max_tokens_set") is False:
             child(m.without_max_tokens, scope).inc()
 
-    def incomplete(self, missing: str, scope: tuple[str, str, str]) -> None:
+    def incomplete(self, missing: str, outcome: str, scope: tuple[str, str, str]) -> None:
+        """A request given up before every hop arrived: by its first missing hop, and by outcome."""
         self._child(self.m.incomplete_requests, (missing,)).inc()
-        self._child(self.m.requests, ("incomplete", *scope)).inc()
+        self._child(self.m.requests, (outcome, *scope)).inc()

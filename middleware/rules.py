@@ -11,8 +11,8 @@ and every implementation reproduces it.
 
 Terms used by the tables:
 
-* a component's *ending* is its final hop (``contract.FINAL_HOPS``) of its highest attempt, the
-  latest on a tie, classified as ``done`` (a last token), ``rejected`` (the gateway refused the
+* a component's *ending* is its final hop (``contract.FINAL_HOPS``) of its highest attempt (the
+  latest of them on a tie; none while that attempt is still open), classified as ``done`` (a last token), ``rejected`` (the gateway refused the
   request: auth, budget, rate limit), ``cancel`` (the caller went away: ``CANCEL_STATUSES`` or
   ``CANCEL_ERRORS``) or ``error``; ``None`` when the component never said its last word;
 * the *outer* component is the one nearest the user that reported: client, else gateway,
@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hopline.middleware.contract import FINAL_HOPS, TIME_STAGES, TTFT_STAGES, VIEWS, component
+from hopline.middleware.contract import ATTRIBUTE_SOURCES, FINAL_HOPS, TIME_STAGES, TTFT_STAGES, VIEWS, component
 
 COMPONENTS = ("client", "gateway", "engine")  # nearest the user first
 
@@ -76,30 +76,6 @@ def is_cancel(status: object, error: object) -> bool:
     return status in CANCEL_STATUSES or error in CANCEL_ERRORS
 
 
-def endings(events: Iterable[Mapping[str, Any]]) -> dict[str, str | None]:
-    """Each component that reported -> its ending (``ENDINGS``, or None without a final hop)."""
-    best: dict[str, tuple[int, float]] = {}
-    final: dict[str, Mapping[str, Any] | None] = {}
-    for ev in events:
-        hop = ev["hop"]
-        comp = component(hop)
-        final.setdefault(comp, None)
-        kind = ENDING_OF_HOP.get(hop)
-        if kind is None:
-            continue
-        key = (ev.get("attempt", 0), ev["ts"])
-        if comp not in best or key > best[comp]:
-            best[comp], final[comp] = key, ev
-    out: dict[str, str | None] = {}
-    for comp, ev in final.items():
-        if ev is None:
-            out[comp] = None
-            continue
-        kind = ENDING_OF_HOP[ev["hop"]]
-        out[comp] = "cancel" if kind == "error" and is_cancel(ev.get("status"), ev.get("error")) else kind
-    return out
-
-
 def outer_component(seen: Iterable[str]) -> str | None:
     seen = set(seen)
     return next((c for c in COMPONENTS if c in seen), None)
@@ -121,7 +97,7 @@ def outcome_of(ending: Mapping[str, str | None]) -> str:
 
 
 def request_outcome(events: Iterable[Mapping[str, Any]]) -> str:
-    return outcome_of(endings(events))
+    return describe_request(events)["outcome"]
 
 
 # --- scope ---------------------------------------------------------------------------------------
@@ -160,23 +136,7 @@ def _in(source: Source, hop: str) -> bool:
 
 def request_scope(events: Iterable[Mapping[str, Any]]) -> dict[str, str | None]:
     """Every scope attribute of ``SCOPE_SOURCES`` for one request's events (None when no source has it)."""
-    events = list(events)
-    scope: dict[str, str | None] = {}
-    for name, sources in SCOPE_SOURCES.items():
-        value = None
-        for source in sources:
-            best = None
-            for ev in events:
-                if ev.get(source.field) is None or not _in(source, ev["hop"]):
-                    continue
-                key = (-ev.get("attempt", 0), ev["ts"])
-                if best is None or key < best[0]:
-                    best = (key, ev[source.field])
-            if best is not None:
-                value = best[1]
-                break
-        scope[name] = value
-    return scope
+    return describe_request(events)["scope"]
 
 
 # --- expected hops -------------------------------------------------------------------------------
@@ -213,43 +173,91 @@ EXPECTED_HOPS: tuple[Expected, ...] = (
     Expected("gateway.last_token", final_attempt=True, unless=_AFTER_ERROR),
     Expected("client.last_token", final_attempt=True, unless=_AFTER_ERROR),
 )
-# Where a request's ``stream`` flag comes from (as contract.ATTRIBUTE_SOURCES).
-STREAM_SOURCES = ("client.sent", "engine.received", "gateway.received")
+_STREAM_RANK = {hop: rank for rank, hop in enumerate(ATTRIBUTE_SOURCES["stream"])}
+
+
+# Per hop, what one pass over a request's events must note: (component, ending kind or None,
+# the scope sources it can feed as (scope name, source rank, field)).
+_HOP_PLAN: dict[str, tuple[str, str | None, tuple[tuple[str, int, str], ...]]] = {}
+
+
+def _plan(hop: str) -> tuple[str, str | None, tuple[tuple[str, int, str], ...]]:
+    plan = _HOP_PLAN.get(hop)
+    if plan is None:
+        feeds = tuple(
+            (name, rank, source.field)
+            for name, sources in SCOPE_SOURCES.items()
+            for rank, source in enumerate(sources)
+            if _in(source, hop)
+        )
+        plan = _HOP_PLAN[hop] = (component(hop), ENDING_OF_HOP.get(hop), feeds)
+    return plan
+
+
+def describe_request(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """Outcome, scope and missing hops of one request (what the golden fixture holds per case).
+
+    One pass over the events (the collector calls this for every finished request).
+    """
+    top: dict[str, int] = {}  # component -> highest attempt
+    final: dict[str, tuple[int, float, Mapping[str, Any]] | None] = {}
+    attempts: dict[str, set[int]] = {}  # hop -> attempts seen
+    best: dict[str, tuple[int, int, float, Any]] = {}  # scope name -> (rank, -attempt, ts, value)
+    stream: tuple[int, Any] | None = None
+    for ev in events:
+        hop = ev["hop"]
+        comp, kind, feeds = _plan(hop)
+        attempt = ev.get("attempt", 0)
+        ts = ev["ts"]
+        if comp not in top or attempt > top[comp]:
+            top[comp] = attempt
+        final.setdefault(comp, None)
+        seen = attempts.get(hop)
+        if seen is None:
+            attempts[hop] = {attempt}
+        else:
+            seen.add(attempt)
+        if kind is not None:
+            cur = final[comp]
+            if cur is None or (attempt, ts) > cur[:2]:
+                final[comp] = (attempt, ts, ev)
+        for name, rank, field in feeds:
+            value = ev.get(field)
+            if value is not None:
+                key = (rank, -attempt, ts, value)
+                cur_best = best.get(name)
+                if cur_best is None or key[:3] < cur_best[:3]:
+                    best[name] = key
+        if hop in _STREAM_RANK and ev.get("stream") is not None:
+            rank = _STREAM_RANK[hop]
+            if stream is None or rank < stream[0]:
+                stream = (rank, ev["stream"])
+    ending: dict[str, str | None] = {}
+    for comp, chosen in final.items():
+        if chosen is None or chosen[0] != top[comp]:  # no last word, or only for an earlier attempt
+            ending[comp] = None
+            continue
+        ev = chosen[2]
+        kind = ENDING_OF_HOP[ev["hop"]]
+        ending[comp] = "cancel" if kind == "error" and is_cancel(ev.get("status"), ev.get("error")) else kind
+    flag = None if stream is None else stream[1]
+    missing = []
+    for exp in EXPECTED_HOPS:
+        comp = component(exp.hop)
+        if comp not in top or ending[comp] in exp.unless:
+            continue
+        if exp.stream is not None and flag is not exp.stream:
+            continue
+        have = attempts.get(exp.hop, ())
+        if (top[comp] not in have) if exp.final_attempt else not have:
+            missing.append(exp.hop)
+    scope = {name: (best[name][3] if name in best else None) for name in SCOPE_SOURCES}
+    return {"outcome": outcome_of(ending), "scope": scope, "missing": missing}
 
 
 def missing_hops(events: Iterable[Mapping[str, Any]]) -> list[str]:
     """Expected hops absent from the components that reported on a request, in request order."""
-    events = list(events)
-    top: dict[str, int] = {}
-    at: dict[str, set[int]] = {}
-    stream = None
-    for ev in events:
-        hop, attempt = ev["hop"], ev.get("attempt", 0)
-        comp = component(hop)
-        top[comp] = max(top.get(comp, attempt), attempt)
-        at.setdefault(hop, set()).add(attempt)
-    for hop in STREAM_SOURCES:
-        stream = next((ev["stream"] for ev in events if ev["hop"] == hop and ev.get("stream") is not None), None)
-        if stream is not None:
-            break
-    ending = endings(events)
-    missing = []
-    for exp in EXPECTED_HOPS:
-        comp = component(exp.hop)
-        if comp not in top or ending.get(comp) in exp.unless:
-            continue
-        if exp.stream is not None and stream is not exp.stream:
-            continue
-        have = at.get(exp.hop, ())
-        if (top[comp] not in have) if exp.final_attempt else not have:
-            missing.append(exp.hop)
-    return missing
-
-
-def describe_request(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """Outcome, scope and missing hops of one request (what the golden fixture holds per case)."""
-    events = list(events)
-    return {"outcome": request_outcome(events), "scope": request_scope(events), "missing": missing_hops(events)}
+    return describe_request(events)["missing"]
 
 
 # --- the stage vocabulary ------------------------------------------------------------------------

@@ -27,10 +27,11 @@ def test_http_sink_with_token_reaches_the_store_and_the_join(tmp_path):
         assert got["state"] == "complete"
         assert got["stages"]["engine_ttft"] == got["hops"][1]["ts"] - got["hops"][0]["ts"]
         reg = c.collector.registry
+        # engine hops only: the service is the engine's (the rule book's last source)
         assert (
             reg.get_sample_value(
                 "hopline_ttft_seconds_count",
-                {"view": "engine", "service": "unknown", "model": "m", "replica": "r1"},
+                {"view": "engine", "service": "kite-chat", "model": "m", "replica": "r1"},
             )
             == 20
         )

@@ -10,6 +10,7 @@ from hopline.collector.config import CollectorConfig
 from hopline.collector.join import Joiner
 from hopline.collector.metrics import Recorder, build_metrics
 from hopline.middleware.contract import validate_event
+from hopline.middleware.rules import SCOPE_SOURCES
 from prometheus_client import CollectorRegistry
 
 CASES = {c["name"]: c for c in GOLDEN["cases"]}
@@ -22,7 +23,8 @@ def test_golden_stages_through_the_collector(tmp_path):
     the grace period (0.5 s here) is what lets the late ones join before metrics are observed.
     """
     events = [e for case in GOLDEN["cases"] for e in case["events"]]
-    with serve(CollectorConfig(data_dir=tmp_path / "d", grace_s=0.5)) as collector:
+    # the cases that never end (outcome incomplete) expire after the TTL
+    with serve(CollectorConfig(data_dir=tmp_path / "d", grace_s=0.5, ttl_s=2.0)) as collector:
         for batch in (events[1::2], events[::2]):  # out of order across and within requests
             r = collector.client.post(
                 "/v1/events", content=ndjson(batch), headers={"Content-Type": "application/x-ndjson"}
@@ -40,7 +42,11 @@ def check_golden(collector):
     for case in GOLDEN["cases"]:
         rid = case["events"][0]["request_id"]
         got = collector.client.get(f"/v1/requests/{rid}").json()
-        assert got["state"] == "complete", case["name"]
+        assert got["state"] == ("expired" if case["outcome"] == "incomplete" else "complete"), case["name"]
+        # the rule book: outcome, scope, missing hops, as worked by hand in the fixture
+        assert got["outcome"] == case["outcome"], case["name"]
+        assert got["missing"] == case["missing"], case["name"]
+        assert {k: got[k] for k in SCOPE_SOURCES} == {k: case["scope"].get(k) for k in SCOPE_SOURCES}, case["name"]
         for stage, want in case["expected"].items():
             value = got["stages"].get(stage, got["ratios"].get(stage))
             if want is None:
@@ -51,25 +57,26 @@ def check_golden(collector):
         assert [h["ts"] for h in got["hops"]] == sorted(e["ts"] for e in case["events"])
     assert collector.client.get("/v1/requests/never-seen").status_code == 404
     reg = collector.collector.registry
-    # complete_streaming: service from the client, model from the engine, replica the engine's
+    # complete_streaming and retry_after_429_then_success: service from the client, model from
+    # the engine, replica the engine's; their queue times are 60 and 30 ms
     scope = {"service": "kite-chat", "model": "m", "replica": "r1"}
-    assert reg.get_sample_value("hopline_stage_seconds_count", {"stage": "queue", **scope}) == 1
+    assert reg.get_sample_value("hopline_stage_seconds_count", {"stage": "queue", **scope}) == 2
     assert reg.get_sample_value("hopline_stage_seconds_sum", {"stage": "queue", **scope}) == pytest.approx(
-        0.06
+        0.09
     )
     assert reg.get_sample_value("hopline_negative_stages_total", {"stage": "frontend"}) == 1
     assert reg.get_sample_value("hopline_connections_total", {"reused": "false", **scope}) == 1
     # failover: replica is the engine that served the final attempt
     failover = collector.client.get("/v1/requests/gold-failover").json()
     assert failover["replica"] == "r2" and failover["outcome"] == "ok"
-    ok = sum(
-        s.value
-        for m in reg.collect()
-        if m.name == "hopline_requests"
-        for s in m.samples
-        if s.name == "hopline_requests_total" and s.labels["outcome"] == "ok"
-    )
-    assert ok == len(GOLDEN["cases"])
+    outcomes: dict[str, float] = {}
+    for m in reg.collect():
+        for s in m.samples if m.name == "hopline_requests" else ():
+            if s.name == "hopline_requests_total":
+                outcomes[s.labels["outcome"]] = outcomes.get(s.labels["outcome"], 0) + s.value
+    assert outcomes.get("ok") == sum(case["outcome"] == "ok" for case in GOLDEN["cases"])
+    for outcome in ("error", "rejected", "disconnected", "incomplete"):
+        assert outcomes.get(outcome, 0) == sum(c["outcome"] == outcome for c in GOLDEN["cases"]), outcome
 
 
 class Clock:
@@ -153,7 +160,8 @@ def test_expiry_is_sliding_and_counts_the_first_missing_hop():
     joiner.sweep()
     assert "x1" not in joiner.open
     got = joiner.lookup("x1")
-    assert (got["state"], got["outcome"], got["missing"]) == ("expired", "incomplete", "client.first_token")
+    assert (got["state"], got["outcome"]) == ("expired", "incomplete")
+    assert got["missing"] == ["client.first_token", "engine.last_token", "client.last_token"]
     assert (
         registry.get_sample_value("hopline_incomplete_requests_total", {"missing": "client.first_token"}) == 1
     )
