@@ -27,12 +27,23 @@ import polars as pl
 from hopline.middleware.contract import (
     ATTRIBUTE_SOURCES,
     ERROR_HOPS,
+    FINAL_HOPS,
     HOPS,
     INPUTS,
     RATIOS,
     STAGES,
     Formula,
     component,
+)
+from hopline.middleware.rules import (
+    CANCEL_ERRORS,
+    CANCEL_STATUSES,
+    COMPONENTS,
+    ENDING_OF_HOP,
+    EXPECTED_HOPS,
+    OUTCOME_RULES,
+    OUTCOMES,
+    SCOPE_SOURCES,
 )
 
 HOP_ENUM = pl.Enum(list(HOPS))
@@ -41,16 +52,8 @@ HASH_SEEDS = (11, 12)  # the group key: two independent 64-bit hashes of request
 LABELS = ["service", "replica", "model", "upstream", "finish_reason"]
 ATTEMPT_SPAN_S = 2.0**24  # the attempt weight in ``pick``: a power of two keeps it exact
 NEGATIVE_TOLERANCE_S = 1e-9  # as contract.negative_stages
-OUTCOMES = ("ok", "error", "rejected", "disconnected", "incomplete")
 OUTCOME_ENUM = pl.Enum(list(OUTCOMES))
-COMPONENTS = ("client", "gateway", "engine")
-# Hops a component that saw a request is expected to report; first tokens only when streaming,
-# and nothing after an error (or the gateway's rejection) of that component.
-EXPECTED_HOPS = {
-    "client": ("client.sent", "client.first_token", "client.last_token"),
-    "gateway": ("gateway.received", "gateway.forwarded", "gateway.first_token", "gateway.last_token"),
-    "engine": ("engine.received", "engine.first_token", "engine.last_token"),
-}
+SCOPE_RANK_SPAN = 1e12  # a scope source's rank outweighs any pick (Unix seconds, ~1.7e9)
 ERROR_ATTRS = ("status", "error")
 # Per-request extras read from one hop's chosen event, beyond the contract's inputs/attributes:
 # where the largest output gap was (long_prefill_stall) as the engine and the client saw it.
@@ -96,17 +99,28 @@ HOP_ATTRS: tuple[tuple[str, str], ...] = tuple(
 TIMED_HOPS: tuple[str, ...] = tuple(
     dict.fromkeys(
         [inp.hop for inp in INPUTS]
-        + [h for hops in EXPECTED_HOPS.values() for h in hops]
+        + [exp.hop for exp in EXPECTED_HOPS]
         + sorted(ERROR_HOPS)
     )
 )
 FIRST_HOPS = ("client.sent", "gateway.received", "engine.received")  # where a request starts
-# Events of other hops (gateway.admitted) carry nothing a timeline uses: dropped before grouping.
+
+
+def _source_hops(where: str) -> list[str]:
+    """The hops a rule-book source reads: one hop, or every hop of a component."""
+    return [where] if "." in where else [h for h in HOPS if component(h) == where]
+
+
+# Events of other hops carry nothing a timeline uses: dropped before grouping.
 READ_HOPS = list(
     dict.fromkeys(
-        TIMED_HOPS + tuple(h for hops in SOURCES.values() for h in hops) + tuple(h for h, _ in HOP_ATTRS)
+        TIMED_HOPS
+        + tuple(h for hops in SOURCES.values() for h in hops)
+        + tuple(h for h, _ in HOP_ATTRS)
+        + tuple(h for sources in SCOPE_SOURCES.values() for src in sources for h in _source_hops(src.where))
     )
 )
+SCOPE_FIELDS = tuple(dict.fromkeys(src.field for sources in SCOPE_SOURCES.values() for src in sources))
 
 
 def _hop_key(hop: str) -> str:
@@ -137,29 +151,25 @@ def _per_event_columns() -> list[pl.Expr]:
     cols += [pl.when(hop == h).then(pl.col("ts")).alias(f"_first:{h}") for h in FIRST_HOPS]
     in_comp = {comp: hop.is_in([h for h in HOPS if component(h) == comp]) for comp in COMPONENTS}
     cols += [pl.when(in_comp[comp]).then(pl.col("ts")).alias(f"_ts:{comp}") for comp in COMPONENTS]
-    # one key per request-level name, so each is a single aggregation (see ``timelines``):
-    # service: a client's, else the gateway's; replica: the final attempt's engine;
-    # model: the final attempt's engine's, else the client's, else the gateway's.
-    cols.append(
-        pl.when(pl.col("service").is_not_null())
-        .then(pl.when(in_comp["client"]).then(0.0).when(in_comp["gateway"]).then(1.0))
-        .alias("_key:service")
-    )
-    cols.append(pl.when(in_comp["engine"] & pl.col("replica").is_not_null()).then(key).alias("_key:replica"))
-    cols.append(
-        pl.when(pl.col("model").is_not_null())
-        .then(
-            pl.when(in_comp["engine"])
-            .then(key)
-            .when(in_comp["client"])
-            .then(1e12)
-            .when(in_comp["gateway"])
-            .then(2e12)
-        )
-        .alias("_key:model")
-    )
-    gone = (pl.col("status") == 499) | pl.col("error").str.contains("(?i)disconnect")
-    cols.append(gone.fill_null(False).alias("_gone"))
+    # one key and value per scope attribute (rules.SCOPE_SOURCES), so each is one aggregation:
+    # the first source the event belongs to and carries the field; its rank, then the pick
+    # (highest attempt, earliest) orders the candidates
+    key_expr = pick_key()
+    for name, sources in SCOPE_SOURCES.items():
+        key = value = pl
+        for rank, src in enumerate(sources):
+            here = hop.is_in(_source_hops(src.where)) & pl.col(src.field).is_not_null()
+            key = key.when(here).then(key_expr + rank * SCOPE_RANK_SPAN)
+            value = value.when(here).then(pl.col(src.field))
+        cols += [key.alias(f"_key:{name}"), value.alias(f"_val:{name}")]
+    # a component's ending (rules): its final hop of the highest attempt, the latest on a tie
+    for comp in COMPONENTS:
+        final = hop.is_in(list(FINAL_HOPS[comp]))
+        cols.append(pl.when(final).then(-(pl.col("ts") + pl.col("attempt").cast(pl.Float64) * ATTEMPT_SPAN_S))
+                    .alias(f"_endkey:{comp}"))
+        cols.append(pl.when(in_comp[comp]).then(pl.col("attempt")).alias(f"_att:{comp}"))
+    cancel = pl.col("status").is_in(list(CANCEL_STATUSES)) | pl.col("error").is_in(list(CANCEL_ERRORS))
+    cols.append(cancel.fill_null(False).alias("_cancel"))
     return cols
 
 
@@ -173,24 +183,49 @@ def _aggregations() -> list[pl.Expr]:
         for name, hops in SOURCES.items()
         for h in hops
     ]
-    aggs += [pl.col("_gone").min_by(_hop_key(h)).alias(_source("_gone", h)) for h in sorted(ERROR_HOPS)]
     aggs += [pl.col(f"_first:{h}").min() for h in FIRST_HOPS]
     aggs += [pl.col(f"_ts:{comp}").min().alias(f"_seen:{comp}") for comp in COMPONENTS]
-    aggs += [pl.col(name).min_by(f"_key:{name}") for name in ("service", "replica", "model")]
+    aggs += [pl.col(f"_val:{name}").min_by(f"_key:{name}").alias(name) for name in SCOPE_SOURCES]
+    for comp in COMPONENTS:
+        aggs.append(pl.col("hop").min_by(f"_endkey:{comp}").alias(f"_endhop:{comp}"))
+        aggs.append(pl.col("_cancel").min_by(f"_endkey:{comp}").alias(f"_endcancel:{comp}"))
+        aggs.append(pl.col(f"_endkey:{comp}").min())
+        aggs.append(pl.col(f"_att:{comp}").max().alias(f"_top:{comp}"))
     aggs.append((pl.col("attempt").max() + 1).alias("attempts"))  # tries seen by any component
     return aggs
 
 
+def _attempt_of(pick: pl.Expr) -> pl.Expr:
+    """The attempt of a chosen event, from its pick (see ``_unpick``)."""
+    return ((pl.col("_ts:request") - pick) / ATTEMPT_SPAN_S).round().cast(pl.Int64)
+
+
+def _ending(comp: str) -> pl.Expr:
+    """rules' ending of a component: done / rejected / cancel / error, null without a last word
+    for its highest attempt (or when it never reported)."""
+    hop = pl.col(f"_endhop:{comp}").cast(pl.String)
+    attempt = ((-pl.col(f"_endkey:{comp}") - pl.col("_ts:request")) / ATTEMPT_SPAN_S).round().cast(pl.Int64)
+    kind = pl.when(hop.is_null() | (attempt != pl.col(f"_top:{comp}"))).then(None)
+    for h in FINAL_HOPS[comp]:
+        ending = ENDING_OF_HOP[h]
+        if ending == "error":
+            kind = kind.when(hop == h).then(
+                pl.when(pl.col(f"_endcancel:{comp}")).then(pl.lit("cancel")).otherwise(pl.lit("error"))
+            )
+        else:
+            kind = kind.when(hop == h).then(pl.lit(ending))
+    return kind
+
+
 def _sourced() -> dict[str, pl.Expr]:
     """Hop times back from their pick; attributes from the first listed hop whose chosen event
-    carries them; disconnection."""
+    carries them; each component's ending."""
     exprs = {_hop_ts(h): _unpick(pl.col(_hop_pick(h))) for h in TIMED_HOPS}
     exprs |= {
         _attr(name): pl.coalesce([pl.col(_source(name, h)) for h in hops]) for name, hops in SOURCES.items()
     }
-    exprs["_disconnected"] = pl.any_horizontal(
-        [pl.col(_source("_gone", h)) for h in sorted(ERROR_HOPS)]
-    ).fill_null(False)
+    for comp in COMPONENTS:
+        exprs[f"_ending:{comp}"] = _ending(comp)
     return exprs
 
 
@@ -242,47 +277,50 @@ def stage_exprs(values: dict[str, pl.Expr]) -> dict[str, pl.Expr]:
     return values
 
 
+def _seen(comp: str) -> pl.Expr:
+    return pl.col(f"_seen:{comp}").is_not_null()
+
+
+def _ending_in(comp: str, endings: tuple[str | None, ...]) -> pl.Expr:
+    """The component reported and its ending is one of ``endings`` (None: no last word)."""
+    ending = pl.col(f"_ending:{comp}")
+    named = [e for e in endings if e is not None]
+    test = ending.is_in(named).fill_null(False) if named else pl.lit(False)
+    if None in endings:
+        test = test | ending.is_null()
+    return _seen(comp) & test
+
+
 def _outcome() -> pl.Expr:
-    """ok / error / rejected / disconnected / incomplete, from the outermost component seen."""
-    errors = [_present(h) for h in sorted(ERROR_HOPS)]
-    any_error = pl.any_horizontal(errors)
-    disconnected = pl.col("_disconnected")
-    outer_done = (
-        pl.when(pl.col("_seen:client").is_not_null())
-        .then(_present("client.last_token") & ~_present("client.error"))
-        .when(pl.col("_seen:gateway").is_not_null())
-        .then(_present("gateway.last_token") & ~_present("gateway.error") & ~_present("gateway.rejected"))
-        .otherwise(_present("engine.last_token") & ~_present("engine.error"))
-    )
-    return (
-        pl.when(disconnected)
-        .then(pl.lit("disconnected"))
-        .when(outer_done)
-        .then(pl.lit("ok"))
-        .when(_present("gateway.rejected") & pl.col("_seen:engine").is_null())
-        .then(pl.lit("rejected"))
-        .when(any_error)
-        .then(pl.lit("error"))
-        .otherwise(pl.lit("incomplete"))
-        .cast(OUTCOME_ENUM)
-    )
+    """rules.OUTCOME_RULES as one when-chain: the first rule that holds names the outcome."""
+    chain = pl
+    for rule in OUTCOME_RULES:
+        if rule.who == "outer":
+            # the outermost component that reported speaks for the user
+            cond = pl.when(_seen(COMPONENTS[0])).then(_ending_in(COMPONENTS[0], rule.endings))
+            for comp in COMPONENTS[1:]:
+                cond = cond.when(_seen(comp)).then(_ending_in(comp, rule.endings))
+            cond = cond.otherwise(False)
+        elif rule.who == "any":
+            cond = pl.any_horizontal([_ending_in(comp, rule.endings) for comp in COMPONENTS])
+        else:
+            cond = _ending_in(rule.who, rule.endings)
+        chain = chain.when(cond).then(pl.lit(rule.outcome))
+    return chain.otherwise(pl.lit("incomplete")).cast(OUTCOME_ENUM)
 
 
 def _missing() -> pl.Expr:
-    """Expected hops absent from the components that did report on the request."""
+    """rules.EXPECTED_HOPS absent from the components that reported, in request order."""
     flags = []
-    for comp, hops in EXPECTED_HOPS.items():
-        seen = pl.col(f"_seen:{comp}").is_not_null()
-        failed = pl.any_horizontal([_present(h) for h in ERROR_HOPS if component(h) == comp])
-        for hop in hops:
-            expected = seen
-            if hop.endswith("_token"):
-                expected = expected & ~failed
-                if hop.endswith("first_token"):
-                    expected = expected & (pl.col("stream") == True).fill_null(False)
-            if hop == "gateway.forwarded":
-                expected = expected & ~_present("gateway.rejected")
-            flags.append(pl.when(expected & ~_present(hop)).then(pl.lit(hop)))
+    for exp in EXPECTED_HOPS:
+        comp = component(exp.hop)
+        expected = _seen(comp) & ~_ending_in(comp, exp.unless)
+        if exp.stream is not None:
+            expected = expected & (pl.col("stream") == exp.stream).fill_null(False)
+        absent = ~_present(exp.hop)
+        if exp.final_attempt:
+            absent = absent | (_attempt_of(pl.col(_hop_pick(exp.hop))) != pl.col(f"_top:{comp}"))
+        flags.append(pl.when(expected & absent).then(pl.lit(exp.hop)))
     return pl.concat_list(flags).list.drop_nulls()
 
 
@@ -299,7 +337,7 @@ STAGE_COLUMNS = tuple(s.name for s in STAGES)
 ATTRIBUTE_COLUMNS = {name: f"gateway_{name}" if name in STAGE_COLUMNS else name for name in ATTRIBUTE_SOURCES}
 ATTRIBUTE_NAMES = tuple(ATTRIBUTE_COLUMNS.values())
 RATIO_COLUMNS = tuple(r.name for r in RATIOS)
-ID_COLUMNS = ("request_id", "service", "replica", "model", "start", "attempts")
+ID_COLUMNS = ("request_id", *SCOPE_SOURCES, "start", "attempts")
 EXTRA_COLUMNS = tuple(GAP_COLUMNS) + ("status", "error")
 STATUS_COLUMNS = ("outcome", "negative", "missing")
 COLUMNS = (
@@ -338,7 +376,6 @@ def timelines(events: pl.LazyFrame) -> pl.LazyFrame:
     attributes = {name: values[name] for name in ATTRIBUTE_SOURCES}
     values = stage_exprs(values)
     row = {
-        "replica": pl.coalesce(pl.col("replica"), pl.col(_attr("upstream"))),
         "start": pl.coalesce(
             pl.col("_first:client.sent"), pl.col("_first:gateway.received"), pl.col("_first:engine.received")
         ),

@@ -19,6 +19,7 @@ from hopline.analyzer.timelines import (
     STAGE_COLUMNS,
     timelines,
 )
+from hopline.middleware.rules import SCOPE_SOURCES, describe_request
 from hopline.middleware.contract import (
     STAGE_NAMES,
     compute_stages,
@@ -60,6 +61,15 @@ def test_golden_case_through_polars(name, golden_rows):
     assert got["negative"] == case["negative"]
 
 
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_golden_request_rules_through_polars(name, golden_rows):
+    """Outcome, scope and missing hops: the rule book's answers, worked by hand in the fixture."""
+    case, got = CASES[name], golden_rows[name]
+    assert got["outcome"] == case["outcome"]
+    assert got["missing"] == case["missing"]
+    assert {k: got[k] for k in SCOPE_SOURCES} == {k: case["scope"].get(k) for k in SCOPE_SOURCES}
+
+
 def test_every_stage_is_a_column():
     assert set(STAGE_NAMES) <= set(COLUMNS)
 
@@ -85,8 +95,9 @@ def _with_retries(events: pl.DataFrame, seed: int) -> pl.DataFrame:
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_timelines_match_the_contract_per_request(seed):
-    """Every input, attribute, stage and ratio equals contract.compute_stages on the same events,
-    with skewed host clocks, shuffled order, errors, retries and duplicates."""
+    """Every input, attribute, stage, ratio, outcome, scope and missing hop equals the contract's
+    plain-Python evaluation on the same events, with skewed host clocks, shuffled order, errors,
+    retries and duplicates."""
     events = _with_retries(generate(400, seed=seed, clock_skew_s=30.0, error_rate=0.05), seed)
     got = {r["request_id"]: r for r in timelines(events.lazy()).collect().iter_rows(named=True)}
     by_request: dict[str, list[dict]] = {}
@@ -104,6 +115,10 @@ def test_timelines_match_the_contract_per_request(seed):
         for name, column in ATTRIBUTE_COLUMNS.items():
             assert row[column] == request_inputs(evs)[name], (rid, name)
         assert row["negative"] == negative_stages(want)
+        # the rule book (rules.describe_request) agrees request by request
+        described = describe_request(evs)
+        assert (row["outcome"], row["missing"]) == (described["outcome"], described["missing"]), rid
+        assert {k: row[k] for k in SCOPE_SOURCES} == described["scope"], rid
 
 
 def test_request_level_columns():
@@ -149,7 +164,7 @@ def test_missing_hops_and_outcomes():
     ]
     tl = {r["request_id"]: r for r in timelines(frame(events)).collect().iter_rows(named=True)}
     assert tl["inc"]["outcome"] == "incomplete"
-    assert tl["inc"]["missing"] == ["gateway.first_token", "gateway.last_token", "engine.last_token"]
+    assert tl["inc"]["missing"] == ["gateway.first_token", "engine.last_token", "gateway.last_token"]  # request order
     assert tl["inc"]["replica"] == "r1"
     assert tl["rej"]["outcome"] == "rejected" and tl["rej"]["missing"] == [] and tl["rej"]["status"] == 429
     assert tl["gone"]["outcome"] == "disconnected"
