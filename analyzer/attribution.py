@@ -13,11 +13,12 @@ from dataclasses import dataclass
 
 import polars as pl
 from hopline.middleware.contract import STAGES, TIME_STAGES, TTFT_STAGES
+from hopline.middleware.rules import TTFT_PARTS as RULES_TTFT_PARTS
 from hopline.middleware.durations import parse_duration
 
 VIEW_STAGES = tuple(s.name for s in STAGES if s.kind == "view")
 # What TTFT is made of when the split is unavailable (DESIGN.md fallbacks) — candidates to dominate.
-TTFT_PARTS = TTFT_STAGES + tuple(s.name for s in STAGES if s.kind == "fallback")
+TTFT_PARTS = RULES_TTFT_PARTS  # the terms of the TTFT sum and the fallbacks (rules.STAGE_LOOKS)
 REPORTED = TIME_STAGES + VIEW_STAGES
 QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
 SCOPES = ("replica", "model", "service")

@@ -21,25 +21,14 @@ import plotly.graph_objects as go
 import polars as pl
 
 from hopline.analyzer.kv import kv_in_flight
-from hopline.analyzer.waterfall import WATERFALL_ORDER
 from hopline.middleware.contract import VIEWS
+from hopline.middleware.rules import LOOK, STAGE_ORDER, TTFT_PARTS, VIEW_LOOK
 
 # The TTFT terms and the fallbacks that stand in for some of them (decode is charted apart:
-# it is usually ten times the rest and would flatten every other stage).
-TTFT_BARS = tuple(s for s in WATERFALL_ORDER if s != "decode")
-STAGE_COLOURS = {
-    "connect": "#7f7f7f",
-    "network": "#17becf",
-    "gateway": "#9467bd",
-    "upstream_network": "#9edae5",
-    "upstream": "#1f77b4",
-    "frontend": "#bcbd22",
-    "queue": "#d62728",
-    "prefill": "#2ca02c",
-    "engine": "#ff9896",
-    "decode": "#aec7e8",
-}
-VIEW_COLOURS = {"client": "#1f77b4", "gateway": "#9467bd", "engine": "#ff7f0e"}
+# it is usually ten times the rest and would flatten every other stage); colours from the rule book.
+TTFT_BARS = TTFT_PARTS
+STAGE_COLOURS = {name: LOOK[name].colour for name in STAGE_ORDER}
+VIEW_COLOURS = {name: look.colour for name, look in VIEW_LOOK.items()}
 QUANTILES = {"p50": (0.5, "solid"), "p90": (0.9, "dash"), "p99": (0.99, "dot")}
 NICE_WINDOWS_S = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 86400)
 SLOWEST = 12
@@ -170,7 +159,7 @@ def replica_breakdown(per_replica: pl.DataFrame) -> go.Figure:
 def slowest_waterfalls(slowest: pl.DataFrame) -> go.Figure:
     """One row per request, its stages end to end; a negative stage is drawn at zero width and
     named in the hover text and the row label, so it is visible but does not bend the axis."""
-    stages = [s for s in WATERFALL_ORDER if s in slowest.columns and slowest[s].is_not_null().any()]
+    stages = [s for s in STAGE_ORDER if s in slowest.columns and slowest[s].is_not_null().any()]
     negative = slowest.select(
         pl.concat_str([pl.when(pl.col(s) < 0).then(pl.lit(f" {s}<0")) for s in stages], ignore_nulls=True)
     ).to_series()

@@ -22,6 +22,7 @@ from rich.text import Text
 
 from hopline.analyzer.io import scan_events
 from hopline.analyzer.timelines import timelines
+from hopline.middleware.rules import LOOK, STAGE_ORDER
 from hopline.middleware.contract import (
     ATTRIBUTE_TYPES,
     ERROR_HOPS,
@@ -30,34 +31,10 @@ from hopline.middleware.contract import (
     normalize_request_id,
 )
 
-# The bars in the order a request meets them: the TTFT terms (contract.TTFT_STAGES) with each
-# fallback next to the stages it stands in for, then decode. At most one of a fallback and
-# the stages it replaces has a value, so the bars never double-count.
-WATERFALL_ORDER = (
-    "connect",
-    "network",
-    "gateway",
-    "upstream_network",
-    "upstream",
-    "frontend",
-    "queue",
-    "prefill",
-    "engine",
-    "decode",
-)
-
-STAGE_COLOURS = {
-    "connect": "bright_black",
-    "network": "cyan",
-    "gateway": "magenta",
-    "upstream_network": "cyan",
-    "upstream": "blue",
-    "frontend": "yellow",
-    "queue": "red",
-    "prefill": "green",
-    "engine": "bright_red",
-    "decode": "bright_blue",
-}
+# The bars in the order a request meets them, coloured as everywhere else (rules.STAGE_LOOKS):
+# at most one of a fallback and the stages it replaces has a value, so bars never double-count.
+WATERFALL_ORDER = STAGE_ORDER
+STAGE_COLOURS = {name: LOOK[name].terminal for name in STAGE_ORDER}
 
 _FALLBACK_NOTES = {
     "client": "no client hops: connect and network unknown (upstream_network stands for the gateway-engine leg)",

@@ -10,7 +10,8 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders.dashboard import Dashboard
 
 from hopline.collector import metric_names as m
-from hopline.middleware.contract import STAGES, TTFT_STAGES, VIEWS
+from hopline.middleware.contract import TTFT_STAGES, VIEWS
+from hopline.middleware.rules import LOOK, TTFT_PARTS
 
 from . import panels as p
 from . import promql as q
@@ -25,9 +26,10 @@ DESCRIPTION = (
 )
 # Where hops are missing, a fallback stage stands in for the terms it cannot split (the contract's
 # stage table): `engine` for frontend + queue + prefill, `upstream` for everything beyond the
-# gateway, `upstream_network` for the network behind the gateway. Stacked after the terms, so the
-# stack meets the total in every deployment shape.
-STACKED_STAGES = TTFT_STAGES + tuple(s.name for s in STAGES if s.kind == "fallback")
+# gateway, `upstream_network` for the network behind the gateway. Stacked in the rule book's order
+# (each fallback next to what it replaces), so the stack meets the total in every deployment shape;
+# labels and colours are the rule book's, as in the terminal and HTML reports.
+STACKED_STAGES = TTFT_PARTS
 QUANTILES = (0.5, 0.9, 0.99)
 TOKENS_PER_SECOND = "suffix: tok/s"
 
@@ -99,7 +101,7 @@ def _overview(lay: Layout) -> None:
 
 
 def _ttft(lay: Layout) -> None:
-    terms = [(q.mean(m.STAGE_SECONDS, stage=stage), stage) for stage in STACKED_STAGES]
+    terms = [(q.mean(m.STAGE_SECONDS, stage=stage), LOOK[stage].label) for stage in STACKED_STAGES]
     lay.row("Where time to first token goes").line(
         10,
         (
@@ -112,6 +114,7 @@ def _ttft(lay: Layout) -> None:
                 "add up, quantiles do not: the quantiles are in the panels below.",
                 terms,
                 (q.mean(m.TTFT_SECONDS, view="client"), "client TTFT (mean)"),
+                colours=[LOOK[stage].colour for stage in STACKED_STAGES],
             ),
             24,
         ),

@@ -124,9 +124,16 @@ def latency(title: str, description: str, targets: Targets) -> timeseries.Panel:
     return graph(title, description, SECONDS, targets, exemplar=True)
 
 
-def stacked_means(title: str, description: str, terms: Targets, total: tuple[str, str]) -> timeseries.Panel:
-    """``terms`` stacked (means that add up), ``total`` drawn as a dashed unstacked line over them."""
+def stacked_means(
+    title: str, description: str, terms: Targets, total: tuple[str, str], *, colours: Sequence[str] = ()
+) -> timeseries.Panel:
+    """``terms`` stacked (means that add up), ``total`` drawn as a dashed unstacked line over them;
+    ``colours`` (hex, one per term) fix each term's colour."""
     panel = graph(title, description, SECONDS, [*terms, total], stacked=True, exemplar=True)
+    for ref, colour in zip(ascii_uppercase, colours, strict=False):
+        panel = panel.override_by_query(
+            ref, [DynamicConfigValue(id_val="color", value={"mode": "fixed", "fixedColor": colour})]
+        )
     total_ref = ascii_uppercase[len(terms)]
     return panel.override_by_query(
         total_ref,

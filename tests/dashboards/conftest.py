@@ -113,7 +113,12 @@ def _traffic(suffix: str) -> list[dict[str, Any]]:
     hopline counts), and a request the engine is still working on (in flight, holding KV cache:
     finishes never). Every stage, view, outcome and pitfall counter gets a value.
     """
-    events = [e for case in GOLDEN["cases"] for e in case["events"]]
+    # the cases that never end stay open in the collector, like the in-flight one ("running...")
+    events = [
+        {**e, "request_id": ("running-" if case["outcome"] == "incomplete" else "") + e["request_id"]}
+        for case in GOLDEN["cases"]
+        for e in case["events"]
+    ]
     complete = next(c for c in GOLDEN["cases"] if c["name"] == "complete_streaming")["events"]
     events += [
         {**e, "request_id": "no-max-tokens", "max_tokens_set": False}

@@ -19,7 +19,7 @@ from grafana_foundation_sdk.models.dashboard import Dashboard as DashboardModel
 from hopline.dashboards import vllm_metrics
 from hopline.dashboards.base import ALERT_ANNOTATION_EXTRAS, ALERTS_EXPR
 from hopline.dashboards.promql import GRAFANA_SAMPLE_VALUES, VARIABLES
-from hopline.middleware.contract import TTFT_STAGES, VIEWS
+from hopline.middleware.contract import VIEWS
 
 LIFECYCLE = "hopline-lifecycle.json"
 ENGINE = "hopline-engine.json"
@@ -148,9 +148,12 @@ def test_lifecycle_dashboard_has_what_the_issue_asks_for(dashboard_models, all_p
     panels = {p["title"]: p for p in all_panels(model)}
     stacked = panels["TTFT by stage (means, stacked)"]
     legends = [t["legendFormat"] for t in stacked["targets"]]
-    # the TTFT sum's terms in the contract's order, the fallbacks standing in where hops are
-    # missing, then the total (drawn unstacked)
-    assert legends == [*TTFT_STAGES, "engine", "upstream_network", "upstream", "client TTFT (mean)"]
+    # the TTFT sum's terms and the fallbacks standing in where hops are missing, in the rule book's
+    # order and words, then the total (drawn unstacked)
+    assert legends == [
+        "connect", "network", "gateway", "upstream network", "upstream", "engine frontend", "queue", "prefill",
+        "engine", "client TTFT (mean)",
+    ]
     assert stacked["fieldConfig"]["defaults"]["custom"]["stacking"]["mode"] == "normal"
     total_ref = stacked["targets"][-1]["refId"]
     override = next(o for o in stacked["fieldConfig"]["overrides"] if o["matcher"]["options"] == total_ref)
