@@ -100,8 +100,30 @@ class Slo:
         }
 
 
+SPLIT_TOLERANCE_S = 1e-6  # a request's TTFT parts must add up to its TTFT within this
+MIN_SPLIT_REQUESTS = 20  # fewer requests with a complete split decide no "largest part"
+
+
+def complete_split() -> pl.Expr:
+    """True for a request whose TTFT parts (terms and stand-ins, rules.TTFT_PARTS) that have a
+    value add up to its TTFT (best view), none negative: the common set TTFT shares are over.
+
+    Every deployment shape qualifies (with or without gateway, client or engine split): each
+    formula of the stage table makes the parts it yields sum to the view it starts from."""
+    parts = [pl.col(p) for p in TTFT_PARTS]
+    total = pl.sum_horizontal(parts)
+    return (
+        pl.col("_ttft").is_not_null()
+        & pl.any_horizontal([p.is_not_null() for p in parts])
+        & ~pl.any_horizontal([(p < -SPLIT_TOLERANCE_S).fill_null(False) for p in parts])
+        & ((total - pl.col("_ttft")).abs() <= SPLIT_TOLERANCE_S)
+    ).fill_null(False)
+
+
 def _stage_aggs(stages: tuple[str, ...] = REPORTED) -> list[pl.Expr]:
-    aggs: list[pl.Expr] = [pl.len().alias("count")]
+    split = pl.col("_split")
+    ttft_total = pl.col("_ttft").filter(split).sum()
+    aggs: list[pl.Expr] = [pl.len().alias("count"), split.sum().alias("split_requests")]
     for stage in stages:
         col = pl.col(stage)
         aggs.append(col.count().alias(f"{stage}:n"))
@@ -109,11 +131,8 @@ def _stage_aggs(stages: tuple[str, ...] = REPORTED) -> list[pl.Expr]:
         aggs += [
             (col.quantile(q, "linear") * 1e3).alias(f"{stage}:{name}_ms") for name, q in QUANTILES.items()
         ]
-        # shares: mean stage over mean TTFT / e2e of the same requests
-        both = col.is_not_null() & pl.col("_ttft").is_not_null()
-        aggs.append(
-            (col.filter(both).sum() / pl.col("_ttft").filter(both).sum()).alias(f"{stage}:share_of_ttft")
-        )
+        # share of TTFT: over the requests with a complete split only, so the parts add up to 100%
+        aggs.append((col.filter(split).fill_null(0.0).sum() / ttft_total).alias(f"{stage}:share_of_ttft"))
         both = col.is_not_null() & pl.col("_e2e").is_not_null()
         aggs.append(
             (col.filter(both).sum() / pl.col("_e2e").filter(both).sum()).alias(f"{stage}:share_of_e2e")
@@ -123,24 +142,27 @@ def _stage_aggs(stages: tuple[str, ...] = REPORTED) -> list[pl.Expr]:
 
 
 def _with_views(timelines: pl.LazyFrame) -> pl.LazyFrame:
-    return timelines.with_columns(_ttft=ttft(), _e2e=e2e())
+    return timelines.with_columns(_ttft=ttft(), _e2e=e2e()).with_columns(_split=complete_split())
 
 
 def stage_stats(timelines: pl.LazyFrame, by: list[str] | None = None) -> pl.LazyFrame:
-    """One row (per group of ``by``): count, and per stage ``n``, mean / p50 / p90 / p99 in ms,
-    ``share_of_ttft`` and ``share_of_e2e`` (columns ``"{stage}:{stat}"``)."""
+    """One row (per group of ``by``): count, ``split_requests`` (requests with a complete TTFT
+    split), and per stage ``n``, mean / p50 / p90 / p99 in ms (all requests with the stage),
+    ``share_of_ttft`` (over the complete splits) and ``share_of_e2e`` (columns ``"{stage}:{stat}"``)."""
     frame = _with_views(timelines)
     return frame.group_by(by).agg(_stage_aggs()) if by else frame.select(_stage_aggs())
 
 
 def stage_table(row: dict) -> dict[str, dict]:
     """The findings contract's ``stages`` object from one ``stage_stats`` row: every stage that
-    has values, with p50/p90/p99 in ms and its share of TTFT (null for stages after it)."""
+    has values, with p50/p90/p99 in ms and its share of TTFT (null for stages after it, and for
+    parts no complete split has)."""
     table = {}
+    split = row.get("split_requests") or 0
     for stage in REPORTED:
         if not row.get(f"{stage}:n"):
             continue
-        share = row[f"{stage}:share_of_ttft"] if stage in TTFT_PARTS else None
+        share = row[f"{stage}:share_of_ttft"] if stage in TTFT_PARTS and split else None
         table[stage] = {
             "p50_ms": _num(row[f"{stage}:p50_ms"]),
             "p90_ms": _num(row[f"{stage}:p90_ms"]),
@@ -153,12 +175,15 @@ def stage_table(row: dict) -> dict[str, dict]:
     return table
 
 
-def dominant(table: dict[str, dict]) -> str | None:
-    """The TTFT part with the largest share (the stage to look at first)."""
+def dominant(table: dict[str, dict], split_requests: int) -> str | None:
+    """The TTFT part with the largest share of TTFT (the stage to look at first), or None when
+    fewer than ``MIN_SPLIT_REQUESTS`` requests have a complete split: a handful decides nothing."""
+    if split_requests < MIN_SPLIT_REQUESTS:
+        return None
     shares = {
         s: v["share_of_ttft"] for s, v in table.items() if s in TTFT_PARTS and v["share_of_ttft"] is not None
     }
-    return max(shares, key=shares.__getitem__) if shares else None
+    return max(shares, key=shares.__getitem__) if shares and max(shares.values()) > 0 else None
 
 
 def _num(value: float | None, digits: int = 4) -> float | None:
@@ -179,7 +204,8 @@ def by_scope(timelines: pl.LazyFrame, scopes: tuple[str, ...] = SCOPES) -> dict[
                 {
                     "scope": {dim: row[dim]},
                     "requests": row["count"],
-                    "dominant": dominant(table),
+                    "split_requests": row["split_requests"],
+                    "dominant": dominant(table, row["split_requests"]),
                     "stages": table,
                 }
             )

@@ -15,7 +15,8 @@ from hopline.analyzer.attribution import Slo
 from hopline.analyzer.io import ScanReport
 from hopline.analyzer.pitfalls import find_pitfalls
 from hopline.analyzer.shifts import find_shifts, iso_utc
-from hopline.middleware.contract import STAGE_NAMES
+from hopline.middleware.contract import VIEWS
+from hopline.middleware.rules import LOOK, STAGE_ORDER, TTFT_PARTS
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -59,7 +60,8 @@ def analyze(
         "window_s": window_s,
         "stages": stages,
         "findings": findings,
-        "dominant": attribution.dominant(stages),
+        "split_requests": overall.get("split_requests", 0) if n else 0,
+        "dominant": attribution.dominant(stages, overall.get("split_requests", 0)) if n else None,
         "span": {
             "start": start and iso_utc(start),
             "end": end and iso_utc(end),
@@ -92,9 +94,16 @@ def analyze(
 
 
 # --- terminal ---------------------------------------------------------------------------------
+# Readable at 80 columns: no table is wider than 80 characters; long text wraps inside its cell.
+
+
+def plural(count: int, noun: str) -> str:
+    """``1 request``, ``2 requests``, ``1,024 requests``."""
+    return f"{count:,} {noun}" if count == 1 else f"{count:,} {noun}s"
 
 
 def _fmt(value: float | None, unit: str = "") -> str:
+    """One number format everywhere: ms with one decimal below 100, whole numbers above."""
     if value is None:
         return "–"
     if unit == "%":
@@ -102,24 +111,74 @@ def _fmt(value: float | None, unit: str = "") -> str:
     return f"{value:,.0f}" if abs(value) >= 100 else f"{value:,.1f}"
 
 
-def _stage_table(title: str, stages: dict[str, dict]) -> Table:
-    table = Table(title=title, title_justify="left", header_style="bold")
+def _label(stage: str) -> str:
+    look = LOOK.get(stage)
+    return look.label if look else stage.replace("_", " ")
+
+
+def _views_table(stages: dict[str, dict]) -> Table | None:
+    rows = [(v, stages.get(f"{v}_ttft"), stages.get(f"{v}_e2e")) for v in VIEWS]
+    rows = [r for r in rows if r[1] or r[2]]
+    if not rows:
+        return None
+    table = Table(title="As each component sees it (ms)", title_justify="left", header_style="bold")
+    for name in ("view", "TTFT p50", "p90", "p99", "e2e p50", "p90", "p99"):
+        table.add_column(name, justify="left" if name == "view" else "right")
+    for view, ttft, e2e in rows:
+        cells = [_fmt((ttft or {}).get(k)) for k in ("p50_ms", "p90_ms", "p99_ms")]
+        cells += [_fmt((e2e or {}).get(k)) for k in ("p50_ms", "p90_ms", "p99_ms")]
+        table.add_row(view, *cells)
+    return table
+
+
+def _stage_table(stages: dict[str, dict], split_requests: int) -> Table:
+    """Stages in the order a request meets them; shares of TTFT over the requests whose parts
+    add up to their TTFT; stand-ins (fallbacks) after the split terms, with their counts."""
+    table = Table(
+        title=f"Where the time goes (shares of TTFT over {plural(split_requests, 'request')} with a complete split)",
+        title_justify="left",
+        header_style="bold",
+    )
     table.add_column("stage")
-    for name in ("count", "p50 ms", "p90 ms", "p99 ms", "of TTFT", "of e2e"):
+    for name in ("requests", "p50 ms", "p90 ms", "p99 ms", "of TTFT", "of e2e"):
         table.add_column(name, justify="right")
-    for stage in STAGE_NAMES:
-        row = stages.get(stage)
-        if row is None:
-            continue
+    terms = [s for s in STAGE_ORDER if s in stages and not LOOK[s].stands_for]
+    standins = [s for s in STAGE_ORDER if s in stages and LOOK[s].stands_for]
+    for stage in terms + standins:
+        row = stages[stage]
+        name = _label(stage) if stage not in standins else f"{_label(stage)} (stand-in)"
         table.add_row(
-            stage,
+            name,
             f"{row['count']:,}",
             _fmt(row["p50_ms"]),
             _fmt(row["p90_ms"]),
             _fmt(row["p99_ms"]),
             _fmt(row["share_of_ttft"], "%"),
             _fmt(row["share_of_e2e"], "%"),
+            end_section=stage == terms[-1] and bool(standins) if terms else False,
         )
+    return table
+
+
+def _parts_text(stages: dict[str, dict], top: int = 3) -> str:
+    """``queue 49% · prefill 37% · network 7%``: the largest shares of TTFT."""
+    shares = sorted(
+        ((s, v["share_of_ttft"]) for s, v in stages.items() if s in TTFT_PARTS and v.get("share_of_ttft")),
+        key=lambda kv: -kv[1],
+    )
+    return " · ".join(f"{_label(s)} {share * 100:.0f}%" for s, share in shares[:top]) or "–"
+
+
+def _scope_table(dim: str, rows: list[dict]) -> Table:
+    table = Table(title=f"By {dim.replace('_', ' ')}", title_justify="left", header_style="bold")
+    table.add_column(dim.replace("_", " "), overflow="fold", max_width=24)
+    table.add_column("requests", justify="right")
+    table.add_column("TTFT p50", justify="right")
+    table.add_column("largest parts of TTFT", overflow="fold")
+    for r in rows:
+        ttft = next((r["stages"][f"{v}_ttft"] for v in VIEWS if f"{v}_ttft" in r["stages"]), {})
+        parts = _parts_text(r["stages"]) if r.get("dominant") else "too few complete splits"
+        table.add_row(str(r["scope"][dim]), f"{r['requests']:,}", _fmt(ttft.get("p50_ms")), parts)
     return table
 
 
@@ -127,7 +186,7 @@ def render(result: dict, console: Console) -> None:
     """The analysis for a person: what to look at first, then the numbers behind it."""
     span = result["span"]
     console.print(
-        f"[bold]{result['requests']:,} requests[/] from {span['start']} to {span['end']} "
+        f"[bold]{plural(result['requests'], 'request')}[/] from {span['start']} to {span['end']} "
         f"({span['seconds']:,.0f} s, window {result['window_s']:g} s)"
     )
     if result["findings"]:
@@ -141,27 +200,15 @@ def render(result: dict, console: Console) -> None:
         console.print(table)
     else:
         console.print("[green]No shifts or pitfalls found.[/]")
-    console.print(_stage_table("Stages (all requests)", result["stages"]))
+    views = _views_table(result["stages"])
+    if views is not None:
+        console.print(views)
+    console.print(_stage_table(result["stages"], result.get("split_requests", 0)))
     if result.get("dominant"):
-        console.print(f"Largest part of TTFT: [bold]{result['dominant']}[/]")
+        console.print(f"Largest part of TTFT: [bold]{_label(result['dominant'])}[/] ({_parts_text(result['stages'])})")
     for dim, rows in result.get("by_scope", {}).items():
-        if len(rows) < 2:
-            continue
-        table = Table(title=f"By {dim}", title_justify="left", header_style="bold")
-        table.add_column(dim)
-        table.add_column("requests", justify="right")
-        table.add_column("dominant")
-        shown = [s for s in attribution.TTFT_PARTS + ("decode",) if any(s in r["stages"] for r in rows)]
-        for stage in shown:
-            table.add_column(f"{stage} p50", justify="right")
-        for r in rows:
-            table.add_row(
-                r["scope"][dim],
-                f"{r['requests']:,}",
-                r["dominant"] or "–",
-                *[_fmt(r["stages"].get(s, {}).get("p50_ms")) for s in shown],
-            )
-        console.print(table)
+        if len(rows) >= 2:
+            console.print(_scope_table(dim, rows))
     good = result.get("goodput")
     if good:
         targets = ", ".join(f"{k.removesuffix('_ms')} ≤ {v:g} ms" for k, v in good["targets"].items())
@@ -177,14 +224,17 @@ def render(result: dict, console: Console) -> None:
     if neg["requests"]:
         detail = ", ".join(f"{k} {v:,}" for k, v in neg["by_stage"].items())
         console.print(
-            f"[yellow]{neg['requests']:,} requests have negative stages ({detail}): instrumentation or clock problem[/]"
+            f"[yellow]{plural(neg['requests'], 'request')} with negative stages ({detail}): instrumentation or clock problem[/]"
         )
     miss = result["missing_hops"]
     if miss["requests"]:
         detail = ", ".join(f"{k} {v:,}" for k, v in list(miss["by_hop"].items())[:6])
-        console.print(f"{miss['requests']:,} requests miss hops ({detail})")
+        console.print(f"{plural(miss['requests'], 'request')} with missing hops ({detail})")
     scan = result.get("scan")
     if scan:
-        console.print(f"Read {scan['files']} files, {scan['lines']:,} lines; {scan['bad_lines']:,} bad lines")
+        console.print(
+            f"Read {plural(scan['files'], 'file')}, {plural(scan['lines'], 'line')}; "
+            f"{plural(scan['bad_lines'], 'bad line')}"
+        )
         for err in scan["errors"]:
             console.print(f"  {err}", style="red", markup=False, highlight=False)

@@ -51,7 +51,33 @@ def test_ttft_shares_add_up_for_complete_requests(tl):
     assert sum(table[s]["share_of_ttft"] for s in TTFT_STAGES) == pytest.approx(1.0, abs=1e-3)
     assert table["decode"]["share_of_ttft"] is None  # decode is after the first token
     assert table["decode"]["share_of_e2e"] > 0.9
-    assert attribution.dominant(table) == "queue"
+    row = attribution.stage_stats(complete.lazy()).collect().row(0, named=True)
+    assert attribution.dominant(table, row["split_requests"]) == "queue"
+
+
+def test_shares_are_over_one_common_set_and_add_up_to_one():
+    """A few requests without the engine split (only the `engine` stand-in) and a few without a
+    first token must not inflate any share: the parts of every request with a complete split
+    add up to its TTFT, so the shares over those requests add up to 100%."""
+    full = generate(200, seed=11, error_rate=0.0)
+    # drop the engine's stats for request 0..4: their queue/prefill/frontend become the stand-in
+    no_split = full["request_id"].unique().sort()[:5].to_list()
+    events = full.filter(~(pl.col("request_id").is_in(no_split) & (pl.col("hop") == "engine.stats")))
+    tl = timelines(events.lazy()).collect()
+    row = attribution.stage_stats(tl.lazy()).collect().row(0, named=True)
+    table = attribution.stage_table(row)
+    assert row["split_requests"] == 200
+    assert table["engine"]["count"] == 5  # the stand-in is listed with its count
+    shares = [v["share_of_ttft"] for s, v in table.items() if s in attribution.TTFT_PARTS]
+    assert sum(shares) == pytest.approx(1.0, abs=1e-3)
+    assert table["engine"]["share_of_ttft"] < 0.05  # 5 of 200 requests: it cannot be the headline
+
+
+def test_a_handful_of_requests_decides_no_dominant_stage():
+    tl = timelines(generate(attribution.MIN_SPLIT_REQUESTS - 1, seed=3, error_rate=0.0).lazy()).collect()
+    row = attribution.stage_stats(tl.lazy()).collect().row(0, named=True)
+    assert row["split_requests"] == attribution.MIN_SPLIT_REQUESTS - 1
+    assert attribution.dominant(attribution.stage_table(row), row["split_requests"]) is None
 
 
 def test_by_scope_names_the_dominant_stage_per_replica(tl):

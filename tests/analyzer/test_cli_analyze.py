@@ -67,8 +67,8 @@ def test_terminal_report_and_html(log_dir, tmp_path):
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "queue time tripled at 10:02 on replica r2" in out
-    assert "Stages (all requests)" in out and "By replica" in out and "By service" not in out
-    assert "1 bad lines" in out
+    assert "Where the time goes" in out and "By replica" in out and "By service" not in out
+    assert "1 bad line" in out and "1 bad lines" not in out
     assert html.stat().st_size > 1000 and "<html" in html.read_text().lower()
 
 
