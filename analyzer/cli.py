@@ -11,6 +11,7 @@ import typer
 from hopline.analyzer import attribution, io, report
 from hopline.analyzer.timelines import timelines
 from hopline.middleware.durations import parse_duration
+from hopline.middleware.rules import SCOPE_SOURCES, scope_sources
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
 
@@ -25,12 +26,12 @@ It prints the stage table and findings such as "queue time tripled at 10:05 on r
 
 
 def _dims(text: str) -> tuple[str, ...]:
+    """``--by``: scope attributes, comma-separated; any attribute name is allowed (see rules)."""
     dims = tuple(d.strip() for d in text.split(",") if d.strip())
-    unknown = [d for d in dims if d not in attribution.SCOPES]
-    if unknown:
-        raise typer.BadParameter(
-            f"unknown scope {', '.join(unknown)}: choose from {', '.join(attribution.SCOPES)}"
-        )
+    try:
+        scope_sources(dims)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--by") from exc
     return dims
 
 
@@ -47,7 +48,12 @@ def analyze_command(
         str, typer.Option(help="Window for shifts and series: auto, or e.g. 10s, 1m.")
     ] = "auto",
     by: Annotated[
-        str, typer.Option(help="Scopes to break down and search for shifts.")
+        str,
+        typer.Option(
+            help="Scopes to break down and search for shifts: replica, model, service, gateway_replica, "
+            "region, route, or any attribute your events carry (e.g. tenant). gateway_replica, region and "
+            "route are added by themselves when present with 2-16 values."
+        ),
     ] = "replica,model,service",
     slo: Annotated[
         str | None, typer.Option(help="Targets for goodput, e.g. ttft=500ms,itl=50ms,e2e=20s.")
@@ -108,7 +114,7 @@ def analyze_command(
 
         events, scan = io.scan_events(files, since=since, until=until, progress=advance)
         progress.update(task, description="building timelines")
-        frame = timelines(events).collect()
+        frame = timelines(events, scopes=tuple(d for d in dims if d not in SCOPE_SOURCES)).collect()
         progress.update(task, description="finding shifts and pitfalls")
         result = report.analyze(
             frame, window=window, by=dims, slo=slo_targets, scan=scan, kv_bytes_per_token=kv_bytes

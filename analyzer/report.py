@@ -16,7 +16,7 @@ from hopline.analyzer.io import ScanReport
 from hopline.analyzer.pitfalls import find_pitfalls
 from hopline.analyzer.shifts import find_shifts, iso_utc
 from hopline.middleware.contract import VIEWS
-from hopline.middleware.rules import LOOK, STAGE_ORDER, TTFT_PARTS
+from hopline.middleware.rules import LOOK, SCOPE_SOURCES, STAGE_ORDER, TTFT_PARTS
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -24,6 +24,23 @@ from rich.text import Text
 
 def _counts(series: pl.Series) -> dict[str, int]:
     return {str(k): int(v) for k, v in series.value_counts(sort=True).iter_rows()}
+
+
+MAX_AUTO_SCOPE_VALUES = 16  # a scope attribute with more values is searched only when asked for
+
+
+def scopes_to_search(timelines: pl.DataFrame, by: tuple[str, ...]) -> tuple[str, ...]:
+    """``by`` (the user's, or replica, model, service), plus every other scope attribute of the
+    rule book (gateway_replica, region, route) present with 2 to ``MAX_AUTO_SCOPE_VALUES`` values."""
+    auto = [
+        name
+        for name in SCOPE_SOURCES
+        if name not in by
+        and name not in attribution.SCOPES  # the user's --by decides about these
+        and name in timelines.columns
+        and 2 <= timelines[name].drop_nulls().n_unique() <= MAX_AUTO_SCOPE_VALUES
+    ]
+    return tuple(d for d in by if d in timelines.columns) + tuple(auto)
 
 
 def analyze(
@@ -37,6 +54,7 @@ def analyze(
 ) -> dict:
     """Stages, findings (shifts and pitfalls, largest effect on users' time first) and context."""
     n = timelines.height
+    by = scopes_to_search(timelines, by)
     start, end = timelines["start"].min(), timelines["start"].max()
     span = (end - start) if n else 0.0
     window_s = attribution.choose_window(window, span or 0.0)
@@ -76,7 +94,7 @@ def analyze(
             "requests": int(timelines["missing"].list.len().gt(0).sum()) if n else 0,
             "by_hop": _counts(missing),
         },
-        "by_scope": attribution.by_scope(timelines.lazy(), tuple(d for d in by if d in timelines.columns))
+        "by_scope": attribution.by_scope(timelines.lazy(), by)
         if n
         else {},
     }

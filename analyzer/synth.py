@@ -137,6 +137,7 @@ def _requests(
     models: dict[str, str],
     incidents: list[Incident],
     error_rate: float,
+    regions: tuple[str, ...] = (),
 ) -> dict[str, np.ndarray]:
     """One row per request, in true time (seconds from start): who, what, and every stage."""
     shifts = [i for i in incidents if isinstance(i, StageShift)]
@@ -145,6 +146,13 @@ def _requests(
     cols: dict[str, np.ndarray] = {"t0": t0, "service": service}
     cols["replica"] = _route(rng, t0, replicas, shifts)
     cols["model"] = _lookup(service, models)
+    # the clients' region (an attribute of client.sent); no draw without regions, so such a log
+    # is the same as before regions existed
+    cols["region"] = (
+        np.asarray(regions, dtype=object)[rng.integers(0, len(regions), n)]
+        if regions
+        else np.full(n, None, dtype=object)
+    )
     prompt = np.clip(_lognormal(rng, 700, 0.7, n), 16, 8000).astype(np.int64)
     max_tokens = np.full(n, 1024, dtype=np.int64)
     max_tokens_set = np.ones(n, dtype=bool)
@@ -241,12 +249,14 @@ def generate(
     error_rate: float = 0.002,
     shuffle: bool = True,
     engine_id_prefix: bool = False,
+    regions: tuple[str, ...] = (),
 ) -> pl.DataFrame:
     """Events (``contract.STORAGE_COLUMNS``) for ``n_requests`` (or ``duration_s`` × ``rate``).
 
     ``models`` maps service → model (default: one model for all). Hosts' clocks are off by up
     to ``clock_skew_s`` (engines), a tenth of it (gateway), and the clients are the reference.
     ``engine_id_prefix`` makes ``engine.stats`` report ``chatcmpl-<id>`` as vLLM does.
+    ``regions``: the clients' regions (``client.sent`` carries ``region``; a scope for incidents).
     """
     if n_requests is None:
         if duration_s is None:
@@ -258,7 +268,7 @@ def generate(
     for inc in incidents:
         if isinstance(inc, StageShift) and inc.stage not in SHIFTABLE:
             raise ValueError(f"cannot shift stage {inc.stage!r}: choose one of {', '.join(SHIFTABLE)}")
-    c = _requests(rng, n_requests, rate, replicas, services, models, incidents, error_rate)
+    c = _requests(rng, n_requests, rate, replicas, services, models, incidents, error_rate, regions)
     n = n_requests
     legs = c["legs"]
     connect = (c["pool_wait_s"] + c["connect_s"] + c["tls_s"]) * c["connect_scale"]
@@ -308,6 +318,8 @@ def generate(
     # strings become Polars columns once (object arrays convert slowly), then are gathered per hop
     svc, rep, mod = (pl.Series(c[k], dtype=pl.String) for k in ("service", "replica", "model"))
     client = {"service": svc, "model": mod}
+    if regions:
+        client["region"] = pl.Series(c["region"], dtype=pl.String)
     gateway = {"service": "gateway", "replica": "gw-0", "model": mod}
     engine = {"service": "engine", "replica": rep, "model": mod}
     hop(

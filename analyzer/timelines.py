@@ -44,6 +44,7 @@ from hopline.middleware.rules import (
     OUTCOME_RULES,
     OUTCOMES,
     SCOPE_SOURCES,
+    scope_sources,
 )
 
 HOP_ENUM = pl.Enum(list(HOPS))
@@ -142,7 +143,7 @@ def _source(name: str, hop: str) -> str:
     return f"_{name}@{hop}"
 
 
-def _per_event_columns() -> list[pl.Expr]:
+def _per_event_columns(sources: dict = SCOPE_SOURCES) -> list[pl.Expr]:
     """Row-wise columns the single group_by aggregates: each read hop's pick (null on other
     hops' events), a hop's first time, each component's time, request-level keys."""
     hop = pl.col("hop")
@@ -155,9 +156,9 @@ def _per_event_columns() -> list[pl.Expr]:
     # the first source the event belongs to and carries the field; its rank, then the pick
     # (highest attempt, earliest) orders the candidates
     key_expr = pick_key()
-    for name, sources in SCOPE_SOURCES.items():
+    for name, chain in sources.items():
         key = value = pl
-        for rank, src in enumerate(sources):
+        for rank, src in enumerate(chain):
             here = hop.is_in(_source_hops(src.where)) & pl.col(src.field).is_not_null()
             key = key.when(here).then(key_expr + rank * SCOPE_RANK_SPAN)
             value = value.when(here).then(pl.col(src.field))
@@ -173,7 +174,7 @@ def _per_event_columns() -> list[pl.Expr]:
     return cols
 
 
-def _aggregations() -> list[pl.Expr]:
+def _aggregations(sources: dict = SCOPE_SOURCES) -> list[pl.Expr]:
     """Per hop, the chosen event's pick (``min``) and attributes (``min_by`` the pick)."""
     aggs = [pl.col(_hop_key(h)).min().alias(_hop_pick(h)) for h in TIMED_HOPS]
     aggs.append(pl.col("ts").min().alias("_ts:request"))
@@ -185,7 +186,7 @@ def _aggregations() -> list[pl.Expr]:
     ]
     aggs += [pl.col(f"_first:{h}").min() for h in FIRST_HOPS]
     aggs += [pl.col(f"_ts:{comp}").min().alias(f"_seen:{comp}") for comp in COMPONENTS]
-    aggs += [pl.col(f"_val:{name}").min_by(f"_key:{name}").alias(name) for name in SCOPE_SOURCES]
+    aggs += [pl.col(f"_val:{name}").min_by(f"_key:{name}").alias(name) for name in sources]
     for comp in COMPONENTS:
         aggs.append(pl.col("hop").min_by(f"_endkey:{comp}").alias(f"_endhop:{comp}"))
         aggs.append(pl.col("_cancel").min_by(f"_endkey:{comp}").alias(f"_endcancel:{comp}"))
@@ -351,23 +352,36 @@ COLUMNS = (
 )
 
 
-def timelines(events: pl.LazyFrame) -> pl.LazyFrame:
-    """One row per request (columns ``COLUMNS``): hop times, attributes, stages, ratios, status.
+def timelines(events: pl.LazyFrame, scopes: tuple[str, ...] = ()) -> pl.LazyFrame:
+    """One row per request (columns ``COLUMNS``, then one per extra scope): hop times, attributes,
+    stages, ratios, status.
 
     ``events`` has the storage columns (``hopline.analyzer.io.scan_events``); ``hop`` may be a
     string or already the ``HOP_ENUM``. Times are Unix seconds (``start``, inputs) and seconds
-    (stages); ``negative`` and ``missing`` are lists of stage / hop names.
+    (stages); ``negative`` and ``missing`` are lists of stage / hop names. ``scopes``: attributes
+    beyond the rule book's scope attributes to cut by (``--by tenant``), read like ``region``
+    (rules.scope_sources) from their own column or from the JSON of unknown fields (``attrs``).
     """
+    sources = scope_sources(scopes)
+    extra = [name for name in sources if name not in SCOPE_SOURCES]
+    schema = events.collect_schema()
+    pulled = [
+        pl.col("attrs").str.json_path_match(f'$["{name}"]').alias(name)
+        for name in extra
+        if name not in schema and "attrs" in schema
+    ]
+    missing = [pl.lit(None, dtype=pl.String).alias(n) for n in extra if n not in schema and "attrs" not in schema]
     read = (
         events.with_columns(pl.col("hop").cast(HOP_ENUM, strict=False))
         .filter(pl.col("hop").is_in(READ_HOPS))
+        .with_columns(*pulled, *missing)
         .with_columns(pl.col(LABELS).cast(pl.Categorical))
-        .with_columns(_per_event_columns())
+        .with_columns(_per_event_columns(sources))
     )
     rid = pl.col("request_id")
     per_request = (
         read.group_by(*(rid.hash(seed).alias(f"_rid{seed}") for seed in HASH_SEEDS))
-        .agg(rid.max(), *_aggregations())  # max, not first: first() on a string is not streamed
+        .agg(rid.max(), *_aggregations(sources))  # max, not first: first() on a string is not streamed
         .drop(*(f"_rid{seed}" for seed in HASH_SEEDS))
         .with_columns(pl.col(pl.Categorical).cast(pl.String))
         .with_columns(**_sourced())
@@ -389,5 +403,5 @@ def timelines(events: pl.LazyFrame) -> pl.LazyFrame:
     return (
         per_request.with_columns(**row)
         .with_columns(outcome=_outcome(), negative=_negative(), missing=_missing())
-        .select(COLUMNS)
+        .select(*COLUMNS, *extra)
     )

@@ -21,6 +21,7 @@ Terms used by the tables:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -128,6 +129,20 @@ SCOPE_SOURCES: dict[str, tuple[Source, ...]] = {
 # The scopes every report and metric is cut by (bounded label values); the others are searched
 # by the analyzer when present with few values.
 SCOPE_LABELS = ("service", "model", "replica")
+_ATTRIBUTE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
+
+
+def scope_sources(extra: Iterable[str] = ()) -> dict[str, tuple[Source, ...]]:
+    """``SCOPE_SOURCES`` plus any attribute a user names as a scope (``--by tenant``): read from
+    the client's events, else the gateway's, else the engine's, like ``region``."""
+    sources = dict(SCOPE_SOURCES)
+    for name in extra:
+        if name in sources:
+            continue
+        if not _ATTRIBUTE_NAME.fullmatch(name):
+            raise ValueError(f"not an attribute name: {name!r} (letters, digits, _ . -; at most 64)")
+        sources[name] = tuple(Source(comp, name) for comp in COMPONENTS)
+    return sources
 
 
 def _in(source: Source, hop: str) -> bool:
