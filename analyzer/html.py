@@ -1,6 +1,7 @@
 """``hopline analyze --html FILE``: one self-contained HTML report (plotly, its JS inlined).
 
-The file opens anywhere, offline: plotly.js is embedded once, no fonts or scripts are fetched.
+The file opens anywhere, offline: plotly.js's basic bundle (analyzer/assets/) is embedded once,
+no fonts or scripts are fetched, and the file stays under 1.5 MB.
 It shows, top to bottom, the findings with their evidence (what changed, in one sentence each),
 the stage percentiles, the mean TTFT stages over time (stacked, so the stage that grew stands
 out), TTFT quantiles per view over time (client, gateway, engine: where they part, the time went
@@ -29,7 +30,11 @@ from hopline.middleware.rules import LOOK, STAGE_ORDER, TTFT_PARTS, VIEW_LOOK
 TTFT_BARS = TTFT_PARTS
 STAGE_COLOURS = {name: LOOK[name].colour for name in STAGE_ORDER}
 VIEW_COLOURS = {name: look.colour for name, look in VIEW_LOOK.items()}
-QUANTILES = {"p50": (0.5, "solid"), "p90": (0.9, "dash"), "p99": (0.99, "dot")}
+# TTFT per view: the median and the 90th percentile (p99 over short windows is noise)
+QUANTILES = {"p50": (0.5, "solid"), "p90": (0.9, "dot")}
+PLOTLY_JS = Path(__file__).parent / "assets" / "plotly-basic.min.js"
+MARKER_LANE_PX = 22  # height of one row of shift labels above a chart (an 11 px label is ~17 px tall)
+MARKER_MIN_PLOT_PX = 900  # labels are laid out for a plot at least this wide (the page is 1300 px)
 NICE_WINDOWS_S = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 86400)
 SLOWEST = 12
 _PLOT_CONFIG = {"displaylogo": False, "responsive": True}
@@ -71,9 +76,7 @@ def _aggregates(timelines: pl.DataFrame) -> dict[str, pl.DataFrame]:
     per_replica = (
         lf.group_by(pl.col("replica").fill_null("(none)")).agg(*ms, requests=pl.len()).sort("replica")
     )
-    slow_by = pl.coalesce(
-        *[f"{v}_ttft" for v in views], *[f"{v}_e2e" for v in VIEWS if f"{v}_e2e" in lf.collect_schema()]
-    )
+    slow_by = pl.coalesce(*[f"{v}_ttft" for v in views])
     slowest = (
         lf.with_columns(_slow=slow_by)
         .filter(pl.col("_slow").is_not_null())
@@ -100,41 +103,79 @@ def _layout(fig: go.Figure, title: str, y_title: str, height: int = 420) -> go.F
     return fig
 
 
-def mark_shifts(fig: go.Figure, findings: Mapping[str, Any]) -> go.Figure:
-    """A dashed line where each shift begins, labelled with its stage, factor and scope."""
-    for f in findings.get("findings", []):
+def _shift_labels(findings: Mapping[str, Any]) -> list[tuple[datetime, str]]:
+    """(time, label) of each shift, numbered as in the findings list."""
+    out = []
+    for i, f in enumerate(findings.get("findings", []), 1):
         if f.get("kind") != "shift" or not f.get("at"):
             continue
         at = datetime.fromisoformat(str(f["at"]).replace("Z", "+00:00")).replace(tzinfo=None)
-        scope = " ".join(f"{k}={v}" for k, v in (f.get("scope") or {}).items())
+        label = LOOK[f["stage"]].label if f.get("stage") in LOOK else str(f.get("stage"))
+        factor = f" ×{f['factor']:.1f}" if f.get("factor") else ""
+        out.append((at, f"{i}. {label}{factor}"))
+    return sorted(out)
+
+
+def lay_out_labels(marks: list[tuple[float, str]], width_px: float = MARKER_MIN_PLOT_PX) -> list[int]:
+    """A lane (row) for each label so that no two labels in one lane overlap: ``marks`` are
+    (x as a fraction of the axis, text) in x order; a label is ~7 px a character, centred."""
+    ends: list[float] = []  # per lane, where its last label ends (fraction of the axis)
+    lanes = []
+    for x, text in marks:
+        half = (7.0 * len(text) + 12) / width_px / 2
+        lane = next((i for i, end in enumerate(ends) if end <= x - half), len(ends))
+        if lane == len(ends):
+            ends.append(0.0)
+        ends[lane] = x + half
+        lanes.append(lane)
+    return lanes
+
+
+def mark_shifts(fig: go.Figure, findings: Mapping[str, Any], x_range: tuple[datetime, datetime]) -> go.Figure:
+    """A dashed line where each shift begins, labelled with its number, stage and factor; labels
+    that would collide go to another row, so none overlaps another."""
+    labels = _shift_labels(findings)
+    if not labels:
+        return fig
+    lo, hi = x_range
+    span = max((hi - lo).total_seconds(), 1e-9)
+    marks = [((at - lo).total_seconds() / span, text) for at, text in labels]
+    lanes = lay_out_labels(marks)
+    for (at, text), lane in zip(labels, lanes, strict=True):
         fig.add_vline(x=at, line_dash="dash", line_color="#333", line_width=1)
-        fig.add_annotation(x=at, y=1.0, yref="paper", yanchor="bottom", showarrow=False, font={"size": 11},
-                           text=f"{f.get('stage')} ×{f.get('factor', 0):.1f} {scope}".strip())  # fmt: skip
-    return fig
+        fig.add_annotation(x=at, y=1.0, yshift=lane * MARKER_LANE_PX, yref="paper", yanchor="bottom", showarrow=False,
+                           font={"size": 11}, text=html.escape(text), bgcolor="rgba(255,255,255,0.85)")  # fmt: skip
+    top = fig.layout.margin.t or 50
+    return fig.update_layout(margin={"t": top + MARKER_LANE_PX * (max(lanes) + 1)})
 
 
 def stages_over_time(over_time: pl.DataFrame, window_s: int) -> go.Figure:
     fig = go.Figure()
     for stage in (s for s in TTFT_BARS if s in over_time.columns and over_time[s].is_not_null().any()):
-        fig.add_bar(x=over_time["_window"], y=over_time[stage], name=stage, marker_color=STAGE_COLOURS[stage])
+        fig.add_bar(x=over_time["_window"], y=over_time[stage], name=LOOK[stage].label,
+                    marker_color=STAGE_COLOURS[stage])  # fmt: skip
     fig.update_layout(barmode="relative", bargap=0.05)
     return _layout(fig, f"Mean TTFT stages per {window_s} s window (stacked)", "ms")
 
 
 def ttft_quantiles(quantiles: pl.DataFrame, window_s: int) -> go.Figure:
+    """TTFT per view: p50 as a solid line, p90 dotted in the same colour; where the views part,
+    the time went between them."""
     fig = go.Figure()
     for column in quantiles.columns[1:]:
         view, name = column.split("|")
         if quantiles[column].is_null().all():
             continue
+        solid = QUANTILES[name][1] == "solid"
         fig.add_scatter(
             x=quantiles["_window"],
             y=quantiles[column],
             name=f"{view} {name}",
             mode="lines",
-            line={"color": VIEW_COLOURS[view], "dash": QUANTILES[name][1]},
+            line={"color": VIEW_COLOURS[view], "dash": QUANTILES[name][1], "width": 2.5 if solid else 1.5},
+            opacity=1.0 if solid else 0.7,
         )
-    return _layout(fig, f"TTFT quantiles per view, {window_s} s windows", "ms")
+    return _layout(fig, f"TTFT as each component sees it (p50 solid, p90 dotted; {window_s} s windows)", "ms")
 
 
 def replica_breakdown(per_replica: pl.DataFrame) -> go.Figure:
@@ -149,7 +190,8 @@ def replica_breakdown(per_replica: pl.DataFrame) -> go.Figure:
     ]
     for stage in (s for s in TTFT_BARS if s in per_replica.columns and per_replica[s].is_not_null().any()):
         fig.add_bar(
-            y=labels, x=per_replica[stage], name=stage, orientation="h", marker_color=STAGE_COLOURS[stage]
+            y=labels, x=per_replica[stage], name=LOOK[stage].label, orientation="h",
+            marker_color=STAGE_COLOURS[stage],
         )
     fig.update_layout(barmode="relative", legend_traceorder="normal")
     fig = _layout(fig, "Mean TTFT stages per replica", "", height=max(300, 80 + 40 * len(labels)))
@@ -157,15 +199,17 @@ def replica_breakdown(per_replica: pl.DataFrame) -> go.Figure:
 
 
 def slowest_waterfalls(slowest: pl.DataFrame) -> go.Figure:
-    """One row per request, its stages end to end; a negative stage is drawn at zero width and
-    named in the hover text and the row label, so it is visible but does not bend the axis."""
-    stages = [s for s in STAGE_ORDER if s in slowest.columns and slowest[s].is_not_null().any()]
+    """The slowest requests by TTFT, one row each, its TTFT parts end to end on a TTFT-sized axis
+    (decode, usually far longer, is in the row label, so the parts stay visible). A negative
+    stage is drawn at zero width and named in the hover text and the row label."""
+    stages = [s for s in TTFT_PARTS if s in slowest.columns and slowest[s].is_not_null().any()]
     negative = slowest.select(
         pl.concat_str([pl.when(pl.col(s) < 0).then(pl.lit(f" {s}<0")) for s in stages], ignore_nulls=True)
     ).to_series()
+    decode = slowest["decode"] if "decode" in slowest.columns else pl.Series([None] * slowest.height)
     labels = [
-        f"{rid[:18]} {replica or ''}{' ⚠' + neg if neg else ''}"
-        for rid, replica, neg in zip(slowest["request_id"], slowest["replica"], negative, strict=True)
+        f"{rid[:18]} {replica or ''}{f' +{d / 1000:,.1f} s decode' if d is not None else ''}{' ⚠' + neg if neg else ''}"
+        for rid, replica, d, neg in zip(slowest["request_id"], slowest["replica"], decode, negative, strict=True)
     ]
     fig = go.Figure()
     for stage in stages:
@@ -174,28 +218,90 @@ def slowest_waterfalls(slowest: pl.DataFrame) -> go.Figure:
             y=labels,
             x=values.clip(lower_bound=0),
             customdata=values,
-            name=stage,
+            name=LOOK[stage].label,
             orientation="h",
             marker_color=STAGE_COLOURS[stage],
-            hovertemplate=f"{stage}: %{{customdata:.1f}} ms<extra></extra>",
+            hovertemplate=f"{LOOK[stage].label}: %{{customdata:.1f}} ms<extra></extra>",
         )
     fig.update_layout(barmode="stack", legend_traceorder="normal")
-    fig = _layout(fig, f"The {len(labels)} slowest requests (by TTFT), stages end to end", "",
+    fig = _layout(fig, f"The {len(labels)} slowest requests by TTFT: where their first token's time went", "",
                   height=max(320, 80 + 34 * len(labels)))  # fmt: skip
-    return fig.update_xaxes(title="ms from the request's first hop")
+    return fig.update_xaxes(title="ms from the request's first hop to its first token")
+
+
+def _words(key: str) -> str:
+    """``prompt_tokens_p50`` -> ``prompt tokens p50``; ``before_ms`` -> ``before``; ``arrivals_per_s``
+    -> ``arrivals/s``."""
+    key = key.replace("_per_s", "/s").removesuffix("_ms").removesuffix("_s")
+    return LOOK[key].label if key in LOOK else key.replace("_", " ")
+
+
+def _value(value: Any, key: str = "") -> str:
+    """A value as a person reads it: numbers rounded (with their unit), lists and maps in words."""
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (int, float)):
+        unit = " ms" if key.endswith("_ms") else " s" if key.endswith("_s") else ""
+        if isinstance(value, float) and not unit and 0 < abs(value) < 1 and ("share" in key or "ratio" in key):
+            return f"{value * 100:.0f}%"
+        text = f"{value:,.0f}" if abs(value) >= 100 or isinstance(value, int) else f"{value:,.3g}"
+        return text + unit
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Mapping):
+        return ", ".join(f"{_words(str(k))} {_value(v, str(k))}" for k, v in value.items()) or "–"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(_words(str(v)) if isinstance(v, str) else _value(v) for v in value) or "–"
+    return str(value)
+
+
+def _scope_words(scope: Mapping[str, Any] | None) -> str:
+    return ", ".join(f"{_words(str(k))} {v}" for k, v in (scope or {}).items()) or "all traffic"
+
+
+def _shift_rows(f: Mapping[str, Any]) -> list[tuple[str, str]]:
+    rows = [
+        ("stage", _words(str(f.get("stage")))),
+        ("where", _scope_words(f.get("scope"))),
+        ("from", str(f.get("at", "–")) + (f" until {f['until']}" if f.get("until") else "")),
+        (f"{f.get('statistic', 'p50')} before → after", f"{_value(f.get('before_ms'), '_ms')} → {_value(f.get('after_ms'), '_ms')}"),
+        ("requests since", _value(f.get("affected_requests"))),
+    ]
+    context = f.get("context") or {}
+    before, after = context.get("before") or {}, context.get("after") or {}
+    for key, value in context.items():
+        if key in ("before", "after", "covariates") or value in ({}, [], None):
+            continue  # covariates: their before -> after values follow
+        if isinstance(value, Mapping) and all(isinstance(v, (int, float)) for v in value.values()):
+            # relative changes of what moved with it
+            value = ", ".join(f"{_words(str(k))} {v * 100:+.0f}%" for k, v in value.items())
+        rows.append((_words(key).replace("moved with", "moved with it"), _value(value)))
+    for key in before:
+        rows.append((_words(key), f"{_value(before[key], key)} → {_value(after.get(key), key)}"))
+    return rows
+
+
+def _pitfall_rows(f: Mapping[str, Any]) -> list[tuple[str, str]]:
+    rows = [("where", _scope_words(f.get("scope"))), ("requests", _value(f.get("affected_requests")))]
+    rows += [(_words(str(k)), _value(v, str(k))) for k, v in (f.get("evidence") or {}).items()]
+    return rows
 
 
 def _findings_html(findings: Mapping[str, Any]) -> str:
+    """Each finding as its sentence, with the evidence behind it in a small table of words and
+    rounded numbers (never raw JSON)."""
     items = []
     for f in findings.get("findings", []):
-        details = {k: v for k, v in f.items() if k not in ("summary", "kind")}
-        rows = "".join(
-            f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(json.dumps(v) if not isinstance(v, str) else v)}</td></tr>"
-            for k, v in details.items()
-        )
+        kind = str(f.get("kind", ""))
+        rows = _shift_rows(f) if kind == "shift" else _pitfall_rows(f)
+        if f.get("impact_s") is not None:
+            rows.append(("users' time at stake", f"{abs(float(f['impact_s'])):,.1f} s"))
+        table = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
         items.append(
-            f'<li class="finding {html.escape(str(f.get("kind", "")))}"><p><b>{html.escape(str(f.get("kind", "")))}</b> '
-            f'{html.escape(str(f.get("summary", "")))}</p><table class="evidence">{rows}</table></li>'
+            f'<li class="finding {html.escape(kind)}"><p><b>{html.escape(kind)}</b> '
+            f'{html.escape(str(f.get("summary", "")))}</p><table class="evidence">{table}</table></li>'
         )
     if not items:
         return "<p>No findings: no stage shifted and no pitfall was detected.</p>"
@@ -209,7 +315,7 @@ def _stages_html(stages: Mapping[str, Mapping[str, Any]]) -> str:
         return f"<td>{value * 100:.1f}%</td>" if pct else f"<td>{value:,.1f}</td>"
 
     rows = "".join(
-        f"<tr><th>{html.escape(name)}</th>{cell(s.get('p50_ms'))}{cell(s.get('p90_ms'))}{cell(s.get('p99_ms'))}"
+        f"<tr><th>{html.escape(_words(name))}</th>{cell(s.get('p50_ms'))}{cell(s.get('p90_ms'))}{cell(s.get('p99_ms'))}"
         f"{cell(s.get('share_of_ttft'), pct=True)}</tr>"
         for name, s in stages.items()
     )
@@ -225,7 +331,8 @@ h1 { margin-bottom: 0; } .meta { color: #666; margin-top: 4px; }
 section { margin: 28px 0; } table { border-collapse: collapse; font-size: 14px; }
 td, th { padding: 3px 10px; text-align: right; border-bottom: 1px solid #eee; }
 th { text-align: left; } .findings li { margin-bottom: 14px; } .finding p { margin: 4px 0; }
-.evidence { margin-left: 12px; } .evidence td { text-align: left; font-family: monospace; }
+.evidence { margin-left: 12px; font-size: 13px; } .evidence td { text-align: left; }
+.evidence th { color: #555; font-weight: normal; padding-right: 16px; }
 .shift b { color: #d62728; } .pitfall b { color: #ff7f0e; }
 """
 
@@ -257,9 +364,11 @@ def render_html(
     if timelines.height:
         agg = _aggregates(timelines)
         window = int(agg["meta"]["window_s"][0])
+        lo = datetime.fromtimestamp(timelines["start"].min(), UTC).replace(tzinfo=None)
+        hi = datetime.fromtimestamp(timelines["start"].max(), UTC).replace(tzinfo=None)
         figures = [
-            mark_shifts(stages_over_time(agg["over_time"], window), findings),
-            mark_shifts(ttft_quantiles(agg["quantiles"], window), findings),
+            mark_shifts(stages_over_time(agg["over_time"], window), findings, (lo, hi)),
+            mark_shifts(ttft_quantiles(agg["quantiles"], window), findings, (lo, hi)),
             replica_breakdown(agg["per_replica"]),
             slowest_waterfalls(agg["slowest"]),
         ]
@@ -267,12 +376,11 @@ def render_html(
         if kv_bytes_per_token:
             figures.append(kv_chart(timelines, kv_bytes_per_token, window))
             titles.append("KV cache")
-        plots = [
-            fig.to_html(full_html=False, include_plotlyjs=(i == 0), config=_PLOT_CONFIG)
-            for i, fig in enumerate(figures)
-        ]
+        plots = [fig.to_html(full_html=False, include_plotlyjs=False, config=_PLOT_CONFIG) for fig in figures]
+        script = f"<script>{PLOTLY_JS.read_text(encoding='utf-8')}</script>"
         sections += list(zip(titles, plots, strict=True))
     else:
+        script = ""
         sections.append(("Requests", "<p>No requests in the input.</p>"))
     generated = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     first, last = (timelines["start"].min(), timelines["start"].max()) if timelines.height else (None, None)
@@ -284,7 +392,7 @@ def render_html(
     body = "".join(f"<section><h2>{html.escape(t)}</h2>{content}</section>" for t, content in sections)
     path.write_text(
         '<!DOCTYPE html><html><head><meta charset="utf-8"><title>hopline report</title>'
-        f'<style>{_CSS}</style></head><body><h1>hopline report</h1><p class="meta">{html.escape(meta)}</p>'
+        f'<style>{_CSS}</style>{script}</head><body><h1>hopline report</h1><p class="meta">{html.escape(meta)}</p>'
         f"{body}</body></html>",
         encoding="utf-8",
     )

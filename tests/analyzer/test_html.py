@@ -7,11 +7,13 @@ Parquet, scanned, turned into timelines and analysed.
 from __future__ import annotations
 
 import html
+import json
 import re
 import struct
 import subprocess
 import zlib
 from collections import Counter
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -124,10 +126,11 @@ def report(frame: pl.DataFrame, findings: dict, tmp_path_factory) -> Path:
 
 
 def test_report_is_one_self_contained_file(report: Path) -> None:
+    assert report.stat().st_size <= 1.5e6, report.stat().st_size  # plotly.js's basic bundle, once
     text = report.read_text()
     assert not re.search(r"<script[^>]+src=", text)  # plotly.js inlined, nothing fetched
     assert not re.search(r"<link[^>]+href=", text)
-    assert text.count("plotly.js v") == 1 or len(re.findall(r"\* plotly\.js", text)) == 1
+    assert len(re.findall(r"\* plotly\.js \(basic - minified\) v", text)) == 1
     assert text.count('class="plotly-graph-div"') == 4
 
 
@@ -138,7 +141,14 @@ def test_report_shows_the_findings_with_their_evidence(report: Path, findings: d
     assert any(f["stage"] == "queue" and f["scope"] == {"replica": "r2"} for f in shifts)
     for f in shifts:
         assert html.escape(f["summary"]) in text
-        assert f"<th>before_ms</th><td>{f['before_ms']}</td>" in text
+    # evidence in words and rounded numbers, never the JSON's keys or raw structures
+    queue = next(f for f in shifts if f["stage"] == "queue")
+    before, after = round(queue["before_ms"], 1), round(queue["after_ms"])
+    assert f"<th>p50 before → after</th><td>{before:,.3g} ms → {after:,} ms</td>" in text
+    assert "<th>where</th><td>replica r2</td>" in text
+    findings_part = text[text.index('<ol class="findings">') : text.index("</ol>")]
+    for raw in ("before_ms", "impact_s", "<th>z</th>", "context", "{", "}"):
+        assert raw not in findings_part, raw
     assert "<th>p50 ms</th>" in text and "<th>queue</th>" in text  # the stage table
 
 
@@ -188,3 +198,59 @@ def test_kv_chart_when_bytes_per_token_are_known(frame: pl.DataFrame, tmp_path: 
         {"findings": []}, frame, tmp_path / "kv.html", kv_bytes_per_token=98_304
     ).read_text()
     assert with_kv.count('class="plotly-graph-div"') == 5 and "KV cache in flight per replica" in with_kv
+
+
+def test_bundled_plotly_js_is_the_version_plotly_writes_for() -> None:
+    """The inlined basic bundle must match the plotly.js the Python package targets."""
+    import plotly
+
+    from hopline.analyzer.html import PLOTLY_JS
+
+    bundled = re.search(r"plotly\.js \(basic - minified\) v(\d+\.\d+)", PLOTLY_JS.read_text()[:400]).group(1)
+    full = (Path(plotly.__file__).parent / "package_data" / "plotly.min.js").read_text()[:200]
+    assert re.search(r"plotly\.js v(\d+\.\d+)", full).group(1) == bundled
+
+
+MEASURE = """<script>
+window.addEventListener("load", () => setTimeout(() => {
+  const out = [];
+  document.querySelectorAll(".plotly-graph-div").forEach((plot, i) => {
+    plot.querySelectorAll("g.annotation").forEach((a) => {
+      const r = a.getBoundingClientRect();
+      out.push([i, r.left, r.top, r.right, r.bottom, a.textContent]);
+    });
+  });
+  const pre = document.createElement("pre"); pre.id = "boxes"; pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+}, 300));
+</script>"""
+
+
+def test_shift_labels_never_overlap_in_chromium(frame: pl.DataFrame, tmp_path: Path) -> None:
+    """Six shifts, some seconds apart: on every chart, no two marker labels' boxes intersect
+    (measured by the browser on a copy of the report with a measuring script appended)."""
+    at = [90, 92, 95, 97, 150, 151]
+    stages = ["queue", "prefill", "network", "decode", "gateway", "frontend"]
+    findings = {
+        "requests": frame.height,
+        "findings": [
+            {"kind": "shift", "summary": f"{s} moved", "stage": s, "factor": 2.5, "scope": {"replica": "r2"},
+             "at": datetime.fromtimestamp(frame["start"].min() + t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}
+            for s, t in zip(stages, at, strict=True)
+        ],
+    }  # fmt: skip
+    page = render_html(findings, frame, tmp_path / "marks.html")
+    probe = tmp_path / "probe.html"
+    probe.write_text(page.read_text().replace("</body>", MEASURE + "</body>"))
+    dom = chromium("--dump-dom", probe.as_uri(), profile=tmp_path / "probe-profile")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    boxes = json.loads(html.unescape(re.search(r'<pre id="boxes">(.*?)</pre>', dom.stdout, re.S).group(1)))
+    by_plot: dict[int, list] = {}
+    for plot, *box, text in boxes:
+        by_plot.setdefault(plot, []).append((box, text))
+    assert len(by_plot) == 2 and all(len(v) == 6 for v in by_plot.values())  # both time charts
+    for labels in by_plot.values():
+        for i, ((l1, t1, r1, b1), a) in enumerate(labels):
+            assert r1 - l1 > 10  # drawn, with a width
+            for (l2, t2, r2, b2), b in labels[i + 1 :]:
+                assert r1 <= l2 or r2 <= l1 or b1 <= t2 or b2 <= t1, (a, b)
