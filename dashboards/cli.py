@@ -59,6 +59,13 @@ def build(
     error_ratio: Annotated[
         float, typer.Option(help="Alert when more than this share of requests does not end ok.")
     ] = _DEFAULTS.error_ratio,
+    source: Annotated[
+        Path | None,
+        typer.Option(
+            help="The hopline checkout docker compose builds the collector from (its Dockerfile); "
+            "default: the checkout hopline runs from, else $HOPLINE_SOURCE at compose time."
+        ),
+    ] = None,
 ) -> None:
     """Write hopline's Grafana dashboards, Prometheus rules and a docker-compose stack to OUT.
 
@@ -70,8 +77,14 @@ def build(
     thresholds = Thresholds(
         queue_factor=queue_factor, queue_floor_s=queue_floor, ttft_gap_s=ttft_gap, error_ratio=error_ratio
     )
+    if source is not None and not (source / "Dockerfile").is_file():
+        raise typer.BadParameter(f"{source} has no Dockerfile: give a hopline checkout", param_hint="--source")
     for path in write(
-        out, collector_url=collector_url, vllm_targets=_vllm_targets(vllm), thresholds=thresholds
+        out,
+        collector_url=collector_url,
+        vllm_targets=_vllm_targets(vllm),
+        thresholds=thresholds,
+        source=None if source is None else str(source.resolve()),
     ):
         typer.echo(path)
 

@@ -124,19 +124,19 @@ def prometheus_config(
     }
 
 
-def compose(collector_command: str, home_dashboard: str) -> dict[str, Any]:
+def compose(source: str, home_dashboard: str) -> dict[str, Any]:
     """A docker-compose stack: collector, Prometheus (with exemplar storage) and Grafana 11.6.
 
-    Paths are relative to the compose file, as ``hopline dashboards build`` lays them out;
-    ``home_dashboard`` is the file name of the dashboard Grafana opens first.
+    The collector is built from ``source``, a hopline checkout with its ``Dockerfile`` (hopline is
+    not on a package index). Other paths are relative to the compose file, as ``hopline
+    dashboards build`` lays them out; ``home_dashboard`` is the file name of the dashboard
+    Grafana opens first.
     """
     return {
         "services": {
             "collector": {
-                "image": "python:3.12-slim",
-                "command": ["sh", "-c", escape_dollars(collector_command)],
-                # what the container installs: from the host's environment (or .env), else the package
-                "environment": {"HOPLINE_PIP_SPEC": "${HOPLINE_PIP_SPEC:-hopline[collector]}"},
+                "build": {"context": source},
+                "command": ["--host", "0.0.0.0", "--port", str(COLLECTOR_PORT), "--data-dir", COLLECTOR_DATA],
                 "volumes": [f"hopline-events:{COLLECTOR_DATA}"],
                 "ports": [f"{COLLECTOR_PORT}:{COLLECTOR_PORT}"],
             },

@@ -85,6 +85,16 @@ def test_the_dashboard_provider_and_compose_mounts_point_at_the_written_files(bu
     assert set(services) == {"collector", "prometheus", "grafana"}
     assert "--enable-feature=exemplar-storage" in services["prometheus"]["command"]
     assert services["grafana"]["image"] == "grafana/grafana:11.6.0"
+    # the collector is built from this checkout's Dockerfile (hopline is on no package index), and
+    # the compose command is the Dockerfile's `hopline collector` with compose's port and data dir
+    context = Path(services["collector"]["build"]["context"])
+    dockerfile = (context / "Dockerfile").read_text()
+    assert context == Path(__file__).resolve().parents[2]
+    assert "pip install --no-cache-dir '/src[collector]'" in dockerfile
+    assert 'ENTRYPOINT ["hopline", "collector"]' in dockerfile
+    assert services["collector"]["command"] == ["--host", "0.0.0.0", "--port", "9400", "--data-dir",
+                                                provisioning.COLLECTOR_DATA]  # fmt: skip
+    assert f"{provisioning.COLLECTOR_PORT}:{provisioning.COLLECTOR_PORT}" in services["collector"]["ports"]
     mounts = {}
     for service in services.values():
         for volume in service.get("volumes", []):
@@ -104,7 +114,6 @@ def test_the_dashboard_provider_and_compose_mounts_point_at_the_written_files(bu
     assert uids == {"hopline-lifecycle", "hopline-engine"}
     home = services["grafana"]["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
     assert (dashboards / Path(home).relative_to(provider["options"]["path"])).is_file()
-    assert "hopline collector --host 0.0.0.0 --port 9400" in services["collector"]["command"][-1]
 
 
 def test_help_has_an_example_and_bad_input_is_named():
