@@ -20,7 +20,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from hopline.analyzer.kv import KVConfigError, KVSpec, dtype_bytes
+from hopline.middleware.kv import KVConfigError, KVSpec, dtype_bytes
 
 GIB = 1024**3
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB")

@@ -71,7 +71,7 @@ def analyze_command(
             parse_duration(window)  # a bad --window fails before any file is read
         kv_bytes = None
         if kv_config is not None:
-            from hopline.analyzer.kv import KVConfigError, KVSpec
+            from hopline.middleware.kv import KVConfigError, KVSpec
 
             try:
                 kv_bytes = KVSpec.from_config(kv_config).bytes_per_token

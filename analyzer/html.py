@@ -20,7 +20,7 @@ from typing import Any
 import plotly.graph_objects as go
 import polars as pl
 
-from hopline.analyzer.kv import kv_in_flight
+from hopline.analyzer.kv_in_flight import kv_in_flight
 from hopline.analyzer.waterfall import WATERFALL_ORDER
 from hopline.middleware.contract import VIEWS
 

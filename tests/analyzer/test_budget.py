@@ -7,9 +7,8 @@ import subprocess
 import sys
 
 import pytest
-
 from hopline.analyzer.budget import compute_budget, human_bytes
-from hopline.analyzer.kv import KVSpec
+from hopline.middleware.kv import KVSpec
 
 KIB, MIB, GIB = 1024, 1024**2, 1024**3
 QWEN_ARGS = [

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from hopline.analyzer.synth import ColdConnections, StageShift, generate, write_ndjson
+from support.synth import ColdConnections, StageShift, generate, write_ndjson
 
 INCIDENTS = [StageShift("queue", 3.0, at_s=120, scope={"replica": "r2"}), ColdConnections("search-assist")]
 

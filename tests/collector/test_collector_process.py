@@ -14,7 +14,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-from collector_testing import env_without_hopline, event, ndjson, stored_lines
+from support.collector import stored_lines
+from support.events import event, ndjson
+from support.servers import env_without_hopline
 
 NDJSON = {"Content-Type": "application/x-ndjson"}
 

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from collector_testing import event, ndjson, serve
 from hopline.collector.config import CollectorConfig
+from support.collector import serve
+from support.events import event, ndjson
 
 PROMETHEUS = "/usr/bin/prometheus"
 

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import random
-from pathlib import Path
 
 import pytest
 from hopline.collector import stages
 from hopline.middleware import contract
 from hopline.middleware.contract import HOPS, INPUTS, RATIOS, STAGE_NAMES, validate_event
-
-GOLDEN = json.loads((Path(__file__).parents[1] / "golden_stages.json").read_text())
+from support.golden import GOLDEN
 
 
 @pytest.mark.parametrize("case", GOLDEN["cases"], ids=lambda c: c["name"])

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import time
 
-from collector_testing import event, serve, stored_lines
 from hopline.collector.config import CollectorConfig
 from hopline.middleware.sinks import FileSink
+from support.collector import serve, stored_lines
+from support.events import event
 
 
 def wait_for(predicate, timeout: float = 15.0) -> None:

@@ -11,12 +11,11 @@ from typing import Any
 
 import pytest
 import yaml
-
 from hopline.dashboards import provisioning
 from hopline.dashboards.build import write
+from support.golden import GOLDEN
 
 PROMTOOL = "/usr/bin/promtool"
-GOLDEN = json.loads((Path(__file__).parents[1] / "golden_stages.json").read_text())
 _LABEL_VALUES = re.compile(r"label_values\((.*),\s*\w+\)")
 
 
