@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 import random
+import traceback
 
 import pytest
 from hopline.collector import stages
@@ -57,3 +59,17 @@ def test_random_requests_pick_the_same_events():
             events.append(validate_event(event))
         assert stages.request_inputs(events) == contract.request_inputs(events)
         assert stages.compute_stages(events) == contract.compute_stages(events)
+
+
+def test_generated_code_shows_in_tracebacks_and_getsource():
+    """A bug in the generated functions is debuggable: the traceback quotes the generated line."""
+    values = {name: "not a number" for name in stages._names()}  # str + float fails in a stage sum
+    with pytest.raises(TypeError) as caught:
+        stages.evaluate({**values, "stream": True})
+    frame = caught.traceback[-1]
+    assert str(frame.path) == "<hopline stage table>"
+    assert "v_" in str(frame.statement)  # the generated statement, e.g. v_client_ttft = (0.0 + ...)
+    formatted = "".join(traceback.format_exception(caught.value))
+    assert 'File "<hopline stage table>"' in formatted and " * v_" in formatted
+    assert inspect.getsource(stages.evaluate).startswith("def evaluate(values):")
+    assert inspect.getsource(stages.request_inputs).startswith("def request_inputs(events):")
