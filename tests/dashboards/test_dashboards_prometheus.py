@@ -184,7 +184,7 @@ def test_rules_evaluate_and_the_alert_annotation_finds_a_firing_alert(stack, das
             assert rule["health"] == "ok", rule
     # the fixture has a negative stage: HoplineNegativeStages fires at once (no `for`)
     annotation = dashboard_models["hopline-lifecycle.json"]["annotations"]["list"][0]
-    firing = _wait("a firing alert", lambda: _query(stack, annotation["expr"])["result"])
+    firing = _wait("a firing alert", lambda: _query(stack, annotation["target"]["expr"])["result"])
     assert {r["metric"]["alertname"] for r in firing} == {"HoplineNegativeStages"}
 
 
