@@ -62,11 +62,7 @@ def watch_parent(interval: float = 0.5) -> None:
 
 def listening_socket() -> socket.socket:
     """A TCP socket listening on 127.0.0.1 on a port the OS chose (connections queue until served)."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(1024)
-    return sock
+    return socket.create_server(("127.0.0.1", 0), backlog=1024)  # SO_REUSEADDR set on POSIX
 
 
 def free_port() -> int:

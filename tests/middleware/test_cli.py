@@ -8,13 +8,13 @@ puts an import blocker first on ``sys.meta_path`` for the packages an extra brin
 from __future__ import annotations
 
 import subprocess
-import sys
 from importlib.metadata import EntryPoint
 from pathlib import Path
 
 import pytest
 import typer
 from hopline.middleware.cli import ClickException, UsageError, build, run
+from support.cli import hopline
 from support.servers import env_without_hopline
 
 BLOCKER = '''
@@ -38,14 +38,7 @@ sys.meta_path.insert(0, Blocker())
 
 def hopline_without(tmp_path: Path, blocked: set[str], *args: str) -> subprocess.CompletedProcess[str]:
     (tmp_path / "sitecustomize.py").write_text(BLOCKER.format(blocked=sorted(blocked)))
-    env = {**env_without_hopline(), "PYTHONPATH": str(tmp_path), "COLUMNS": "200"}
-    return subprocess.run(
-        [sys.executable, "-m", "hopline.middleware.cli", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
+    return hopline(*args, env={**env_without_hopline(), "PYTHONPATH": str(tmp_path)})
 
 
 # what each extra brings that its commands import (pyproject.toml's optional dependencies)

@@ -43,7 +43,7 @@ def wait_for(
         return predicate(caught[0])
 
     try:
-        wait_until(ready, timeout=timeout, interval=0.02)
+        wait_until("the events", ready, timeout=timeout, interval=0.02)
     except AssertionError:
         raise AssertionError(
             f"condition not met; events: {[(e['hop'], e.get('error')) for e in caught[0]]}"

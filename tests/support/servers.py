@@ -40,11 +40,7 @@ def make_server_tls(directory: Path) -> ServerTLS:
 
 def listening_socket() -> socket.socket:
     """A TCP socket on 127.0.0.1, on a port the OS chose, already listening (nothing races for it)."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(1024)
-    return sock
+    return socket.create_server(("127.0.0.1", 0), backlog=1024)  # SO_REUSEADDR set on POSIX
 
 
 def free_port() -> int:
@@ -90,13 +86,15 @@ def running_server(app: Any, tls: ServerTLS | None = None, *, lifespan: str = "a
 
 
 def wait_until(
+    what: str,
     ready: Callable[[], T],
-    what: str = "the condition",
+    *,
     timeout: float = 15.0,
     interval: float = 0.05,
     ignore: tuple[type[BaseException], ...] = (),
 ) -> T:
-    """Call ``ready`` until it returns something truthy and return that; AssertionError after ``timeout``.
+    """Call ``ready`` until it returns something truthy and return that; AssertionError naming
+    ``what`` after ``timeout`` seconds.
 
     Exceptions of the types in ``ignore`` (e.g. ``httpx.HTTPError`` while a server starts) count as
     not ready yet.
