@@ -143,13 +143,19 @@ def _checked(tmp_path: Path, part: str, source: str) -> list[str]:
 @pytest.mark.parametrize(
     ("part", "source"),
     [
-        ("collector", "from hopline.analyzer.kv import KVSpec\n"),
-        ("collector", "def f():\n    import hopline.analyzer.io\n"),
-        ("middleware", "from hopline.collector import metric_names\n"),
-        ("analyzer", 'import sys\nARGV = [sys.executable, "-m", "hopline.collector", "--port", "1"]\n'),
-        ("dashboards", "from hopline.collector.app import create_app\n"),
-        ("dashboards", "from ..collector import store\n"),
-        ("analyzer", "from hopline.demo import scenarios\n"),
+        pytest.param("collector", "from hopline.analyzer.kv import KVSpec\n", id="collector-from-analyzer"),
+        pytest.param("collector", "def f():\n    import hopline.analyzer.io\n", id="lazy-import"),
+        pytest.param("middleware", "from hopline.collector import metric_names\n", id="middleware-upwards"),
+        pytest.param(
+            "analyzer",
+            'ARGV = [sys.executable, "-m", "hopline.collector", "--port", "1"]\n',
+            id="runs-the-collector",
+        ),
+        pytest.param(
+            "dashboards", "from hopline.collector.app import create_app\n", id="dashboards-collector-app"
+        ),
+        pytest.param("dashboards", "from ..collector import store\n", id="relative-upwards"),
+        pytest.param("analyzer", "from hopline.demo import scenarios\n", id="imports-the-demo"),
     ],
 )
 def test_the_checker_catches_a_wrong_import(tmp_path: Path, part: str, source: str) -> None:
@@ -159,11 +165,17 @@ def test_the_checker_catches_a_wrong_import(tmp_path: Path, part: str, source: s
 @pytest.mark.parametrize(
     ("part", "source"),
     [
-        ("dashboards", "from hopline.collector import metric_names as m\n"),
-        ("dashboards", "from hopline.collector.metric_names import Metric\n"),
-        ("dashboards", "from . import panels\n"),
-        ("demo", 'ARGV = ["-m", "hopline.collector"]\nfrom hopline.analyzer.io import scan_events\n'),
-        ("analyzer", '"""Run ``python -m hopline.collector`` first."""\n'),  # prose, not a module name
+        pytest.param("dashboards", "from hopline.collector import metric_names as m\n", id="metric-names"),
+        pytest.param("dashboards", "from hopline.collector.metric_names import Metric\n", id="metric-name"),
+        pytest.param("dashboards", "from . import panels\n", id="own-part"),
+        pytest.param(
+            "demo",
+            'ARGV = ["-m", "hopline.collector"]\nfrom hopline.analyzer.io import scan_events\n',
+            id="demo-on-top",
+        ),
+        pytest.param(
+            "analyzer", '"""Run ``python -m hopline.collector`` first."""\n', id="prose-is-not-a-module"
+        ),
     ],
 )
 def test_the_checker_allows_what_the_graph_allows(tmp_path: Path, part: str, source: str) -> None:
