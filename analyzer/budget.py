@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from hopline.middleware.cli import UsageError
+from hopline.middleware.kv import KVConfigError, KVSpec, dtype_bytes
 from rich.console import Console
 from rich.table import Table
-
-from hopline.analyzer.kv import KVConfigError, KVSpec, dtype_bytes
 
 GIB = 1024**3
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
@@ -155,6 +155,31 @@ def render_budget(budget: dict[str, Any], console: Console) -> None:
     console.print(table)
 
 
+def kv_spec(
+    model_config: Path | None,
+    layers: int | None,
+    kv_heads: int | None,
+    head_dim: int | None,
+    *,
+    dtype: str | None = None,
+    kv_dtype: str | None = None,
+) -> KVSpec:
+    """The model's KV shape from a config.json or from the explicit numbers (not both, not neither)."""
+    explicit = (layers, kv_heads, head_dim)
+    if model_config is not None:
+        if any(v is not None for v in explicit):
+            raise KVConfigError("give either --model-config or --layers/--kv-heads/--head-dim, not both")
+        return KVSpec.from_config(model_config, kv_dtype=kv_dtype or dtype)
+    missing = [
+        f"--{n}" for n, v in zip(("layers", "kv-heads", "head-dim"), explicit, strict=True) if v is None
+    ]
+    if kv_dtype is None and dtype is None:
+        missing.append("--dtype")
+    if missing:
+        raise KVConfigError(f"without --model-config, give {', '.join(missing)}")
+    return KVSpec(layers, kv_heads, head_dim, kv_dtype or dtype)  # type: ignore[arg-type]
+
+
 EXAMPLE = """\
 Example, Qwen3-30B-A3B (TTFT 400 ms, end-to-end 8,400 ms, 96 KiB per token, 600 MiB per request):
 
@@ -197,24 +222,8 @@ def budget_command(
     ] = False,
 ) -> None:
     """The latency and KV-cache arithmetic for a deployment: TTFT, end-to-end, tokens/s and KV memory."""
-    err = Console(stderr=True)
-    explicit = (layers, kv_heads, head_dim)
     try:
-        if model_config is not None:
-            if any(v is not None for v in explicit):
-                raise KVConfigError("give either --model-config or --layers/--kv-heads/--head-dim, not both")
-            kv = KVSpec.from_config(model_config, kv_dtype=kv_dtype or dtype)
-        else:
-            missing = [
-                f"--{n}"
-                for n, v in zip(("layers", "kv-heads", "head-dim"), explicit, strict=True)
-                if v is None
-            ]
-            if kv_dtype is None and dtype is None:
-                missing.append("--dtype")
-            if missing:
-                raise KVConfigError(f"without --model-config, give {', '.join(missing)}")
-            kv = KVSpec(layers, kv_heads, head_dim, kv_dtype or dtype)  # type: ignore[arg-type]
+        kv = kv_spec(model_config, layers, kv_heads, head_dim, dtype=dtype, kv_dtype=kv_dtype)
         result = compute_budget(
             network_ms=network_ms,
             queue_ms=queue_ms,
@@ -228,8 +237,7 @@ def budget_command(
             weights_gib=weights_gib,
         )
     except ValueError as exc:  # KVConfigError included
-        err.print(f"[red]hopline budget:[/red] {exc}")
-        raise typer.Exit(2) from exc
+        raise UsageError(str(exc)) from exc
     if as_json:
         typer.echo(json.dumps(result))
     else:

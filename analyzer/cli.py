@@ -1,16 +1,24 @@
-"""``hopline analyze``: event logs in; stages, shifts and pitfalls out (terminal, JSON, HTML)."""
+"""``hopline analyze``: event logs in; stages, shifts and pitfalls out (terminal, JSON, HTML).
+
+``analyze_command`` is the thin Typer layer (options, progress, output); ``event_files`` and
+``analyze_files`` are plain functions that return the data, for scripts and tests.
+"""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import orjson
+import polars as pl
 import typer
 from hopline.analyzer import attribution, io, report
 from hopline.analyzer.timelines import timelines
+from hopline.middleware.cli import ClickException, UsageError
 from hopline.middleware.durations import parse_duration
+from hopline.middleware.kv import KVConfigError, KVSpec
 from hopline.middleware.rules import SCOPE_SOURCES, scope_sources
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
@@ -25,14 +33,49 @@ It prints the stage table and findings such as "queue time tripled at 10:05 on r
 """
 
 
-def _dims(text: str) -> tuple[str, ...]:
-    """``--by``: scope attributes, comma-separated; any attribute name is allowed (see rules)."""
+def parse_scopes(text: str) -> tuple[str, ...]:
+    """``--by``: comma-separated scope attributes; any attribute name is allowed (rules.scope_sources)."""
     dims = tuple(d.strip() for d in text.split(",") if d.strip())
-    try:
-        scope_sources(dims)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--by") from exc
+    scope_sources(dims)  # ValueError naming a bad name
     return dims
+
+
+def kv_bytes_per_token(kv_config: Path | None) -> int | None:
+    """``--kv-config``: a model's ``config.json`` -> its KV-cache bytes per token (None without one)."""
+    return None if kv_config is None else KVSpec.from_config(kv_config).bytes_per_token
+
+
+def event_files(paths: list[Path], since: str | None = None, until: str | None = None) -> list[Path]:
+    """The event files to read; ``FileNotFoundError`` / ``ValueError`` naming what was wrong."""
+    files = io.find_files(paths, io.to_epoch(since), io.to_epoch(until))
+    if not files:
+        raise ValueError(
+            f"no event files (*.ndjson, *.jsonl, *.parquet) under {', '.join(map(str, paths))}"
+        )
+    return files
+
+
+def analyze_files(
+    files: list[Path],
+    *,
+    since: str | None = None,
+    until: str | None = None,
+    window: str = "auto",
+    by: tuple[str, ...] = attribution.SCOPES,
+    slo: attribution.Slo | None = None,
+    kv_bytes: int | None = None,
+    on_file: Callable[[Path], None] | None = None,
+    on_step: Callable[[str], None] | None = None,
+) -> tuple[dict[str, Any], pl.DataFrame]:
+    """The findings object for ``files`` and the per-request timelines it was computed from."""
+    events, scan = io.scan_events(files, since=since, until=until, progress=on_file)
+    if on_step is not None:
+        on_step("building timelines")
+    frame = timelines(events, scopes=tuple(d for d in by if d not in SCOPE_SOURCES)).collect()
+    if on_step is not None:
+        on_step("finding shifts and pitfalls")
+    result = report.analyze(frame, window=window, by=by, slo=slo, scan=scan, kv_bytes_per_token=kv_bytes)
+    return result, frame
 
 
 def analyze_command(
@@ -69,56 +112,47 @@ def analyze_command(
         typer.Option(help="Model config.json: adds KV-cache memory to the no_max_tokens evidence."),
     ] = None,
 ) -> None:
-    err = Console(stderr=True)
     try:
-        dims = _dims(by)
+        dims = parse_scopes(by)
         slo_targets = attribution.Slo.parse(slo) if slo else None
         if window != "auto":
             parse_duration(window)  # a bad --window fails before any file is read
-        kv_bytes = None
-        if kv_config is not None:
-            from hopline.analyzer.kv import KVConfigError, KVSpec
-
-            try:
-                kv_bytes = KVSpec.from_config(kv_config).bytes_per_token
-            except KVConfigError as exc:
-                raise typer.BadParameter(str(exc), param_hint="--kv-config") from exc
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
-
     try:
-        files = io.find_files(paths, io.to_epoch(since), io.to_epoch(until))
+        kv_bytes = kv_bytes_per_token(kv_config)
+    except KVConfigError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--kv-config") from exc
+    try:
+        files = event_files(paths, since, until)
     except (FileNotFoundError, ValueError) as exc:
-        err.print(f"hopline analyze: {exc}", markup=False)
-        raise typer.Exit(2) from exc
-    if not files:
-        err.print(
-            f"hopline analyze: no event files (*.ndjson, *.jsonl, *.parquet) under {', '.join(map(str, paths))}",
-            markup=False,
-        )
-        raise typer.Exit(2)
+        raise UsageError(str(exc)) from exc
 
-    with Progress(
-        SpinnerColumn(),
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        console=err,
-        transient=True,
-        disable=not err.is_terminal,
-    ) as progress:
-        task = progress.add_task("reading events", total=len(files))
-
-        def advance(path: Path) -> None:
-            progress.update(task, advance=1, description=f"reading {path.name}")
-
-        events, scan = io.scan_events(files, since=since, until=until, progress=advance)
-        progress.update(task, description="building timelines")
-        frame = timelines(events, scopes=tuple(d for d in dims if d not in SCOPE_SOURCES)).collect()
-        progress.update(task, description="finding shifts and pitfalls")
-        result = report.analyze(
-            frame, window=window, by=dims, slo=slo_targets, scan=scan, kv_bytes_per_token=kv_bytes
-        )
+    err = Console(stderr=True)
+    try:
+        with Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            console=err,
+            transient=True,
+            disable=not err.is_terminal,
+        ) as progress:
+            task = progress.add_task("reading events", total=len(files))
+            result, frame = analyze_files(
+                files,
+                since=since,
+                until=until,
+                window=window,
+                by=dims,
+                slo=slo_targets,
+                kv_bytes=kv_bytes,
+                on_file=lambda path: progress.update(task, advance=1, description=f"reading {path.name}"),
+                on_step=lambda step: progress.update(task, description=step),
+            )
+    except OSError as exc:  # a file that vanished or cannot be read
+        raise ClickException(f"cannot read events: {exc}") from exc
 
     if html is not None:
         from hopline.analyzer.html import render_html

@@ -21,7 +21,7 @@ from typing import Any
 import plotly.graph_objects as go
 import polars as pl
 
-from hopline.analyzer.kv import kv_in_flight
+from hopline.analyzer.kv_in_flight import kv_in_flight
 from hopline.middleware.contract import VIEWS
 from hopline.middleware.rules import LOOK, STAGE_ORDER, TTFT_PARTS, VIEW_LOOK
 

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from hopline.collector.config import FSYNC_POLICIES, CollectorConfig
+
+# imported here, not lazily: without the `collector` extra (fastapi, uvicorn, prometheus_client)
+# this module fails to load and `hopline` lists the command with the extra to install
+import uvicorn
+from hopline.collector.app import create_app
+from hopline.collector.config import CollectorConfig
+from hopline.collector.kv_cache import parse_model_config
+from hopline.middleware.cli import UsageError, run
 from hopline.middleware.durations import parse_duration
 
 EXAMPLE = """
@@ -19,6 +28,37 @@ Example:
 Then point services at it with HOPLINE_SINK=http://HOST:9400 (and HOPLINE_TOKEN), and Prometheus
 at http://HOST:9400/metrics (with --enable-feature=exemplar-storage for request_id exemplars).
 """
+
+
+def collector_config(
+    data_dir: Path,
+    *,
+    token: str | None = None,
+    model_config: Iterable[str] = (),
+    retention: str = "14d",
+    tail: Iterable[str] = (),
+    fsync: str = "batch",
+    fsync_interval: str = "1s",
+    max_body: int = 8 * 1024 * 1024,
+    grace: str = "2s",
+    ttl: str = "15m",
+    max_open: int = 100_000,
+) -> CollectorConfig:
+    """The ``CollectorConfig`` the command line describes (durations as text, ``--model-config`` specs);
+    ``ValueError`` naming the option that was wrong."""
+    return CollectorConfig(
+        data_dir=data_dir,
+        token=token or None,
+        kv_bytes_per_token=dict(parse_model_config(spec) for spec in model_config),
+        retention_s=parse_duration(retention),
+        tail=tuple(tail),
+        fsync=fsync,
+        fsync_interval_s=parse_duration(fsync_interval),
+        max_body_bytes=max_body,
+        grace_s=parse_duration(grace),
+        ttl_s=parse_duration(ttl),
+        max_open_requests=max_open,
+    )
 
 
 def collector(
@@ -73,32 +113,22 @@ def collector(
     log_level: Annotated[str, typer.Option(help="uvicorn's log level.")] = "warning",
 ) -> None:
     """Run the collector: ingest hop events, join them, expose /metrics, store events durably."""
-    import uvicorn
-    from hopline.collector.app import create_app
-    from hopline.collector.kv_cache import parse_model_config
-
-    if fsync not in FSYNC_POLICIES:
-        raise typer.BadParameter(f"use one of {', '.join(FSYNC_POLICIES)}", param_hint="--fsync")
     try:
-        kv = dict(parse_model_config(spec) for spec in model_config or ())
-        config = CollectorConfig(
-            data_dir=data_dir,
-            host=host,
-            port=port,
-            token=token or None,
-            kv_bytes_per_token=kv,
-            retention_s=parse_duration(retention),
-            tail=tuple(tail or ()),
+        config = collector_config(
+            data_dir,
+            token=token,
+            model_config=model_config or (),
+            retention=retention,
+            tail=tail or (),
             fsync=fsync,
-            fsync_interval_s=parse_duration(fsync_interval),
-            max_body_bytes=max_body,
-            grace_s=parse_duration(grace),
-            ttl_s=parse_duration(ttl),
-            max_open_requests=max_open,
+            fsync_interval=fsync_interval,
+            max_body=max_body,
+            grace=grace,
+            ttl=ttl,
+            max_open=max_open,
         )
     except ValueError as exc:
-        typer.echo(f"hopline collector: {exc}", err=True)
-        raise typer.Exit(2) from None
+        raise UsageError(str(exc)) from exc
     uvicorn.run(
         create_app(config),
         host=host,
@@ -115,7 +145,7 @@ def register(app: typer.Typer) -> None:
 
 
 def main() -> None:
-    """``python -m hopline.collector ...``: the same command on its own."""
+    """``python -m hopline.collector ...``: the same command on its own (same error style)."""
     app = typer.Typer(add_completion=False)
     register(app)
-    app()
+    sys.exit(run(app, prog_name="hopline collector"))

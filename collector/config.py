@@ -14,9 +14,7 @@ FSYNC_POLICIES = ("batch", "interval", "none")
 
 @dataclass(frozen=True)
 class CollectorConfig:
-    data_dir: Path
-    host: str = "127.0.0.1"
-    port: int = 9400
+    data_dir: Path  # where to listen is uvicorn's business (the command's --host / --port)
     token: str | None = None  # when set, POST /v1/events needs "Authorization: Bearer <token>"
     # model name -> KV-cache bytes per token (see hopline.collector.kv_cache)
     kv_bytes_per_token: dict[str, int] = field(default_factory=dict)

@@ -1,8 +1,8 @@
 """A histogram with ``request_id`` exemplars that costs a fraction of prometheus_client's.
 
-prometheus_client's ``Histogram.observe`` with an exemplar costs ~1.5 µs even on a pre-bound
-child (it validates the exemplar and takes locks on every call); a finished request makes ~17
-observations, which alone would use a fifth of the collector's per-event budget. This one
+prometheus_client's ``Histogram.observe`` with an exemplar is slow even on a pre-bound child (it
+validates the exemplar and takes locks on every call), and a finished request makes 17
+observations (bench/README.md, "collector", compares the two side by side). This one
 keeps, per label tuple, plain per-bucket counts, a sum and each bucket's latest exemplar, and
 turns them into a ``HistogramMetricFamily`` only at scrape time (a custom collector: the
 registry's pull model). The exposition is the same: cumulative ``_bucket`` series with ``le``,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hopline.middleware.contract import TIME_STAGES, VIEWS
+from hopline.middleware.contract import VIEWS
 
 
 @dataclass(frozen=True)
@@ -94,9 +94,7 @@ ALL: tuple[Metric, ...] = (
     INCOMPLETE_REQUESTS, CONNECTIONS, WITHOUT_MAX_TOKENS, NEGATIVE_STAGES, OPEN_REQUESTS,
 )
 
-STAGE_LABEL_VALUES = TIME_STAGES  # connect network gateway queue prefill frontend engine upstream... decode
 VIEW_LABEL_VALUES = VIEWS
-OUTCOMES = ("ok", "error", "rejected", "disconnected", "incomplete")
 
 # Buckets for LLM latencies: 1 ms .. 30 min (the client library's defaults stop at 10 s).
 LATENCY_BUCKETS = (

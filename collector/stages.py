@@ -1,16 +1,19 @@
 """The stage table compiled to straight-line Python, for the collector's per-request hot path.
 
 ``contract.compute_stages`` interprets ``INPUTS``, ``ATTRIBUTE_SOURCES``, ``STAGES`` and
-``RATIOS`` (loops over dataclasses, formulas and terms): ~28 µs per request, over 2 µs per event
-at 12 events per request, the largest single item of the collector's join. ``compile_inputs``
+``RATIOS`` (loops over dataclasses, formulas and terms), which made it the largest single item
+of the collector's join (bench/README.md, "collector", has the figures). ``compile_inputs``
 and ``compile_evaluate`` turn the very same objects into the source of one function each, with
 the same operations in the same order (``0.0 + s1 * a + s2 * b ...``, first formula that yields
 a value wins, ``when_null`` and ``stream`` conditions), so the results are identical, bit for
 bit; ``tests/collector/test_collector_stages.py`` checks that against the contract's functions.
+The generated source is registered with ``linecache`` under its ``<hopline …>`` file name, so
+tracebacks and ``inspect.getsource`` show the generated lines.
 """
 
 from __future__ import annotations
 
+import linecache
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -48,6 +51,18 @@ def _ratio_lines(ratio: Ratio) -> list[str]:
     ]
 
 
+def _define(source: str, filename: str, name: str, namespace: dict[str, Any]) -> Callable[..., Any]:
+    """Compile ``source``, register it with ``linecache`` as ``filename``, run it; return ``name``.
+
+    A ``linecache`` entry whose modification time is None is never checked against a file, so it
+    stays for the life of the process (as the function does).
+    """
+    code = compile(source, filename, "exec")
+    linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
+    exec(code, namespace)  # noqa: S102 (our own table)
+    return namespace[name]
+
+
 def _names() -> list[str]:
     """Every value a formula or ratio reads (inputs, attributes, earlier stages)."""
     names = {name for s in STAGES for f in s.formulas for _, name in f.terms}
@@ -70,9 +85,7 @@ def compile_evaluate() -> Callable[[dict[str, Any]], dict[str, Any]]:
         body += _ratio_lines(ratio)
     body.append("return values")
     source = "def evaluate(values):\n" + "".join(f"    {line}\n" for line in body)
-    namespace: dict[str, Any] = {}
-    exec(compile(source, "<hopline stage table>", "exec"), namespace)  # noqa: S102 (our own table)
-    return namespace["evaluate"]
+    return _define(source, "<hopline stage table>", "evaluate", {})
 
 
 def pick(events: Iterable[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
@@ -114,9 +127,7 @@ def compile_inputs() -> Callable[[Iterable[Mapping[str, Any]]], dict[str, Any]]:
         body.append(f"values[{name!r}] = x")
     body.append("return values")
     source = "def request_inputs(events):\n" + "".join(f"    {line}\n" for line in body)
-    namespace: dict[str, Any] = {"pick": pick}
-    exec(compile(source, "<hopline stage inputs>", "exec"), namespace)  # noqa: S102 (our own table)
-    return namespace["request_inputs"]
+    return _define(source, "<hopline stage inputs>", "request_inputs", {"pick": pick})
 
 
 evaluate = compile_evaluate()

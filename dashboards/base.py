@@ -31,14 +31,12 @@ from .rules import ALERT_PREFIX
 
 TAG = "hopline"
 ALERTS_EXPR = f'ALERTS{{alertname=~"{ALERT_PREFIX}.*", alertstate="firing"}}'
-# Prometheus annotation fields the SDK's AnnotationQuery cannot express (added to the JSON)
-ALERT_ANNOTATION_EXTRAS = {
-    "step": "60s",
-    "titleFormat": "{{alertname}}",
-    "textFormat": "{{service}} {{model}} {{replica}} {{stage}}",
-    "tagKeys": "severity,replica",
-    "useValueForTime": False,
-}
+# The alert annotation's query in the current form: a Prometheus query under ``target`` (what
+# Grafana's Prometheus annotation support migrates the legacy top-level ``expr`` / ``step`` to).
+# The SDK's AnnotationTarget holds only the Grafana datasource's fields, so it is set in the JSON.
+# Grafana 11.6's dashboard schema has no top-level step, titleFormat, textFormat, tagKeys or
+# useValueForTime: hopline writes none of them.
+ALERT_ANNOTATION_TARGET = {"expr": ALERTS_EXPR, "interval": "60s", "refId": "Anno"}
 ALERT_ANNOTATION_NAME = "hopline alerts"
 
 
@@ -86,7 +84,6 @@ def dashboard(title: str, uid: str, description: str) -> Dashboard:
             .datasource(DATASOURCE)
             .enable(True)
             .icon_color("red")
-            .expr(ALERTS_EXPR)
         )
         .link(
             DashboardLink("hopline")
@@ -104,5 +101,5 @@ def to_json(d: Dashboard) -> dict[str, Any]:
     model = json.loads(JSONEncoder(sort_keys=True).encode(d.build()))
     for annotation in model["annotations"]["list"]:
         if annotation["name"] == ALERT_ANNOTATION_NAME:
-            annotation.update(ALERT_ANNOTATION_EXTRAS)
+            annotation["target"] = dict(ALERT_ANNOTATION_TARGET)
     return model

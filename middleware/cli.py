@@ -1,45 +1,129 @@
 """The ``hopline`` command: one Typer app assembled from each installed part's subcommands.
 
-Every part registers a ``register(app)`` function under the entry-point group ``hopline.cli``
-(see pyproject.toml); a part whose extra is not installed shows up as a command that says which
-extra to install.
+Every command has an entry point in the group ``hopline.cli`` (see pyproject.toml), named after
+the command, pointing at a ``register(app)`` function, with the extra it needs in brackets:
+``analyze = "hopline.analyzer.cli:register [analyzer]"``. On an install without that extra the
+command still shows up and says which extra to install. Only a missing third-party package is
+reported that way: an ImportError from inside hopline is a bug, and is shown as one.
+
+One error style for every command: one line on standard error, ``hopline COMMAND: what was
+wrong``; exit status 2 for bad usage (``UsageError``, ``typer.BadParameter``), 1 for a failure
+(``ClickException``), 130 after Ctrl-C. Commands raise those exceptions (re-exported here from the
+click that typer runs on); ``run`` prints them.
 """
 
 from __future__ import annotations
 
-from importlib.metadata import entry_points
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from importlib.metadata import EntryPoint, entry_points
+from typing import Any
 
 import typer
 
-app = typer.Typer(
-    name="hopline",
-    help="Where did this LLM request's time go? Hop timing for client, gateway and engine.",
-    no_args_is_help=True,
-    add_completion=False,
-    rich_markup_mode="rich",
-)
+try:  # typer >= 0.29 runs on its own copy of click
+    from typer._click.exceptions import ClickException, UsageError
+except ImportError:  # older typer runs on click
+    from click.exceptions import ClickException, UsageError
+
+__all__ = ["ClickException", "UsageError", "build", "main", "run"]
+
+HELP = "Where did this LLM request's time go? Hop timing for client, gateway and engine."
 
 
-def _missing(part: str, error: Exception) -> None:
-    @app.command(name=part, help=f"(unavailable: pip install 'hopline\\[{part}]')")
+@dataclass(frozen=True)
+class Unavailable:
+    """A command that cannot be loaded here, and the one line that says why."""
+
+    command: str
+    reason: str  # "needs polars, which is not installed: pip install 'hopline[analyzer]'"
+    bug: bool  # an ImportError from inside hopline, not a missing package
+
+
+def unavailable(ep: EntryPoint, exc: ImportError) -> Unavailable:
+    """Why ``ep`` failed to load: a missing third-party package (name the extra) or a bug."""
+    missing = (exc.name or "").split(".")[0]
+    if missing and missing != "hopline":
+        install = f"pip install 'hopline[{ep.extras[0]}]'" if ep.extras else f"pip install {missing}"
+        return Unavailable(ep.name, f"needs {missing}, which is not installed: {install}", bug=False)
+    detail = " ".join(str(exc).split())
+    reason = f"cannot be loaded (a bug in hopline): {type(exc).__name__}: {detail}"
+    return Unavailable(ep.name, reason, bug=True)
+
+
+def _add_unavailable(app: typer.Typer, gone: Unavailable) -> None:
+    summary = "broken: a bug in hopline" if gone.bug else gone.reason.rpartition(": ")[2]
+    # rich markup: "[" would start a style tag
+    help_text = f"(unavailable: {summary})".replace("[", "\\[")
+
+    @app.command(
+        name=gone.command,
+        help=help_text,
+        context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+        add_help_option=False,
+    )
     def _unavailable() -> None:
-        typer.echo(f"hopline {part} needs extra dependencies ({error}); pip install 'hopline[{part}]'", err=True)
-        raise typer.Exit(2)
+        raise ClickException(gone.reason)
 
 
-def build() -> typer.Typer:
-    for ep in sorted(entry_points(group="hopline.cli"), key=lambda e: e.name):
+def build(eps: Iterable[EntryPoint] | None = None) -> typer.Typer:
+    """The ``hopline`` app with every command of ``eps`` (default: the installed ``hopline.cli`` group)."""
+    app = typer.Typer(
+        name="hopline", help=HELP, no_args_is_help=True, add_completion=False, rich_markup_mode="rich"
+    )
+    # a group even with one command (typer would make a lone command the whole program)
+    app.callback()(lambda: None)
+    for ep in sorted(entry_points(group="hopline.cli") if eps is None else eps, key=lambda e: e.name):
         try:
             register = ep.load()
         except ImportError as exc:
-            _missing(ep.name, exc)
+            _add_unavailable(app, unavailable(ep, exc))
             continue
         register(app)
     return app
 
 
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def run(app: typer.Typer, argv: Sequence[str] | None = None, prog_name: str = "hopline") -> int:
+    """Run ``app`` on ``argv`` (default ``sys.argv[1:]``); the exit status, errors printed in one line."""
+    command = typer.main.get_command(app)
+    try:
+        args = list(argv) if argv is not None else None
+        code = command.main(args=args, prog_name=prog_name, standalone_mode=False)
+    except UsageError as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":  # bare ``hopline``: the help, as usage
+            exc.show()
+            return 2
+        where = exc.ctx.command_path if exc.ctx is not None else prog_name
+        typer.echo(f"{where}: {_one_line(exc.format_message())}", err=True)
+        return 2
+    except ClickException as exc:  # carries no context: the command is read off the line
+        typer.echo(f"{_command_path(argv, command, prog_name)}: {_one_line(exc.format_message())}", err=True)
+        return exc.exit_code
+    except typer.Abort:
+        return 130
+    return code if isinstance(code, int) else 0
+
+
+def _command_path(argv: Sequence[str] | None, command: Any, prog_name: str) -> str:
+    """``hopline analyze`` for a failure inside ``analyze`` (the subcommand names given on the line)."""
+    words = [prog_name]
+    group = command
+    for arg in sys.argv[1:] if argv is None else argv:
+        sub = getattr(group, "commands", {}).get(arg)
+        if sub is None:
+            break
+        words.append(arg)
+        group = sub
+    return " ".join(words)
+
+
 def main() -> None:
-    build()()
+    sys.exit(run(build()))
 
 
 if __name__ == "__main__":

@@ -17,7 +17,8 @@ Per request the transport:
   W3C ``traceparent`` when absent;
 * counts retries of one logical call as ``attempt`` and keeps its request ID: the OpenAI SDK (and
   other Stainless SDKs) rebuilds the request for each retry and sends ``x-stainless-retry-count``;
-  a retry is matched to its first try by the caller (thread or asyncio task), method, URL and body;
+  a retry is matched to its first try by the caller (asyncio task or thread, told apart by a
+  token kept in a ``contextvars.ContextVar``), method, URL and body;
 * stamps ``client.sent`` when the request enters the transport, i.e. before pool wait, connect and
   TLS, whose durations come from httpcore's ``trace`` extension (``connect_tcp`` / ``start_tls``
   events appear only on a new connection, hence ``conn_reused``);
@@ -35,8 +36,10 @@ import os
 import re
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterator
+from contextvars import ContextVar
 from typing import Any, TypeVar
 
 import httpx
@@ -368,7 +371,7 @@ class HoplineTransport(*(m.BaseTransport for m in _FLAVOURS)):  # type: ignore[m
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         hopline = self._hopline
-        call = hopline.begin(request, threading.get_ident())
+        call = hopline.begin(request, _caller())
         if call is None:
             return self.transport.handle_request(request)
         _guarded(hopline.emitter, lambda: _add_trace(request, _sync_trace, call))
@@ -408,7 +411,7 @@ class AsyncHoplineTransport(*(m.AsyncBaseTransport for m in _FLAVOURS)):  # type
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         hopline = self._hopline
-        call = hopline.begin(request, _current_task_key())
+        call = hopline.begin(request, _caller())
         if call is None:
             return await self.transport.handle_async_request(request)
         _guarded(hopline.emitter, lambda: _add_trace(request, _async_trace, call))
@@ -437,12 +440,29 @@ class AsyncHoplineTransport(*(m.AsyncBaseTransport for m in _FLAVOURS)):  # type
         await self.transport.__aexit__(*args)
 
 
-def _current_task_key() -> Hashable:
+# (the task or thread it was made for, weakly; its token). An asyncio task starts with a copy of
+# its parent's context, so the owner tells a child's inherited value from its own.
+_CALLER: ContextVar[tuple[weakref.ref[Any], object] | None] = ContextVar("hopline_client_caller", default=None)
+
+
+def _caller() -> object:
+    """A token for the calling asyncio task (else thread), held in a context variable.
+
+    The token lives as long as the logical-call memory refers to it, so a new task never gets
+    the token of a finished one (``id(task)`` is reused as soon as a task is freed).
+    """
     try:
-        task = asyncio.current_task()
-    except RuntimeError:  # trio or no running loop: fall back to the thread
-        task = None
-    return id(task) if task is not None else threading.get_ident()
+        owner: Any = asyncio.current_task()
+    except RuntimeError:  # trio or no running loop: the thread
+        owner = None
+    if owner is None:
+        owner = threading.current_thread()
+    held = _CALLER.get()
+    if held is not None and held[0]() is owner:
+        return held[1]
+    token = object()
+    _CALLER.set((weakref.ref(owner), token))
+    return token
 
 
 _C = TypeVar("_C")

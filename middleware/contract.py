@@ -8,7 +8,7 @@ Everything that emits, stores or analyses hop events reads this module:
   and fast NDJSON (de)serialization with orjson;
 * ``INPUTS`` and ``STAGES``: the stage table of DESIGN.md as data. ``compute_stages`` evaluates
   it in plain Python (the collector); the analyzer derives Polars expressions from the very same
-  objects. ``tests/middleware/golden_stages.json`` holds events in / stages out for both.
+  objects. ``tests/golden_stages.json`` holds events in / stages out for both.
 
 Stages never subtract timestamps taken on different hosts: every formula below is a difference
 of two timestamps of one component, a duration measured inside one, or a remainder (``network``).
@@ -125,10 +125,6 @@ def new_request_id() -> str:
 def new_eid() -> str:
     """A fresh event ID: a random 64-bit number as 16 hex characters."""
     return os.urandom(8).hex()
-
-
-def is_valid_request_id(value: object) -> bool:
-    return isinstance(value, str) and _REQUEST_ID_RE.fullmatch(value) is not None
 
 
 def normalize_request_id(value: object) -> str | None:

@@ -15,19 +15,18 @@ It tees ``receive`` to read ``model``, ``stream``, ``n``, ``max_tokens`` from th
 ``MAX_JSON_BYTES`` of the body (larger bodies: attributes unknown; the app always gets every byte)
 and wraps ``send`` to time the first output chunk and the last body chunk. Messages are forwarded
 as they come; nothing is buffered on the response path. A request that carries
-``X-Hopline-Attempt`` > 0 (a gateway failover) is announced to hopline's vLLM stat logger when that
-module is loaded, so its ``engine.stats`` event names the same attempt.
+``X-Hopline-Attempt`` > 0 (a gateway failover) is noted in the ``AttemptRegistry`` hopline's vLLM
+stat logger reads (``hopline.middleware.attempts``), so its ``engine.stats`` event names the same attempt.
 
 Per request this costs one ``EngineExchange`` (slotted; its bound ``receive``/``send`` replace
 closures), three events, and per streamed chunk one ``perf_counter`` plus the byte comparisons of
 ``StreamReader.take_plain``; only the chunks around the first token and the end are JSON-decoded
-(``bench/bench_asgi.py`` measures it against no middleware and OpenTelemetry's).
+(``bench/bench_asgi.py`` measures it against no middleware and OpenTelemetry's; figures in bench/README.md).
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from time import perf_counter
 
 from hopline.middleware.asgi import (
@@ -43,12 +42,12 @@ from hopline.middleware.asgi import (
     resolve_emitter,
     with_request_id,
 )
+from hopline.middleware.attempts import ATTEMPTS, AttemptRegistry
 from hopline.middleware.emit import Emitter
 from hopline.middleware.sse import MAX_JSON_BYTES, request_summary
 
 DEFAULT_ROUTES = ("/v1/chat/completions", "/v1/completions")
 ROUTES_ENV = "HOPLINE_ENGINE_ROUTES"
-VLLM_STATS_MODULE = "hopline.middleware.vllm_stats"
 
 
 def routes_from_env() -> frozenset[str]:
@@ -146,14 +145,22 @@ class EngineMiddleware:
         app: the engine's ASGI app.
         emitter: where events go; default ``get_emitter()`` (from ``HOPLINE_*``).
         routes: paths to observe; default from ``HOPLINE_ENGINE_ROUTES``.
+        attempts: where failover attempts are noted for the vLLM stat logger; default the
+            process-wide ``ATTEMPTS`` (the stat logger's default too).
     """
 
     def __init__(
-        self, app: ASGIApp, *, emitter: Emitter | None = None, routes: frozenset[str] | None = None
+        self,
+        app: ASGIApp,
+        *,
+        emitter: Emitter | None = None,
+        routes: frozenset[str] | None = None,
+        attempts: AttemptRegistry | None = None,
     ) -> None:
         self.app = app
         self.emitter = resolve_emitter(emitter, "EngineMiddleware")
         self.routes = frozenset(routes) if routes is not None else routes_from_env()
+        self.attempts = ATTEMPTS if attempts is None else attempts
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("path") not in self.routes or self.emitter is None:
@@ -169,9 +176,8 @@ class EngineMiddleware:
             exchange = EngineExchange(
                 self.emitter, request_id, attempt, receive, send, entered, scope["path"]
             )
-            stats = sys.modules.get(VLLM_STATS_MODULE)  # loaded only inside vLLM with hopline's stat logger
-            if attempt and stats is not None:
-                stats.note_attempt(request_id, attempt)  # so engine.stats names the failover attempt
+            if attempt:
+                self.attempts.note(request_id, attempt)  # so engine.stats names the failover attempt
         except Exception:  # noqa: BLE001 - never into the host
             self.emitter.errors += 1
             await self.app(scope, receive, send)

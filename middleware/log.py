@@ -3,8 +3,11 @@
 ``structlog.configure`` is never called and nothing is taken from structlog's global
 configuration (wrapper class, processors and context class are all given explicitly), so a host
 that configured structlog or stdlib ``logging`` its own way keeps exactly that, and hopline's
-lines do not pass through the host's processors. Lines are JSON on standard error; the level is
-``HOPLINE_LOG_LEVEL`` (default ``info``).
+lines do not pass through the host's processors. Lines are JSON on standard error.
+
+The level is decided when the logger is configured, not when this module is imported:
+``configure(level)`` sets it explicitly; otherwise the first line logged reads
+``HOPLINE_LOG_LEVEL`` (default ``info``), so a host may set that variable after importing hopline.
 
 Problems that repeat per batch (a collector that is down, lines it rejects) go through
 ``warn_throttled``, which lets one line per kind through every minute and says how many it held
@@ -43,27 +46,57 @@ class _StderrLogger:
     debug = info = warning = error = critical = msg
 
 
-def _level() -> int:
-    name = os.environ.get("HOPLINE_LOG_LEVEL", "info").upper()
-    level = logging.getLevelName(name)
-    return level if isinstance(level, int) else logging.INFO
+def _level(level: str | int | None) -> int:
+    """A ``logging`` level from a name or number; None: ``HOPLINE_LOG_LEVEL`` (unknown names: info)."""
+    if isinstance(level, int):
+        return level
+    name = (level if level is not None else os.environ.get("HOPLINE_LOG_LEVEL", "info")).upper()
+    number = logging.getLevelName(name)
+    return number if isinstance(number, int) else logging.INFO
 
 
 def _render(obj: Any, **_: Any) -> str:
     return orjson.dumps(obj, default=str).decode()
 
 
-logger = structlog.wrap_logger(
-    _StderrLogger(),
-    wrapper_class=structlog.make_filtering_bound_logger(_level()),
-    processors=[
-        structlog.processors.add_log_level,
-        structlog.processors.TimeStamper(fmt="iso", utc=True),
-        structlog.processors.JSONRenderer(serializer=_render),
-    ],
-    context_class=dict,
-    cache_logger_on_first_use=True,
-).bind(logger="hopline")
+def _bound_logger(level: int) -> Any:
+    return structlog.wrap_logger(
+        _StderrLogger(),
+        wrapper_class=structlog.make_filtering_bound_logger(level),
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.JSONRenderer(serializer=_render),
+        ],
+        context_class=dict,
+        cache_logger_on_first_use=True,
+    ).bind(logger="hopline")
+
+
+class HoplineLogger:
+    """hopline's logger: structlog's filtering bound logger, built at ``configure`` or first use.
+
+    Every part imports this one object (``from hopline.middleware.log import logger``);
+    ``logger.warning(...)`` and the other methods are the bound logger's.
+    """
+
+    __slots__ = ("_bound",)
+
+    def __init__(self) -> None:
+        self._bound: Any = None
+
+    def configure(self, level: str | int | None = None) -> None:
+        """Set the level (``"debug"``, ``logging.WARNING`` …; None: ``HOPLINE_LOG_LEVEL``)."""
+        self._bound = _bound_logger(_level(level))
+
+    def __getattr__(self, name: str) -> Any:
+        if self._bound is None:
+            self.configure()
+        return getattr(self._bound, name)
+
+
+logger = HoplineLogger()
+configure = logger.configure
 
 
 class Throttle:

@@ -15,9 +15,8 @@ unless ``HOPLINE_SINK`` is set. Configuration, as for every hopline emitter: ``H
 The request ID is ``FinishedRequestStats.request_id`` (vLLM >= 0.20): the caller's
 ``X-Request-Id`` behind vLLM's ``chatcmpl-`` / ``cmpl-`` prefix. Older vLLM reports no ID; such
 requests are counted in ``skipped`` and nothing is emitted. vLLM gives a stat logger no request
-headers, so the attempt number comes from ``note_attempt``, for the engine middleware to call on
-requests that carry ``X-Hopline-Attempt`` > 0 (only when this module is already loaded:
-``sys.modules.get("hopline.middleware.vllm_stats")``); everything else is attempt 0.
+headers, so the attempt number comes from the ``AttemptRegistry`` (``hopline.middleware.attempts``)
+the engine middleware notes requests with ``X-Hopline-Attempt`` > 0 in; everything else is attempt 0.
 
 Side effect of being installed: vLLM turns its stats collection on whenever a stat logger
 plugin exists, even with ``--disable-log-stats`` (its console logger stays off).
@@ -28,6 +27,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from hopline.middleware.attempts import ATTEMPTS, AttemptRegistry
 from hopline.middleware.contract import normalize_request_id
 from hopline.middleware.emit import Emitter, get_emitter
 from hopline.middleware.log import logger
@@ -36,25 +36,6 @@ try:
     from vllm.v1.metrics.loggers import StatLoggerBase
 except ImportError:  # no vLLM here: the class stays importable, vLLM never loads it
     StatLoggerBase = object  # type: ignore[assignment,misc]
-
-ATTEMPTS_CAPACITY = 10_000
-# request_id -> attempt, only for attempts > 0; same process and event loop as the middleware.
-_attempts: dict[str, int] = {}
-
-
-def note_attempt(request_id: str, attempt: int) -> None:
-    """Remember that ``request_id`` is on ``attempt`` (> 0) for its coming ``engine.stats``.
-
-    Bounded: past ``ATTEMPTS_CAPACITY`` entries the oldest are forgotten (their stats then say
-    attempt 0). An entry is kept after use because ``n > 1`` finishes one request several times.
-    """
-    if attempt <= 0:
-        return
-    _attempts.pop(request_id, None)
-    _attempts[request_id] = attempt
-    while len(_attempts) > ATTEMPTS_CAPACITY:
-        del _attempts[next(iter(_attempts))]
-
 
 def _served_model_name(vllm_config: Any) -> str | None:
     """vLLM's served model name (what its Prometheus ``model_name`` label says)."""
@@ -69,12 +50,21 @@ class HoplineStatLogger(StatLoggerBase):
 
     vLLM calls ``HoplineStatLogger(vllm_config, engine_index)``; ``emitter`` (tests, embedding)
     replaces the one configured from ``HOPLINE_*`` and makes the logger active without
-    ``HOPLINE_SINK``. ``skipped`` counts finished requests without a usable request ID,
-    ``errors`` failures inside this logger (both caught and dropped).
+    ``HOPLINE_SINK``; ``attempts`` is the registry the engine middleware notes failover attempts in
+    (default: both use the process-wide ``ATTEMPTS``). ``skipped`` counts finished requests without
+    a usable request ID, ``errors`` failures inside this logger (both caught and dropped).
     """
 
-    def __init__(self, vllm_config: Any, engine_index: int = 0, *, emitter: Emitter | None = None) -> None:
+    def __init__(
+        self,
+        vllm_config: Any,
+        engine_index: int = 0,
+        *,
+        emitter: Emitter | None = None,
+        attempts: AttemptRegistry | None = None,
+    ) -> None:
         self.engine_index = engine_index
+        self.attempts = ATTEMPTS if attempts is None else attempts
         self.skipped = 0
         self.errors = 0
         self._emitter: Emitter | None = None
@@ -83,6 +73,7 @@ class HoplineStatLogger(StatLoggerBase):
             return
         try:
             self._emitter = emitter or get_emitter()
+            self.attempts.attach()
             if "model" not in self._emitter.static:  # HOPLINE_MODEL unset: vLLM's name
                 self._model = _served_model_name(vllm_config)
         except Exception as exc:  # never stop vLLM from starting
@@ -134,7 +125,7 @@ class HoplineStatLogger(StatLoggerBase):
             attrs["max_tokens"] = stats.max_tokens_param
         if self._model is not None:
             attrs["model"] = self._model
-        attempt = _attempts.get(request_id)
+        attempt = self.attempts.get(request_id)
         if attempt is not None:
             attrs["attempt"] = attempt
         self._emitter.emit("engine.stats", request_id, **attrs)  # type: ignore[union-attr]

@@ -20,7 +20,7 @@ def test_every_key_of_the_findings_json_is_documented():
     from hopline.analyzer import report
     from hopline.analyzer.attribution import Slo
     from hopline.analyzer.io import ScanReport
-    from hopline.analyzer.synth import StageShift, generate
+    from support.synth import StageShift, generate
     from hopline.analyzer.timelines import timelines
 
     events = generate(duration_s=240, seed=2, incidents=[StageShift("queue", 4.0, at_s=120, scope={"replica": "r2"})])

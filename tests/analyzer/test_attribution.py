@@ -7,10 +7,10 @@ import polars as pl
 import pytest
 from hopline.analyzer import attribution
 from hopline.analyzer.attribution import Slo, auto_window, choose_window
-from hopline.analyzer.synth import StageShift, generate
 from hopline.analyzer.timelines import timelines
 from hopline.middleware.contract import TTFT_STAGES
 from hopline.middleware.durations import parse_duration
+from support.synth import StageShift, generate
 
 
 @pytest.fixture(scope="module")

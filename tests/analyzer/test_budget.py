@@ -3,25 +3,17 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
-
 from hopline.analyzer.budget import compute_budget, human_bytes
-from hopline.analyzer.kv import KVSpec
+from hopline.middleware.kv import KVSpec
+from support.cli import hopline
 
 KIB, MIB, GIB = 1024, 1024**2, 1024**3
 QWEN_ARGS = [
     "--network-ms", "40", "--queue-ms", "60", "--prefill-ms", "300", "--prompt-tokens", "6000",
     "--output-tokens", "400", "--itl-ms", "20",
 ]  # fmt: skip
-
-
-def hopline(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "hopline.middleware.cli", *args], capture_output=True, text=True, timeout=60
-    )
 
 
 def test_qwen3_30b_a3b_example_as_json() -> None:

@@ -3,28 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from hopline.analyzer.synth import ColdConnections, StageShift, generate, write_ndjson
+from support.cli import hopline
+from support.synth import ColdConnections, StageShift, generate, write_ndjson
 
 INCIDENTS = [StageShift("queue", 3.0, at_s=120, scope={"replica": "r2"}), ColdConnections("search-assist")]
-
-
-def hopline(*args: str) -> subprocess.CompletedProcess:
-    # a wide terminal, so that rich does not wrap the sentences the tests look for
-    env = {**os.environ, "COLUMNS": "250", "NO_COLOR": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "hopline.middleware.cli", *args],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
 
 
 @pytest.fixture(scope="module")

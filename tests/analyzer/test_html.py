@@ -19,13 +19,12 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
-
-from hopline.analyzer import synth
 from hopline.analyzer.html import STAGE_COLOURS, choose_window, render_html
 from hopline.analyzer.io import scan_events
 from hopline.analyzer.report import analyze
-from hopline.analyzer.synth import StageShift
 from hopline.analyzer.timelines import timelines
+from support import synth
+from support.synth import StageShift
 
 CHROMIUM = "/usr/bin/chromium"
 WIDTH, HEIGHT = 1400, 2600

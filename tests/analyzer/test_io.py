@@ -11,12 +11,9 @@ import polars as pl
 import pytest
 from hopline.analyzer.io import MAX_ERRORS, SCHEMA, find_files, scan_events, to_epoch
 from hopline.middleware.contract import dumps
+from support.events import event
 
 T0 = 1767607200.0  # 2026-01-05T10:00:00Z
-
-
-def event(rid: str, hop: str, ts: float, **extra) -> dict:
-    return {"v": 1, "ts": ts, "request_id": rid, "hop": hop, **extra}
 
 
 def write_lines(path: Path, lines: list[bytes]) -> Path:
@@ -29,12 +26,12 @@ def test_ndjson_bad_lines_are_counted_located_and_skipped(tmp_path):
     path = write_lines(
         tmp_path / "events.ndjson",
         [
-            dumps(event("a", "client.sent", T0, stream=True, team="blue")),
+            dumps(event("client.sent", "a", T0, stream=True, team="blue")),
             b"{not json\n",
             b"\n",  # blank lines are not lines of data
-            dumps(event("b", "nope.hop", T0)),
-            dumps(event("c", "client.sent", T0, stream="yes")),
-            dumps(event("chatcmpl-a", "engine.stats", T0 + 1, queue_s=0.25)),
+            dumps(event("nope.hop", "b", T0)),
+            dumps(event("client.sent", "c", T0, stream="yes")),
+            dumps(event("engine.stats", "chatcmpl-a", T0 + 1, queue_s=0.25)),
         ],
     )
     events, report = scan_events([path])
@@ -59,9 +56,9 @@ def test_error_list_is_capped_but_every_bad_line_counted(tmp_path):
 
 
 def test_folder_finds_rotated_and_gzipped_logs_and_ignores_others(tmp_path):
-    write_lines(tmp_path / "events.ndjson.2026112913.1", [dumps(event("r1", "client.sent", T0))])
+    write_lines(tmp_path / "events.ndjson.2026112913.1", [dumps(event("client.sent", "r1", T0))])
     (tmp_path / "old").mkdir()
-    (tmp_path / "old" / "events.ndjson.gz").write_bytes(gzip.compress(dumps(event("r2", "client.sent", T0))))
+    (tmp_path / "old" / "events.ndjson.gz").write_bytes(gzip.compress(dumps(event("client.sent", "r2", T0))))
     write_lines(tmp_path / "notes.txt", [b"hello\n"])
     events, report = scan_events([tmp_path])
     assert sorted(events.collect()["request_id"].to_list()) == ["r1", "r2"]
@@ -95,13 +92,13 @@ def test_collector_store_partitions_and_time_filters(tmp_path):
         {"ts": [T0 + 60, T0 + 120], "request_id": ["p1", "p2"], "hop": ["client.sent"] * 2}
     ).write_parquet(compacted)
     write_lines(
-        store / "date=2026-01-05" / "hour=11" / "open.ndjson", [dumps(event("n1", "client.sent", T0 + 3700))]
+        store / "date=2026-01-05" / "hour=11" / "open.ndjson", [dumps(event("client.sent", "n1", T0 + 3700))]
     )
     write_lines(
-        store / "date=2026-01-05" / "hour=12" / "open.ndjson", [dumps(event("n2", "client.sent", T0 + 7300))]
+        store / "date=2026-01-05" / "hour=12" / "open.ndjson", [dumps(event("client.sent", "n2", T0 + 7300))]
     )
     write_lines(
-        store / "date=2026-01-05" / "hour=08" / "open.ndjson", [dumps(event("o1", "client.sent", T0 - 7000))]
+        store / "date=2026-01-05" / "hour=08" / "open.ndjson", [dumps(event("client.sent", "o1", T0 - 7000))]
     )
     events, report = scan_events([tmp_path / "store"])
     assert sorted(events.collect()["request_id"].to_list()) == ["n1", "n2", "o1", "p1", "p2"]

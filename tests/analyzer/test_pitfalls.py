@@ -5,7 +5,8 @@ from __future__ import annotations
 import polars as pl
 import pytest
 from hopline.analyzer import pitfalls
-from hopline.analyzer.synth import (
+from hopline.analyzer.timelines import timelines
+from support.synth import (
     ColdConnections,
     LongPrompts,
     NoMaxTokens,
@@ -13,7 +14,6 @@ from hopline.analyzer.synth import (
     VerboseService,
     generate,
 )
-from hopline.analyzer.timelines import timelines
 
 N = 5000
 

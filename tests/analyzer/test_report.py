@@ -6,7 +6,7 @@ import io
 
 import pytest
 from hopline.analyzer import report
-from hopline.analyzer.synth import StageShift, generate
+from support.synth import StageShift, generate
 from hopline.analyzer.timelines import timelines
 from rich.console import Console
 

@@ -13,8 +13,8 @@ import polars as pl
 import pytest
 from hopline.analyzer.attribution import auto_window
 from hopline.analyzer.shifts import Shift, find_shifts, split_z, z_threshold
-from hopline.analyzer.synth import DEFAULT_START, ColdConnections, StageShift, generate
 from hopline.analyzer.timelines import timelines
+from support.synth import DEFAULT_START, ColdConnections, StageShift, generate
 
 
 def analyse(n: int, seed: int, incidents=(), rate: float = 20.0, **kw) -> tuple[list[Shift], float]:

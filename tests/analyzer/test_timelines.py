@@ -3,14 +3,10 @@ fixture (worked by hand) and against ``contract.compute_stages`` on generated lo
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import numpy as np
 import polars as pl
 import pytest
 from hopline.analyzer.io import SCHEMA
-from hopline.analyzer.synth import generate
 from hopline.analyzer.timelines import (
     ATTRIBUTE_COLUMNS,
     COLUMNS,
@@ -27,8 +23,9 @@ from hopline.middleware.contract import (
     request_inputs,
     validate_event,
 )
+from support.golden import GOLDEN
+from support.synth import generate
 
-GOLDEN = json.loads((Path(__file__).parents[1] / "golden_stages.json").read_text())
 CASES = {c["name"]: c for c in GOLDEN["cases"]}
 
 

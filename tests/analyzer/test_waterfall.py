@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import typer
 from click.testing import Result
-from typer.testing import CliRunner
-
 from hopline.analyzer.waterfall import WATERFALL_ORDER, register, stage_bars
 from hopline.middleware.contract import TIME_STAGES, TTFT_STAGES, dumps
+from support.golden import GOLDEN
+from typer.testing import CliRunner
 
-GOLDEN = json.loads((Path(__file__).parents[1] / "golden_stages.json").read_text())
 CASES = {case["name"]: case["events"] for case in GOLDEN["cases"]}
 
 

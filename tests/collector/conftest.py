@@ -1,4 +1,4 @@
-"""Fixtures of the collector tests (helpers live in collector_testing.py)."""
+"""Fixtures of the collector tests (helpers live in tests/support/)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from collector_testing import Running, serve
 from hopline.collector.config import CollectorConfig
+from support.collector import Running, serve
 
 
 @pytest.fixture

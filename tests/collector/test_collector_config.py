@@ -7,10 +7,10 @@ import subprocess
 import sys
 
 import pytest
-from collector_testing import env_without_hopline
 from hopline.collector.config import CollectorConfig
 from hopline.collector.kv_cache import parse_model_config
 from hopline.middleware.durations import parse_duration
+from support.servers import env_without_hopline
 
 
 def test_durations():

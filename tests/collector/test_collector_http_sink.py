@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import time
 
-from collector_testing import serve, stored_lines
 from hopline.collector.config import CollectorConfig
 from hopline.middleware.emit import Emitter
 from hopline.middleware.sinks import HttpSink
+from support.collector import serve, stored_lines
 
 
 def test_http_sink_with_token_reaches_the_store_and_the_join(tmp_path):

@@ -5,9 +5,10 @@ from __future__ import annotations
 import gzip
 import time
 
-from collector_testing import event, ndjson, serve, stored_lines
 from hopline.collector.config import CollectorConfig
 from hopline.collector.store import NDJSON_NAME, hour_dir
+from support.collector import serve, stored_lines
+from support.events import event, ndjson
 
 NDJSON = {"Content-Type": "application/x-ndjson"}
 

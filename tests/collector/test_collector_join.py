@@ -5,13 +5,15 @@ from __future__ import annotations
 import time
 
 import pytest
-from collector_testing import GOLDEN, event, ndjson, serve
 from hopline.collector.config import CollectorConfig
 from hopline.collector.join import Joiner
 from hopline.collector.metrics import Recorder, build_metrics
 from hopline.middleware.contract import validate_event
 from hopline.middleware.rules import SCOPE_SOURCES
 from prometheus_client import CollectorRegistry
+from support.collector import serve
+from support.events import event, ndjson
+from support.golden import GOLDEN
 
 CASES = {c["name"]: c for c in GOLDEN["cases"]}
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -14,15 +13,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-from collector_testing import env_without_hopline, event, ndjson, stored_lines
+from support.collector import stored_lines
+from support.events import event, ndjson
+from support.servers import env_without_hopline, free_port
 
 NDJSON = {"Content-Type": "application/x-ndjson"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager

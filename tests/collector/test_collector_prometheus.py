@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -11,16 +10,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-from collector_testing import event, ndjson, serve
 from hopline.collector.config import CollectorConfig
+from support.collector import serve
+from support.events import event, ndjson
+from support.servers import free_port
 
 PROMETHEUS = "/usr/bin/prometheus"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager

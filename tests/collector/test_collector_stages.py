@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import json
+import inspect
 import random
-from pathlib import Path
+import traceback
 
 import pytest
 from hopline.collector import stages
 from hopline.middleware import contract
 from hopline.middleware.contract import HOPS, INPUTS, RATIOS, STAGE_NAMES, validate_event
-
-GOLDEN = json.loads((Path(__file__).parents[1] / "golden_stages.json").read_text())
+from support.golden import GOLDEN
 
 
 @pytest.mark.parametrize("case", GOLDEN["cases"], ids=lambda c: c["name"])
@@ -60,3 +59,17 @@ def test_random_requests_pick_the_same_events():
             events.append(validate_event(event))
         assert stages.request_inputs(events) == contract.request_inputs(events)
         assert stages.compute_stages(events) == contract.compute_stages(events)
+
+
+def test_generated_code_shows_in_tracebacks_and_getsource():
+    """A bug in the generated functions is debuggable: the traceback quotes the generated line."""
+    values = {name: "not a number" for name in stages._names()}  # str + float fails in a stage sum
+    with pytest.raises(TypeError) as caught:
+        stages.evaluate({**values, "stream": True})
+    frame = caught.traceback[-1]
+    assert str(frame.path) == "<hopline stage table>"
+    assert "v_" in str(frame.statement)  # the generated statement, e.g. v_client_ttft = (0.0 + ...)
+    formatted = "".join(traceback.format_exception(caught.value))
+    assert 'File "<hopline stage table>"' in formatted and " * v_" in formatted
+    assert inspect.getsource(stages.evaluate).startswith("def evaluate(values):")
+    assert inspect.getsource(stages.request_inputs).startswith("def request_inputs(events):")

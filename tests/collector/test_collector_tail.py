@@ -4,16 +4,11 @@ from __future__ import annotations
 
 import time
 
-from collector_testing import event, serve, stored_lines
 from hopline.collector.config import CollectorConfig
 from hopline.middleware.sinks import FileSink
-
-
-def wait_for(predicate, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
+from support.collector import serve, stored_lines
+from support.events import event
+from support.servers import wait_until
 
 
 def test_tail_follows_rotation_and_resumes_without_duplicates(tmp_path):
@@ -34,7 +29,7 @@ def test_tail_follows_rotation_and_resumes_without_duplicates(tmp_path):
             write(4, f"a{round_}")
             if round_ % 3 == 0:
                 time.sleep(0.1)  # let some polls land mid-way, between rotations
-        wait_for(lambda: len(stored_lines(config.data_dir)) == len(written))
+        wait_until("the collector", lambda: len(stored_lines(config.data_dir)) == len(written))
         assert len(list(logs.glob("events.ndjson.*"))) >= 3  # it did rotate
         # a line still being written is not consumed until its newline arrives
         with open(live, "ab") as f:
@@ -43,11 +38,11 @@ def test_tail_follows_rotation_and_resumes_without_duplicates(tmp_path):
             time.sleep(0.3)
             assert c.client.get("/v1/requests/half").status_code == 404
             f.write(b'eived"}\n')
-        wait_for(lambda: c.client.get("/v1/requests/half").status_code == 200)
+        wait_until("the collector", lambda: c.client.get("/v1/requests/half").status_code == 200)
     # restarted: positions come from DIR/tail-state.json, nothing is stored twice
     write(3, "b")
     with serve(config):
-        wait_for(lambda: len(stored_lines(config.data_dir)) == len(written) + 1)
+        wait_until("the collector", lambda: len(stored_lines(config.data_dir)) == len(written) + 1)
         time.sleep(0.3)  # a few more polls: still nothing read twice
     stored = stored_lines(config.data_dir)
     assert sorted(e["eid"] for e in stored if "eid" in e) == sorted(written)  # each exactly once

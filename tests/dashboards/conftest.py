@@ -11,12 +11,11 @@ from typing import Any
 
 import pytest
 import yaml
-
 from hopline.dashboards import provisioning
 from hopline.dashboards.build import write
+from support.golden import GOLDEN
 
 PROMTOOL = "/usr/bin/promtool"
-GOLDEN = json.loads((Path(__file__).parents[1] / "golden_stages.json").read_text())
 _LABEL_VALUES = re.compile(r"label_values\((.*),\s*\w+\)")
 
 
@@ -56,8 +55,8 @@ def dashboard_queries(model: dict[str, Any]) -> Iterator[tuple[str, str]]:
         for target in panel.get("targets", []):
             yield f"{model['uid']} panel {panel['id']} {panel['title']!r} {target['refId']}", target["expr"]
     for annotation in model["annotations"]["list"]:
-        if "expr" in annotation:
-            yield f"{model['uid']} annotation {annotation['name']!r}", annotation["expr"]
+        if "expr" in annotation.get("target", {}):
+            yield f"{model['uid']} annotation {annotation['name']!r}", annotation["target"]["expr"]
     for variable in model["templating"]["list"]:
         if variable["type"] == "query":
             match = _LABEL_VALUES.fullmatch(variable["query"])

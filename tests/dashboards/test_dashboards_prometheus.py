@@ -8,7 +8,6 @@ the docker-compose stack does, from the same ``prometheus_config`` function.
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
@@ -17,42 +16,25 @@ from collections.abc import Iterator
 import httpx
 import pytest
 import yaml
-
 from hopline.dashboards import provisioning
 from hopline.dashboards.build import write
 from hopline.dashboards.promql import substitute_variables
 from hopline.middleware.contract import dumps
+from support.servers import free_port, wait_until
 
 ROUNDS = 3
 DEADLINE_S = 30.0
+# how the helpers wait for a server or a scrape (httpx errors: not up yet)
+PATIENCE = {"timeout": DEADLINE_S, "interval": 0.2, "ignore": (httpx.HTTPError,)}
 # Queries that legitimately return nothing on the test's traffic, and why.
 EMPTY_BY_DESIGN = {"Incomplete requests": "no request expires within the test (TTL 15 min)"}
 KV_SPEC = "m=2,2,64,fp16"  # model m: 2 layers x 2 KV heads x 64 dims x 2 bytes x (K, V) = 1 KiB a token
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait(what: str, ready, deadline_s: float = DEADLINE_S):
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        try:
-            value = ready()
-        except httpx.HTTPError:
-            value = None
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, traffic) -> Iterator[dict]:
     tmp = tmp_path_factory.mktemp("stack")
-    cport, pport = _free_port(), _free_port()
+    cport, pport = free_port(), free_port()
     collector = subprocess.Popen(
         [
             sys.executable,
@@ -91,8 +73,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory, traffic) -> Iterator[dict]:
     collector_url, prom_url = f"http://127.0.0.1:{cport}", f"http://127.0.0.1:{pport}"
     try:
         with httpx.Client(timeout=10) as http:
-            _wait("the collector", lambda: http.get(f"{collector_url}/healthz").status_code == 200)
-            _wait("Prometheus", lambda: http.get(f"{prom_url}/-/ready").status_code == 200)
+            wait_until("the collector", lambda: http.get(f"{collector_url}/healthz").status_code == 200, **PATIENCE)
+            wait_until("Prometheus", lambda: http.get(f"{prom_url}/-/ready").status_code == 200, **PATIENCE)
 
             def requests_seen() -> float:
                 result = http.get(
@@ -117,14 +99,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory, traffic) -> Iterator[dict]:
                 finished += len(
                     {e["request_id"] for e in events if not e["request_id"].startswith("running")}
                 )
-                _wait(f"round {n} scraped", lambda f=finished: requests_seen() >= f)
+                wait_until(f"round {n} scraped", lambda f=finished: requests_seen() >= f, **PATIENCE)
             # let the rules evaluate on the last scrape (evaluation interval 1 s)
-            _wait(
+            wait_until(
                 "recording rules",
                 lambda: http.get(
                     f"{prom_url}/api/v1/query", params={"query": "hopline:stage_seconds:p50_5m"}
-                ).json()["data"]["result"],
-            )
+                ).json()["data"]["result"], **PATIENCE)
             yield {"prometheus": prom_url, "request_ids": ids, "built": tmp / "out", "http": http}
     finally:
         for proc in (prometheus, collector):
@@ -184,7 +165,7 @@ def test_rules_evaluate_and_the_alert_annotation_finds_a_firing_alert(stack, das
             assert rule["health"] == "ok", rule
     # the fixture has a negative stage: HoplineNegativeStages fires at once (no `for`)
     annotation = dashboard_models["hopline-lifecycle.json"]["annotations"]["list"][0]
-    firing = _wait("a firing alert", lambda: _query(stack, annotation["expr"])["result"])
+    firing = wait_until("a firing alert", lambda: _query(stack, annotation["target"]["expr"])["result"], **PATIENCE)
     assert {r["metric"]["alertname"] for r in firing} == {"HoplineNegativeStages"}
 
 

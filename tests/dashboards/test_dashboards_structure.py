@@ -17,7 +17,7 @@ from grafana_foundation_sdk.cog.plugins import register_default_plugins
 from grafana_foundation_sdk.models.dashboard import Dashboard as DashboardModel
 
 from hopline.dashboards import vllm_metrics
-from hopline.dashboards.base import ALERT_ANNOTATION_EXTRAS, ALERTS_EXPR
+from hopline.dashboards.base import ALERT_ANNOTATION_TARGET, ALERTS_EXPR
 from hopline.dashboards.promql import GRAFANA_SAMPLE_VALUES, VARIABLES
 from hopline.middleware.contract import VIEWS
 
@@ -62,12 +62,11 @@ def test_round_trips_through_the_sdk_parser_keeping_every_panel_and_query(dashbo
     assert essentials(once) == essentials(model)
     assert [v["name"] for v in once["templating"]["list"]] == [v["name"] for v in model["templating"]["list"]]
     assert once["uid"] == model["uid"] and once["title"] == model["title"]
-    # the SDK's AnnotationQuery has no Prometheus fields (titleFormat, step, ...): they are added to
-    # the JSON after building, and a round trip keeps everything but them
+    # the SDK's AnnotationTarget has no Prometheus query fields: the target is set in the JSON after
+    # building, and a round trip keeps everything but it
     (annotation,) = once["annotations"]["list"]
-    added = {k: v for k, v in model["annotations"]["list"][0].items() if k not in annotation}
-    assert added == ALERT_ANNOTATION_EXTRAS
-    assert {**annotation, **added} == model["annotations"]["list"][0]
+    assert model["annotations"]["list"][0]["target"] == ALERT_ANNOTATION_TARGET
+    assert {**annotation, "target": ALERT_ANNOTATION_TARGET} == model["annotations"]["list"][0]
 
 
 @pytest.mark.parametrize("name", [LIFECYCLE, ENGINE])
@@ -136,10 +135,26 @@ def test_variables_and_alert_annotations(dashboard_models, name):
     assert used <= set(variables) | set(GRAFANA_SAMPLE_VALUES) | {"__value", "__field", "__url_time_range"}, (
         used
     )
-    annotations = [a for a in model["annotations"]["list"] if a.get("expr")]
-    assert [a["expr"] for a in annotations] == [ALERTS_EXPR]
+    annotations = [a for a in model["annotations"]["list"] if "target" in a]
+    assert [a["target"]["expr"] for a in annotations] == [ALERTS_EXPR]
     assert 'alertname=~"Hopline.*"' in ALERTS_EXPR
-    assert annotations[0]["titleFormat"] == "{{alertname}}" and annotations[0]["enable"] is True
+    assert annotations[0]["target"]["refId"] and annotations[0]["enable"] is True
+
+
+# What Grafana 11.6's dashboard schema allows at the top of an annotation (AnnotationQuery's
+# properties, additionalProperties false), and the legacy Prometheus fields it rejects (a query
+# belongs under ``target``; Grafana migrates a top-level ``expr`` there).
+ANNOTATION_KEYS = {"name", "datasource", "enable", "hide", "iconColor", "filter", "target", "type", "builtIn", "expr"}
+LEGACY_ANNOTATION_KEYS = {"expr", "step", "titleFormat", "textFormat", "tagKeys", "useValueForTime"}
+
+
+@pytest.mark.parametrize("name", [LIFECYCLE, ENGINE])
+def test_annotations_use_the_current_form_not_the_legacy_keys(dashboard_models, name):
+    for annotation in dashboard_models[name]["annotations"]["list"]:
+        legacy = sorted(LEGACY_ANNOTATION_KEYS & annotation.keys())
+        assert legacy == [], f"{annotation['name']}: legacy top-level keys {legacy}"
+        assert annotation.keys() <= ANNOTATION_KEYS, sorted(annotation.keys() - ANNOTATION_KEYS)
+        assert annotation["datasource"]["type"] == "prometheus" and annotation["target"]["expr"]
 
 
 def test_lifecycle_dashboard_has_what_the_issue_asks_for(dashboard_models, all_panels):

@@ -15,18 +15,17 @@ import asyncio
 import importlib.util
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 import yaml
-
 from hopline.dashboards import provisioning
 from hopline.dashboards.build import write
 from hopline.dashboards.promql import substitute_variables
 from hopline.middleware.client import instrument
 from hopline.middleware.emit import Emitter
+from support.servers import wait_until
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]
 
@@ -38,19 +37,8 @@ _spec.loader.exec_module(engine_test)
 
 REPLICA = "r1"  # what tests/engines/test_vllm.py's server reports as HOPLINE_REPLICA
 DEADLINE_S = 60.0
-
-
-def _wait(what: str, ready, deadline_s: float = DEADLINE_S):
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        try:
-            value = ready()
-        except httpx.HTTPError:
-            value = None
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
+# how the helpers wait for a server or a scrape (httpx errors: not up yet)
+PATIENCE = {"timeout": DEADLINE_S, "interval": 0.3, "ignore": (httpx.HTTPError,)}
 
 
 async def _chats(port: int, emitter: Emitter, ids: list[str]) -> None:
@@ -98,8 +86,8 @@ def test_engine_dashboard_queries_return_vllm_and_hopline_data(tmp_path: Path, d
                 asyncio.run(_chats(vport, emitter, ids))
                 emitter.flush()
                 done += len(ids)
-                _wait(f"round {n} in Prometheus", lambda d=done: value("sum(hopline_requests_total)") >= d
-                      and value("sum(vllm:time_to_first_token_seconds_count)") >= d)  # fmt: skip
+                wait_until(f"round {n} in Prometheus", lambda d=done: value("sum(hopline_requests_total)") >= d
+                      and value("sum(vllm:time_to_first_token_seconds_count)") >= d, **PATIENCE)  # fmt: skip
             empty = []
             for panel in all_panels(dashboard_models["hopline-engine.json"]):
                 for target in panel.get("targets", []):

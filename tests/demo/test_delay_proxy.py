@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from hopline.analyzer.demo.delay_proxy import DelayProxy
+from hopline.demo.delay_proxy import DelayProxy
 
 
 async def _round_trips(delay_s: float) -> tuple[list[bytes], float]:

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import orjson
-from demo_testing import demo_argv, processes_of
+from support.demo import demo_argv, processes_of
 
 EXPECTED_CHILDREN = {"collector", "engine-r1", "engine-r2", "gateway"}
 

@@ -9,8 +9,7 @@ from pathlib import Path
 import httpx
 import orjson
 import pytest
-from demo_testing import events_of, memory_emitter, running_server
-from hopline.analyzer.demo.engine_sim import (
+from hopline.demo.engine_sim import (
     Engine,
     EngineConfig,
     Scheduler,
@@ -18,8 +17,10 @@ from hopline.analyzer.demo.engine_sim import (
     create_app,
     estimate_prompt_tokens,
 )
-from hopline.analyzer.demo.wiring import engine_middleware
+from hopline.demo.wiring import engine_middleware
 from hopline.middleware import clock
+from support.events import events_of, memory_emitter
+from support.servers import running_server
 
 FAST = {"step_base_s": 0.002, "step_per_seq_s": 0.0, "prefill_per_token_s": 0.000001, "frontend_s": 0.0}
 

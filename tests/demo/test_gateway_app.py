@@ -6,12 +6,13 @@ from collections import Counter
 
 import httpx
 import pytest
-from demo_testing import events_of, memory_emitter, running_server
-from hopline.analyzer.demo.engine_sim import Engine, EngineConfig
-from hopline.analyzer.demo.engine_sim import create_app as engine_app
-from hopline.analyzer.demo.gateway_app import Router, TokenBucket, create_app, home_replica
-from hopline.analyzer.demo.process import free_port
-from hopline.analyzer.demo.wiring import gateway_middleware
+from hopline.demo.engine_sim import Engine, EngineConfig
+from hopline.demo.engine_sim import create_app as engine_app
+from hopline.demo.gateway_app import Router, TokenBucket, create_app, home_replica
+from hopline.demo.process import free_port
+from hopline.demo.wiring import gateway_middleware
+from support.events import events_of, memory_emitter
+from support.servers import running_server
 
 FAST = EngineConfig(step_base_s=0.002, step_per_seq_s=0.0, prefill_per_token_s=0.000001, frontend_s=0.0)
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4, "stream": True}

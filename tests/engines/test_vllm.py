@@ -14,7 +14,6 @@ import asyncio
 import glob
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ import orjson
 import pytest
 
 from hopline.middleware.contract import compute_stages, iter_ndjson, normalize_request_id
+from support.servers import free_port
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(240)]
 
@@ -72,12 +72,6 @@ def vllm_dir() -> Path:
             f" run `HOPLINE_VLLM_DIR={root} bash .ci/vllm-setup.sh`"
         )
     return root
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def tail(path: Path, n: int = 40) -> str:

@@ -15,11 +15,12 @@ from typing import Any
 
 import pytest
 
-from hopline.middleware import vllm_stats
 from hopline.middleware.contract import validate_event
 from hopline.middleware.emit import Emitter
 from hopline.middleware.sinks import MemorySink
-from hopline.middleware.vllm_stats import HoplineStatLogger, note_attempt
+from hopline.middleware import vllm_stats
+from hopline.middleware.attempts import AttemptRegistry
+from hopline.middleware.vllm_stats import HoplineStatLogger
 
 
 class FinishReason(enum.IntEnum):  # vllm.v1.engine.FinishReason: an IntEnum whose str() is the name
@@ -161,15 +162,17 @@ def test_broken_stats_never_raise_and_spare_the_rest(emitter: Emitter) -> None:
     assert stat_logger.errors == 3
 
 
-def test_attempt_noted_by_the_middleware(emitter: Emitter, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(vllm_stats, "_attempts", {})
-    monkeypatch.setattr(vllm_stats, "ATTEMPTS_CAPACITY", 3)
-    note_attempt("req-1", 2)
-    note_attempt("req-0", 0)  # attempt 0 is the default: nothing to remember
+def test_attempt_noted_by_the_middleware(emitter: Emitter) -> None:
+    attempts = AttemptRegistry(capacity=3)
+    attempts.note("req-1", 2)  # no stat logger attached yet: nothing is kept
+    assert len(attempts) == 0
+    stat_logger = HoplineStatLogger(VLLM_CONFIG, emitter=emitter, attempts=attempts)
+    assert attempts.attached
+    attempts.note("req-1", 2)
+    attempts.note("req-0", 0)  # attempt 0 is the default: nothing to remember
     for i in range(2, 5):
-        note_attempt(f"req-{i}", 1)  # pushes req-1 past the capacity of 3: forgotten
-    note_attempt("req-3", 4)  # a later attempt of the same request replaces the earlier
-    stat_logger = HoplineStatLogger(VLLM_CONFIG, emitter=emitter)
+        attempts.note(f"req-{i}", 1)  # pushes req-1 past the capacity of 3: forgotten
+    attempts.note("req-3", 4)  # a later attempt of the same request replaces the earlier
     stat_logger.record(None, IterationStats([finished(f"chatcmpl-req-{i}") for i in range(5)]))
     assert [(e["request_id"], e["attempt"]) for e in emitted(emitter)] == [
         ("req-0", 0),

@@ -131,6 +131,38 @@ def test_retries_of_one_logical_call_keep_the_id(mw, echo_url):
     assert other["x-request-id"] != tries[0]["x-request-id"]
 
 
+def test_a_new_task_never_inherits_a_finished_tasks_call(mw, echo_url):
+    """Retries are matched within one caller. A task that looks like a retry (attempt 1) of what a
+    finished task sent gets its own ID, even when Python gives it the finished task's ``id()``."""
+    emitter = mw.memory_emitter()
+
+    async def run() -> list[tuple[str, str]]:
+        pairs = []
+        async with instrument(httpx.AsyncClient(), emitter=emitter) as client:
+
+            async def post(retry: int) -> str:
+                r = await client.post(echo_url + "/echo", json={"q": 1}, headers={"x-stainless-retry-count": str(retry)})
+                return r.json()["x-request-id"]
+
+            for _ in range(20):
+                first = await asyncio.create_task(post(0))
+                # CPython reuses a freed task's memory: after one task in between, the next task
+                # usually has the first one's id()
+                await asyncio.create_task(asyncio.sleep(0))
+                later = await asyncio.create_task(post(1))
+                pairs.append((first, later))
+            # within one task a retry still keeps its call's ID
+            async def one_task() -> tuple[str, str]:
+                return await post(0), await post(1)
+
+            pairs.append(await asyncio.create_task(one_task()))
+        return pairs
+
+    pairs = asyncio.run(run())
+    assert [a == b for a, b in pairs[:-1]] == [False] * 20
+    assert pairs[-1][0] == pairs[-1][1]
+
+
 def test_openai_sdk_retry_after_500(mw, engine_url):
     emitter = mw.memory_emitter()
     client = openai.OpenAI(base_url=engine_url + "/v1", api_key="k", max_retries=2,

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 
 from hopline.middleware.contract import STAGE_NAMES, compute_stages, negative_stages, validate_event
+from support.golden import GOLDEN
 
-GOLDEN = json.loads((Path(__file__).parents[1] / "golden_stages.json").read_text())
 CASES = {c["name"]: c for c in GOLDEN["cases"]}
 
 

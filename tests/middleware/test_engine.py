@@ -5,15 +5,16 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import re
-import sys
 
 import httpx
 import orjson
 import pytest
 
-from hopline.middleware import emit, vllm_stats
+from hopline.middleware import emit
+from hopline.middleware.attempts import ATTEMPTS, AttemptRegistry
 from hopline.middleware.emit import Emitter
 from hopline.middleware.engine import DEFAULT_ROUTES, EngineMiddleware
+from hopline.middleware.vllm_stats import HoplineStatLogger
 
 HEX32 = re.compile(r"[0-9a-f]{32}")
 
@@ -189,16 +190,27 @@ def test_constructed_with_only_the_app_uses_environment(mw, monkeypatch):
     assert {e["route"] for e in events if e["hop"] == "engine.received"} == {"/v1/completions"}
 
 
-def test_failover_attempt_is_handed_to_the_vllm_stat_logger(mw, engine, monkeypatch):
-    """With hopline's vLLM stat logger loaded, its engine.stats learn the request's attempt."""
-    url, emitter = engine
-    monkeypatch.setattr(vllm_stats, "_attempts", {})
-    for rid, attempt in (("req-9", "2"), ("req-10", "0"), ("req-11", None)):
-        headers = {"X-Request-Id": rid} | ({"X-Hopline-Attempt": attempt} if attempt else {})
+def test_failover_attempt_is_handed_to_the_vllm_stat_logger(mw):
+    """The middleware and the stat logger share one AttemptRegistry: engine.stats learn the attempt."""
+    emitter = mw.memory_emitter(service="engine", replica="r1", model="tiny")
+    attempts = AttemptRegistry()
+    app = EngineMiddleware(mw.fake_engine_app(), emitter=emitter, attempts=attempts)
+    with mw.running_server(app) as url:
+        # no stat logger attached to the registry (not a vLLM server): nothing is remembered
+        headers = {"X-Request-Id": "req-12", "X-Hopline-Attempt": "3"}
         assert httpx.post(url + "/v1/chat/completions", json=chat_body(), headers=headers).status_code == 200
-    assert vllm_stats._attempts == {"req-9": 2}  # attempt 0 (or none) is the stat logger's default
-    monkeypatch.delitem(sys.modules, vllm_stats.__name__)  # not a vLLM server: nothing is imported
-    httpx.post(url + "/v1/chat/completions", json=chat_body(), headers={"X-Request-Id": "req-12", "X-Hopline-Attempt": "3"})
-    assert vllm_stats.__name__ not in sys.modules and vllm_stats._attempts == {"req-9": 2}
+        assert len(attempts) == 0
+        stat_logger = HoplineStatLogger(None, emitter=emitter, attempts=attempts)
+        for rid, attempt in (("req-9", "2"), ("req-10", "0"), ("req-11", None)):
+            headers = {"X-Request-Id": rid} | ({"X-Hopline-Attempt": attempt} if attempt else {})
+            assert httpx.post(url + "/v1/chat/completions", json=chat_body(), headers=headers).status_code == 200
+    assert len(attempts) == 1 and attempts.get("req-9") == 2  # attempt 0 (or none) is the default
+    assert stat_logger.attempts is attempts
     events = mw.wait_for(emitter, lambda ev: sum(e["hop"] == "engine.last_token" for e in ev) == 4)
     assert {(e["request_id"], e["attempt"]) for e in events} == {("req-9", 2), ("req-10", 0), ("req-11", 0), ("req-12", 3)}
+
+
+def test_middleware_and_stat_logger_share_the_default_registry(mw):
+    """vLLM constructs both itself, without arguments: they meet in the process-wide ATTEMPTS."""
+    assert EngineMiddleware(mw.fake_engine_app(), emitter=mw.memory_emitter()).attempts is ATTEMPTS
+    assert HoplineStatLogger(None, emitter=mw.memory_emitter()).attempts is ATTEMPTS

@@ -7,8 +7,7 @@ same request ID, and give ``compute_stages`` every stage it can compute without 
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import httpx
@@ -20,6 +19,7 @@ from hopline.middleware.contract import compute_stages, negative_stages, validat
 from hopline.middleware.emit import Emitter
 from hopline.middleware.engine import EngineMiddleware
 from hopline.middleware.sinks import HttpSink
+from support.servers import wait_until
 
 CLIENT_HOPS = ["client.sent", "client.first_token", "client.last_token"]
 GATEWAY_HOPS = ["gateway.received", "gateway.admitted", "gateway.forwarded", "gateway.first_token", "gateway.last_token"]
@@ -48,19 +48,12 @@ class Stack:
                         if e["request_id"] == request_id]
             return sum(e["hop"] in finals for e in found) >= done
 
-        wait_until(complete)
+        wait_until("the events", complete, timeout=5.0, interval=0.02)
         return found
 
     def openai(self, **kw) -> openai.OpenAI:
         http = instrument(httpx.Client(verify=self.verify), emitter=self.client)
         return openai.OpenAI(base_url=self.gateway_url + "/v1", api_key="k", http_client=http, **kw)
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
-    end = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < end, "events did not arrive"
-        time.sleep(0.02)
 
 
 @pytest.fixture(scope="module")
@@ -199,6 +192,6 @@ def test_http_sink_to_a_closed_port_does_not_stop_the_service(mw, tls):
                 r = client.post(url + "/v1/chat/completions", json={"model": "tiny", "messages": MESSAGES,
                                                                      "stream": True, "max_tokens": 3})
                 assert r.status_code == 200 and r.text.endswith("data: [DONE]\n\n")
-    wait_until(lambda: dead.dropped_sink == 15)  # 5 requests x 3 engine hops, all dropped
+    wait_until("the dropped hops", lambda: dead.dropped_sink == 15, timeout=5.0)  # 5 requests x 3 engine hops
     assert dead.sent == 0
     dead.close(timeout=1)

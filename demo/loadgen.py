@@ -28,8 +28,8 @@ from typing import Any
 import httpx
 import openai
 import orjson
-from hopline.analyzer.demo.engine_sim import CHARS_PER_TOKEN
-from hopline.analyzer.demo.wiring import instrument_client
+from hopline.demo.engine_sim import CHARS_PER_TOKEN
+from hopline.demo.wiring import instrument_client
 
 WARM_CONNECTIONS = 16  # a long-running service's pool is warm; only the cold client starts from zero
 POOL = httpx.Limits(max_connections=256, max_keepalive_connections=64, keepalive_expiry=60.0)

@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from hopline.analyzer.demo.gateway_app import home_replica
-from hopline.analyzer.demo.loadgen import Traffic
+from hopline.demo.gateway_app import home_replica
+from hopline.demo.loadgen import Traffic
 
 REPLICAS = ("r1", "r2")
 INCIDENT_AT = 0.55

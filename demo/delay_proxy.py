@@ -4,7 +4,7 @@ Bytes are relayed unchanged (TLS passes straight through), in order, each chunk 
 ``delay`` seconds after it arrived, in both directions, so a request/response round trip gains
 twice the delay. The delay starts at 0; ``SIGUSR1`` switches it to ``--delay-ms`` (the incident).
 
-    python -m hopline.analyzer.demo.delay_proxy --target 127.0.0.1:8443 --delay-ms 60 --port-file p.port
+    python -m hopline.demo.delay_proxy --target 127.0.0.1:8443 --delay-ms 60 --port-file p.port
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ class DelayProxy:
 
 
 async def _serve(proxy: DelayProxy, port_file: Path, incident_delay_s: float) -> None:
-    from hopline.analyzer.demo.process import announce_port, listening_socket
+    from hopline.demo.process import announce_port, listening_socket
 
     sock = listening_socket()
     server = await asyncio.start_server(proxy.handle, sock=sock)
@@ -84,7 +84,7 @@ async def _serve(proxy: DelayProxy, port_file: Path, incident_delay_s: float) ->
 
 
 def main(argv: list[str] | None = None) -> None:
-    from hopline.analyzer.demo.process import watch_parent
+    from hopline.demo.process import watch_parent
 
     parser = argparse.ArgumentParser(description="TCP proxy adding one-way latency after SIGUSR1.")
     parser.add_argument("--target", required=True, help="HOST:PORT to forward to")

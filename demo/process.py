@@ -5,7 +5,7 @@ Three layers make sure nothing the demo started outlives it:
 * every child is its own session / process group (``start_new_session``), so the demo can stop a
   child together with anything it spawned, and a Ctrl-C in the terminal reaches only the demo,
   which then stops its children in order (load first, collector last, so no event is lost);
-* every child starts through this module (``python -m hopline.analyzer.demo.process MODULE …``),
+* every child starts through this module (``python -m hopline.demo.process MODULE …``),
   which first asks the kernel for ``SIGTERM`` when its parent dies (``prctl(PR_SET_PDEATHSIG)``,
   Linux; this also covers a ``kill -9`` of the demo), then runs ``MODULE`` as ``__main__``;
 * the demo's own servers additionally run ``watch_parent``: a thread that exits the process when
@@ -62,11 +62,7 @@ def watch_parent(interval: float = 0.5) -> None:
 
 def listening_socket() -> socket.socket:
     """A TCP socket listening on 127.0.0.1 on a port the OS chose (connections queue until served)."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(1024)
-    return sock
+    return socket.create_server(("127.0.0.1", 0), backlog=1024)  # SO_REUSEADDR set on POSIX
 
 
 def free_port() -> int:
@@ -157,7 +153,7 @@ def python_module(module: str, *args: str) -> list[str]:
 
 
 def _launch(argv: list[str]) -> None:
-    """``python -m hopline.analyzer.demo.process MODULE ARGS…``: tie this process to its parent,
+    """``python -m hopline.demo.process MODULE ARGS…``: tie this process to its parent,
     then run MODULE as ``python -m MODULE ARGS…`` would."""
     die_with_parent(int(os.environ.get(PARENT_ENV) or os.getppid()))
     sys.argv = argv

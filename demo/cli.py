@@ -7,7 +7,7 @@ from typing import Annotated
 
 import orjson
 import typer
-from hopline.analyzer.demo.scenarios import DEFAULT_SCENARIO, SCENARIOS, matches
+from hopline.demo.scenarios import DEFAULT_SCENARIO, SCENARIOS, matches
 from rich.console import Console
 
 
@@ -40,7 +40,7 @@ def demo(
 
         hopline demo --seconds 60 --scenario prefill-regression --html report.html
     """
-    from hopline.analyzer.demo.orchestrate import run_demo
+    from hopline.demo.orchestrate import run_demo
 
     if scenario not in SCENARIOS:
         raise typer.BadParameter(
@@ -56,7 +56,7 @@ def demo(
     if json:
         typer.echo(orjson.dumps(report).decode())
         return
-    from hopline.analyzer.demo.analysis import print_report
+    from hopline.demo.analysis import print_report
 
     print_report(report, console)
     findings = report.get("findings") or []

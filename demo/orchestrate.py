@@ -29,16 +29,16 @@ from typing import Any
 
 import orjson
 import trustme
-from hopline.analyzer.demo.engine_sim import EngineConfig
-from hopline.analyzer.demo.loadgen import LiveStats, LoadGenerator
-from hopline.analyzer.demo.process import Child, free_port, python_module
-from hopline.analyzer.demo.scenarios import REPLICAS, Scenario
-from hopline.analyzer.demo.wiring import make_emitter
+from hopline.demo.engine_sim import EngineConfig
+from hopline.demo.loadgen import LiveStats, LoadGenerator
+from hopline.demo.process import Child, free_port, python_module
+from hopline.demo.scenarios import REPLICAS, Scenario
+from hopline.demo.wiring import make_emitter
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-DEMO = "hopline.analyzer.demo"
+DEMO = "hopline.demo"
 WARMUP_S = 3.0  # the first seconds of traffic warm caches and code paths; the analysis skips them
 
 
@@ -285,7 +285,7 @@ def run_demo(
 ) -> dict[str, Any]:
     """Run the whole demo and return the analyzer's report; the events, truth logs, report.json,
     dashboards and logs stay in ``out`` (else in a temporary folder, removed)."""
-    from hopline.analyzer.demo.analysis import analyze_run, render_html, write_dashboards
+    from hopline.demo.analysis import analyze_run, render_html, write_dashboards
 
     run_dir = Path(out) if out else Path(tempfile.mkdtemp(prefix="hopline-demo-"))
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
-from hopline.analyzer.demo.engine_sim import EngineConfig
+from hopline.demo.engine_sim import EngineConfig
 from hopline.analyzer.io import ScanReport, scan_events
 from hopline.analyzer.report import analyze, render
 from hopline.analyzer.timelines import timelines

@@ -7,7 +7,7 @@ hopline measures have the causes they have in production:
 * **continuous batching**: each step is one forward pass over the running batch; requests join
   and leave between steps, at most ``max_num_seqs`` of them;
 * **a KV-cache budget**: the GPU memory left after the weights over the model's KV bytes per token
-  (``hopline.analyzer.kv``); a request waits in the queue until its prompt fits;
+  (``hopline.middleware.kv``); a request waits in the queue until its prompt fits;
 * **prefill** costs time per prompt token not already in the prefix cache; with chunked prefill a
   step takes at most ``max_num_batched_tokens`` tokens, without it a long prompt is prefilled in one
   long step during which every other stream stalls;
@@ -20,7 +20,7 @@ hopline's engine middleware, emits ``engine.stats`` per finished request as the 
 and appends each request's true intervals to a JSONL file, so tests compare hopline's stages with
 what really happened rather than with themselves. No prompt or answer text is logged.
 
-    python -m hopline.analyzer.demo.engine_sim --replica r1 --sink http://127.0.0.1:9000 \\
+    python -m hopline.demo.engine_sim --replica r1 --sink http://127.0.0.1:9000 \\
         --truth truth-r1.jsonl --port-file r1.port --config '{"chunked_prefill": false}'
 
 ``SIGUSR1`` applies the config's ``incident`` overrides (e.g. a prefill regression) at run time.
@@ -46,7 +46,7 @@ from typing import Any
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from hopline.analyzer.kv import KVSpec, dtype_bytes
+from hopline.middleware.kv import KVSpec, dtype_bytes
 from hopline.middleware import clock
 
 GIB = 1024**3
@@ -541,8 +541,8 @@ def create_app(engine: Engine) -> FastAPI:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from hopline.analyzer.demo.process import announce_port, listening_socket, watch_parent
-    from hopline.analyzer.demo.wiring import engine_middleware, make_emitter, serve
+    from hopline.demo.process import announce_port, listening_socket, watch_parent
+    from hopline.demo.wiring import engine_middleware, make_emitter, serve
 
     parser = argparse.ArgumentParser(description="Simulated OpenAI-compatible engine replica (hopline demo).")
     parser.add_argument("--replica", required=True)

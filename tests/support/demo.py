@@ -1,4 +1,4 @@
-"""Helpers for the demo's tests: servers in a thread, the demo in a child process, leftover processes."""
+"""``hopline demo`` in a child process for tests, and the processes a run left behind."""
 
 from __future__ import annotations
 
@@ -6,47 +6,11 @@ import contextlib
 import os
 import subprocess
 import sys
-import threading
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import orjson
 import psutil
-import uvicorn
-from hopline.analyzer.demo.process import listening_socket
-from hopline.middleware.emit import Emitter
-from hopline.middleware.sinks import MemorySink
-
-
-@contextlib.contextmanager
-def running_server(app: Any) -> Iterator[str]:
-    """Serve ``app`` with uvicorn in a thread; yield its base URL (http://127.0.0.1:PORT)."""
-    sock = listening_socket()
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline, "server did not start"
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
-
-
-def memory_emitter(**static: Any) -> Emitter:
-    return Emitter(MemorySink(), flush_interval=0.01, **static)
-
-
-def events_of(emitter: Emitter) -> list[dict[str, Any]]:
-    emitter.flush()
-    return list(emitter.sink.events)
-
 
 # Long enough for the analyzer: a shift needs 50 requests on each side of it in the scope it names
 # (a replica gets ~4 requests/s); a pitfall needs 20 requests of the culprit.

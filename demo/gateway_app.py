@@ -8,7 +8,7 @@ rendezvous hashing (stable, and even across replicas). If that replica fails (co
 a 5xx before any byte is relayed) the request fails over to the next one as a new attempt. The
 response is relayed chunk by chunk with httpx, never buffered.
 
-    python -m hopline.analyzer.demo.gateway_app --upstream r1=http://127.0.0.1:8001 \\
+    python -m hopline.demo.gateway_app --upstream r1=http://127.0.0.1:8001 \\
         --upstream r2=http://127.0.0.1:8002 --keys '{"sk-demo": [50, 100]}' --port-file gw.port \\
         --certfile cert.pem --keyfile key.pem --sink http://127.0.0.1:9000
 """
@@ -29,7 +29,7 @@ import httpx
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from hopline.analyzer.demo.wiring import gateway_hops
+from hopline.demo.wiring import gateway_hops
 from starlette.background import BackgroundTask
 
 RELAYED_HEADERS = ("content-type",)
@@ -157,8 +157,8 @@ def create_app(upstreams: Mapping[str, str], keys: Mapping[str, tuple[float, flo
 
 
 def main(argv: list[str] | None = None) -> None:
-    from hopline.analyzer.demo.process import announce_port, listening_socket, watch_parent
-    from hopline.analyzer.demo.wiring import gateway_middleware, make_emitter, serve
+    from hopline.demo.process import announce_port, listening_socket, watch_parent
+    from hopline.demo.wiring import gateway_middleware, make_emitter, serve
 
     parser = argparse.ArgumentParser(description="hopline demo gateway.")
     parser.add_argument("--upstream", action="append", required=True, help="NAME=URL of an engine replica")

@@ -1,4 +1,4 @@
-"""Realistic hop-event logs with known, injected changes: the analyzer's test bench and demo data.
+"""Realistic hop-event logs with known, injected changes: the analyzer's test bench (tests only; not shipped).
 
 ``generate`` draws requests (Poisson arrivals, lognormal stage times, prompt-proportional
 prefill, per-token decode), routes them over replicas, and writes every hop a real stack emits:

@@ -1,0 +1,94 @@
+"""``hopline demo --scenario NAME`` end to end: the first finding names the injected incident (its
+kind, stage or pitfall name, scope and size), no process is left behind, and for the default
+scenario hopline's stages agree with the simulator's true intervals."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pytest
+from hopline.demo.analysis import load_timelines
+from hopline.demo.scenarios import SCENARIOS, matches
+from support.demo import PITFALL_SECONDS, SHIFT_SECONDS, first_finding, processes_of, run_demo
+
+TOLERANCE_S = 0.025  # engine hops are stamped on the response path, the truth in the scheduler
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What the first finding of a scenario's run must say."""
+
+    scenario: str
+    kind: str  # "shift" or "pitfall"
+    what: str  # the shift's stage or the pitfall's name
+    scope: dict[str, str] = field(default_factory=dict)  # the scope a shift names
+    min_factor: float | None = None  # a shift's size: after / before at least this
+    seconds: int = SHIFT_SECONDS
+
+    def fields(self) -> dict[str, Any]:
+        key = "stage" if self.kind == "shift" else "name"
+        return {"kind": self.kind, key: self.what, **({"scope": self.scope} if self.scope else {})}
+
+
+EXPECTED = (
+    # the burst saturates r2: its queue goes from a few ms to about a second (a ramp in steps is
+    # one finding from its onset, see analyzer/shifts.py)
+    Expected("queue-burst", "shift", "queue", {"replica": "r2"}, min_factor=3),
+    Expected("prefill-regression", "shift", "prefill", {"replica": "r2"}),
+    Expected("slow-network", "shift", "network", {"service": "kite-chat"}),
+    Expected("huge-prompt", "pitfall", "long_prefill_stall", seconds=PITFALL_SECONDS),
+    Expected("cold-connections", "pitfall", "new_connection_per_request", seconds=PITFALL_SECONDS),
+    Expected("no-max-tokens", "pitfall", "no_max_tokens", seconds=PITFALL_SECONDS),
+)
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[[Expected], tuple[Path, dict]]:
+    """Run each scenario at most once per module: (its output folder, its findings JSON)."""
+    runs: dict[str, tuple[Path, dict]] = {}
+
+    def run(expected: Expected) -> tuple[Path, dict]:
+        if expected.scenario not in runs:
+            out = tmp_path_factory.mktemp(expected.scenario)
+            runs[expected.scenario] = out, run_demo(out, expected.scenario, expected.seconds)
+        return runs[expected.scenario]
+
+    return run
+
+
+def test_every_scenario_is_expected_as_the_scenario_states_it() -> None:
+    assert {e.scenario for e in EXPECTED} == set(SCENARIOS)
+    for expected in EXPECTED:
+        assert SCENARIOS[expected.scenario].expect == expected.fields(), expected.scenario
+
+
+@pytest.mark.parametrize("expected", EXPECTED, ids=lambda e: e.scenario)
+def test_first_finding_names_the_incident(expected: Expected, demo_run) -> None:
+    out, report = demo_run(expected)
+    finding = first_finding(report)
+    assert matches(finding, expected.fields()), (finding, report["findings"][1:3])
+    if expected.min_factor is not None:
+        assert finding["factor"] >= expected.min_factor, finding
+    assert processes_of(out) == []
+
+
+def test_stages_agree_with_the_simulators_true_intervals(demo_run) -> None:
+    out, _ = demo_run(EXPECTED[0])
+    truth = pl.concat([pl.read_ndjson(p) for p in sorted(out.glob("truth-*.jsonl"))])
+    frame = load_timelines(out)[0].join(truth, on="request_id", how="inner", suffix="_truth")
+    # every request the engines finished was joined by hopline, on the replica that served it
+    assert frame.height == truth.height > 100
+    assert (frame["replica"] == frame["replica_truth"]).all()
+    # queue and prefill come from engine.stats (the vLLM plugin's way): the engine's own numbers
+    assert (frame["queue"] - frame["queue_s"]).abs().max() < 1e-6
+    assert (frame["prefill"] - frame["prefill_s"]).abs().max() < 1e-6
+    # decode and the engine's TTFT come from the middleware's hops: measured independently
+    streamed = frame.filter(pl.col("stream_truth"))
+    assert (streamed["decode"] - streamed["decode_s"]).abs().max() < TOLERANCE_S
+    engine_ttft_truth = streamed["first_token"] - streamed["received"]
+    assert (streamed["engine_ttft"] - engine_ttft_truth).abs().max() < TOLERANCE_S
+    assert frame["output_tokens"].to_list() == frame["output_tokens_truth"].to_list()

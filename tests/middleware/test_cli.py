@@ -1,0 +1,149 @@
+"""The ``hopline`` command: the real extra named for a command whose packages are missing, a bug's
+ImportError shown as a bug, and one error style (one line on stderr; 2 for bad usage, 1 for a failure).
+
+A core-only install is simulated in a child process: a ``sitecustomize`` on ``PYTHONPATH``
+puts an import blocker first on ``sys.meta_path`` for the packages an extra brings.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from importlib.metadata import EntryPoint
+from pathlib import Path
+
+import pytest
+import typer
+from hopline.middleware.cli import ClickException, UsageError, build, run
+from support.cli import hopline
+from support.servers import env_without_hopline
+
+BLOCKER = '''
+import sys
+
+BLOCKED = {blocked!r}
+
+
+class Blocker:
+    """As if these packages were not installed."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+        return None
+
+
+sys.meta_path.insert(0, Blocker())
+'''
+
+
+def hopline_without(tmp_path: Path, blocked: set[str], *args: str) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "sitecustomize.py").write_text(BLOCKER.format(blocked=sorted(blocked)))
+    return hopline(*args, env={**env_without_hopline(), "PYTHONPATH": str(tmp_path)})
+
+
+# what each extra brings that its commands import (pyproject.toml's optional dependencies)
+ANALYZER = {"polars", "numpy", "plotly"}
+COLLECTOR = {"fastapi", "uvicorn", "prometheus_client"}
+DASHBOARDS = {"grafana_foundation_sdk", "yaml"}
+
+
+@pytest.mark.parametrize(
+    ("command", "blocked", "extra"),
+    [
+        ("analyze", ANALYZER, "analyzer"),
+        ("timeline", ANALYZER, "analyzer"),
+        ("collector", COLLECTOR, "collector"),
+        ("dashboards", DASHBOARDS, "dashboards"),
+        ("demo", {"openai"}, "demo"),
+    ],
+)
+def test_a_missing_extra_is_named_for_its_command(tmp_path: Path, command: str, blocked: set, extra: str):
+    proc = hopline_without(tmp_path, blocked, command, "some-argument")
+    assert proc.returncode == 1, proc.stderr
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith(f"hopline {command}: needs ")
+    assert line.endswith(f"which is not installed: pip install 'hopline[{extra}]'")
+
+
+def test_core_only_install_lists_every_command_and_budget_still_works(tmp_path: Path):
+    core_only = ANALYZER | COLLECTOR | DASHBOARDS | {"openai", "trustme", "pyarrow"}
+    listing = hopline_without(tmp_path, core_only, "--help")
+    assert listing.returncode == 0, listing.stderr
+    for command, extra in [("analyze", "analyzer"), ("collector", "collector"), ("demo", "demo")]:
+        assert any(
+            line.split()[1:2] == [command] and f"pip install 'hopline[{extra}]'" in line
+            for line in listing.stdout.splitlines()
+            if len(line.split()) > 1
+        ), listing.stdout
+    # the KV arithmetic is plain Python in middleware/: `hopline budget` needs no extra
+    budget = hopline_without(
+        tmp_path, core_only, "budget", "--network-ms", "40", "--queue-ms", "60", "--prefill-ms", "300",
+        "--prompt-tokens", "6000", "--output-tokens", "400", "--itl-ms", "20", "--layers", "48",
+        "--kv-heads", "4", "--head-dim", "128", "--dtype", "bf16", "--json",
+    )  # fmt: skip
+    assert budget.returncode == 0, budget.stderr
+    assert '"kv_bytes_per_token": 98304' in budget.stdout
+
+
+def test_an_import_error_inside_hopline_is_shown_as_a_bug(capsys: pytest.CaptureFixture[str]):
+    broken = EntryPoint("broken", "hopline.middleware.no_such_module:register [analyzer]", "hopline.cli")
+    assert run(build([broken]), ["broken"]) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("hopline broken: cannot be loaded (a bug in hopline): ModuleNotFoundError")
+    assert "pip install" not in line
+
+
+def test_a_missing_package_of_a_command_without_extra_is_named(capsys: pytest.CaptureFixture[str]):
+    ep = EntryPoint("probe", "hopline_test_absent_package.cli:register", "hopline.cli")
+    assert run(build([ep]), ["probe"]) == 1
+    assert capsys.readouterr().err == (
+        "hopline probe: needs hopline_test_absent_package, which is not installed: "
+        "pip install hopline_test_absent_package\n"
+    )
+
+
+def _app() -> typer.Typer:
+    app = typer.Typer()
+
+    @app.command()
+    def usage(count: int = 1) -> None:
+        raise UsageError(f"--count must be even,\nnot {count}")
+
+    @app.command()
+    def param() -> None:
+        raise typer.BadParameter("no such scope", param_hint="--by")
+
+    @app.command()
+    def failure() -> None:
+        raise ClickException("the store at /data is locked")
+
+    @app.command()
+    def fine() -> None:
+        typer.echo("ok")
+
+    return app
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "line"),
+    [
+        (["usage", "--count", "3"], 2, "hopline usage: --count must be even, not 3"),
+        (["param"], 2, "hopline param: Invalid value for --by: no such scope"),
+        (["usage", "--count", "x"], 2, "hopline usage: Invalid value for '--count': "),
+        (["usage", "--bogus"], 2, "hopline usage: No such option: --bogus"),
+        (["nothing"], 2, "hopline: No such command 'nothing'."),
+        (["failure"], 1, "hopline failure: the store at /data is locked"),
+    ],
+)
+def test_one_error_style(argv: list[str], code: int, line: str, capsys: pytest.CaptureFixture[str]):
+    assert run(_app(), argv) == code
+    out = capsys.readouterr()
+    assert out.err.startswith(line) and out.err.count("\n") == 1 and out.out == ""
+    if not line.endswith(": "):  # typer words its own type errors
+        assert out.err == line + "\n"
+
+
+def test_success_and_help_exit_0(capsys: pytest.CaptureFixture[str]):
+    assert run(_app(), ["fine"]) == 0
+    assert capsys.readouterr().out == "ok\n"
+    assert run(_app(), ["--help"]) == 0

@@ -1,0 +1,182 @@
+"""The folders are the dependency graph: each part imports only the parts below it.
+
+    middleware  <-  collector  <-  dashboards (the collector's metric names only)
+        ^
+        +---------  analyzer
+    demo: on top, may import every part; nothing imports it.
+
+Every module's imports are read with ``ast`` (at any depth: a lazy import inside a function is
+still a dependency), and so is every string that names a hopline module
+(``[sys.executable, "-m", "hopline.collector", ...]`` runs the collector: that counts too).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PARTS = ("middleware", "collector", "analyzer", "dashboards", "demo")
+# part -> the parts it may import (itself included)
+ALLOWED: dict[str, set[str]] = {
+    "middleware": {"middleware"},
+    "collector": {"middleware", "collector"},
+    "analyzer": {"middleware", "analyzer"},
+    "dashboards": {"middleware", "dashboards"},
+    "demo": {"middleware", "collector", "analyzer", "dashboards", "demo"},
+}
+# single modules a part may import beyond ALLOWED
+ALLOWED_MODULES = {"dashboards": {"hopline.collector.metric_names"}}
+# What emitting needs is the core install: middleware never imports an extra's package at import time.
+EXTRAS_PACKAGES = {
+    "polars", "numpy", "plotly", "fastapi", "starlette", "uvicorn", "prometheus_client", "yaml",
+    "grafana_foundation_sdk", "openai", "trustme", "pyarrow", "pandas",
+}  # fmt: skip
+MODULE_NAME = re.compile(r"hopline(?:\.\w+)+")
+
+
+def module_name(path: Path, root: Path = REPO) -> str:
+    """``middleware/engine.py`` -> ``hopline.middleware.engine`` (``__init__`` is its package)."""
+    parts = ["hopline", *path.relative_to(root).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> Iterator[Path]:
+    for part in PARTS:
+        yield from sorted((REPO / part).rglob("*.py"))
+
+
+def imported(path: Path, root: Path = REPO) -> Iterator[tuple[int, str]]:
+    """(line, module) for every import in ``path``, relative ones resolved, and every string constant
+    that is exactly a hopline module name (a ``-m`` argument, an ``importlib`` target)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = module_name(path, root).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = ".".join(package[: len(package) - node.level + 1])
+                target = f"{base}.{node.module}" if node.module else base
+            else:
+                target = node.module or ""
+            yield node.lineno, target
+            # ``from hopline.collector import metric_names``: the submodule is what is imported
+            for alias in node.names:
+                yield node.lineno, f"{target}.{alias.name}"
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if MODULE_NAME.fullmatch(node.value):
+                yield node.lineno, node.value
+
+
+def part_of(module: str) -> str | None:
+    pieces = module.split(".")
+    return pieces[1] if len(pieces) > 1 and pieces[0] == "hopline" and pieces[1] in PARTS else None
+
+
+def violations(path: Path, root: Path = REPO) -> list[str]:
+    me = part_of(module_name(path, root))
+    assert me is not None
+    found = []
+    for line, target in imported(path, root):
+        other = part_of(target)
+        if other is None or other in ALLOWED[me]:
+            continue
+        if any(target == m or target.startswith(m + ".") for m in ALLOWED_MODULES.get(me, ())):
+            continue
+        # ``from hopline.collector import metric_names`` yields both the package and the submodule
+        if any(m.startswith(target + ".") for m in ALLOWED_MODULES.get(me, ())):
+            continue
+        found.append(f"{path.relative_to(root)}:{line}: {me} imports {target}")
+    return found
+
+
+@pytest.mark.parametrize("part", PARTS)
+def test_each_part_imports_only_the_parts_below_it(part: str) -> None:
+    found = [v for path in sorted((REPO / part).rglob("*.py")) for v in violations(path)]
+    assert found == []
+
+
+def test_nothing_imports_the_demo() -> None:
+    found = [
+        f"{path.relative_to(REPO)}:{line}: {target}"
+        for path in modules()
+        if part_of(module_name(path)) != "demo"
+        for line, target in imported(path)
+        if part_of(target) == "demo"
+    ]
+    assert found == []
+
+
+def test_middleware_imports_no_extras_package_at_import_time() -> None:
+    found = []
+    for path in sorted((REPO / "middleware").rglob("*.py")):
+        for node in ast.parse(path.read_text()).body:  # module level only: lazy imports are fine
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and not node.level
+                else []
+            )
+            found += [f"{path.name}:{node.lineno}: {n}" for n in names if n.split(".")[0] in EXTRAS_PACKAGES]
+    assert found == []
+
+
+# --- the checker itself: it sees what it must ---------------------------------------------------
+
+
+def _checked(tmp_path: Path, part: str, source: str) -> list[str]:
+    path = tmp_path / part / "probe.py"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(source)
+    return violations(path, root=tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("part", "source"),
+    [
+        pytest.param("collector", "from hopline.analyzer.kv import KVSpec\n", id="collector-from-analyzer"),
+        pytest.param("collector", "def f():\n    import hopline.analyzer.io\n", id="lazy-import"),
+        pytest.param("middleware", "from hopline.collector import metric_names\n", id="middleware-upwards"),
+        pytest.param(
+            "analyzer",
+            'ARGV = [sys.executable, "-m", "hopline.collector", "--port", "1"]\n',
+            id="runs-the-collector",
+        ),
+        pytest.param(
+            "dashboards", "from hopline.collector.app import create_app\n", id="dashboards-collector-app"
+        ),
+        pytest.param("dashboards", "from ..collector import store\n", id="relative-upwards"),
+        pytest.param("analyzer", "from hopline.demo import scenarios\n", id="imports-the-demo"),
+    ],
+)
+def test_the_checker_catches_a_wrong_import(tmp_path: Path, part: str, source: str) -> None:
+    assert len(_checked(tmp_path, part, source)) >= 1
+
+
+@pytest.mark.parametrize(
+    ("part", "source"),
+    [
+        pytest.param("dashboards", "from hopline.collector import metric_names as m\n", id="metric-names"),
+        pytest.param("dashboards", "from hopline.collector.metric_names import Metric\n", id="metric-name"),
+        pytest.param("dashboards", "from . import panels\n", id="own-part"),
+        pytest.param(
+            "demo",
+            'ARGV = ["-m", "hopline.collector"]\nfrom hopline.analyzer.io import scan_events\n',
+            id="demo-on-top",
+        ),
+        pytest.param(
+            "analyzer", '"""Run ``python -m hopline.collector`` first."""\n', id="prose-is-not-a-module"
+        ),
+    ],
+)
+def test_the_checker_allows_what_the_graph_allows(tmp_path: Path, part: str, source: str) -> None:
+    assert _checked(tmp_path, part, source) == []
