@@ -180,3 +180,20 @@ def test_the_checker_catches_a_wrong_import(tmp_path: Path, part: str, source: s
 )
 def test_the_checker_allows_what_the_graph_allows(tmp_path: Path, part: str, source: str) -> None:
     assert _checked(tmp_path, part, source) == []
+
+
+def test_the_readme_layout_section_lists_the_tree():
+    """README.md's Layout section names every top-level folder (and the Dockerfile) of the
+    checkout, and nothing that is not there."""
+    import re
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "README.md").read_text()
+    section = text[text.index("## Layout") :]
+    section = section[: section.index("\n## ", 4)] if "\n## " in section[4:] else section
+    listed = set(re.findall(r"^    ([A-Za-z][\w.-]*/?)\s", section, re.M))
+    tracked = subprocess.run(["git", "ls-files"], cwd=root, capture_output=True, text=True, check=True).stdout
+    tops = {line.split("/")[0] + "/" for line in tracked.splitlines() if "/" in line and not line.startswith(".")}
+    assert {name for name in listed if name.endswith("/")} == tops
+    assert all((root / name.rstrip("/")).exists() for name in listed)
