@@ -92,6 +92,14 @@ def read_request_headers(scope: Scope) -> tuple[bytes | None, bytes | None]:
     return rid, attempt
 
 
+def echo_request_id(message: Message, request_id: str) -> None:
+    """Put exactly one ``x-request-id: request_id`` into an ``http.response.start`` message, so a
+    caller can find its request (``hopline timeline ID``) from the response alone."""
+    headers = [(k, v) for k, v in message.get("headers") or () if k.lower() != REQUEST_ID_HEADER]
+    headers.append((REQUEST_ID_HEADER, request_id.encode()))
+    message["headers"] = headers
+
+
 def with_request_id(scope: Scope, request_id: str) -> Scope:
     """A shallow copy of ``scope`` whose headers carry exactly one ``x-request-id: request_id``."""
     headers = [(k, v) for k, v in scope.get("headers") or () if k != REQUEST_ID_HEADER]

@@ -505,3 +505,19 @@ def instrument(client: _C, *, emitter: Emitter | None = None, service: str | Non
     client._transport = wrap(client._transport)
     client._mounts = {pattern: wrap(transport) for pattern, transport in client._mounts.items()}
     return client
+
+
+def request_id_of(response: Any) -> str | None:
+    """The hopline request ID of a call, from what it returned: an ``httpx.Response``, its
+    ``httpx.Request``, or an OpenAI SDK raw / streaming response (``.http_response``).
+
+    hopline's client puts the ID on every request it sends, so this works against any server;
+    ``hopline timeline ID`` then shows where that call's time went. (Behind hopline's gateway or
+    engine middleware the response also echoes it, so the OpenAI SDK's own ``completion._request_id``
+    is the same ID.)
+    """
+    raw = getattr(response, "http_response", response)
+    request = raw if isinstance(raw, httpx.Request) else getattr(raw, "request", None)
+    if not isinstance(request, httpx.Request):
+        return None
+    return request.headers.get(REQUEST_ID_HEADER)

@@ -37,6 +37,7 @@ from hopline.middleware.asgi import (
     Scope,
     Send,
     adopt_request_id,
+    echo_request_id,
     parse_attempt,
     read_request_headers,
     resolve_emitter,
@@ -127,6 +128,7 @@ class EngineExchange(Exchange):
     def on_start(self, message: Message, t: float) -> None:
         if not self.received:
             self.emit_received(None)
+        echo_request_id(message, self.request_id)
         super().on_start(message, t)
 
     def finish(self, exc: BaseException | None) -> None:

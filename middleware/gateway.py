@@ -28,7 +28,6 @@ from time import perf_counter
 from typing import Any
 
 from hopline.middleware.asgi import (
-    REQUEST_ID_HEADER,
     ASGIApp,
     Exchange,
     Message,
@@ -36,6 +35,7 @@ from hopline.middleware.asgi import (
     Scope,
     Send,
     adopt_request_id,
+    echo_request_id,
     parse_attempt,
     read_request_headers,
     resolve_emitter,
@@ -148,7 +148,6 @@ class GatewayMiddleware:
             )
             exchange.emit("gateway.received")
             scope.setdefault("state", {})[STATE_KEY] = GatewayHops(exchange)
-            echoed = (REQUEST_ID_HEADER, request_id.encode())
         except Exception:
             self.emitter.errors += 1
             await self.app(scope, receive, send)
@@ -166,9 +165,7 @@ class GatewayMiddleware:
                 if kind == "http.response.body":
                     exchange.on_body(message, perf_counter())
                 elif kind == "http.response.start":
-                    headers = [(k, v) for k, v in message.get("headers") or () if k.lower() != REQUEST_ID_HEADER]
-                    headers.append(echoed)
-                    message["headers"] = headers
+                    echo_request_id(message, request_id)
                     exchange.on_start(message, perf_counter())
             except Exception:
                 exchange.emitter.errors += 1

@@ -11,7 +11,7 @@ import orjson
 import pytest
 from fastapi import FastAPI, Request
 
-from hopline.middleware.client import AsyncHoplineTransport, HoplineTransport, instrument
+from hopline.middleware.client import AsyncHoplineTransport, HoplineTransport, instrument, request_id_of
 
 HEX32 = re.compile(r"[0-9a-f]{32}")
 BODY = {"model": "tiny", "messages": [{"role": "user", "content": "SECRET"}], "stream": True, "max_tokens": 3,
@@ -178,6 +178,19 @@ def test_openai_sdk_retry_after_500(mw, engine_url):
     assert [(e["hop"], e["attempt"]) for e in sorted(events, key=lambda e: e["ts"])] == [
         ("client.sent", 0), ("client.error", 0), ("client.sent", 1), ("client.first_token", 1), ("client.last_token", 1)]
     assert mw.one(events, "client.error")["status"] == 500
+
+
+def test_a_calls_request_id_is_easy_to_get(mw, engine_url):
+    """From an OpenAI SDK raw response or a plain httpx response: the ID hopline's events carry."""
+    emitter = mw.memory_emitter()
+    http = instrument(httpx.Client(), emitter=emitter)
+    client = openai.OpenAI(base_url=engine_url + "/v1", api_key="k", max_retries=0, http_client=http)
+    raw = client.chat.completions.with_raw_response.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    events = mw.wait_for(emitter, lambda ev: any(e["hop"] == "client.last_token" for e in ev))
+    assert request_id_of(raw) == events[0]["request_id"]
+    plain = http.post(engine_url + "/v1/chat/completions", json={"model": "tiny", "messages": [], "max_tokens": 1})
+    assert request_id_of(plain) == plain.request.headers["x-request-id"] and request_id_of(object()) is None
 
 
 def test_connection_error_is_reported_and_reraised(mw):

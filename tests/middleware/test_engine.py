@@ -63,6 +63,7 @@ def test_incoming_id_and_attempt_are_kept(mw, engine):
     r = httpx.post(url + "/v1/completions", json=chat_body(stream=False, max_tokens=None, max_completion_tokens=3),
                    headers={"X-Request-Id": "cmpl-req-42", "X-Hopline-Attempt": "2"})
     assert r.json()["id"] == "chatcmpl-req-42"  # normalized (prefix stripped) before the engine saw it
+    assert r.headers.get_list("x-request-id") == ["req-42"]  # echoed once: the caller can look it up
     events = mw.wait_for(emitter, lambda ev: len(ev) == 2)
     assert {(e["hop"], e["request_id"], e["attempt"]) for e in events} == {
         ("engine.received", "req-42", 2), ("engine.last_token", "req-42", 2)}
@@ -78,6 +79,7 @@ def test_hostile_request_id_is_replaced_and_never_logged(mw, engine, hostile, ca
     events = mw.wait_for(emitter, lambda ev: any(e["hop"] == "engine.last_token" for e in ev))
     rid = events[0]["request_id"]
     assert HEX32.fullmatch(rid) and chunk_ids(r.text) == {f"chatcmpl-{rid}"}
+    assert r.headers["x-request-id"] == rid  # the ID hopline gave it, not the hostile one
     out, err = capfd.readouterr()
     assert hostile not in out + err + orjson.dumps(events).decode()
 
