@@ -29,7 +29,11 @@ except ImportError:  # older typer runs on click
 
 __all__ = ["ClickException", "UsageError", "build", "main", "run"]
 
-HELP = "Where did this LLM request's time go? Hop timing for client, gateway and engine."
+HELP = """Where did this LLM request's time go? Hop timing for client, gateway and engine.
+
+Example: [bold]hopline demo[/bold] (a simulated stack with an incident, analysed), then
+[bold]hopline analyze /var/lib/hopline --html report.html[/bold] on your own events.
+"""
 
 
 @dataclass(frozen=True)
@@ -70,10 +74,28 @@ def _add_unavailable(app: typer.Typer, gone: Unavailable) -> None:
 def build(eps: Iterable[EntryPoint] | None = None) -> typer.Typer:
     """The ``hopline`` app with every command of ``eps`` (default: the installed ``hopline.cli`` group)."""
     app = typer.Typer(
-        name="hopline", help=HELP, no_args_is_help=True, add_completion=False, rich_markup_mode="rich"
+        name="hopline",
+        help=HELP,
+        no_args_is_help=True,
+        add_completion=False,
+        rich_markup_mode="rich",
+        context_settings={"help_option_names": ["-h", "--help"]},
     )
+
+    def version(value: bool) -> None:
+        if value:
+            typer.echo(f"hopline {_version()}")
+            raise typer.Exit()
+
     # a group even with one command (typer would make a lone command the whole program)
-    app.callback()(lambda: None)
+    @app.callback()
+    def _root(
+        show_version: bool = typer.Option(
+            False, "--version", callback=version, is_eager=True, help="Print hopline's version and exit."
+        ),
+    ) -> None:
+        pass
+
     for ep in sorted(entry_points(group="hopline.cli") if eps is None else eps, key=lambda e: e.name):
         try:
             register = ep.load()
@@ -84,6 +106,34 @@ def build(eps: Iterable[EntryPoint] | None = None) -> typer.Typer:
     return app
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("hopline")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _plain_flags(command: Any) -> None:
+    """Flags (``--json``) show as plain flags in help, not as ``--json <bool>``."""
+    for param in getattr(command, "params", ()):
+        if getattr(param, "is_flag", False) and not getattr(param, "count", False):
+            param.metavar = ""
+    make_help = getattr(command, "get_help_option", None)
+    if make_help is not None:  # the help option is made per context, not kept in params
+
+        def plain_help(ctx: Any, make: Any = make_help) -> Any:
+            option = make(ctx)
+            if option is not None:
+                option.metavar = ""
+            return option
+
+        command.get_help_option = plain_help
+    for sub in getattr(command, "commands", {}).values():
+        _plain_flags(sub)
+
+
 def _one_line(text: str) -> str:
     return " ".join(text.split())
 
@@ -91,6 +141,7 @@ def _one_line(text: str) -> str:
 def run(app: typer.Typer, argv: Sequence[str] | None = None, prog_name: str = "hopline") -> int:
     """Run ``app`` on ``argv`` (default ``sys.argv[1:]``); the exit status, errors printed in one line."""
     command = typer.main.get_command(app)
+    _plain_flags(command)
     try:
         args = list(argv) if argv is not None else None
         code = command.main(args=args, prog_name=prog_name, standalone_mode=False)

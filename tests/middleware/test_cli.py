@@ -147,3 +147,20 @@ def test_success_and_help_exit_0(capsys: pytest.CaptureFixture[str]):
     assert run(_app(), ["fine"]) == 0
     assert capsys.readouterr().out == "ok\n"
     assert run(_app(), ["--help"]) == 0
+
+
+@pytest.mark.parametrize("command", [[], ["analyze"], ["demo"], ["collector"], ["timeline"], ["dashboards", "build"]])
+def test_help_shows_flags_as_flags_and_h_works(command: list[str]):
+    """``-h`` is ``--help``; flags (``--json``) have no ``<bool>`` placeholder."""
+    proc = hopline(*command, "-h")
+    assert proc.returncode == 0, proc.stderr
+    assert "Show this message and exit." in proc.stdout
+    assert "<bool>" not in proc.stdout
+
+
+def test_version_and_an_example_in_the_top_level_help():
+    from importlib.metadata import version
+
+    proc = hopline("--version")
+    assert (proc.returncode, proc.stdout.strip()) == (0, f"hopline {version('hopline')}")
+    assert "Example: hopline demo" in hopline("--help").stdout
