@@ -47,7 +47,17 @@ def kv_bytes_per_token(kv_config: Path | None) -> int | None:
 
 def event_files(paths: list[Path], since: str | None = None, until: str | None = None) -> list[Path]:
     """The event files to read; ``FileNotFoundError`` / ``ValueError`` naming what was wrong."""
-    files = io.find_files(paths, io.to_epoch(since), io.to_epoch(until))
+    start, end = io.to_epoch(since), io.to_epoch(until)
+    if start is not None and end is not None and start > end:
+        raise ValueError(f"--since {since} is after --until {until}")
+    files = io.find_files(paths, start, end)
+    if not files and start is not None:
+        skipped = io.find_files(paths)
+        if skipped:
+            raise ValueError(
+                f"all {len(skipped)} event files under {', '.join(map(str, paths))} hold events from before "
+                f"--since {since}"
+            )
     if not files:
         raise ValueError(
             f"no event files (*.ndjson, *.jsonl, *.parquet) under {', '.join(map(str, paths))}"
@@ -115,8 +125,8 @@ def analyze_command(
     try:
         dims = parse_scopes(by)
         slo_targets = attribution.Slo.parse(slo) if slo else None
-        if window != "auto":
-            parse_duration(window)  # a bad --window fails before any file is read
+        if window != "auto" and parse_duration(window) <= 0:  # a bad --window fails before any file is read
+            raise ValueError(f"--window must be longer than 0, got {window!r} (examples: 500ms, 10s, 1m)")
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
     try:

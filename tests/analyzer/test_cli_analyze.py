@@ -86,3 +86,19 @@ def test_help_has_an_example():
     proc = hopline("analyze", "--help")
     assert proc.returncode == 0
     assert "Example" in proc.stdout and "hopline analyze" in proc.stdout
+
+
+def test_time_and_window_options_are_checked_in_one_line(tmp_path):
+    hour = tmp_path / "store" / "events" / "date=2026-01-05" / "hour=10"
+    hour.mkdir(parents=True)
+    write_ndjson(generate(40, seed=2), hour / "part-0.ndjson")
+    cases = [
+        (("--window", "0s"), "--window must be longer than 0, got '0s'"),
+        (("--since", "2026-02-01T00:00", "--until", "2026-01-01T00:00"), "--since 2026-02-01T00:00 is after --until"),
+        (("--since", "2026-02-01T00:00"), "all 1 event files under"),  # not "no event files"
+    ]
+    for args, message in cases:
+        proc = hopline("analyze", str(tmp_path / "store"), *args)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert "Traceback" not in proc.stderr
