@@ -18,6 +18,7 @@ from typing import Annotated, Any
 
 import typer
 from hopline.middleware.cli import UsageError
+from hopline.middleware.durations import parse_duration
 from hopline.middleware.kv import KVConfigError, KVSpec, dtype_bytes
 from rich.console import Console
 from rich.table import Table
@@ -183,8 +184,8 @@ def kv_spec(
 EXAMPLE = """\
 Example, Qwen3-30B-A3B (TTFT 400 ms, end-to-end 8,400 ms, 96 KiB per token, 600 MiB per request):
 
-hopline budget --network-ms 40 --queue-ms 60 --prefill-ms 300 --prompt-tokens 6000 --output-tokens 400 \
---itl-ms 20 --layers 48 --kv-heads 4 --head-dim 128 --dtype bf16 --concurrent 50 --gpu-mem-gib 141 --weights-gib 61
+hopline budget --network 40ms --queue 60ms --prefill 300ms --prompt-tokens 6000 --output-tokens 400 \
+--itl 20ms --layers 48 --kv-heads 4 --head-dim 128 --dtype bf16 --concurrent 50 --gpu-mem-gib 141 --weights-gib 61
 
 From a Hugging Face config, with an FP8 KV cache, as JSON:
 
@@ -193,12 +194,12 @@ hopline budget ... --model-config ./Qwen3-30B-A3B/config.json --kv-dtype fp8 --j
 
 
 def budget_command(
-    network_ms: Annotated[float, typer.Option(help="Network time, both directions, in ms.")],
-    queue_ms: Annotated[float, typer.Option(help="Time waiting in the engine's queue, in ms.")],
-    prefill_ms: Annotated[float, typer.Option(help="Prefill time, in ms.")],
+    network: Annotated[str, typer.Option(help="Network time, both directions (a duration: 40ms, 0.04s).")],
+    queue: Annotated[str, typer.Option(help="Time waiting in the engine's queue (e.g. 60ms).")],
+    prefill: Annotated[str, typer.Option(help="Prefill time (e.g. 300ms).")],
     prompt_tokens: Annotated[int, typer.Option(help="Prompt tokens per request.")],
     output_tokens: Annotated[int, typer.Option(help="Output tokens per request.")],
-    itl_ms: Annotated[float, typer.Option(help="Inter-token latency during decode, in ms.")],
+    itl: Annotated[str, typer.Option(help="Inter-token latency during decode (e.g. 20ms).")],
     model_config: Annotated[
         Path | None,
         typer.Option(help="A Hugging Face config.json (instead of --layers/--kv-heads/--head-dim)."),
@@ -225,12 +226,12 @@ def budget_command(
     try:
         kv = kv_spec(model_config, layers, kv_heads, head_dim, dtype=dtype, kv_dtype=kv_dtype)
         result = compute_budget(
-            network_ms=network_ms,
-            queue_ms=queue_ms,
-            prefill_ms=prefill_ms,
+            network_ms=parse_duration(network) * 1e3,
+            queue_ms=parse_duration(queue) * 1e3,
+            prefill_ms=parse_duration(prefill) * 1e3,
             prompt_tokens=prompt_tokens,
             output_tokens=output_tokens,
-            itl_ms=itl_ms,
+            itl_ms=parse_duration(itl) * 1e3,
             kv=kv,
             concurrent=concurrent,
             gpu_mem_gib=gpu_mem_gib,

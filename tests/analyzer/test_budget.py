@@ -11,8 +11,8 @@ from support.cli import hopline
 
 KIB, MIB, GIB = 1024, 1024**2, 1024**3
 QWEN_ARGS = [
-    "--network-ms", "40", "--queue-ms", "60", "--prefill-ms", "300", "--prompt-tokens", "6000",
-    "--output-tokens", "400", "--itl-ms", "20",
+    "--network", "40ms", "--queue", "60ms", "--prefill", "300ms", "--prompt-tokens", "6000",
+    "--output-tokens", "400", "--itl", "20ms",
 ]  # fmt: skip
 
 
@@ -41,8 +41,8 @@ def test_llama_31_8b_example_from_config_file(tmp_path) -> None:
         "num_hidden_layers": 32, "torch_dtype": "bfloat16",
     }))  # fmt: skip
     run = hopline(
-        "budget", "--network-ms", "30", "--queue-ms", "5", "--prefill-ms", "40", "--prompt-tokens", "1500",
-        "--output-tokens", "20", "--itl-ms", "8", "--model-config", str(config), "--json",
+        "budget", "--network", "30ms", "--queue", "5ms", "--prefill", "40ms", "--prompt-tokens", "1500",
+        "--output-tokens", "20", "--itl", "8ms", "--model-config", str(config), "--json",
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
     b = json.loads(run.stdout)
@@ -74,7 +74,7 @@ def test_terminal_table_shows_the_sums_in_human_units() -> None:
 def test_help_has_the_example() -> None:
     run = hopline("budget", "--help")
     assert run.returncode == 0
-    assert "--network-ms 40" in run.stdout and "Qwen3-30B-A3B" in run.stdout
+    assert "--network 40ms" in run.stdout and "Qwen3-30B-A3B" in run.stdout
 
 
 @pytest.mark.parametrize(

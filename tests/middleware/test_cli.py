@@ -77,8 +77,8 @@ def test_core_only_install_lists_every_command_and_budget_still_works(tmp_path: 
         ), listing.stdout
     # the KV arithmetic is plain Python in middleware/: `hopline budget` needs no extra
     budget = hopline_without(
-        tmp_path, core_only, "budget", "--network-ms", "40", "--queue-ms", "60", "--prefill-ms", "300",
-        "--prompt-tokens", "6000", "--output-tokens", "400", "--itl-ms", "20", "--layers", "48",
+        tmp_path, core_only, "budget", "--network", "40ms", "--queue", "60ms", "--prefill", "300ms",
+        "--prompt-tokens", "6000", "--output-tokens", "400", "--itl", "20ms", "--layers", "48",
         "--kv-heads", "4", "--head-dim", "128", "--dtype", "bf16", "--json",
     )  # fmt: skip
     assert budget.returncode == 0, budget.stderr
