@@ -2,41 +2,57 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 from hopline.demo.engine_sim import EngineConfig
-from hopline.analyzer.io import ScanReport, scan_events
+from hopline.analyzer.io import ScanReport, find_files, scan_events
 from hopline.analyzer.report import analyze, render
 from hopline.analyzer.timelines import timelines
 from rich.console import Console
 
 
 def load_timelines(run_dir: Path) -> tuple[pl.DataFrame, ScanReport]:
-    """One row per request, from the collector's store under ``run_dir/events``."""
-    events, scan = scan_events([run_dir / "events"])
+    """One row per request, from the run's folder, read as ``hopline analyze RUN_DIR`` reads it."""
+    events, scan = scan_events(find_files([run_dir]))
     return timelines(events).collect(), scan
 
 
-def analyze_run(run_dir: Path, since: float | None = None) -> tuple[dict[str, Any], pl.DataFrame]:
-    """The findings report (DESIGN.md's contract) and the timelines it was computed from.
-
-    ``since`` (Unix seconds) leaves out requests that started earlier: the demo's warm-up, when
-    prefix caches are empty and every code path runs for the first time (benchmark tools discard
-    their warm-up requests for the same reason). Requests are cut, not events, so none is torn.
-    """
+def analyze_run(run_dir: Path) -> tuple[dict[str, Any], pl.DataFrame]:
+    """The findings report (docs/contract.md) and the timelines it was computed from: exactly what
+    ``hopline analyze RUN_DIR`` prints, so the kept folder can be analysed again as it is."""
     frame, scan = load_timelines(run_dir)
-    if since is not None:
-        frame = frame.filter(pl.col("start") >= since)
-    kv_bytes = EngineConfig().model.kv.bytes_per_token
-    return analyze(frame, scan=scan, kv_bytes_per_token=kv_bytes), frame
+    return analyze(frame, scan=scan), frame
 
 
 def render_html(report: dict[str, Any], frame: pl.DataFrame, path: Path) -> Path:
+    """The HTML report, with the simulated model's KV cache in flight per replica."""
     from hopline.analyzer.html import render_html as render
 
-    return render(report, frame, path)
+    return render(report, frame, path, kv_bytes_per_token=EngineConfig().model.kv.bytes_per_token)
+
+
+def example_request(report: dict[str, Any], frame: pl.DataFrame) -> str | None:
+    """One request to look at: the slowest (by TTFT) in the first finding's scope after it began,
+    else the slowest of the run."""
+    if frame.height == 0:
+        return None
+    ttft = pl.coalesce("client_ttft", "gateway_ttft", "engine_ttft", "client_e2e")
+    pick = frame.filter(ttft.is_not_null())
+    first = (report.get("findings") or [None])[0]
+    if first is not None:
+        scoped = pick
+        for key, value in (first.get("scope") or {}).items():
+            if key in scoped.columns:
+                scoped = scoped.filter(pl.col(key).cast(pl.String) == str(value))
+        if first.get("at"):
+            at = datetime.fromisoformat(first["at"].replace("Z", "+00:00")).timestamp()
+            scoped = scoped.filter(pl.col("start") >= at)
+        if scoped.height:
+            pick = scoped
+    return pick.sort(ttft, descending=True)["request_id"][0] if pick.height else None
 
 
 def write_dashboards(out: Path, collector_url: str) -> list[Path]:

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import orjson
 import typer
+from hopline.demo.orchestrate import TRUSTED_LAG_MS, DemoRun
 from hopline.demo.scenarios import DEFAULT_SCENARIO, SCENARIOS, matches
 from rich.console import Console
 
@@ -21,7 +22,8 @@ def demo(
     out: Annotated[
         Path | None,
         typer.Option(
-            help="Keep everything here: events, engines' truth logs, report.json, dashboards, logs."
+            help="Keep everything here: events, the simulator's logs, report.json, dashboards, logs "
+            "(without it, a temporary folder is used and deleted)."
         ),
     ] = None,
     html: Annotated[Path | None, typer.Option(help="Write the HTML report to this file.")] = None,
@@ -49,31 +51,45 @@ def demo(
     chosen = SCENARIOS[scenario]
     console = Console(stderr=json)
     try:
-        report = run_demo(chosen, seconds=seconds, out=out, html=html, console=console, seed=seed)
+        run = run_demo(chosen, seconds=seconds, out=out, html=html, console=console, seed=seed)
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: every process the demo started has been stopped[/yellow]")
         raise typer.Exit(130) from None
+    report = run.report
     if json:
         typer.echo(orjson.dumps(report).decode())
-        return
-    from hopline.demo.analysis import print_report
+    else:
+        from hopline.demo.analysis import print_report
 
-    print_report(report, console)
-    findings = report.get("findings") or []
-    named = bool(findings) and matches(findings[0], chosen.expect)
-    console.print(
-        f"\ninjected: {chosen.injected}\n"
-        + (
-            "[green]the first finding names it[/green]"
-            if named
-            else "[red]the first finding does not name it[/red]"
+        print_report(report, console)
+        findings = report.get("findings") or []
+        named = bool(findings) and matches(findings[0], chosen.expect)
+        console.print(
+            f"\ninjected: {chosen.injected}\n"
+            + ("[green]the first finding names it[/green]" if named else "[red]the first finding does not name it[/red]")
         )
-    )
-    if out is not None:
-        console.print(f"events, report.json, dashboards and logs: {out}")
+    for line in closing_lines(run, html):
+        console.print(line, highlight=False)
+
+
+def closing_lines(run: DemoRun, html: Path | None) -> list[str]:
+    """What to do next: one request to look at, where the files are (or that they are gone), and
+    whether the machine was too busy for the timings to be trusted."""
+    lines = []
+    if not run.trusted:
+        lines.append(
+            f"[yellow]warning: this machine was too busy to trust the timings: the load generator's event "
+            f"loop ran up to {run.loop_lag_p99_ms:,.0f} ms late (p99; over {TRUSTED_LAG_MS:g} ms). Rerun on a "
+            "quieter machine.[/yellow]"
+        )
+    if run.folder is not None:
+        lines.append(f"events, report.json, dashboards and logs: {run.folder} (hopline analyze {run.folder} gives this report)")
+        if run.example_request:
+            lines.append(f"one request of the incident, hop by hop: hopline timeline {run.example_request} {run.folder}")
+    else:
+        lines.append("the run's folder (events, logs) has been deleted; keep it with --out DIR")
+        if run.example_request:
+            lines.append(f"one request of the incident: {run.example_request} (with --out DIR: hopline timeline ID DIR)")
     if html is not None:
-        console.print(f"HTML report: {html}")
-
-
-def register(app: typer.Typer) -> None:
-    app.command("demo", help=demo.__doc__)(demo)
+        lines.append(f"HTML report: {html}")
+    return lines

@@ -39,7 +39,8 @@ from rich.live import Live
 from rich.table import Table
 
 DEMO = "hopline.demo"
-WARMUP_S = 3.0  # the first seconds of traffic warm caches and code paths; the analysis skips them
+LAG_PROBE_S = 0.1  # the load generator's event loop is probed this often
+TRUSTED_LAG_MS = 50.0  # above this p99 loop lag the machine was too busy for the timings to be trusted
 
 
 @dataclass
@@ -95,6 +96,9 @@ def start_stack(scenario: Scenario, stack: Stack, seed: int | None = None) -> No
         logs,
     )
     stack.children["collector"] = collector
+    # the simulator's own record of each request (not hop events: kept out of what hopline reads)
+    truth_dir = stack.run_dir / "simulator"
+    truth_dir.mkdir(parents=True, exist_ok=True)
     for i, replica in enumerate(REPLICAS):
         config = {
             **scenario.engine,
@@ -110,7 +114,7 @@ def start_stack(scenario: Scenario, stack: Stack, seed: int | None = None) -> No
                 "--sink",
                 stack.collector_url,
                 "--truth",
-                str(stack.run_dir / f"truth-{replica}.jsonl"),
+                str(truth_dir / f"truth-{replica}.log"),
                 "--port-file",
                 str(logs / f"engine-{replica}.port"),
                 "--config",
@@ -199,11 +203,21 @@ def _panel(scenario: Scenario, stats: LiveStats, elapsed: float, seconds: float,
     return table
 
 
+async def probe_lag(lags: list[float]) -> None:
+    """Append how late the event loop woke for each ``LAG_PROBE_S`` sleep (seconds): on a machine
+    too busy to keep time, every latency the demo measures is inflated and its story may not hold."""
+    loop = asyncio.get_running_loop()
+    while True:
+        due = loop.time() + LAG_PROBE_S
+        await asyncio.sleep(LAG_PROBE_S)
+        lags.append(max(0.0, loop.time() - due))
+
+
 async def drive(
     scenario: Scenario, stack: Stack, seconds: float, console: Console, seed: int | None
 ) -> float:
     """Run the traffic for ``seconds`` with the live display; inject the incident on time.
-    Returns when the traffic began (Unix seconds)."""
+    Returns the p99 lag of the load generator's event loop, in ms."""
     assert stack.ca_path is not None
     emitters: dict[str, Any] = {}
 
@@ -226,7 +240,6 @@ async def drive(
     await load.warm_up()
     incident_at = scenario.starts_at(seconds) * seconds
     started = time.monotonic()
-    began = time.time()
 
     async def incident() -> None:
         await asyncio.sleep(incident_at)
@@ -237,8 +250,13 @@ async def drive(
             live.update(_panel(scenario, load.stats, time.monotonic() - started, seconds, incident_at))
             await asyncio.sleep(0.25)
 
+    lags: list[float] = []
     with Live(console=console, refresh_per_second=4, transient=False) as live:
-        tasks = [asyncio.create_task(incident()), asyncio.create_task(display(live))]
+        tasks = [
+            asyncio.create_task(incident()),
+            asyncio.create_task(display(live)),
+            asyncio.create_task(probe_lag(lags)),
+        ]
         try:
             await load.run()
         finally:
@@ -247,7 +265,8 @@ async def drive(
             live.update(_panel(scenario, load.stats, time.monotonic() - started, seconds, incident_at))
     for emitter in emitters.values():
         await asyncio.to_thread(emitter.close)  # the clients' last events reach the collector
-    return began
+    lags.sort()
+    return lags[min(len(lags) - 1, int(0.99 * len(lags)))] * 1e3 if lags else 0.0
 
 
 def _run_async(coro: Coroutine[Any, Any, float]) -> float:
@@ -274,6 +293,21 @@ def _terminate_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+@dataclass(frozen=True)
+class DemoRun:
+    """What a run leaves: the analyzer's report (as ``hopline analyze`` gives it for the folder),
+    one request worth a look, how late the load generator's loop ran, and the kept folder."""
+
+    report: dict[str, Any]
+    example_request: str | None
+    loop_lag_p99_ms: float
+    folder: Path | None  # None: the run's temporary folder was deleted
+
+    @property
+    def trusted(self) -> bool:
+        return self.loop_lag_p99_ms <= TRUSTED_LAG_MS
+
+
 def run_demo(
     scenario: Scenario,
     *,
@@ -282,10 +316,10 @@ def run_demo(
     html: Path | None,
     console: Console,
     seed: int | None = None,
-) -> dict[str, Any]:
-    """Run the whole demo and return the analyzer's report; the events, truth logs, report.json,
-    dashboards and logs stay in ``out`` (else in a temporary folder, removed)."""
-    from hopline.demo.analysis import analyze_run, render_html, write_dashboards
+) -> DemoRun:
+    """Run the whole demo; the events, simulator logs, report.json, dashboards and logs stay in
+    ``out`` (else in a temporary folder, removed)."""
+    from hopline.demo.analysis import analyze_run, example_request, render_html, write_dashboards
 
     run_dir = Path(out) if out else Path(tempfile.mkdtemp(prefix="hopline-demo-"))
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -295,16 +329,16 @@ def run_demo(
             try:
                 console.print(f"[dim]starting collector, engines r1 r2, gateway… ({run_dir})[/dim]")
                 start_stack(scenario, stack, seed)
-                began = _run_async(drive(scenario, stack, seconds, console, seed))
+                lag_ms = _run_async(drive(scenario, stack, seconds, console, seed))
             finally:
                 stop_stack(stack)
-        report, frame = analyze_run(run_dir, since=began + WARMUP_S)
+        report, frame = analyze_run(run_dir)
         if html is not None:
             render_html(report, frame, html)
         if out is not None:
             (run_dir / "report.json").write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
             write_dashboards(run_dir / "dashboards", stack.collector_url)
-        return report
+        return DemoRun(report, example_request(report, frame), lag_ms, run_dir if out is not None else None)
     finally:
         if out is None:
             shutil.rmtree(run_dir, ignore_errors=True)

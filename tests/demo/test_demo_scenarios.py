@@ -9,10 +9,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import json
+
 import polars as pl
 import pytest
 from hopline.demo.analysis import load_timelines
 from hopline.demo.scenarios import SCENARIOS, matches
+from support.cli import hopline
 from support.demo import PITFALL_SECONDS, SHIFT_SECONDS, first_finding, processes_of, run_demo
 
 TOLERANCE_S = 0.025  # engine hops are stamped on the response path, the truth in the scheduler
@@ -78,7 +81,7 @@ def test_first_finding_names_the_incident(expected: Expected, demo_run) -> None:
 
 def test_stages_agree_with_the_simulators_true_intervals(demo_run) -> None:
     out, _ = demo_run(EXPECTED[0])
-    truth = pl.concat([pl.read_ndjson(p) for p in sorted(out.glob("truth-*.jsonl"))])
+    truth = pl.concat([pl.read_ndjson(p) for p in sorted(out.glob("simulator/truth-*.log"))])
     frame = load_timelines(out)[0].join(truth, on="request_id", how="inner", suffix="_truth")
     # every request the engines finished was joined by hopline, on the replica that served it
     assert frame.height == truth.height > 100
@@ -92,3 +95,16 @@ def test_stages_agree_with_the_simulators_true_intervals(demo_run) -> None:
     engine_ttft_truth = streamed["first_token"] - streamed["received"]
     assert (streamed["engine_ttft"] - engine_ttft_truth).abs().max() < TOLERANCE_S
     assert frame["output_tokens"].to_list() == frame["output_tokens_truth"].to_list()
+
+
+def test_the_kept_folder_analyses_to_the_demos_own_report(demo_run) -> None:
+    """``hopline analyze OUT`` reads only hop events (the simulator's logs are not), with no bad
+    line, and prints the very report the demo printed."""
+    out, report = demo_run(EXPECTED[0])
+    proc = hopline("analyze", str(out), "--json")
+    assert proc.returncode == 0, proc.stderr
+    again = json.loads(proc.stdout)
+    assert again["scan"]["bad_lines"] == 0 and report["scan"]["bad_lines"] == 0
+    assert again["requests"] == report["requests"]
+    assert again["findings"] == report["findings"]
+    assert again["stages"] == report["stages"]

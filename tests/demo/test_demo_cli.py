@@ -1,0 +1,26 @@
+"""What the demo says at the end: a request to look at, where its files are, and a busy machine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hopline.demo.cli import closing_lines
+from hopline.demo.orchestrate import TRUSTED_LAG_MS, DemoRun
+
+
+def test_a_kept_run_names_a_request_and_the_timeline_command(tmp_path: Path) -> None:
+    lines = closing_lines(DemoRun({}, "abc123", 3.0, tmp_path), html=None)
+    assert f"hopline timeline abc123 {tmp_path}" in "\n".join(lines)
+    assert f"hopline analyze {tmp_path} gives this report" in "\n".join(lines)
+    assert not any("warning" in line for line in lines)
+
+
+def test_without_out_it_says_the_folder_is_deleted() -> None:
+    text = "\n".join(closing_lines(DemoRun({}, "abc123", 3.0, None), html=Path("r.html")))
+    assert "has been deleted; keep it with --out DIR" in text and "abc123" in text and "HTML report: r.html" in text
+
+
+def test_a_busy_machine_is_said_so() -> None:
+    run = DemoRun({}, None, TRUSTED_LAG_MS * 4, None)
+    assert not run.trusted
+    assert "too busy to trust the timings" in closing_lines(run, html=None)[0]
