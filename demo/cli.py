@@ -93,3 +93,7 @@ def closing_lines(run: DemoRun, html: Path | None) -> list[str]:
     if html is not None:
         lines.append(f"HTML report: {html}")
     return lines
+
+
+def register(app: typer.Typer) -> None:
+    app.command("demo", help=demo.__doc__)(demo)

@@ -20,6 +20,7 @@ import random
 import ssl
 import statistics
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ import httpx
 import openai
 import orjson
 from hopline.demo.engine_sim import CHARS_PER_TOKEN
-from hopline.demo.wiring import instrument_client
+from hopline.demo.wiring import WARMUP_PREFIX, instrument_client
 
 WARM_CONNECTIONS = 16  # a long-running service's pool is warm; only the cold client starts from zero
 POOL = httpx.Limits(max_connections=256, max_keepalive_connections=64, keepalive_expiry=60.0)
@@ -171,11 +172,13 @@ class LoadGenerator:
         self._conversations[user] = history
         return history
 
-    async def _request(self, t: Traffic) -> None:
+    async def _request(self, t: Traffic, warmup: bool = False) -> None:
         user = t.pinned_user or f"{t.service}-u{self.rng.randrange(t.users)}"
         messages = self._messages(t, user)
         extra: dict[str, Any] = {"max_tokens": t.max_tokens} if t.max_tokens else {}
-        stats = self.stats
+        if warmup:  # not recorded by any demo component (wiring.WARMUP_PREFIX), not counted here
+            extra["extra_headers"] = {"X-Request-Id": f"{WARMUP_PREFIX}{uuid.uuid4().hex}"}
+        stats = self.stats if not warmup else LiveStats()
         stats.sent += 1
         stats.in_flight += 1
         fresh = self._new_client(t) if t.new_connection_per_request else None
@@ -220,9 +223,13 @@ class LoadGenerator:
             if fresh is not None:
                 await fresh.close()
 
-    async def _arrivals(self, t: Traffic) -> None:
-        """Poisson arrivals from ``start`` to ``stop`` (fractions of the run)."""
-        begin, end = self.started + t.start * self.seconds, self.started + t.stop * self.seconds
+    def _span(self, t: Traffic) -> tuple[float, float]:
+        """When ``t`` runs: from ``start`` to ``stop`` (fractions of the run), monotonic seconds."""
+        return self.started + t.start * self.seconds, self.started + t.stop * self.seconds
+
+    async def _arrivals(self, t: Traffic, span: tuple[float, float], warmup: bool = False) -> None:
+        """Poisson arrivals at ``t.rate`` during ``span``."""
+        begin, end = span
         await asyncio.sleep(max(0.0, begin - time.monotonic()))
         at = time.monotonic()
         while True:
@@ -230,19 +237,19 @@ class LoadGenerator:
             if at >= end:
                 return
             await asyncio.sleep(max(0.0, at - time.monotonic()))
-            task = asyncio.create_task(self._request(t))
+            task = asyncio.create_task(self._request(t, warmup))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _workers(self, t: Traffic) -> None:
-        """A closed loop (a batch job with ``concurrency`` workers) from ``start`` to ``stop``."""
-        begin, end = self.started + t.start * self.seconds, self.started + t.stop * self.seconds
+    async def _workers(self, t: Traffic, span: tuple[float, float], warmup: bool = False) -> None:
+        """A closed loop (a batch job with ``concurrency`` workers) during ``span``."""
+        begin, end = span
         await asyncio.sleep(max(0.0, begin - time.monotonic()))
 
         async def worker() -> None:
             await asyncio.sleep(self.rng.uniform(0.0, 1.0))  # workers come up within a second
             while time.monotonic() < end:
-                await self._request(t)
+                await self._request(t, warmup)
 
         assert t.concurrency is not None
         for _ in range(t.concurrency):
@@ -250,11 +257,26 @@ class LoadGenerator:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
+    async def warm_traffic(self, seconds: float) -> None:
+        """The traffic that runs from the start, for ``seconds``, unrecorded: prefix caches, code
+        paths and connection pools warm up, so the measured run starts in a steady state."""
+        now = time.monotonic()
+        span = (now, now + seconds)
+        await asyncio.gather(
+            *(
+                self._workers(t, span, warmup=True) if t.concurrency else self._arrivals(t, span, warmup=True)
+                for t in self.traffic
+                if t.start == 0
+            )
+        )
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=self.grace)
+
     async def run(self) -> LiveStats:
         """The traffic itself (call ``warm_up`` first)."""
         self.started = time.monotonic()
         await asyncio.gather(
-            *(self._workers(t) if t.concurrency else self._arrivals(t) for t in self.traffic)
+            *(self._workers(t, self._span(t)) if t.concurrency else self._arrivals(t, self._span(t)) for t in self.traffic)
         )
         await asyncio.sleep(max(0.0, self.started + self.seconds - time.monotonic()))
         if self._tasks:

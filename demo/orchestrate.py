@@ -39,6 +39,7 @@ from rich.live import Live
 from rich.table import Table
 
 DEMO = "hopline.demo"
+WARMUP_S = 4.0  # unrecorded traffic before the run (see wiring.WARMUP_PREFIX)
 LAG_PROBE_S = 0.1  # the load generator's event loop is probed this often
 TRUSTED_LAG_MS = 50.0  # above this p99 loop lag the machine was too busy for the timings to be trusted
 
@@ -238,6 +239,8 @@ async def drive(
         seed=seed,
     )
     await load.warm_up()
+    console.print(f"[dim]warming up for {WARMUP_S:g} s (not recorded)…[/dim]")
+    await load.warm_traffic(WARMUP_S)
     incident_at = scenario.starts_at(seconds) * seconds
     started = time.monotonic()
 

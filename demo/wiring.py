@@ -17,11 +17,25 @@ from hopline.middleware.emit import Emitter
 ASGIApp = Any
 
 
+# The demo's warm-up requests (before the measured run: caches and connections warm up) carry
+# request IDs with this prefix, and no demo component records them: the stored events are the
+# run itself, so ``hopline analyze OUT`` sees exactly what the demo analysed.
+WARMUP_PREFIX = "warmup-"
+
+
+class DemoEmitter(Emitter):
+    """hopline's emitter, minus the events of the demo's warm-up requests."""
+
+    def emit(self, hop: str, request_id: str, ts: float | None = None, **attrs: Any) -> None:
+        if not request_id.startswith(WARMUP_PREFIX):
+            super().emit(hop, request_id, ts, **attrs)
+
+
 def make_emitter(
     sink: str | None, *, service: str, replica: str | None = None, model: str | None = None
 ) -> Emitter:
     """An emitter for one demo component (``sink`` None: events are kept in memory)."""
-    return Emitter(sink or "memory", service=service, replica=replica, model=model)
+    return DemoEmitter(sink or "memory", service=service, replica=replica, model=model)
 
 
 def engine_middleware(app: ASGIApp, emitter: Emitter) -> ASGIApp:
