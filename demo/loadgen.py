@@ -32,7 +32,7 @@ import orjson
 from hopline.demo.engine_sim import CHARS_PER_TOKEN
 from hopline.demo.wiring import WARMUP_PREFIX, instrument_client
 
-WARM_CONNECTIONS = 16  # a long-running service's pool is warm; only the cold client starts from zero
+WARM_CONNECTIONS = 40  # a long-running service's pool is warm (a burst of workers needs no new TLS handshake); only the cold client starts from zero
 POOL = httpx.Limits(max_connections=256, max_keepalive_connections=64, keepalive_expiry=60.0)
 _SYLLABLES = ("ka", "lo", "mi", "ren", "to", "vu", "sha", "pel", "dor", "ni", "que", "zam")
 
