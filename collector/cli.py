@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -33,6 +34,18 @@ def collector(
             envvar="HOPLINE_TOKEN", help="Bearer token POST /v1/events requires.", show_default=False
         ),
     ] = None,
+    read_token: Annotated[
+        str | None,
+        typer.Option(
+            envvar="HOPLINE_READ_TOKEN",
+            help="Bearer token GET /metrics and /v1/requests/{id} accept (besides --token, which they "
+            "require when set). /healthz stays open.",
+            show_default=False,
+        ),
+    ] = None,
+    open_reads: Annotated[
+        bool, typer.Option(help="Leave /metrics and /v1/requests/{id} open even with --token.")
+    ] = False,
     model_config: Annotated[
         list[str] | None,
         typer.Option(
@@ -77,6 +90,11 @@ def collector(
     from hopline.collector.app import create_app
     from hopline.collector.kv_cache import parse_model_config
 
+    # an empty environment variable reaches us as "no option": refuse it rather than run without auth
+    for var, value in (("HOPLINE_TOKEN", token), ("HOPLINE_READ_TOKEN", read_token)):
+        if value is None and var in os.environ and not os.environ[var].strip():
+            typer.echo(f"hopline collector: {var} is set but empty: give a real token, or unset it", err=True)
+            raise typer.Exit(2)
     if fsync not in FSYNC_POLICIES:
         raise typer.BadParameter(f"use one of {', '.join(FSYNC_POLICIES)}", param_hint="--fsync")
     try:
@@ -85,7 +103,9 @@ def collector(
             data_dir=data_dir,
             host=host,
             port=port,
-            token=token or None,
+            token=token,
+            read_token=read_token,
+            open_reads=open_reads,
             kv_bytes_per_token=kv,
             retention_s=parse_duration(retention),
             tail=tuple(tail or ()),

@@ -6,6 +6,8 @@ import contextlib
 import json
 import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -72,3 +74,36 @@ def stored_lines(data_dir: Path) -> list[dict]:
 
 def env_without_hopline() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("HOPLINE_")}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def collector_process(data_dir: Path, *args: str) -> Iterator[tuple[subprocess.Popen, str]]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hopline.collector", "--data-dir", str(data_dir), "--port", str(port), *args],
+        env=env_without_hopline(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 20
+    while True:
+        assert proc.poll() is None, proc.stderr.read().decode()
+        try:
+            httpx.get(url + "/healthz", timeout=0.5)
+            break
+        except httpx.TransportError:
+            assert time.monotonic() < deadline, "collector did not start"
+            time.sleep(0.05)
+    try:
+        yield proc, url
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=10)
