@@ -83,6 +83,16 @@ def collector(
     max_open: Annotated[
         int, typer.Option(help="Most requests joined at once (the least recently active is evicted).")
     ] = 100_000,
+    max_open_bytes: Annotated[
+        int, typer.Option(help="Most estimated bytes of events held by open requests (oldest evicted).")
+    ] = 256 * 1024 * 1024,
+    finished_cache: Annotated[
+        int, typer.Option(help="Finished requests kept for GET /v1/requests/{id}.")
+    ] = 10_000,
+    dedup_capacity: Annotated[
+        int, typer.Option(help="Event keys per dedup generation (two are kept): retries within it are dropped.")
+    ] = 500_000,
+    dedup_window: Annotated[str, typer.Option(help="A dedup generation older than this is forgotten.")] = "10m",
     log_level: Annotated[str, typer.Option(help="uvicorn's log level.")] = "warning",
 ) -> None:
     """Run the collector: ingest hop events, join them, expose /metrics, store events durably."""
@@ -115,6 +125,10 @@ def collector(
             grace_s=parse_duration(grace),
             ttl_s=parse_duration(ttl),
             max_open_requests=max_open,
+            max_open_bytes=max_open_bytes,
+            completed_cache=finished_cache,
+            dedup_capacity=dedup_capacity,
+            dedup_window_s=parse_duration(dedup_window),
         )
     except ValueError as exc:
         typer.echo(f"hopline collector: {exc}", err=True)
