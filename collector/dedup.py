@@ -35,6 +35,10 @@ class RecentKeys:
     def __contains__(self, key: Hashable) -> bool:
         return key in self._current or key in self._previous
 
+    def none_of(self, keys: set[Hashable]) -> bool:
+        """True when no key of ``keys`` is remembered (one set operation per generation)."""
+        return self._current.isdisjoint(keys) and self._previous.isdisjoint(keys)
+
     def update(self, keys: set[Hashable]) -> None:
         """Remember keys of events just stored."""
         self._current.update(keys)

@@ -159,6 +159,7 @@ class Parsed:
     events: list[dict[str, Any]]
     lines: list[bytes]
     keys: list
+    sizes: list[int]  # bytes of each line
     result: IngestResult
 
 
@@ -213,12 +214,16 @@ class Ingestor:
         events: list[dict[str, Any]] = []
         lines: list[bytes] = []
         keys: list = []
+        sizes: list[int] = []
         rejected = result.rejected
-        loads = orjson.loads
+        # locals: one lookup per batch instead of one per line on the hot path
+        loads, validate, serialize, key_of = orjson.loads, validate_event, dumps, compact_key
+        max_bytes = MAX_EVENT_BYTES
+        add_event, add_line, add_size, add_key = events.append, lines.append, sizes.append, keys.append
         for number, item in enumerate(items, start=1):
             try:
                 if ndjson:
-                    if len(item) > MAX_EVENT_BYTES:
+                    if len(item) > max_bytes:
                         raise EventError(f"line exceeds {MAX_EVENT_BYTES} bytes", reason="too_large")
                     try:
                         obj = loads(item)
@@ -228,12 +233,13 @@ class Ingestor:
                         raise EventError(f"not JSON: {exc}") from None
                 else:
                     obj = item
-                event = validate_event(obj)
+                event = validate(obj)
                 try:
-                    line = dumps(event)
+                    line = serialize(event)
                 except orjson.JSONEncodeError as exc:  # validation bounds nesting; this is a backstop
                     raise EventError(f"event cannot be stored as JSON: {exc}", reason="unserializable") from None
-                if len(line) > MAX_EVENT_BYTES + 1:
+                size = len(line)
+                if size > max_bytes + 1:
                     raise EventError(f"event exceeds {MAX_EVENT_BYTES} bytes as NDJSON", reason="too_large")
             except EventError as exc:
                 result.rejected_count += 1
@@ -241,10 +247,11 @@ class Ingestor:
                 if len(rejected) < MAX_REPORTED_ERRORS:
                     rejected.append({"line": number, "error": str(exc)})
                 continue
-            events.append(event)
-            lines.append(line)
-            keys.append(compact_key(event))
-        return Parsed(events, lines, keys, result)
+            add_event(event)
+            add_line(line)
+            add_size(size)
+            add_key(key_of(event))
+        return Parsed(events, lines, keys, sizes, result)
 
     def store_new(self, parsed: Parsed) -> tuple[list[dict[str, Any]], list[int]]:
         """Drop duplicates, write the rest durably, then remember their keys (the writer thread).
@@ -253,18 +260,23 @@ class Ingestor:
         """
         dedup = self.dedup
         dedup.rotate_if_due()
-        fresh: set = set()
-        events, lines = [], []
-        for event, line, key in zip(parsed.events, parsed.lines, parsed.keys):
-            if key in fresh or key in dedup:
-                continue
-            fresh.add(key)
-            events.append(event)
-            lines.append(line)
+        fresh = set(parsed.keys)
+        if len(fresh) == len(parsed.keys) and dedup.none_of(fresh):  # the usual batch: all new
+            events, lines, sizes = parsed.events, parsed.lines, parsed.sizes
+        else:
+            fresh = set()
+            events, lines, sizes = [], [], []
+            for event, line, key, size in zip(parsed.events, parsed.lines, parsed.keys, parsed.sizes):
+                if key in fresh or key in dedup:
+                    continue
+                fresh.add(key)
+                events.append(event)
+                lines.append(line)
+                sizes.append(size)
         if lines:
             self.store.append(b"".join(lines))
             dedup.update(fresh)
-        return events, [len(line) for line in lines]
+        return events, sizes
 
     async def ingest(
         self,

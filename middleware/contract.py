@@ -182,7 +182,7 @@ TIMESTAMP_ATTRIBUTES = frozenset({"max_gap_at"})
 _ATTRIBUTE_BOUNDS: dict[str, tuple[float, float, str]] = {
     name: (
         (*INT_RANGES["Int64"], "an integer that fits in 64 bits")
-        if STORAGE_COLUMNS[name] == "Int64"
+        if dtype == "Int64"
         else (0.0, TS_MAX, f"Unix epoch seconds before {TS_MAX:.0f} (2100)")
         if name in TIMESTAMP_ATTRIBUTES
         else (0.0, MAX_DURATION_S, f"seconds between 0 and {MAX_DURATION_S:.0f}")
@@ -295,10 +295,11 @@ def validate_event(obj: object) -> dict[str, Any]:
         bound = bounds.get(name)
         if bound is not None and not bound[0] <= value <= bound[1]:  # NaN fails too
             raise EventError(f"{name} must be {bound[2]}, got {_describe(value)}")
-    for name in event.keys() - _KNOWN_FIELDS:
-        value = event[name]
-        if type(value) in (dict, list, int):
-            _check_nested(name, value)
+    if not event.keys() <= _KNOWN_FIELDS:  # unknown attributes (rare): any JSON, within bounds
+        for name in event.keys() - _KNOWN_FIELDS:
+            value = event[name]
+            if type(value) in (dict, list, int):
+                _check_nested(name, value)
     return event
 
 

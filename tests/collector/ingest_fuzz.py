@@ -17,8 +17,6 @@ from dataclasses import dataclass, field
 
 import httpx
 import orjson
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 from hopline.middleware.contract import (
     ATTEMPT_MAX,
     ATTRIBUTE_TYPES,
@@ -33,6 +31,8 @@ from hopline.middleware.contract import (
     TS_MAX,
     validate_event,
 )
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 INT64_MIN, INT64_MAX = INT_RANGES["Int64"]
 KNOWN = frozenset(CORE_FIELDS) | frozenset(ATTRIBUTE_TYPES)
@@ -88,7 +88,7 @@ def valid_event(draw) -> dict:
 class Nested(bytes):
     """JSON text of arrays nested ``levels`` deep (orjson cannot write more than 254 levels)."""
 
-    def __new__(cls, levels: int) -> Nested:
+    def __new__(cls, levels: int) -> Nested:  # noqa: PYI034 - a bytes subclass, built once
         return super().__new__(cls, b"[" * levels + b"0" + b"]" * levels)
 
 

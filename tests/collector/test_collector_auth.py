@@ -79,6 +79,7 @@ def test_the_collector_refuses_to_start_with_an_empty_token(tmp_path, args, env,
         capture_output=True,
         text=True,
         timeout=30,
+        check=False,
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]

@@ -76,7 +76,7 @@ def test_open_requests_are_bounded_by_bytes_oldest_evicted_first():
     for i in range(200):  # 200 open requests of one event each: room for 50
         add(joiner, [event("engine.received", f"b{i:03d}", T, stream=True, replica="r1")])
         assert joiner.open_bytes <= per_event * 50
-    assert len(joiner.open) == 50 and list(joiner.open)[0] == "b150"
+    assert len(joiner.open) == 50 and next(iter(joiner.open)) == "b150"
     assert joiner.counts["evicted"] == 150
     assert registry.get_sample_value("hopline_collector_requests_closed_incomplete_total", {"why": "evicted"}) == 150
 
