@@ -48,7 +48,6 @@ NDJSON_TYPES = frozenset(
 JSON_TYPES = frozenset({"application/json"})
 _FIELDS = frozenset(CORE_FIELDS) | frozenset(ATTRIBUTE_TYPES)
 MAX_REPORTED_ERRORS = 100  # rejected lines listed in one answer (all are counted)
-_HEX = "0123456789abcdef"
 DEFAULT_MAX_DECOMPRESSED = 64 * 1024 * 1024  # the tailer's chunks are never compressed; a caller's default
 JOIN_SLICE = 2000  # events joined between two yields to the event loop (~5 ms)
 
@@ -103,12 +102,10 @@ def reject_reason(exc: EventError) -> str:
 
 
 def compact_key(event: dict[str, Any]) -> Any:
-    """``contract.dedup_key``, with hopline's own eids (16 lowercase hex digits) as ints: 36 bytes
-    a key in the dedup set instead of ~120 (an int never equals the tuple keys of other eids)."""
+    """``contract.dedup_key`` with the ``eid`` string itself as the key instead of a tuple holding
+    it: ~100 bytes a key in the dedup set instead of ~155 (a string never equals a tuple key)."""
     eid = event.get("eid")
-    if type(eid) is str and len(eid) == 16 and not eid.strip(_HEX):
-        return int(eid, 16)
-    return dedup_key(event)
+    return eid if type(eid) is str else dedup_key(event)
 
 
 def media_type(content_type: str | None) -> str:
