@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import statistics
 import sys
 import tempfile
 import threading
@@ -36,8 +35,7 @@ from hopline.collector.config import CollectorConfig
 NDJSON = {"Content-Type": "application/x-ndjson"}
 
 
-def pct(xs: list[float], q: float) -> float:
-    return statistics.quantiles(xs, n=1000)[int(q * 1000) - 1] if len(xs) > 1 else xs[0]
+pct = percentile
 
 
 def ms(xs: list[float]) -> str:

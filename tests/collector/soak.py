@@ -12,7 +12,6 @@ keys by two generations of ``--dedup-capacity``.
 
 from __future__ import annotations
 
-import statistics
 import threading
 import time
 from dataclasses import dataclass, field
@@ -26,6 +25,12 @@ FULL = ("client.sent", "gateway.received", "gateway.forwarded", "engine.received
         "engine.first_token", "gateway.first_token", "client.first_token", "engine.last_token",
         "gateway.last_token", "client.last_token")
 NEVER_COMPLETES = FULL[:4]
+
+
+def percentile(xs: list[float], q: float) -> float:
+    """Nearest rank: never above the largest sample (interpolating quantiles can be)."""
+    ordered = sorted(xs)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 @dataclass
@@ -48,7 +53,7 @@ class SoakReport:
         return max(after) / after[0]
 
     def percentile(self, q: float) -> float:
-        return statistics.quantiles(self.latencies, n=1000)[int(q * 1000) - 1]
+        return percentile(self.latencies, q)
 
     def summary(self) -> str:
         after = self.after_warmup(self.rss)
