@@ -31,11 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "collecto
 
 from collector_testing import collector_process, event, ndjson, serve, stored_lines
 from hopline.collector.config import CollectorConfig
+from soak import percentile as pct
 
 NDJSON = {"Content-Type": "application/x-ndjson"}
-
-
-pct = percentile
 
 
 def ms(xs: list[float]) -> str:
