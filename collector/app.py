@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import hmac
 import sys
 import time
@@ -232,6 +233,9 @@ def create_app(config: CollectorConfig) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         switch_interval = sys.getswitchinterval()
         sys.setswitchinterval(min(switch_interval, SWITCH_INTERVAL_S))
+        # what exists now (modules, classes, the app) lives as long as the process: keep it out of
+        # every full garbage collection, which holds the GIL, and so the event loop, while it scans
+        gc.freeze()
         try:
             c.store.open()
         except StoreError as exc:  # keep serving: ingest answers 503 with the reason until it works

@@ -84,8 +84,10 @@ class OpenRequest:
     def __init__(self, now: float) -> None:
         self.events: list[dict[str, Any]] = []
         self.bytes = 0  # estimated memory of the events (event_bytes)
-        # component -> [highest attempt seen, final hop seen for that attempt]
-        self.progress: dict[str, list] = {}
+        # component -> (highest attempt seen, final hop seen for that attempt)
+        # tuples, not lists: the garbage collector untracks tuples and dicts of plain values, so a
+        # full collection scans ~3 objects per open request instead of ~6 (100k open: half the pause)
+        self.progress: dict[str, tuple[int, bool]] = {}
         self.last_seen = now
         self.due: float | None = None  # when complete: the time it will be finished
         # engine attempt -> (model, replica, kv_bytes) while held; None once released
@@ -285,12 +287,10 @@ class Joiner:
             comp, final = HOP_INFO[hop]
             attempt = ev["attempt"]
             progress = req.progress.get(comp)
-            if progress is None:
-                req.progress[comp] = [attempt, final]
-            elif attempt > progress[0]:
-                progress[0], progress[1] = attempt, final
-            elif final and attempt == progress[0]:
-                progress[1] = True
+            if progress is None or attempt > progress[0]:
+                req.progress[comp] = (attempt, final)
+            elif final and attempt == progress[0] and not progress[1]:
+                req.progress[comp] = (attempt, True)
             if comp == "engine":
                 self._engine_load(req, ev, hop, attempt)
             # only a final hop can complete a request (anything else keeps it or makes it open)
