@@ -14,11 +14,13 @@ EXAMPLE = """
 Example:
 
     hopline collector --port 9400 --data-dir /var/lib/hopline --token "$HOPLINE_TOKEN" \\
+        --read-token "$HOPLINE_READ_TOKEN" \\
         --model-config llama-3-8b=/models/llama-3-8b/config.json --retention 14d \\
         --tail '/var/log/hopline/events.ndjson*'
 
 Then point services at it with HOPLINE_SINK=http://HOST:9400 (and HOPLINE_TOKEN), and Prometheus
-at http://HOST:9400/metrics (with --enable-feature=exemplar-storage for request_id exemplars).
+at http://HOST:9400/metrics (with --enable-feature=exemplar-storage for request_id exemplars, and the
+read token, or the token, as its bearer credentials).
 """
 
 
@@ -31,7 +33,10 @@ def collector(
     token: Annotated[
         str | None,
         typer.Option(
-            envvar="HOPLINE_TOKEN", help="Bearer token POST /v1/events requires.", show_default=False
+            envvar="HOPLINE_TOKEN",
+            help="Bearer token POST /v1/events requires (GET /metrics and /v1/requests/{id} too, unless "
+            "--read-token or --open-reads). An empty one is refused.",
+            show_default=False,
         ),
     ] = None,
     read_token: Annotated[
