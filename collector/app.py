@@ -4,9 +4,15 @@ Routes: ``POST /v1/events`` (ingest), ``GET /v1/requests/{id}`` (one request's j
 timeline), ``GET /metrics`` (Prometheus text, or OpenMetrics with ``request_id`` exemplars when
 the ``Accept`` header asks for it, as Prometheus does with exemplar storage on), ``GET /healthz``.
 
-One process, one event loop: prometheus_client's multiprocess mode would drop exemplars. Blocking
-file work runs on threads (one writer thread for the store, keeping batches in order); the
-lifespan starts the housekeeping loop (grace/TTL sweeps, interval fsync, compaction, retention)
+Auth: ``POST /v1/events`` needs ``token`` when set; the read endpoints need ``read_token`` or
+``token`` (unless ``open_reads``), since a timeline names a request's service, model, replica and
+timings; ``/healthz`` is always open.
+
+One process, one event loop, which nothing may block: prometheus_client's multiprocess mode
+would drop exemplars. Decompressing and parsing a body runs on a parse thread, the store's
+writes on one writer thread (keeping batches in order), the /metrics exposition on a scrape
+thread; no handler raises past ``NeverRaise`` (a 500 it answers keeps the connection usable),
+and a client that goes away mid-body is one log line. The lifespan starts the housekeeping loop (grace/TTL sweeps, interval fsync, compaction, retention)
 and the file tailer, and on shutdown (SIGTERM) stops them, waits for queued writes, fsyncs and
 closes the store.
 """
@@ -15,16 +21,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import hmac
+import sys
 import time
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
+import orjson
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from hopline.collector.config import CollectorConfig
 from hopline.collector.dedup import RecentKeys
-from hopline.collector.ingest import JSON_TYPES, NDJSON_TYPES, IngestError, Ingestor, gunzip, media_type
+from hopline.collector.ingest import JSON_TYPES, NDJSON_TYPES, IngestError, Ingestor, media_type
 from hopline.collector.join import Joiner
 from hopline.collector.metrics import Recorder, build_metrics
 from hopline.collector.store import EventStore, StoreError
@@ -32,8 +43,15 @@ from hopline.collector.tail import Tailer
 from hopline.middleware.log import logger
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
+from starlette.requests import ClientDisconnect
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 SWEEP_INTERVAL_S = 0.25
+# The parse thread is CPU-bound Python; the event loop needs the GIL back for every callback of a
+# request, and CPython hands it over only every switch interval (5 ms by default), so one /healthz
+# could wait hundreds of handovers behind a large body. 0.5 ms keeps it answering promptly.
+SWITCH_INTERVAL_S = 0.0005
+LAG_WINDOW_S = 10.0  # the event-loop lag gauge shows the largest delay of the last two windows
 
 
 @dataclass
@@ -46,12 +64,13 @@ class Collector:
     store: EventStore
     joiner: Joiner
     ingestor: Ingestor
+    scraper: ThreadPoolExecutor
 
 
 def build_collector(config: CollectorConfig) -> Collector:
     """The collector's parts, wired (no threads or tasks started: the app's lifespan does that)."""
     registry = CollectorRegistry()
-    recorder = Recorder(build_metrics(registry), label_cap=config.label_cap)
+    recorder = Recorder(build_metrics(registry), label_cap=config.label_cap, scope_cap=config.scope_cap)
     store = EventStore(config.data_dir, fsync=config.fsync, fsync_interval_s=config.fsync_interval_s)
     joiner = Joiner(
         recorder,
@@ -60,18 +79,30 @@ def build_collector(config: CollectorConfig) -> Collector:
         max_open=config.max_open_requests,
         finished_cache=config.completed_cache,
         kv_bytes_per_token=config.kv_bytes_per_token,
+        max_open_bytes=config.max_open_bytes,
+        max_finished_bytes=config.max_finished_bytes,
+        max_events=config.max_events_per_request,
     )
-    recorder.m.open_requests.set_function(lambda: len(joiner.open))
     dedup = RecentKeys(config.dedup_capacity, config.dedup_window_s)
-    return Collector(config, registry, recorder, store, joiner, Ingestor(store, joiner, recorder, dedup))
+    m = recorder.m
+    m.open_requests.set_function(lambda: len(joiner.open))
+    m.open_request_bytes.set_function(lambda: joiner.open_bytes)
+    m.finished_request_bytes.set_function(lambda: joiner.finished_bytes)
+    m.dedup_keys.set_function(lambda: len(dedup))
+    scraper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hopline-scrape")
+    ingestor = Ingestor(store, joiner, recorder, dedup)
+    return Collector(config, registry, recorder, store, joiner, ingestor, scraper)
 
 
 async def _housekeeping(c: Collector) -> None:
     """Grace and TTL sweeps; the interval fsync; compaction and retention on a thread."""
     loop = asyncio.get_running_loop()
     next_compaction = 0.0
+    lag = LoopLag(c.recorder.m.event_loop_lag.set)
     while True:
+        before = time.monotonic()
         await asyncio.sleep(SWEEP_INTERVAL_S)
+        lag.observe(time.monotonic() - before - SWEEP_INTERVAL_S)
         try:
             c.joiner.sweep()
             if c.config.fsync == "interval":
@@ -85,39 +116,111 @@ async def _housekeeping(c: Collector) -> None:
             logger.warning("housekeeping_failed", error=str(exc))
 
 
+class LoopLag:
+    """The event loop's delay (how late a timer fired), published as the largest of the current
+    and the previous ``LAG_WINDOW_S`` window, so a stall shows whenever Prometheus scrapes."""
+
+    def __init__(self, publish) -> None:
+        self.publish = publish
+        self.previous = self.current = 0.0
+        self.window_start = time.monotonic()
+
+    def observe(self, lag: float) -> None:
+        self.current = max(self.current, lag, 0.0)
+        if time.monotonic() - self.window_start >= LAG_WINDOW_S:
+            self.previous, self.current = self.current, 0.0
+            self.window_start = time.monotonic()
+        self.publish(max(self.previous, self.current))
+
+
 def _compact_and_expire(c: Collector) -> None:
+    """Compaction, then retention: each goes on whatever the other met."""
+    m = c.recorder.m
+
+    def quarantined(path, reason: str) -> None:
+        m.quarantined_parts.inc()
+        logger.error("part_quarantined", path=str(path), reason=reason)
+
     try:
-        for path in c.store.compact(c.config.compact_delay_s):
+        for path in c.store.compact(c.config.compact_delay_s, on_quarantine=quarantined):
             logger.info("hour_compacted", path=str(path))
+    except (OSError, StoreError) as exc:
+        m.compaction_failures.inc()
+        logger.warning("compaction_failed", error=str(exc))
+    try:
         for path in c.store.expire(c.config.retention_s):
             logger.info("hour_expired", path=str(path))
-    except (OSError, StoreError) as exc:
-        logger.warning("compaction_failed", error=str(exc))
+    except OSError as exc:
+        m.compaction_failures.inc()
+        logger.warning("retention_failed", error=str(exc))
 
 
-def _unauthorized(token: str | None, header: str | None) -> bool:
-    if token is None:
+def _unauthorized(tokens: tuple[str, ...], header: str | None) -> bool:
+    """True unless ``header`` is ``Bearer <one of tokens>`` (no tokens: nothing is required)."""
+    if not tokens:
         return False
     scheme, _, given = (header or "").partition(" ")
-    return scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode())
+    given_bytes = given.strip().encode()
+    matches = [hmac.compare_digest(given_bytes, token.encode()) for token in tokens]  # no early exit
+    return scheme.lower() != "bearer" or not any(matches)
 
 
-def _error(status: int, message: str, **extra: object) -> JSONResponse:
+def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    """orjson: non-finite floats become null instead of failing the answer (never a 500 on read)."""
+    return Response(orjson.dumps(body), status_code=status, headers=headers, media_type="application/json")
+
+
+def _error(status: int, message: str, **extra: object) -> Response:
     headers = (
         {"WWW-Authenticate": "Bearer"} if status == 401 else {"Retry-After": "1"} if status == 503 else None
     )
-    return JSONResponse({"error": message, **extra}, status_code=status, headers=headers)
+    return _json({"error": message, **extra}, status, headers)
+
+
+class NeverRaise:
+    """Pure ASGI: an exception in a handler is one log line and a JSON 500, never a traceback or a
+    closed keep-alive connection (uvicorn closes the connection of an app that raised after
+    Starlette's error middleware answered)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception as exc:  # noqa: BLE001 - the collector answers, whatever happened
+            logger.error("request_failed", path=scope.get("path"), error=f"{type(exc).__name__}: {exc}"[:300])
+            if not started:
+                body = orjson.dumps({"error": f"internal error: {type(exc).__name__}"})
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 500,
+                        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+                    }
+                )
+                await send({"type": "http.response.body", "body": body})
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise IngestError(413, f"body exceeds {limit} bytes")
+        raise IngestError(413, f"body exceeds {limit} bytes", reason="too_large")
     parts, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise IngestError(413, f"body exceeds {limit} bytes")
+            raise IngestError(413, f"body exceeds {limit} bytes", reason="too_large")
         parts.append(chunk)
     return b"".join(parts)
 
@@ -128,6 +231,11 @@ def create_app(config: CollectorConfig) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        switch_interval = sys.getswitchinterval()
+        sys.setswitchinterval(min(switch_interval, SWITCH_INTERVAL_S))
+        # what exists now (modules, classes, the app) lives as long as the process: keep it out of
+        # every full garbage collection, which holds the GIL, and so the event loop, while it scans
+        gc.freeze()
         try:
             c.store.open()
         except StoreError as exc:  # keep serving: ingest answers 503 with the reason until it works
@@ -151,52 +259,76 @@ def create_app(config: CollectorConfig) -> FastAPI:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await asyncio.get_running_loop().run_in_executor(None, c.ingestor.close)
+            c.scraper.shutdown(wait=False)
+            sys.setswitchinterval(switch_interval)
             c.joiner.finish_all()
             logger.info("collector_stopped", stored_bytes=c.store.appended_bytes)
 
     app = FastAPI(title="hopline collector", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.add_middleware(NeverRaise)
     app.state.collector = c
+    write_tokens = (config.token,) if config.token is not None else ()
+    read_tokens = config.reads_token
+    rejected = c.recorder.body_rejected
 
     @app.post("/v1/events")
     async def post_events(request: Request) -> Response:
         headers = request.headers
-        if _unauthorized(config.token, headers.get("authorization")):
+        if _unauthorized(write_tokens, headers.get("authorization")):
+            rejected("unauthorized")
             return _error(401, "missing or wrong bearer token")
         kind = media_type(headers.get("content-type"))
         if kind not in NDJSON_TYPES and kind not in JSON_TYPES:
+            rejected("unsupported_type")
             return _error(
                 415, f"unsupported content type {kind!r}: send application/x-ndjson or application/json"
             )
         try:
             body = await _read_body(request, config.max_body_bytes)
-            encoding = headers.get("content-encoding", "identity").strip().lower()
-            if encoding == "gzip":
-                body = gunzip(body, config.max_decompressed_bytes)
-            elif encoding not in ("identity", ""):
-                return _error(415, f"unsupported content encoding {encoding!r}: send gzip or identity")
-            result = await c.ingestor.ingest(body, "json" if kind in JSON_TYPES else "ndjson")
+            result = await c.ingestor.ingest(
+                body,
+                "json" if kind in JSON_TYPES else "ndjson",
+                headers.get("content-encoding", "identity").strip().lower(),
+                max_decompressed=config.max_decompressed_bytes,
+                max_lines=config.max_lines_per_body,
+            )
+        except ClientDisconnect:
+            rejected("disconnected")
+            logger.info("client_disconnected", client=_peer(request), during="body")
+            return _error(400, "client disconnected before the body was complete")
         except IngestError as exc:
+            rejected(exc.reason)
             extra = exc.result.answer() if exc.result is not None else {}
             return _error(exc.status, str(exc), **extra)
         except StoreError as exc:
             logger.error("store_failed", error=str(exc))
             return _error(503, f"events not stored: {exc}")
-        return JSONResponse(result.answer())
+        return _json(result.answer())
 
     @app.get("/v1/requests/{request_id}")
-    async def get_request(request_id: str) -> Response:
+    async def get_request(request: Request, request_id: str) -> Response:
+        if _unauthorized(read_tokens, request.headers.get("authorization")):
+            return _error(401, "missing or wrong bearer token (read token or token)")
         found = c.joiner.lookup(request_id)
         if found is None:
             return _error(404, f"request {request_id!r} is neither open nor recently finished")
-        return JSONResponse(found)
+        return _json(found)
 
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:
+        if _unauthorized(read_tokens, request.headers.get("authorization")):
+            return _error(401, "missing or wrong bearer token (read token or token)")
         encoder, content_type = choose_encoder(request.headers.get("accept"))
-        return Response(encoder(c.registry), media_type=content_type)
+        # on the scrape thread: a large exposition must not hold up ingest on the loop
+        data = await asyncio.get_running_loop().run_in_executor(c.scraper, encoder, c.registry)
+        return Response(data, media_type=content_type)
 
     @app.get("/healthz")
     async def healthz() -> dict:
         return {"open_requests": len(c.joiner.open), **c.joiner.counts}
 
     return app
+
+
+def _peer(request: Request) -> str | None:
+    return f"{request.client.host}:{request.client.port}" if request.client else None

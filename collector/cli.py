@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import errno
+import os
+import socket
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -15,18 +18,20 @@ import uvicorn
 from hopline.collector.app import create_app
 from hopline.collector.config import CollectorConfig
 from hopline.collector.kv_cache import parse_model_config
-from hopline.middleware.cli import UsageError, run
+from hopline.middleware.cli import ClickException, UsageError, run
 from hopline.middleware.durations import parse_duration
 
 EXAMPLE = """
 Example:
 
     hopline collector --port 9400 --data-dir /var/lib/hopline --token "$HOPLINE_TOKEN" \\
+        --read-token "$HOPLINE_READ_TOKEN" \\
         --model-config llama-3-8b=/models/llama-3-8b/config.json --retention 14d \\
         --tail '/var/log/hopline/events.ndjson*'
 
 Then point services at it with HOPLINE_SINK=http://HOST:9400 (and HOPLINE_TOKEN), and Prometheus
-at http://HOST:9400/metrics (with --enable-feature=exemplar-storage for request_id exemplars).
+at http://HOST:9400/metrics (with --enable-feature=exemplar-storage for request_id exemplars, and the
+read token, or the token, as its bearer credentials).
 """
 
 
@@ -34,6 +39,8 @@ def collector_config(
     data_dir: Path,
     *,
     token: str | None = None,
+    read_token: str | None = None,
+    open_reads: bool = False,
     model_config: Iterable[str] = (),
     retention: str = "14d",
     tail: Iterable[str] = (),
@@ -43,12 +50,18 @@ def collector_config(
     grace: str = "2s",
     ttl: str = "15m",
     max_open: int = 100_000,
+    max_open_bytes: int = 256 * 1024 * 1024,
+    finished_cache: int = 10_000,
+    dedup_capacity: int = 500_000,
+    dedup_window: str = "10m",
 ) -> CollectorConfig:
     """The ``CollectorConfig`` the command line describes (durations as text, ``--model-config`` specs);
     ``ValueError`` naming the option that was wrong."""
     return CollectorConfig(
         data_dir=data_dir,
-        token=token or None,
+        token=token,
+        read_token=read_token,
+        open_reads=open_reads,
         kv_bytes_per_token=dict(parse_model_config(spec) for spec in model_config),
         retention_s=parse_duration(retention),
         tail=tuple(tail),
@@ -58,7 +71,35 @@ def collector_config(
         grace_s=parse_duration(grace),
         ttl_s=parse_duration(ttl),
         max_open_requests=max_open,
+        max_open_bytes=max_open_bytes,
+        completed_cache=finished_cache,
+        dedup_capacity=dedup_capacity,
+        dedup_window_s=parse_duration(dedup_window),
     )
+
+
+def check_can_start(config: CollectorConfig, host: str, port: int) -> socket.socket:
+    """Bind the port and make sure the data directory is usable, before anything says "started":
+    ``ClickException`` (exit 1) naming what is wrong. Returns the listening socket."""
+    try:
+        config.data_dir.mkdir(parents=True, exist_ok=True)
+        probe = config.data_dir / ".hopline-write-check"
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError as exc:
+        raise ClickException(f"cannot use --data-dir {config.data_dir}: {exc.strerror or exc}") from exc
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        why = "it is in use" if exc.errno == errno.EADDRINUSE else exc.strerror or str(exc)
+        raise ClickException(f"cannot listen on {host}:{port}: {why}") from exc
+    sock.set_inheritable(True)
+    return sock
 
 
 def collector(
@@ -66,13 +107,28 @@ def collector(
         Path, typer.Option("--data-dir", help="Where events are stored (DIR/events/date=…/hour=…).")
     ],
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on.")] = 9400,
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")] = 9400,
     token: Annotated[
         str | None,
         typer.Option(
-            envvar="HOPLINE_TOKEN", help="Bearer token POST /v1/events requires.", show_default=False
+            envvar="HOPLINE_TOKEN",
+            help="Bearer token POST /v1/events requires (GET /metrics and /v1/requests too, unless "
+            "--read-token or --open-reads). An empty one is refused.",
+            show_default=False,
         ),
     ] = None,
+    read_token: Annotated[
+        str | None,
+        typer.Option(
+            envvar="HOPLINE_READ_TOKEN",
+            help="Bearer token GET /metrics and /v1/requests accept (besides --token, which they "
+            "require when set). /healthz stays open.",
+            show_default=False,
+        ),
+    ] = None,
+    open_reads: Annotated[
+        bool, typer.Option(help="Leave /metrics and /v1/requests open even with --token.")
+    ] = False,
     model_config: Annotated[
         list[str] | None,
         typer.Option(
@@ -110,13 +166,29 @@ def collector(
     max_open: Annotated[
         int, typer.Option(help="Most requests joined at once (the least recently active is evicted).")
     ] = 100_000,
+    max_open_bytes: Annotated[
+        int, typer.Option(help="Most estimated bytes of events held by open requests (oldest evicted).")
+    ] = 256 * 1024 * 1024,
+    finished_cache: Annotated[
+        int, typer.Option(help="Finished requests kept for GET /v1/requests/{id}.")
+    ] = 10_000,
+    dedup_capacity: Annotated[
+        int, typer.Option(help="Event keys per dedup generation (two are kept): retries within it are dropped.")
+    ] = 500_000,
+    dedup_window: Annotated[str, typer.Option(help="A dedup generation older than this is forgotten.")] = "10m",
     log_level: Annotated[str, typer.Option(help="uvicorn's log level.")] = "warning",
 ) -> None:
     """Run the collector: ingest hop events, join them, expose /metrics, store events durably."""
+    # an empty environment variable reaches us as "no option": refuse it rather than run without auth
+    for var, value in (("HOPLINE_TOKEN", token), ("HOPLINE_READ_TOKEN", read_token)):
+        if value is None and var in os.environ and not os.environ[var].strip():
+            raise UsageError(f"{var} is set but empty: give a real token, or unset it")
     try:
         config = collector_config(
             data_dir,
             token=token,
+            read_token=read_token,
+            open_reads=open_reads,
             model_config=model_config or (),
             retention=retention,
             tail=tail or (),
@@ -126,17 +198,18 @@ def collector(
             grace=grace,
             ttl=ttl,
             max_open=max_open,
+            max_open_bytes=max_open_bytes,
+            finished_cache=finished_cache,
+            dedup_capacity=dedup_capacity,
+            dedup_window=dedup_window,
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
-    uvicorn.run(
-        create_app(config),
-        host=host,
-        port=port,
-        workers=1,
-        log_level=log_level,
-        timeout_graceful_shutdown=10,
+    sock = check_can_start(config, host, port)
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(config), log_level=log_level, timeout_graceful_shutdown=10)
     )
+    server.run(sockets=[sock])
 
 
 def register(app: typer.Typer) -> None:

@@ -6,15 +6,24 @@ event had none). Rows are sorted by (request_id, ts) so a reader pivoting per re
 request's events together. The file is written under a temporary name, fsynced and renamed, and
 only then are the NDJSON files removed: a crash at any point leaves either the NDJSON files, or
 a complete Parquet file (plus NDJSON files that ``compact_hour`` removes on its next run).
+
+Polars' NDJSON reader infers one schema for the hour, which is fast but fails on what the
+contract allows: an unknown attribute that is an object on one line and a list on another, or
+lines stored by an older collector that validated less. When it fails, the hour is read again
+line by line in Python, each line validated with the contract: valid events go to Parquet
+(their unknown attributes JSON-encoded one by one), and lines that still cannot be stored are
+returned so the store can move them aside (quarantine) instead of stopping compaction for good.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
+import orjson
 import polars as pl
-from hopline.middleware.contract import STORAGE_COLUMNS
+from hopline.middleware.contract import STORAGE_COLUMNS, EventError, validate_event
 
 PARQUET_NAME = "events.parquet"
 NDJSON_GLOB = "*.ndjson"
@@ -71,8 +80,41 @@ def events_frame(paths: list[Path]) -> pl.LazyFrame:
     return lf.select([_known(name, present) for name in SCHEMA if name != "attrs"] + [_attrs(unknown)])
 
 
-def compact_hour(hour_dir: Path) -> Path | None:
-    """Compact ``hour_dir``'s NDJSON files into ``events.parquet``; returns it (None: nothing to do)."""
+def events_frame_by_line(paths: list[Path]) -> tuple[pl.DataFrame, list[bytes]]:
+    """The valid events of NDJSON files typed as ``STORAGE_COLUMNS``, read line by line (the slow
+    path, when the whole-file reader fails), and the lines that are not valid events."""
+    columns: dict[str, list] = {name: [] for name in SCHEMA}
+    known = [name for name in SCHEMA if name != "attrs"]
+    bad: list[bytes] = []
+    for path in paths:
+        for line in path.read_bytes().splitlines():
+            if not line.strip():
+                continue
+            try:
+                event = validate_event(orjson.loads(line))
+            except (orjson.JSONDecodeError, EventError):
+                bad.append(line)
+                continue
+            for name in known:
+                columns[name].append(event.get(name))
+            extra = {k: v for k, v in event.items() if k not in KNOWN and v is not None}
+            columns["attrs"].append(orjson.dumps(extra, option=orjson.OPT_SORT_KEYS).decode() if extra else None)
+    return pl.DataFrame(columns, schema=SCHEMA), bad
+
+
+def _frame(paths: list[Path]) -> tuple[pl.DataFrame, list[bytes]]:
+    try:
+        return events_frame(paths).collect(), []
+    except (Exception, pl.exceptions.PanicException):  # noqa: BLE001 - any reader failure: go line by line
+        return events_frame_by_line(paths)
+
+
+def compact_hour(hour_dir: Path, quarantine: Callable[[list[bytes]], None] | None = None) -> Path | None:
+    """Compact ``hour_dir``'s NDJSON files into ``events.parquet``; returns it (None: nothing to do).
+
+    Lines that are not valid events are handed to ``quarantine`` (which must store them
+    durably) before the Parquet file replaces the NDJSON files; without one, they raise.
+    """
     target = hour_dir / PARQUET_NAME
     sources = sorted(hour_dir.glob(NDJSON_GLOB))
     if not sources:
@@ -83,7 +125,12 @@ def compact_hour(hour_dir: Path) -> Path | None:
         nonempty = [p for p in sources if p.stat().st_size > 0]
         if nonempty:
             tmp = hour_dir / (PARQUET_NAME + ".tmp")
-            frame = events_frame(nonempty).sort("request_id", "ts").collect()
+            frame, bad = _frame(nonempty)
+            if bad:
+                if quarantine is None:
+                    raise EventError(f"{hour_dir}: {len(bad)} lines are not valid events")
+                quarantine(bad)
+            frame = frame.sort("request_id", "ts")
             frame.write_parquet(tmp, compression="zstd", statistics=True)
             with open(tmp, "rb") as f:
                 os.fsync(f.fileno())

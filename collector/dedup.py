@@ -5,6 +5,10 @@ becomes the previous one (the old previous is forgotten) when it holds ``capacit
 ``window_s`` old (checked once per batch, so a generation may exceed
 ``capacity`` by one batch). Memory stays under two generations whatever arrives; a retry is recognised
 as long as it comes within one generation (seconds to minutes; sink retries come within seconds).
+
+The ingest path asks ``key in keys`` before writing a batch and ``update``s the set only after
+the batch is durably stored, both on the writer thread: a key is remembered only once its
+event is on disk.
 """
 
 from __future__ import annotations
@@ -27,6 +31,17 @@ class RecentKeys:
             return False
         self._current.add(key)
         return True
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._current or key in self._previous
+
+    def none_of(self, keys: set[Hashable]) -> bool:
+        """True when no key of ``keys`` is remembered (one set operation per generation)."""
+        return self._current.isdisjoint(keys) and self._previous.isdisjoint(keys)
+
+    def update(self, keys: set[Hashable]) -> None:
+        """Remember keys of events just stored."""
+        self._current.update(keys)
 
     def rotate_if_due(self) -> None:
         """Start a new generation when the current one is full or old (call once per batch)."""

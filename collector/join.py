@@ -7,8 +7,14 @@ finished after ``grace_s`` more seconds, so late hops (``engine.stats`` comes af
 ``engine.last_token``) still count. Events may arrive in any order: a new, higher attempt
 re-opens a request that looked complete. A request that stays incomplete expires ``ttl_s``
 after its last event (sliding; long generations keep it alive) and is counted by its first
-missing hop. Outcome, scope and missing hops come from the rule book (``middleware/rules.py``). At most ``max_open`` requests are open: beyond that the least recently active one
-is evicted and counted the same way, so memory is bounded whatever arrives.
+missing hop. Outcome, scope and missing hops come from the rule book (``middleware/rules.py``).
+At most ``max_open`` requests are open, holding at most ``max_open_bytes`` of
+events (estimated per event from its NDJSON size, ``event_bytes``): beyond either, the least
+recently active one is evicted and counted the same way. A request that reaches
+``max_events`` events is closed as incomplete (``overflow``) at once; its later events are
+stored but kept only up to the same cap in the finished LRU. So memory is bounded whatever
+arrives: by ``max_open_bytes`` for open requests and ``finished_cache`` x ``max_events`` events
+(and ``max_finished_bytes``) for finished ones.
 
 A request's events are kept as the validated dicts (no second decode when it finishes; a
 dict costs ~750 bytes against ~300 for its NDJSON line, bounded by ``max_open``). Finished
@@ -23,7 +29,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from hopline.collector.metrics import Recorder
@@ -43,18 +49,29 @@ FINAL_HOP_SET = frozenset(h for hops in FINAL_HOPS.values() for h in hops)
 # hop -> (component, is a final hop): one dict lookup per event on the hot path
 HOP_INFO = {hop: (component(hop), hop in FINAL_HOP_SET) for hop in HOPS}
 ENGINE_DONE = frozenset(FINAL_HOPS["engine"])
-MAX_EVENTS_PER_REQUEST = 512  # events beyond this are stored but not joined (bounded memory)
+MAX_EVENTS_PER_REQUEST = 512  # a request with more is closed as incomplete (bounded memory)
+
+
+def event_bytes(line_bytes: int) -> int:
+    """Estimated memory of one validated event dict from its NDJSON size (a 181-byte line: ~750 B)."""
+    return 400 + 2 * line_bytes
+
+
+DEFAULT_EVENT_BYTES = event_bytes(200)  # for callers that pass no sizes
 
 
 class OpenRequest:
     """A request still being joined: its events and per-component progress."""
 
-    __slots__ = ("due", "engine", "events", "last_seen", "progress")
+    __slots__ = ("bytes", "due", "engine", "events", "last_seen", "progress")
 
     def __init__(self, now: float) -> None:
         self.events: list[dict[str, Any]] = []
-        # component -> [highest attempt seen, final hop seen for that attempt]
-        self.progress: dict[str, list] = {}
+        self.bytes = 0  # estimated memory of the events (event_bytes)
+        # component -> (highest attempt seen, final hop seen for that attempt)
+        # tuples, not lists: the garbage collector untracks tuples and dicts of plain values, so a
+        # full collection scans ~3 objects per open request instead of ~6 (100k open: half the pause)
+        self.progress: dict[str, tuple[int, bool]] = {}
         self.last_seen = now
         self.due: float | None = None  # when complete: the time it will be finished
         # engine attempt -> (model, replica, kv_bytes) while held; None once released
@@ -65,13 +82,15 @@ class OpenRequest:
 
 
 class FinishedRequest:
-    """A finished request in the LRU: its events and why it was finished (complete, expired, evicted)."""
+    """A finished request in the LRU: its events, why it was finished (complete, expired,
+    evicted, overflow) and their estimated bytes."""
 
-    __slots__ = ("events", "state")
+    __slots__ = ("bytes", "events", "state")
 
-    def __init__(self, events: list[dict[str, Any]], state: str) -> None:
+    def __init__(self, events: list[dict[str, Any]], state: str, size: int = 0) -> None:
         self.events = events
         self.state = state
+        self.bytes = size
 
 
 def timeline(request_id: str, events: list[dict[str, Any]], state: str) -> dict:
@@ -107,53 +126,70 @@ class Joiner:
         finished_cache: int = 10_000,
         kv_bytes_per_token: Mapping[str, int] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        max_open_bytes: int = 256 * 1024 * 1024,
+        max_finished_bytes: int = 64 * 1024 * 1024,
+        max_events: int = MAX_EVENTS_PER_REQUEST,
     ) -> None:
         self.recorder = recorder
         self.grace_s = grace_s
         self.ttl_s = ttl_s
         self.max_open = max_open
         self.finished_cache = finished_cache
+        self.max_open_bytes = max_open_bytes
+        self.max_finished_bytes = max_finished_bytes
+        self.max_events = max_events
+        self.open_bytes = 0  # estimated memory of the open requests' events
+        self.finished_bytes = 0
         self.kv_bytes_per_token = dict(kv_bytes_per_token or {})
         self.clock = clock
         self.open: OrderedDict[str, OpenRequest] = OrderedDict()  # least recently active first
         self.finished: OrderedDict[str, FinishedRequest] = OrderedDict()
         self._due: deque[tuple[float, str]] = deque()  # (due time, request id), in time order
-        self.counts = {"complete": 0, "expired": 0, "evicted": 0, "late_events": 0, "overflow_events": 0}
+        self.counts = {
+            "complete": 0, "expired": 0, "evicted": 0, "overflow": 0, "late_events": 0, "overflow_events": 0
+        }
 
     # -- ingest ---------------------------------------------------------------------------------
 
-    def add(self, events: list[dict[str, Any]]) -> None:
-        """Join validated events; then finish whatever is due."""
+    def add(self, events: list[dict[str, Any]], sizes: list[int] | None = None) -> None:
+        """Join validated events (``sizes``: their NDJSON bytes, for the memory bound); then
+        finish whatever is due."""
         now = self.clock()
         open_, finished = self.open, self.finished
-        for ev in events:
+        max_events = self.max_events
+        for i, ev in enumerate(events):
+            size = DEFAULT_EVENT_BYTES if sizes is None else event_bytes(sizes[i])
             rid = ev["request_id"]
             req = open_.get(rid)
             if req is None:
                 done = finished.get(rid)
                 if done is not None:  # a late hop of a finished request: keep it for the timeline
-                    if len(done.events) < MAX_EVENTS_PER_REQUEST:
+                    if len(done.events) < max_events:
                         done.events.append(ev)
+                        done.bytes += size
+                        self.finished_bytes += size
+                    else:
+                        self.counts["overflow_events"] += 1
                     self.counts["late_events"] += 1
                     continue
                 req = open_[rid] = OpenRequest(now)
             else:
                 open_.move_to_end(rid)
                 req.last_seen = now
-            if len(req.events) >= MAX_EVENTS_PER_REQUEST:
-                self.counts["overflow_events"] += 1
-                continue
             req.events.append(ev)
+            req.bytes += size
+            self.open_bytes += size
+            if len(req.events) >= max_events:
+                self._give_up(rid, "overflow")
+                continue
             hop = ev["hop"]
             comp, final = HOP_INFO[hop]
             attempt = ev["attempt"]
             progress = req.progress.get(comp)
-            if progress is None:
-                req.progress[comp] = [attempt, final]
-            elif attempt > progress[0]:
-                progress[0], progress[1] = attempt, final
-            elif final and attempt == progress[0]:
-                progress[1] = True
+            if progress is None or attempt > progress[0]:
+                req.progress[comp] = (attempt, final)
+            elif final and attempt == progress[0] and not progress[1]:
+                req.progress[comp] = (attempt, True)
             if comp == "engine":
                 self._engine_load(req, ev, hop, attempt)
             # only a final hop can complete a request (anything else keeps it or makes it open)
@@ -165,6 +201,8 @@ class Joiner:
                     self._due.append((req.due, rid))
         if len(open_) > self.max_open:
             self._evict(len(open_) - self.max_open)
+        while self.open_bytes > self.max_open_bytes and open_:
+            self._give_up(next(iter(open_)), "evicted")
         self.sweep(now)
 
     def _engine_load(self, req: OpenRequest, ev: Mapping[str, Any], hop: str, attempt: int) -> None:
@@ -221,6 +259,7 @@ class Joiner:
 
     def _finish(self, rid: str, req: OpenRequest) -> None:
         del self.open[rid]
+        self.open_bytes -= req.bytes
         events = req.events
         values = compute_stages(events)
         described = describe_request(events)
@@ -235,12 +274,14 @@ class Joiner:
         )
         self._release_all(req)
         self.counts["complete"] += 1
-        self._remember(rid, FinishedRequest(events, "complete"))
+        self._remember(rid, FinishedRequest(events, "complete", req.bytes))
 
     def _give_up(self, rid: str, why: str) -> None:
-        """An expired or evicted request: counted by its first missing hop and by its outcome
-        (the rule book's: ``incomplete`` unless the component nearest the user saw it end)."""
+        """Close an unfinished request: ``expired``, ``evicted`` or ``overflow``. It is counted by
+        its first missing hop, and by its outcome (the rule book's: ``incomplete`` unless the
+        component nearest the user saw it end)."""
         req = self.open.pop(rid)
+        self.open_bytes -= req.bytes
         events = req.events
         described = describe_request(events)
         scope = described["scope"]
@@ -253,7 +294,8 @@ class Joiner:
         )
         self._release_all(req)
         self.counts[why] += 1
-        self._remember(rid, FinishedRequest(events, why))
+        recorder.closed_incomplete(why)
+        self._remember(rid, FinishedRequest(events, why, req.bytes))
 
     def _release_all(self, req: OpenRequest) -> None:
         if req.engine:
@@ -262,10 +304,15 @@ class Joiner:
 
     def _remember(self, rid: str, done: FinishedRequest) -> None:
         finished = self.finished
+        old = finished.pop(rid, None)
+        if old is not None:
+            self.finished_bytes -= old.bytes
         finished[rid] = done
-        finished.move_to_end(rid)
-        while len(finished) > self.finished_cache:
-            finished.popitem(last=False)
+        self.finished_bytes += done.bytes
+        while len(finished) > self.finished_cache or (
+            self.finished_bytes > self.max_finished_bytes and len(finished) > 1
+        ):
+            self.finished_bytes -= finished.popitem(last=False)[1].bytes
 
     def finish_all(self) -> None:
         """Finish every complete request now (shutdown); incomplete ones stay unreported."""

@@ -2,7 +2,8 @@
 
 Seconds are base units; histograms carry a ``request_id`` exemplar; ``request_id`` is never a
 label; every label has a bounded set of values (``service``, ``model``, ``replica`` are capped,
-overflow -> ``other``).
+per label and per combination, overflow -> ``other``: a family has at most its fixed labels'
+values x the scope cap series).
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ KV_CACHE_BYTES = Metric(
     "hopline_kv_cache_bytes", "gauge", ("model", "replica"),
     "KV-cache bytes held by in-flight requests (prompt + output so far x bytes per token).",
 )
-EVENTS = Metric("hopline_events", "counter", ("hop",), "Hop events accepted, by hop.")
+EVENTS = Metric("hopline_events", "counter", ("hop",), "Hop events accepted (durably stored), by hop.")
 EVENTS_REJECTED = Metric(
     "hopline_events_rejected", "counter", ("reason",), "Hop events rejected, by reason."
 )
@@ -88,10 +89,61 @@ OPEN_REQUESTS = Metric(
     "hopline_open_requests", "gauge", (), "Requests the collector is still joining."
 )
 
+
+# -- the collector's own health: what it stored, refused, dropped, and how much it holds ----------
+BODIES_REJECTED = Metric(
+    "hopline_collector_bodies_rejected", "counter", ("reason",),
+    "Request bodies refused whole (too_large, too_many_lines, bad_gzip, not_json, unauthorized, "
+    "disconnected, ...): none of their events was stored.",
+)
+STORE_FAILURES = Metric(
+    "hopline_collector_store_failures", "counter", (),
+    "Batches the store could not write (answered 503; the sender retries).",
+)
+COMPACTION_FAILURES = Metric(
+    "hopline_collector_compaction_failures", "counter", (),
+    "Compaction or retention passes that failed (retried on the next pass).",
+)
+QUARANTINED_PARTS = Metric(
+    "hopline_collector_quarantined_parts", "counter", (),
+    "Stored NDJSON files that could not be compacted, moved to DIR/quarantine (named in the log).",
+)
+DEDUP_KEYS = Metric(
+    "hopline_collector_dedup_keys", "gauge", (), "Event keys remembered to drop retried duplicates."
+)
+OPEN_REQUEST_BYTES = Metric(
+    "hopline_collector_open_request_bytes", "gauge", (),
+    "Estimated memory held by the events of requests still being joined.",
+)
+FINISHED_REQUEST_BYTES = Metric(
+    "hopline_collector_finished_request_bytes", "gauge", (),
+    "Estimated memory held by recently finished requests kept for GET /v1/requests/{id}.",
+)
+REQUESTS_CLOSED_INCOMPLETE = Metric(
+    "hopline_collector_requests_closed_incomplete", "counter", ("why",),
+    "Requests closed before completing: expired (TTL), evicted (open-request or memory cap), "
+    "overflow (more events than the per-request cap).",
+)
+SCOPES_OVERFLOWED = Metric(
+    "hopline_collector_scopes_overflowed", "counter", (),
+    "Finished requests whose (service, model, replica) was beyond the series cap, recorded as other.",
+)
+EVENT_LOOP_LAG = Metric(
+    "hopline_collector_event_loop_lag_seconds", "gauge", (),
+    "Largest delay of the collector's event loop over the last housekeeping period.",
+)
+
+COLLECTOR_HEALTH: tuple[Metric, ...] = (
+    BODIES_REJECTED, STORE_FAILURES, COMPACTION_FAILURES, QUARANTINED_PARTS, DEDUP_KEYS,
+    OPEN_REQUEST_BYTES, FINISHED_REQUEST_BYTES, REQUESTS_CLOSED_INCOMPLETE, SCOPES_OVERFLOWED,
+    EVENT_LOOP_LAG,
+)
+
 ALL: tuple[Metric, ...] = (
     STAGE_SECONDS, TTFT_SECONDS, E2E_SECONDS, ITL_SECONDS, PROMPT_TOKENS, OUTPUT_TOKENS,
     REQUESTS, IN_FLIGHT, KV_CACHE_BYTES, EVENTS, EVENTS_REJECTED, EVENTS_DUPLICATE,
     INCOMPLETE_REQUESTS, CONNECTIONS, WITHOUT_MAX_TOKENS, NEGATIVE_STAGES, OPEN_REQUESTS,
+    *COLLECTOR_HEALTH,
 )
 
 VIEW_LABEL_VALUES = VIEWS

@@ -4,8 +4,11 @@
 given (never the global one, so two collectors in one process or one test never clash).
 Histograms are ``ExemplarHistogram`` (same exposition as prometheus_client's, a fifth of the
 cost per observation; see ``histogram.py``), counters and gauges prometheus_client's own.
-``Recorder`` is what the join calls: it caps label values (overflow -> ``other``) and keeps the
-bound children per label tuple, because ``.labels(...)`` costs more than the observation itself.
+``Recorder`` is what the join calls: it caps label values (overflow -> ``other``) per label and
+per combination (``scope_cap`` distinct (service, model, replica) scopes; later ones are recorded
+as (other, other, other)), so every family has at most its fixed labels' values x ``scope_cap``
+series, and it keeps the bound children per label tuple, because ``.labels(...)`` costs more than
+the observation itself.
 """
 
 from __future__ import annotations
@@ -44,6 +47,16 @@ class Metrics:
     without_max_tokens: Counter
     negative_stages: Counter
     open_requests: Gauge
+    bodies_rejected: Counter
+    store_failures: Counter
+    compaction_failures: Counter
+    quarantined_parts: Counter
+    dedup_keys: Gauge
+    open_request_bytes: Gauge
+    finished_request_bytes: Gauge
+    requests_closed_incomplete: Counter
+    scopes_overflowed: Counter
+    event_loop_lag: Gauge
 
 
 _BUCKETS = {
@@ -83,6 +96,16 @@ def build_metrics(registry: CollectorRegistry) -> Metrics:
         without_max_tokens=m[names.WITHOUT_MAX_TOKENS.name],
         negative_stages=m[names.NEGATIVE_STAGES.name],
         open_requests=m[names.OPEN_REQUESTS.name],
+        bodies_rejected=m[names.BODIES_REJECTED.name],
+        store_failures=m[names.STORE_FAILURES.name],
+        compaction_failures=m[names.COMPACTION_FAILURES.name],
+        quarantined_parts=m[names.QUARANTINED_PARTS.name],
+        dedup_keys=m[names.DEDUP_KEYS.name],
+        open_request_bytes=m[names.OPEN_REQUEST_BYTES.name],
+        finished_request_bytes=m[names.FINISHED_REQUEST_BYTES.name],
+        requests_closed_incomplete=m[names.REQUESTS_CLOSED_INCOMPLETE.name],
+        scopes_overflowed=m[names.SCOPES_OVERFLOWED.name],
+        event_loop_lag=m[names.EVENT_LOOP_LAG.name],
     )
 
 
@@ -105,6 +128,29 @@ class LabelCap:
         return OTHER
 
 
+class CombinationCap:
+    """Admits the first ``cap`` distinct label tuples; later ones become all ``other``.
+
+    Per-label caps alone allow their product (64 services x 64 models x 64 replicas = 262,144
+    scopes, gigabytes of /metrics); this bounds the combinations a family can hold.
+    """
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.overflowed = 0
+        self._seen: set[tuple[str, ...]] = set()
+
+    def __call__(self, values: tuple[str, ...]) -> tuple[str, ...]:
+        seen = self._seen
+        if values in seen:
+            return values
+        if len(seen) < self.cap:
+            seen.add(values)
+            return values
+        self.overflowed += 1
+        return (OTHER,) * len(values)
+
+
 # (stage value name in the computed stages, label value) for the per-view histograms
 _TTFT = tuple((f"{view}_ttft", view) for view in names.VIEW_LABEL_VALUES)
 _E2E = tuple((f"{view}_e2e", view) for view in names.VIEW_LABEL_VALUES)
@@ -124,11 +170,13 @@ class ScopedChildren:
 class Recorder:
     """Observes finished requests and hop events on ``Metrics``, with capped labels and cached children."""
 
-    def __init__(self, metrics: Metrics, label_cap: int = 64) -> None:
+    def __init__(self, metrics: Metrics, label_cap: int = 64, scope_cap: int = 128) -> None:
         self.m = metrics
         self.service = LabelCap(label_cap)
         self.model = LabelCap(label_cap)
         self.replica = LabelCap(label_cap)
+        self.scopes = CombinationCap(scope_cap)  # (service, model, replica) of finished requests
+        self.engines = CombinationCap(scope_cap)  # (model, replica) of the engine-load gauges
         self._children: dict[tuple, Any] = {}
         self._scoped_children: dict[tuple[str, str, str], ScopedChildren] = {}
         # raw (model, replica) of engine events -> (in-flight, KV) children (bounded)
@@ -143,7 +191,11 @@ class Recorder:
 
     def scope(self, service: str | None, model: str | None, replica: str | None) -> tuple[str, str, str]:
         """The capped (service, model, replica) label values of one request."""
-        return self.service(service), self.model(model), self.replica(replica)
+        before = self.scopes.overflowed
+        capped = self.scopes((self.service(service), self.model(model), self.replica(replica)))
+        if self.scopes.overflowed != before:
+            self.m.scopes_overflowed.inc()
+        return capped
 
     # -- per event ------------------------------------------------------------------------------
 
@@ -158,11 +210,20 @@ class Recorder:
     def duplicates(self, count: int) -> None:
         self.m.events_duplicate.inc(count)
 
+    def body_rejected(self, reason: str) -> None:
+        self._child(self.m.bodies_rejected, (reason,)).inc()
+
+    def store_failed(self) -> None:
+        self.m.store_failures.inc()
+
+    def closed_incomplete(self, why: str) -> None:
+        self._child(self.m.requests_closed_incomplete, (why,)).inc()
+
     def engine_load(self, model: str | None, replica: str | None, requests: int, kv_bytes: int) -> None:
         """Add (or with negative numbers remove) in-flight requests and their KV bytes on a replica."""
         children = self._engine_children.get((model, replica))
         if children is None:
-            labels = (self.model(model), self.replica(replica))
+            labels = self.engines((self.model(model), self.replica(replica)))
             children = (self.m.in_flight.labels(*labels), self.m.kv_cache_bytes.labels(*labels))
             if len(self._engine_children) < ENGINE_CHILDREN_CACHE:
                 self._engine_children[(model, replica)] = children

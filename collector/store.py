@@ -20,6 +20,13 @@ cache); ``none`` writes and leaves flushing to the OS. A write that fails (disk 
 permissions) is rolled back to the previous end of file and raises ``StoreError``: nothing that
 was not stored is acknowledged. A torn last line left by a crash mid-write (never acknowledged)
 is cut off when the file is opened again.
+
+An hour that cannot be compacted never blocks the others nor retention: lines that are not
+valid events (compaction validates each line when Polars' reader fails) and, when compaction
+fails for any other reason than I/O, the hour's NDJSON files are moved aside to
+``DIR/quarantine/date=…/hour=…/`` (same layout, kept for the same retention, never read by the
+analyzer), reported through ``on_quarantine`` (the app logs the path and counts it); an I/O
+failure (disk full) leaves the hour to the next pass.
 """
 
 from __future__ import annotations
@@ -32,9 +39,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import polars as pl
 from hopline.collector.compaction import PARQUET_NAME, compact_hour, fsync_dir, trim_partial_line
 
 NDJSON_NAME = "events.ndjson"
+QUARANTINE_DIR = "quarantine"
 HOUR = 3600
 
 
@@ -76,6 +85,7 @@ class EventStore:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.root = Path(data_dir) / "events"
+        self.quarantine_root = Path(data_dir) / QUARANTINE_DIR
         self.fsync = fsync
         self.fsync_interval_s = fsync_interval_s
         self.clock = clock
@@ -102,8 +112,9 @@ class EventStore:
         self._hour = max(compacted, default=0) + HOUR if compacted else 0
         self._opened = True
 
-    def _hours(self) -> list[int]:
-        hours = (parse_hour_dir(p) for p in self.root.glob("date=*/hour=*") if p.is_dir())
+    def _hours(self, root: Path | None = None) -> list[int]:
+        root = self.root if root is None else root
+        hours = (parse_hour_dir(p) for p in root.glob("date=*/hour=*") if p.is_dir())
         return sorted(h for h in hours if h is not None)
 
     def _current_fd(self) -> int:
@@ -186,29 +197,91 @@ class EventStore:
 
     # -- housekeeping ---------------------------------------------------------------------------
 
-    def compact(self, delay_s: float = 60.0) -> list[Path]:
-        """Compact every hour that closed at least ``delay_s`` ago; returns the Parquet files written."""
+    def compact(
+        self, delay_s: float = 60.0, on_quarantine: Callable[[Path, str], None] | None = None
+    ) -> list[Path]:
+        """Compact every hour that closed at least ``delay_s`` ago; returns the Parquet files written.
+
+        What cannot be compacted is quarantined (``on_quarantine(path, reason)``) and the other
+        hours go on; hours that failed on I/O are retried next time (StoreError once all were tried).
+        """
+        report = on_quarantine or (lambda path, reason: None)
         now = self.clock()
         with self._lock:  # roll the writer forward, so a quiet collector's last hour closes too
             if self._fd is not None and int(now) // HOUR * HOUR > self._hour:
                 self._close_fd()
             current = self._hour if self._fd is not None else max(int(now) // HOUR * HOUR, self._hour)
             self._hour = current
-        written = []
+        written, failed = [], []
         for hour in self._hours():
-            if hour < current and hour + HOUR + delay_s <= now:
-                path = compact_hour(hour_dir(self.root, hour))
-                if path is not None:
-                    written.append(path)
+            if not (hour < current and hour + HOUR + delay_s <= now):
+                continue
+            directory = hour_dir(self.root, hour)
+
+            def quarantine(lines: list[bytes], hour: int = hour) -> None:
+                path = self._quarantine_lines(hour, lines)
+                report(path, f"{len(lines)} lines are not valid events")
+
+            try:
+                path = compact_hour(directory, quarantine)
+            except OSError as exc:
+                failed.append(f"{directory}: {exc.strerror or exc}")
+                continue
+            except (Exception, pl.exceptions.PanicException) as exc:  # noqa: BLE001 - never stop on one hour
+                for moved in self._quarantine_files(hour):
+                    report(moved, f"cannot be compacted: {type(exc).__name__}: {exc}"[:300])
+                continue
+            if path is not None:
+                written.append(path)
+        if failed:
+            raise StoreError(f"compaction failed for {len(failed)} hours: {'; '.join(failed)}"[:1000])
         return written
+
+    def _quarantine_dir(self, hour: int) -> Path:
+        directory = hour_dir(self.quarantine_root, hour)
+        directory.mkdir(parents=True, exist_ok=True)
+        return directory
+
+    def _free_name(self, directory: Path) -> Path:
+        n = 0
+        while (directory / f"events-{n}.ndjson").exists():
+            n += 1
+        return directory / f"events-{n}.ndjson"
+
+    def _quarantine_lines(self, hour: int, lines: list[bytes]) -> Path:
+        """Write lines to a new file of the hour's quarantine directory, durably."""
+        directory = self._quarantine_dir(hour)
+        path = self._free_name(directory)
+        with open(path, "wb") as f:
+            f.write(b"\n".join(lines) + b"\n")
+            f.flush()
+            os.fsync(f.fileno())
+        fsync_dir(directory)
+        return path
+
+    def _quarantine_files(self, hour: int) -> list[Path]:
+        """Move the hour's NDJSON files to its quarantine directory (a rename: same file system)."""
+        source = hour_dir(self.root, hour)
+        directory = self._quarantine_dir(hour)
+        moved = []
+        for path in sorted(source.glob("*.ndjson")):
+            target = self._free_name(directory)
+            os.replace(path, target)
+            moved.append(target)
+        fsync_dir(directory)
+        fsync_dir(source)
+        return moved
 
     def expire(self, retention_s: float) -> list[Path]:
         """Delete hours that ended more than ``retention_s`` ago; returns the directories removed."""
         cutoff = self.clock() - retention_s
         removed = []
-        for hour in self._hours():
+        expired = [(self.root, h) for h in self._hours()] + [
+            (self.quarantine_root, h) for h in self._hours(self.quarantine_root)
+        ]
+        for root, hour in expired:
             if hour + HOUR <= cutoff and hour < self._hour:
-                directory = hour_dir(self.root, hour)
+                directory = hour_dir(root, hour)
                 shutil.rmtree(directory, ignore_errors=True)
                 removed.append(directory)
                 try:

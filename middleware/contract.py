@@ -152,7 +152,57 @@ def normalize_request_id(value: object) -> str | None:
 
 
 class EventError(ValueError):
-    """An event that breaks the contract; the message says which field and why."""
+    """An event that breaks the contract; the message says which field and why.
+
+    ``reason`` is a short, bounded name for metrics (``too_deep``, ``too_large``, ...); None lets
+    the reader derive one from the field the message names.
+    """
+
+    def __init__(self, message: str, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+# Bounds that keep every accepted event storable, compactable and readable: integers fit their
+# storage column (STORAGE_COLUMNS; JSON has no limit, Parquet does), durations and timestamps are
+# finite and plausible (1e308 s sums to infinity), nested values stay far below what orjson can
+# write back (it reads 1,024 levels, writes 254), and one event is at most MAX_EVENT_BYTES of NDJSON.
+INT_RANGES = {"Int16": (-(2**15), 2**15 - 1), "Int32": (-(2**31), 2**31 - 1), "Int64": (-(2**63), 2**63 - 1)}
+ATTEMPT_MAX = INT_RANGES[STORAGE_COLUMNS["attempt"]][1]
+TS_MAX = 4_102_444_800.0  # 2100-01-01T00:00:00Z: later is a broken clock, not an event
+MAX_DURATION_S = 7 * 86400.0  # a week: no hop of one request lasts longer
+MAX_NESTING = 32  # levels of arrays / objects inside one unknown attribute
+MAX_EVENT_BYTES = 64 * 1024  # one event's NDJSON line
+TIMESTAMP_ATTRIBUTES = frozenset({"max_gap_at"})
+# attribute -> (lowest, highest, what the message says it must be)
+_ATTRIBUTE_BOUNDS: dict[str, tuple[float, float, str]] = {
+    name: (
+        (*INT_RANGES["Int64"], "an integer that fits in 64 bits")
+        if dtype == "Int64"
+        else (0.0, TS_MAX, f"Unix epoch seconds before {TS_MAX:.0f} (2100)")
+        if name in TIMESTAMP_ATTRIBUTES
+        else (0.0, MAX_DURATION_S, f"seconds between 0 and {MAX_DURATION_S:.0f}")
+    )
+    for name, dtype in STORAGE_COLUMNS.items()
+    if name in ATTRIBUTE_TYPES and dtype in ("Int64", "Float64")
+}
+_KNOWN_FIELDS = frozenset(CORE_FIELDS) | frozenset(ATTRIBUTE_TYPES)
+_INT64_MIN, _INT64_MAX = INT_RANGES["Int64"]
+
+
+def _check_nested(name: str, value: object) -> None:
+    """An unknown attribute nests at most MAX_NESTING levels and holds only 64-bit integers."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        kind = type(item)
+        if kind is dict or kind is list:
+            if depth > MAX_NESTING:
+                raise EventError(f"{name} nests deeper than {MAX_NESTING} levels", reason="too_deep")
+            children = item.values() if kind is dict else item
+            stack.extend((child, depth + 1) for child in children if type(child) in (dict, list, int))
+        elif kind is int and not _INT64_MIN <= item <= _INT64_MAX:
+            raise EventError(f"{name} holds an integer that does not fit in 64 bits", reason="invalid_int")
 
 
 _MISSING = object()
@@ -189,10 +239,10 @@ def validate_event(obj: object) -> dict[str, Any]:
     event["v"] = VERSION
     ts = get("ts")
     if type(ts) is float:
-        if not 0 < ts < math.inf:
-            raise EventError(f"ts must be positive Unix epoch seconds, got {_describe(ts)}")
-    elif isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts) or ts <= 0:
-        raise EventError(f"ts must be positive Unix epoch seconds, got {_describe(ts)}")
+        if not 0 < ts <= TS_MAX:
+            raise EventError(f"ts must be positive Unix epoch seconds before 2100, got {_describe(ts)}")
+    elif isinstance(ts, bool) or not isinstance(ts, (int, float)) or not 0 < ts <= TS_MAX:
+        raise EventError(f"ts must be positive Unix epoch seconds before 2100, got {_describe(ts)}")
     else:
         event["ts"] = float(ts)
     if get("hop") not in HOP_SET:
@@ -215,8 +265,10 @@ def validate_event(obj: object) -> dict[str, Any]:
         event["request_id"] = rid
     attempt = get("attempt", 0)
     exact_int = type(attempt) is int
-    if (not exact_int and (isinstance(attempt, bool) or not isinstance(attempt, int))) or attempt < 0:
-        raise EventError(f"attempt must be an integer >= 0, got {_describe(attempt)}")
+    if (
+        not exact_int and (isinstance(attempt, bool) or not isinstance(attempt, int))
+    ) or not 0 <= attempt <= ATTEMPT_MAX:
+        raise EventError(f"attempt must be an integer from 0 to {ATTEMPT_MAX}, got {_describe(attempt)}")
     event["attempt"] = attempt
     eid = get("eid")
     if eid is not None and (not isinstance(eid, str) or not 0 < len(eid) <= 64):
@@ -226,14 +278,24 @@ def validate_event(obj: object) -> dict[str, Any]:
         if value is not None and (not isinstance(value, str) or len(value) > 256):
             raise EventError(f"{name} must be a string of at most 256 characters, got {_describe(value)}")
     exact = _EXACT_ATTRIBUTE_TYPES
+    bounds = _ATTRIBUTE_BOUNDS
     for name in exact.keys() & event.keys():
         value = event[name]
-        if value is None or type(value) in exact[name]:
+        if value is None:
             continue
-        types = ATTRIBUTE_TYPES[name]
-        if not isinstance(value, types) or (bool not in types and isinstance(value, bool)):
-            expected = " or ".join(t.__name__ for t in types)
-            raise EventError(f"{name} must be {expected}, got {_describe(value)}")
+        if type(value) not in exact[name]:
+            types = ATTRIBUTE_TYPES[name]
+            if not isinstance(value, types) or (bool not in types and isinstance(value, bool)):
+                expected = " or ".join(t.__name__ for t in types)
+                raise EventError(f"{name} must be {expected}, got {_describe(value)}")
+        bound = bounds.get(name)
+        if bound is not None and not bound[0] <= value <= bound[1]:  # NaN fails too
+            raise EventError(f"{name} must be {bound[2]}, got {_describe(value)}")
+    if not event.keys() <= _KNOWN_FIELDS:  # unknown attributes (rare): any JSON, within bounds
+        for name in event.keys() - _KNOWN_FIELDS:
+            value = event[name]
+            if type(value) in (dict, list, int):
+                _check_nested(name, value)
     return event
 
 
@@ -259,6 +321,9 @@ def iter_ndjson(data: bytes | Iterable[bytes]) -> Iterator[tuple[int, dict[str, 
     lines = data.splitlines() if isinstance(data, (bytes, bytearray)) else data
     for number, line in enumerate(lines, start=1):
         if not line.strip():
+            continue
+        if len(line) > MAX_EVENT_BYTES:
+            yield number, None, f"line exceeds {MAX_EVENT_BYTES} bytes"
             continue
         try:
             obj = orjson.loads(line)

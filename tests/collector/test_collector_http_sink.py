@@ -23,6 +23,9 @@ def test_http_sink_with_token_reaches_the_store_and_the_join(tmp_path):
         emitter.close()
         assert emitter.stats()["sent"] == 60 and emitter.stats()["dropped"] == 0
         assert len(stored_lines(config.data_dir)) == 60
+        # the read endpoints need the token too (no read token configured)
+        assert c.client.get("/v1/requests/sink-7").status_code == 401
+        c.client.headers["Authorization"] = "Bearer t0ken"
         got = c.client.get("/v1/requests/sink-7").json()
         assert got["state"] == "complete"
         assert got["stages"]["engine_ttft"] == got["hops"][1]["ts"] - got["hops"][0]["ts"]

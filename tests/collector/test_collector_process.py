@@ -2,55 +2,27 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-from support.collector import stored_lines
+from support.collector import collector_process, stored_lines
 from support.events import event, ndjson
-from support.servers import env_without_hopline, free_port
 
 NDJSON = {"Content-Type": "application/x-ndjson"}
 
 
-@contextlib.contextmanager
-def collector_process(data_dir: Path, *args: str) -> Iterator[tuple[subprocess.Popen, str]]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "hopline.collector", "--data-dir", str(data_dir), "--port", str(port), *args],
-        env=env_without_hopline(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 20
-    while True:
-        assert proc.poll() is None, proc.stderr.read().decode()
-        try:
-            httpx.get(url + "/healthz", timeout=0.5)
-            break
-        except httpx.TransportError:
-            assert time.monotonic() < deadline, "collector did not start"
-            time.sleep(0.05)
-    try:
-        yield proc, url
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(timeout=10)
+SIGKILL_ROUNDS = 3
 
 
-def test_acknowledged_events_survive_sigkill(tmp_path):
-    """Post batches from a thread while the collector is killed; every acknowledged eid is on disk."""
+def ingest_until_killed(data_dir: Path, round_no: int, at_least: int) -> list[str]:
+    """Start a collector, post batches from a thread, SIGKILL it mid-stream; the acknowledged eids."""
     acked: list[str] = []
-    data_dir = tmp_path / "data"
     with collector_process(data_dir) as (proc, url):
         stop = threading.Event()
 
@@ -59,7 +31,7 @@ def test_acknowledged_events_survive_sigkill(tmp_path):
                 i = 0
                 while not stop.is_set():
                     batch = [
-                        event("engine.received", f"k{i}-{j}", 1767225600.0 + j, stream=True)
+                        event("engine.received", f"k{round_no}-{i}-{j}", 1767225600.0 + j, stream=True)
                         for j in range(200)
                     ]
                     i += 1
@@ -73,7 +45,7 @@ def test_acknowledged_events_survive_sigkill(tmp_path):
 
         poster = threading.Thread(target=post)
         poster.start()
-        while len(acked) < 2000:  # at least 10 acknowledged batches, then kill mid-stream
+        while len(acked) < at_least:  # acknowledged batches, then kill mid-stream
             assert poster.is_alive()
             time.sleep(0.01)
         os.kill(proc.pid, signal.SIGKILL)
@@ -81,17 +53,40 @@ def test_acknowledged_events_survive_sigkill(tmp_path):
         stop.set()
         poster.join(timeout=10)
     assert proc.returncode == -signal.SIGKILL
-    stored = {e["eid"] for e in stored_lines(data_dir)}
-    missing = set(acked) - stored
-    assert not missing, f"{len(missing)} acknowledged events lost"
-    # a restarted collector appends after the last complete line (a torn tail, if any, is cut)
-    with collector_process(data_dir) as (proc, url):
+    return acked
+
+
+def test_acknowledged_events_survive_sigkill_rounds_and_read_back_with_the_analyzer(tmp_path):
+    """Rounds of: sustained ingest, SIGKILL, restart. Every acknowledged eid is on disk after each
+    round, and ``hopline analyze`` reads them all (a torn tail, if any, is cut on restart)."""
+    from hopline.analyzer.io import scan_events
+
+    data_dir = tmp_path / "data"
+    acked: set[str] = set()
+    for round_no in range(SIGKILL_ROUNDS):
+        acked |= set(ingest_until_killed(data_dir, round_no, at_least=2000 + 600 * round_no))
+        missing = acked - {e["eid"] for e in stored_lines(data_dir)}
+        assert not missing, f"round {round_no}: {len(missing)} acknowledged events lost"
+    # a restarted collector appends after the last complete line
+    with collector_process(data_dir) as (_, url):
         late = event("engine.received", "after-restart", 1767225601.0, stream=True)
         assert httpx.post(url + "/v1/events", content=ndjson([late]), headers=NDJSON).json()["accepted"] == 1
     for path in (data_dir / "events").glob("date=*/hour=*/*.ndjson"):
         for raw in path.read_bytes().splitlines():
             assert raw.startswith(b"{") and raw.endswith(b"}")
-    assert "after-restart" in {e["request_id"] for e in stored_lines(data_dir)}
+    frame, _ = scan_events([data_dir])
+    read = set(frame.select("eid").collect()["eid"].to_list())
+    assert not acked - read, f"{len(acked - read)} acknowledged events not readable by the analyzer"
+    assert "after-restart" in set(frame.select("request_id").collect()["request_id"].to_list())
+    cli = subprocess.run(
+        [sys.executable, "-m", "hopline.middleware.cli", "analyze", str(data_dir), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert cli.returncode == 0, cli.stderr
+    assert "Traceback" not in cli.stderr
 
 
 def test_sigterm_flushes_and_exits_cleanly(tmp_path):

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,7 +15,7 @@ import httpx
 from hopline.collector.app import create_app
 from hopline.collector.config import CollectorConfig
 
-from support.servers import running_server
+from support.servers import env_without_hopline, free_port, running_server
 
 
 class Running:
@@ -45,3 +48,32 @@ def stored_lines(data_dir: Path) -> list[dict[str, Any]]:
         data = data[: data.rfind(b"\n") + 1]
         out.extend(json.loads(line) for line in data.splitlines() if line.strip())
     return out
+
+
+@contextlib.contextmanager
+def collector_process(data_dir: Path, *args: str, start_timeout_s: float = 60.0) -> Iterator[tuple[subprocess.Popen, str]]:
+    """``python -m hopline.collector`` on a free port (no HOPLINE_* from this environment), up and
+    answering /healthz: (process, base URL). Killed at the end if still running."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hopline.collector", "--data-dir", str(data_dir), "--port", str(port), *args],
+        env=env_without_hopline(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + start_timeout_s  # generous: these machines are shared and busy
+    while True:
+        assert proc.poll() is None, proc.stderr.read().decode()
+        try:
+            httpx.get(url + "/healthz", timeout=0.5)
+            break
+        except httpx.TransportError:
+            assert time.monotonic() < deadline, "collector did not start"
+            time.sleep(0.05)
+    try:
+        yield proc, url
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=10)
