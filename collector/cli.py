@@ -107,7 +107,7 @@ def collector(
         Path, typer.Option("--data-dir", help="Where events are stored (DIR/events/date=…/hour=…).")
     ],
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")] = 9400,
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port to listen on (0: any free port).")] = 9400,
     token: Annotated[
         str | None,
         typer.Option(

@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 from support.collector import collector_process, stored_lines
 from support.events import event, ndjson
+from support.servers import env_without_hopline
 
 NDJSON = {"Content-Type": "application/x-ndjson"}
 
@@ -102,3 +103,30 @@ def test_sigterm_flushes_and_exits_cleanly(tmp_path):
     assert '"event":"collector_stopped"' in stderr
     assert "Traceback" not in stderr
     assert {e["eid"] for e in stored_lines(data_dir)} == {e["eid"] for e in batch}
+
+
+def _start(data_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hopline.collector", "--data-dir", str(data_dir), *args],
+        env=env_without_hopline(), capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
+def test_a_collector_that_cannot_start_says_why_in_one_line(tmp_path):
+    """A port in use or an unusable data dir: exit 1 and one line before anything says "started"
+    (before: it logged collector_started and answered 503 forever); a port out of range: exit 2."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        busy = taken.getsockname()[1]
+        proc = _start(tmp_path / "data", "--port", str(busy))
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.strip() == f"hopline collector: cannot listen on 127.0.0.1:{busy}: it is in use"
+    (tmp_path / "a-file").write_text("a file, not a folder")
+    proc = _start(tmp_path / "a-file", "--port", "0")
+    assert proc.returncode == 1 and proc.stderr.startswith("hopline collector: cannot use --data-dir"), proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "collector_started" not in proc.stderr
+    proc = _start(tmp_path / "data", "--port", "99999")
+    assert proc.returncode == 2 and "--port" in proc.stderr, proc.stderr
