@@ -24,6 +24,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from hopline.collector.config import CollectorConfig
 from hopline.collector.dedup import RecentKeys
+from hopline.collector.emitter_stats import EmitterStats
 from hopline.collector.ingest import JSON_TYPES, NDJSON_TYPES, IngestError, Ingestor, gunzip, media_type
 from hopline.collector.join import Joiner
 from hopline.collector.metrics import Recorder, build_metrics
@@ -63,7 +64,8 @@ def build_collector(config: CollectorConfig) -> Collector:
     )
     recorder.m.open_requests.set_function(lambda: len(joiner.open))
     dedup = RecentKeys(config.dedup_capacity, config.dedup_window_s)
-    return Collector(config, registry, recorder, store, joiner, Ingestor(store, joiner, recorder, dedup))
+    ingestor = Ingestor(store, joiner, recorder, dedup, EmitterStats(registry))
+    return Collector(config, registry, recorder, store, joiner, ingestor)
 
 
 async def _housekeeping(c: Collector) -> None:

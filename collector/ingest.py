@@ -22,6 +22,7 @@ from typing import Any
 
 import orjson
 from hopline.collector.dedup import RecentKeys
+from hopline.collector.emitter_stats import EmitterStats, split_reports
 from hopline.collector.join import Joiner
 from hopline.collector.metrics import Recorder
 from hopline.collector.store import EventStore, StoreError
@@ -102,11 +103,19 @@ def gunzip(body: bytes, limit: int) -> bytes:
 
 
 class Ingestor:
-    def __init__(self, store: EventStore, joiner: Joiner, recorder: Recorder, dedup: RecentKeys) -> None:
+    def __init__(
+        self,
+        store: EventStore,
+        joiner: Joiner,
+        recorder: Recorder,
+        dedup: RecentKeys,
+        emitter_stats: EmitterStats | None = None,
+    ) -> None:
         self.store = store
         self.joiner = joiner
         self.recorder = recorder
         self.dedup = dedup
+        self.emitter_stats = emitter_stats  # None: emitter.stats reports are stored, not exposed
         self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hopline-store")
 
     def parse(self, body: bytes, kind: str) -> tuple[list[dict[str, Any]], list[bytes], list, IngestResult]:
@@ -157,7 +166,7 @@ class Ingestor:
             keys.append(key)
             events.append(event)
             # stored as it came unless validation changed the request ID (or it came as JSON)
-            lines.append(item if ndjson and event["request_id"] == obj["request_id"] else dumps(event)[:-1])
+            lines.append(item if ndjson and event.get("request_id") == obj.get("request_id") else dumps(event)[:-1])
         return events, lines, keys, result
 
     async def ingest(self, body: bytes, kind: str = "ndjson") -> IngestResult:
@@ -178,7 +187,10 @@ class Ingestor:
             self.dedup.forget(keys)
             raise
         self.recorder.events(Counter(map(itemgetter("hop"), events)))
-        self.joiner.add(events)
+        hop_events, reports = split_reports(events)  # emitters' health reports are no requests
+        if reports and self.emitter_stats is not None:
+            self.emitter_stats.observe(reports)
+        self.joiner.add(hop_events)
         result.accepted = len(events)
         return result
 

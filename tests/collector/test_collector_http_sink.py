@@ -6,6 +6,7 @@ import time
 
 from collector_testing import serve, stored_lines
 from hopline.collector.config import CollectorConfig
+from hopline.middleware.contract import EMITTER_STATS_HOP
 from hopline.middleware.emit import Emitter
 from hopline.middleware.sinks import HttpSink
 
@@ -22,7 +23,10 @@ def test_http_sink_with_token_reaches_the_store_and_the_join(tmp_path):
             emitter.emit("engine.last_token", rid, t + 0.5, output_tokens=12)
         emitter.close()
         assert emitter.stats()["sent"] == 60 and emitter.stats()["dropped"] == 0
-        assert len(stored_lines(config.data_dir)) == 60
+        stored = stored_lines(config.data_dir)
+        # the 60 hop events, then the emitter's final health report (stored, exposed, not joined)
+        assert [e["hop"] for e in stored].count(EMITTER_STATS_HOP) == 1 and stored[-1]["sent"] == 60
+        assert len(stored) == 61
         got = c.client.get("/v1/requests/sink-7").json()
         assert got["state"] == "complete"
         assert got["stages"]["engine_ttft"] == got["hops"][1]["ts"] - got["hops"][0]["ts"]
@@ -40,4 +44,5 @@ def test_http_sink_with_token_reaches_the_store_and_the_join(tmp_path):
         wrong.close()
         assert wrong.stats()["dropped"] == 1
         assert c.client.get("/v1/requests/intruder").status_code == 404
-        assert len(stored_lines(config.data_dir)) == 60
+        assert len(stored_lines(config.data_dir)) == 61
+        assert reg.get_sample_value("hopline_emitter_events_sent_total", {"service": "kite-chat", "replica": "r1"}) == 60
