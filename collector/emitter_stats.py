@@ -90,7 +90,7 @@ class EmitterStats:
             key = (report.get("service") or "", report.get("replica") or "", report["emitter"])
             instance = self._instances.pop(key, None)
             if instance is None:
-                instance = _Instance(self._capped(key[0], key[1]), dict.fromkeys(_COUNTERS, 0), 0, now)
+                instance = self._new_instance(key)
             if report["ts"] > instance.ts:  # an older report (resent late) says nothing new
                 self._apply(instance, report)
                 instance.ts = report["ts"]
@@ -100,6 +100,17 @@ class EmitterStats:
             else:
                 self._instances[key] = instance  # most recently heard last
         self._expire(now)
+
+    def _new_instance(self, key: tuple[str, str, str]) -> _Instance:
+        """State for an emitter heard for the first time; its series exist from now on, at 0 where
+        nothing was counted yet (so a first drop is an increase that ``increase()`` can see)."""
+        series = self._capped(key[0], key[1])
+        self.sent.labels(*series)
+        self.errors.labels(*series)
+        self.buffered.labels(*series)
+        for reason in EMITTER_DROP_REASONS:
+            self.dropped.labels(*series, reason)
+        return _Instance(series, dict.fromkeys(_COUNTERS, 0), 0, self._clock())
 
     def _apply(self, instance: _Instance, report: dict[str, Any]) -> None:
         service, replica = instance.series
