@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -107,17 +110,23 @@ def analyze_command(
             progress.update(task, advance=1, description=f"reading {path.name}")
 
         events, scan = io.scan_events(files, since=since, until=until, progress=advance)
+        if not scan.events:
+            progress.stop()
+            err.print(f"hopline analyze: {_no_events(paths, scan)}", markup=False, soft_wrap=True)
+            raise typer.Exit(1)
         progress.update(task, description="building timelines")
-        frame = timelines(events).collect()
-        progress.update(task, description="finding shifts and pitfalls")
-        result = report.analyze(
-            frame, window=window, by=dims, slo=slo_targets, scan=scan, kv_bytes_per_token=kv_bytes
-        )
+        with _one_line_errors(err):
+            frame = timelines(events).collect()
+            progress.update(task, description="finding shifts and pitfalls")
+            result = report.analyze(
+                frame, window=window, by=dims, slo=slo_targets, scan=scan, kv_bytes_per_token=kv_bytes
+            )
 
     if html is not None:
         from hopline.analyzer.html import render_html
 
-        render_html(result, frame, html, kv_bytes_per_token=kv_bytes)
+        with _one_line_errors(err):
+            render_html(result, frame, html, kv_bytes_per_token=kv_bytes)
     if json_out:
         sys.stdout.buffer.write(orjson.dumps(result, option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE))
         sys.stdout.flush()
@@ -125,6 +134,34 @@ def analyze_command(
         report.render(result, Console())
         if html is not None:
             Console().print(f"HTML report: {html}")
+
+
+def _no_events(paths: list[Path], scan: io.ScanReport) -> str:
+    """One line: no hop events in PATH, and the first reason when something was bad."""
+    where = ", ".join(map(str, paths))
+    counts = ((scan.bad_lines, "bad line"), (len(scan.bad_files), "bad file"))
+    bad = [f"{n:,} {what}{'s' if n > 1 else ''}" for n, what in counts if n]
+    detail = f" ({', '.join(bad)}; first: {scan.errors[0]})" if bad and scan.errors else ""
+    return f"no hop events in {where}{detail}"
+
+
+@contextlib.contextmanager
+def _one_line_errors(err: Console) -> Iterator[None]:
+    """A failure inside the analysis is one line naming it, exit 1, never a traceback: the input
+    was read and checked by then, so it is hopline's bug (``HOPLINE_DEBUG=1`` shows the trace)."""
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001 - the command's edge
+        if os.environ.get("HOPLINE_DEBUG"):
+            raise
+        message = str(exc).splitlines()[0][:300] if str(exc) else ""
+        err.print(
+            f"hopline analyze: internal error ({type(exc).__name__}: {message}); please report it "
+            "(HOPLINE_DEBUG=1 shows where)",
+            markup=False,
+            soft_wrap=True,
+        )
+        raise typer.Exit(1) from exc
 
 
 def register(app: typer.Typer) -> None:

@@ -171,9 +171,11 @@ def slowest_waterfalls(slowest: pl.DataFrame) -> go.Figure:
     """One row per request, its stages end to end; a negative stage is drawn at zero width and
     named in the hover text and the row label, so it is visible but does not bend the axis."""
     stages = [s for s in WATERFALL_ORDER if s in slowest.columns and slowest[s].is_not_null().any()]
-    negative = slowest.select(
-        pl.concat_str([pl.when(pl.col(s) < 0).then(pl.lit(f" {s}<0")) for s in stages], ignore_nulls=True)
-    ).to_series()
+    flags = [pl.when(pl.col(s) < 0).then(pl.lit(f" {s}<0")) for s in stages]
+    # no stage at all (events without the optional attributes): nothing can be negative
+    negative = (
+        slowest.select(pl.concat_str(flags, ignore_nulls=True)).to_series() if flags else [None] * slowest.height
+    )
     labels = [
         f"{rid[:18]} {replica or ''}{' ⚠' + neg if neg else ''}"
         for rid, replica, neg in zip(slowest["request_id"], slowest["replica"], negative, strict=True)
