@@ -201,8 +201,9 @@ def validate_event(obj: object) -> dict[str, Any]:
         raise EventError(f"ts must be positive Unix epoch seconds, got {_describe(ts)}")
     else:
         event["ts"] = float(ts)
-    if get("hop") not in HOP_SET:
-        raise EventError(f"unknown hop {_describe(get('hop'))}")
+    hop = get("hop")
+    if type(hop) is not str or hop not in HOP_SET:  # a list or an object is unhashable: not `in`
+        raise EventError(f"unknown hop {_describe(hop)}")
     raw_rid = get("request_id", _MISSING)
     if raw_rid is _MISSING:
         raise EventError("request_id is missing")
