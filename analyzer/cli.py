@@ -151,7 +151,7 @@ def _one_line_errors(err: Console) -> Iterator[None]:
     was read and checked by then, so it is hopline's bug (``HOPLINE_DEBUG=1`` shows the trace)."""
     try:
         yield
-    except Exception as exc:  # noqa: BLE001 - the command's edge
+    except Exception as exc:  # the command's edge: one line, never a traceback
         if os.environ.get("HOPLINE_DEBUG"):
             raise
         message = str(exc).splitlines()[0][:300] if str(exc) else ""

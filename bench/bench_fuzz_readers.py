@@ -21,7 +21,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, seed, settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "analyzer"))
-from reader_fuzz import NdjsonFile, cases, check_case, lines  # noqa: E402
+from reader_fuzz import NdjsonFile, cases, check_case, lines
 
 
 def run(name: str, strategy, check, examples: int, at_seed: int) -> None:

@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
+import pytest
 from collector_testing import ndjson, stored_lines
 from hopline.collector.emitter_stats import EmitterStats
 from hopline.middleware.contract import EMITTER_STATS_HOP, EventError, new_eid, validate_event
 from prometheus_client import CollectorRegistry
-
-import pytest
 
 
 def report(emitter: str, ts: float, service: str = "kite-chat", replica: str = "r1", **counts) -> dict:
