@@ -1,6 +1,6 @@
 """An instrumented app while its collector is down, slow or failing, next to the same app with a file sink.
 
-    python bench/bench_sink_faults.py [--seconds 20] [--rate 100] [--concurrency 4]
+    python bench/bench_sink_faults.py [--rounds 3] [--seconds 20] [--rate 100] [--concurrency 4]
 
 The app is bench_asgi's streaming Starlette app (34 SSE chunks a request) under
 ``EngineMiddleware``, in its own uvicorn process, with ``HOPLINE_SINK`` pointing at:
@@ -17,7 +17,12 @@ in its own process. Per variant: ``--seconds`` of paced load (``--rate`` request
 (request written to the last chunk read); the app's RSS at the end; then the fault is cleared
 (the collector started or switched to ok), 200 more requests with known IDs are sent, and we
 wait until they are joined by the collector and its ``hopline_emitter_*`` metrics match the
-emitter's own counters (read from the app, ``GET /_stats``). Ratios are p99 against the file sink's.
+emitter's own counters (read from the app, ``GET /_stats``). Rounds run every variant (the order
+reversed every other round); the p99 ratio against the file sink is taken within a round, and
+its median [min, max] over rounds printed (the machine is shared: absolute tails are noisy).
+
+``--exit-only``: how long a process with 5,000 buffered events takes to exit when its collector
+is a closed port or accepts connections and never answers (median of 5), against a file sink.
 """
 
 from __future__ import annotations
@@ -208,36 +213,86 @@ def run_variant(variant: str, args: argparse.Namespace, tmp: Path) -> dict:
                     proc.kill()
 
 
+EXIT_SCRIPT = """
+from hopline.middleware.emit import get_emitter
+for i in range(5000):
+    get_emitter().emit("client.sent", f"req-{i}", stream=True)
+print("ready", flush=True)
+"""
+
+
+def exit_seconds(sink: str) -> float:
+    """Seconds from a script's last statement to its process's end, with 5,000 events buffered."""
+    env = {**os.environ, "HOPLINE_SINK": sink, "HOPLINE_LOG_LEVEL": "error"}
+    proc = subprocess.Popen([sys.executable, "-c", EXIT_SCRIPT], env=env, stdout=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+    start = time.monotonic()
+    proc.wait(timeout=60)
+    return time.monotonic() - start
+
+
+def exit_table(repeats: int) -> None:
+    """How long an unreachable collector holds up a process's exit (median of ``repeats``)."""
+    import socket
+
+    with socket.socket() as blackhole:
+        blackhole.bind(("127.0.0.1", 0))
+        blackhole.listen(64)  # accepts connections (the kernel does), never answers
+        sinks = {
+            "file": f"file:{tempfile.mkdtemp()}/events.ndjson",
+            "closed port": f"http://127.0.0.1:{free_port()}",
+            "blackholed (accepts, never answers)": f"http://127.0.0.1:{blackhole.getsockname()[1]}",
+        }
+        print("| sink | exit s (median) | [min, max] |\n|---|---|---|")
+        for name, sink in sinks.items():
+            times = [exit_seconds(sink) for _ in range(repeats)]
+            print(f"| {name} | {statistics.median(times):.2f} | [{min(times):.2f}, {max(times):.2f}] |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--rate", type=float, default=100.0)
     parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="file first: the baseline")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds, the variant order reversed every other")
+    parser.add_argument("--exit-only", action="store_true", help="only time the exit against dead collectors")
     parser.add_argument("--serve-app", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_app:
         serve_app(args.serve_app)
         return
-    results = []
+    if args.exit_only:
+        exit_table(repeats=5)
+        return
+    variants = args.variants.split(",")
+    rounds: list[dict[str, dict]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        for variant in args.variants.split(","):
-            results.append(run_variant(variant, args, Path(tmp)))
-            print(orjson.dumps(results[-1]).decode(), file=sys.stderr, flush=True)
-    base = next(r for r in results if r["variant"] == "file")
-    print("| sink | p50 ms | p99 ms | p99 / file | app RSS MiB | dropped during (full / sink) | after recovery |")
-    print("|---|---|---|---|---|---|---|")
-    for r in results:
-        during = r["during"]
+        for number in range(args.rounds):
+            order = variants if number % 2 == 0 else variants[::-1]
+            results = {}
+            for variant in order:
+                results[variant] = run_variant(variant, args, Path(tmp) / str(number))
+                print(orjson.dumps(results[variant]).decode(), file=sys.stderr, flush=True)
+            rounds.append(results)
+    print("| sink | p50 ms | p99 ms | p99 / file (per round) | app RSS MiB | dropped during (full / sink) "
+          "| after recovery |\n|---|---|---|---|---|---|---|")  # fmt: skip
+    for variant in variants:
+        runs = [r[variant] for r in rounds]
+        ratio = [r[variant]["p99_ms"] / r["file"]["p99_ms"] for r in rounds]
+        last = runs[-1]
         after = (
-            "—" if r["variant"] == "file"
-            else f"{r['delivered']} delivered in {r['resumed_s']:.1f} s; exported drops "
-            f"{'match' if r['exported_matches'] else 'DO NOT match'} the emitter's "
-            f"(full {r['exported']['dropped_full']:.0f}, sink {r['exported']['dropped_sink']:.0f})"
+            "—" if variant == "file"
+            else f"{last['delivered']} delivered in {last['resumed_s']:.1f} s; exported drops "
+            f"{'match' if all(r['exported_matches'] for r in runs) else 'DO NOT match'} the emitter's "
+            f"(full {last['exported']['dropped_full']:.0f}, sink {last['exported']['dropped_sink']:.0f})"
         )  # fmt: skip
         print(
-            f"| {r['variant']} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['p99_ms'] / base['p99_ms']:.3f} | "
-            f"{r['rss_mib']:.0f} | {during['dropped_full']} / {during['dropped_sink']} | {after} |"
+            f"| {variant} | {statistics.median(r['p50_ms'] for r in runs):.2f} "
+            f"| {statistics.median(r['p99_ms'] for r in runs):.2f} "
+            f"| {statistics.median(ratio):.3f} [{min(ratio):.3f}, {max(ratio):.3f}] "
+            f"| {max(r['rss_mib'] for r in runs):.0f} "
+            f"| {last['during']['dropped_full']} / {last['during']['dropped_sink']} | {after} |"
         )
 
 
