@@ -146,13 +146,13 @@ def run_variant(variant: str, args: argparse.Namespace, tmp: Path) -> dict:
     if variant in ("healthy", "slow", "error"):
         mode = {"healthy": "ok"}.get(variant, variant)
         collector = subprocess.Popen([*collector_cmd, "--mode", mode])
-        wait_listening(cport, collector)
+        wait_listening(cport, collector, timeout=90)
     sink = f"file:{tmp / variant}.ndjson" if variant == "file" else f"http://127.0.0.1:{cport}"
     env = {**os.environ, "HOPLINE_SINK": sink, "HOPLINE_SERVICE": "bench", "HOPLINE_REPLICA": "r1",
            "HOPLINE_LOG_LEVEL": "error", "PYTHONPATH": str(Path(__file__).parent)}  # fmt: skip
     app = subprocess.Popen([sys.executable, __file__, "--serve-app", str(aport)], env=env)
     try:
-        wait_listening(aport, app)
+        wait_listening(aport, app, timeout=90)
         n = int(args.seconds * args.rate)
         paced_load(aport, [f"warm-{i}" for i in range(min(n // 10, 200))], args.rate, args.concurrency)
         latencies = paced_load(aport, [f"{variant}-{i}" for i in range(n)], args.rate, args.concurrency)
@@ -169,7 +169,7 @@ def run_variant(variant: str, args: argparse.Namespace, tmp: Path) -> dict:
             # clear the fault, then send requests the collector must see
             if collector is None:
                 collector = subprocess.Popen(collector_cmd)
-                wait_listening(cport, collector)
+                wait_listening(cport, collector, timeout=90)
             else:
                 http.post(f"http://127.0.0.1:{cport}/_faults/ok")
             recovered_at = time.monotonic()
