@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -65,6 +66,19 @@ def event_files(paths: list[Path], since: str | None = None, until: str | None =
     return files
 
 
+class NoHopEvents(ValueError):
+    """The input holds no hop event at all; the message says where and the first reason."""
+
+
+def no_events_message(paths: list[Path], scan: io.ScanReport) -> str:
+    """One line: no hop events in PATH, and the first reason when something was bad."""
+    where = ", ".join(map(str, paths)) if len(paths) <= 3 else f"{len(paths)} files"
+    counts = ((scan.bad_lines, "bad line"), (len(scan.bad_files), "bad file"))
+    bad = [f"{n:,} {what}{'s' if n > 1 else ''}" for n, what in counts if n]
+    detail = f" ({', '.join(bad)}; first: {scan.errors[0]})" if bad and scan.errors else ""
+    return f"no hop events in {where}{detail}"
+
+
 def analyze_files(
     files: list[Path],
     *,
@@ -77,8 +91,11 @@ def analyze_files(
     on_file: Callable[[Path], None] | None = None,
     on_step: Callable[[str], None] | None = None,
 ) -> tuple[dict[str, Any], pl.DataFrame]:
-    """The findings object for ``files`` and the per-request timelines it was computed from."""
+    """The findings object for ``files`` and the per-request timelines it was computed from;
+    ``NoHopEvents`` when the files hold none (empty, garbage, JSON that is not hop events)."""
     events, scan = io.scan_events(files, since=since, until=until, progress=on_file)
+    if not scan.events:
+        raise NoHopEvents(no_events_message(files, scan))
     if on_step is not None:
         on_step("building timelines")
     frame = timelines(events, scopes=tuple(d for d in by if d not in SCOPE_SOURCES)).collect()
@@ -161,13 +178,22 @@ def analyze_command(
                 on_file=lambda path: progress.update(task, advance=1, description=f"reading {path.name}"),
                 on_step=lambda step: progress.update(task, description=step),
             )
+    except NoHopEvents as exc:
+        raise ClickException(str(exc)) from exc
     except OSError as exc:  # a file that vanished or cannot be read
         raise ClickException(f"cannot read events: {exc}") from exc
+    except Exception as exc:  # the command's edge: one line, never a traceback
+        raise internal_error(exc) from exc
 
     if html is not None:
         from hopline.analyzer.html import render_html
 
-        render_html(result, frame, html, kv_bytes_per_token=kv_bytes)
+        try:
+            render_html(result, frame, html, kv_bytes_per_token=kv_bytes)
+        except OSError as exc:
+            raise ClickException(f"cannot write {html}: {exc.strerror or exc}") from exc
+        except Exception as exc:
+            raise internal_error(exc) from exc
     if json_out:
         sys.stdout.buffer.write(orjson.dumps(result, option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE))
         sys.stdout.flush()
@@ -175,6 +201,17 @@ def analyze_command(
         report.render(result, Console())
         if html is not None:
             Console().print(f"HTML report: {html}")
+
+
+def internal_error(exc: Exception) -> Exception:
+    """A failure inside the analysis, after the input was read and checked: hopline's bug. One line
+    naming it, exit 1 (``HOPLINE_DEBUG=1`` re-raises it with its traceback)."""
+    if os.environ.get("HOPLINE_DEBUG"):
+        return exc
+    message = str(exc).splitlines()[0][:300] if str(exc) else ""
+    return ClickException(
+        f"internal error ({type(exc).__name__}: {message}); please report it (HOPLINE_DEBUG=1 shows where)"
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -203,9 +203,11 @@ def slowest_waterfalls(slowest: pl.DataFrame) -> go.Figure:
     (decode, usually far longer, is in the row label, so the parts stay visible). A negative
     stage is drawn at zero width and named in the hover text and the row label."""
     stages = [s for s in TTFT_PARTS if s in slowest.columns and slowest[s].is_not_null().any()]
-    negative = slowest.select(
-        pl.concat_str([pl.when(pl.col(s) < 0).then(pl.lit(f" {s}<0")) for s in stages], ignore_nulls=True)
-    ).to_series()
+    flags = [pl.when(pl.col(s) < 0).then(pl.lit(f" {s}<0")) for s in stages]
+    # no stage at all (events without the optional attributes): nothing can be negative
+    negative = (
+        slowest.select(pl.concat_str(flags, ignore_nulls=True)).to_series() if flags else [None] * slowest.height
+    )
     decode = slowest["decode"] if "decode" in slowest.columns else pl.Series([None] * slowest.height)
     labels = [
         f"{rid[:18]} {replica or ''}{f' +{d / 1000:,.1f} s decode' if d is not None else ''}{' ⚠' + neg if neg else ''}"

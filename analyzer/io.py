@@ -10,12 +10,20 @@ exactly what the collector accepts; a bad line is counted and reported (``file:l
 never fatal. Parquet files were validated when they were written (the collector's store), so
 they are scanned lazily, with only the request-ID normalization applied, vectorised.
 Every frame comes out with ``contract.STORAGE_COLUMNS`` names and types.
+
+Hostile or damaged input never stops a run and never loses what is valid: a file that cannot be
+read (a corrupt gzip stream, a file that is not Parquet, a Parquet whose columns are not hop
+events or have other types) is reported as a bad file with its reason (``ScanReport.bad_files``)
+and the rest is analysed; the complete lines before a gzip stream's damage are kept. A line or
+row the storage types cannot hold (an integer beyond its column's range, a ``ts`` past year 9999,
+attributes nested deeper than JSON can be written back) is a bad line. ``emitter.stats`` reports
+(emitters' health, not requests) are skipped.
 """
 
 from __future__ import annotations
 
-import gzip
 import re
+import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -23,7 +31,7 @@ from pathlib import Path
 
 import orjson
 import polars as pl
-from hopline.middleware.contract import ENGINE_ID_PREFIXES, STORAGE_COLUMNS, iter_ndjson
+from hopline.middleware.contract import EMITTER_STATS_HOP, ENGINE_ID_PREFIXES, STORAGE_COLUMNS, iter_ndjson
 
 SCHEMA: dict[str, pl.DataType] = {name: getattr(pl, dtype)() for name, dtype in STORAGE_COLUMNS.items()}
 _EVENT_SCHEMA = {name: dtype for name, dtype in SCHEMA.items() if name != "attrs"}
@@ -32,29 +40,48 @@ MAX_ERRORS = 10
 _NDJSON_NAME = re.compile(r"\.(ndjson|jsonl)(\.gz)?$|\.(ndjson|jsonl)\.[0-9][0-9.]*(\.gz)?$")
 _PARTITION = re.compile(r"^(date|hour)=(.+)$")
 _PREFIX_RE = "^(?:" + "|".join(re.escape(p) for p in ENGINE_ID_PREFIXES) + ")(.)"
+# What the storage types can hold: integer columns' ranges, and times Polars can turn into dates.
+_INT_RANGES = {
+    name: (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+    for name, dtype in STORAGE_COLUMNS.items()
+    if (bits := {"Int16": 16, "Int32": 32, "Int64": 64}.get(dtype))
+}
+MAX_TS = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC).timestamp()  # the last second a date can hold
+REQUIRED_COLUMNS = ("ts", "request_id", "hop")
+_DEFAULTS = {"v": 1, "attempt": 0}  # what an absent field means (DESIGN.md), as validation fills in
 
 TimeBound = float | int | str | datetime | None
 
 
 @dataclass
 class ScanReport:
-    """What was read: files, lines (NDJSON lines and Parquet rows), bad lines and why."""
+    """What was read: files, lines (NDJSON lines and Parquet rows), hop events kept, bad lines and
+    files and why."""
 
     files: list[str] = field(default_factory=list)
     lines: int = 0
+    events: int = 0  # hop events kept (before --since / --until)
     bad_lines: int = 0
     errors: list[str] = field(default_factory=list)  # the first MAX_ERRORS, "file:line: reason"
+    bad_files: list[str] = field(default_factory=list)  # every file not (fully) read, "file: reason"
 
-    def bad(self, where: str, reason: str) -> None:
-        self.bad_lines += 1
+    def bad(self, where: str, reason: str, count: int = 1) -> None:
+        self.bad_lines += count
         if len(self.errors) < MAX_ERRORS:
             self.errors.append(f"{where}: {reason}")
+
+    def bad_file(self, path: Path, reason: str) -> None:
+        self.bad_files.append(f"{path}: {reason}")
+        if len(self.errors) < MAX_ERRORS:
+            self.errors.append(f"{path}: {reason}")
 
     def to_dict(self) -> dict:
         return {
             "files": len(self.files),
             "lines": self.lines,
+            "events": self.events,
             "bad_lines": self.bad_lines,
+            "bad_files": self.bad_files,
             "errors": self.errors,
         }
 
@@ -126,18 +153,55 @@ def find_files(
     return found
 
 
-def _read_bytes(path: Path) -> bytes:
-    data = path.read_bytes()
-    return gzip.decompress(data) if path.name.endswith(".gz") else data
+def _gunzip(data: bytes) -> tuple[bytes, str | None]:
+    """A gzip file's content (every member), and what was wrong when the stream breaks off: then
+    the content up to its last complete line, so nothing readable is lost."""
+    out: list[bytes] = []
+    while data:
+        stream = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        try:
+            out.append(stream.decompress(data))
+        except zlib.error as exc:
+            partial = b"".join(out)
+            return partial[: partial.rfind(b"\n") + 1], f"corrupt gzip stream ({exc}): read up to it"
+        if not stream.eof:
+            partial = b"".join(out)
+            return partial[: partial.rfind(b"\n") + 1], "gzip stream cut short: read up to its end"
+        data = stream.unused_data
+    return b"".join(out), None
+
+
+def _storage_problem(event: dict) -> str | None:
+    """Why the storage types cannot hold this validated event, or None."""
+    ts = event["ts"]
+    if ts > MAX_TS:
+        return f"ts {ts!r} is after 9999-12-31T23:59:59Z, the last second a date can hold"
+    for name in _INT_RANGES.keys() & event.keys():
+        value = event[name]
+        low, high = _INT_RANGES[name]
+        if type(value) is int and not low <= value <= high:
+            return f"{name} {value} does not fit a {STORAGE_COLUMNS[name]}"
+    return None
+
+
+def _attrs_json(event: dict) -> str | None:
+    """The event's fields outside the schema as one JSON object (the ``attrs`` column)."""
+    extra = event.keys() - _KNOWN
+    return orjson.dumps({k: event[k] for k in sorted(extra)}).decode() if extra else None
 
 
 def read_ndjson(path: Path, report: ScanReport) -> pl.DataFrame:
-    """One NDJSON file, every line validated by the contract; bad lines go to ``report``."""
+    """One NDJSON file, every line validated by the contract; bad lines (and a damaged gzip
+    stream's reason) go to ``report``."""
     try:
-        data = _read_bytes(path)
-    except (OSError, EOFError) as exc:
-        report.bad(str(path), f"unreadable: {exc}")
+        data = path.read_bytes()
+    except OSError as exc:
+        report.bad_file(path, f"unreadable: {exc.strerror or exc}")
         return pl.DataFrame(schema=SCHEMA)
+    if path.name.endswith(".gz"):
+        data, problem = _gunzip(data)
+        if problem is not None:
+            report.bad_file(path, problem)
     events: list[dict] = []
     attrs: list[str | None] = []
     for number, event, error in iter_ndjson(data):
@@ -145,9 +209,19 @@ def read_ndjson(path: Path, report: ScanReport) -> pl.DataFrame:
         if event is None:
             report.bad(f"{path}:{number}", error or "invalid")
             continue
+        if event["hop"] == EMITTER_STATS_HOP:  # an emitter's health report, not a request's hop
+            continue
+        problem = _storage_problem(event)
+        if problem is None:
+            try:
+                attrs.append(_attrs_json(event))
+            except orjson.JSONEncodeError as exc:
+                problem = f"attributes cannot be kept: {exc}"
+        if problem is not None:
+            report.bad(f"{path}:{number}", problem)
+            continue
         events.append(event)
-        extra = event.keys() - _KNOWN
-        attrs.append(orjson.dumps({k: event[k] for k in sorted(extra)}).decode() if extra else None)
+    report.events += len(events)
     # Polars builds the typed columns from the dicts (fields outside the schema are ignored here
     # and kept in ``attrs``)
     return pl.DataFrame(events, schema=_EVENT_SCHEMA, strict=False).with_columns(
@@ -160,17 +234,80 @@ def _normalized_request_id() -> pl.Expr:
     return pl.col("request_id").str.replace(_PREFIX_RE, "${1}")
 
 
+def _castable(actual: pl.DataType, expected: pl.DataType) -> bool:
+    """Whether a column stored as ``actual`` reads as ``expected`` without changing a value's
+    meaning (integers into a float or an integer column; range checked per row)."""
+    if actual == expected or actual == pl.Null():
+        return True
+    if actual.is_integer():
+        return expected.is_integer() or expected.is_float()
+    return actual.is_float() and expected.is_float()
+
+
+def _parquet_problem(present: pl.Schema) -> str | None:
+    """Why a Parquet file's columns are not stored hop events, or None."""
+    missing = [name for name in REQUIRED_COLUMNS if name not in present]
+    if missing:
+        columns = ", ".join(list(present)[:8]) or "none"
+        return f"not hop events: missing column {', '.join(missing)} (it has {columns})"
+    wrong = [
+        f"{name} is {present[name]}, expected {dtype}"
+        for name, dtype in SCHEMA.items()
+        if name in present and not _castable(present[name], dtype)
+    ]
+    return f"wrong column types: {'; '.join(wrong)}" if wrong else None
+
+
+def _row_problem(present: pl.Schema) -> pl.Expr:
+    """True on rows the storage types cannot hold (no ts / request_id / hop, ts not a time up to
+    year 9999, an integer beyond its column's range)."""
+    bad = pl.any_horizontal(
+        pl.col("ts").is_null() | pl.col("request_id").is_null() | pl.col("hop").is_null(),
+        ~pl.col("ts").cast(pl.Float64).is_between(0, MAX_TS, closed="right").fill_null(False),
+        *(
+            ~pl.col(name).is_between(*_INT_RANGES[name]).fill_null(True)
+            for name in _INT_RANGES
+            if name in present and present[name].is_integer() and present[name] != SCHEMA[name]
+        ),
+    )
+    return bad
+
+
 def scan_parquet(path: Path, report: ScanReport) -> pl.LazyFrame:
-    """A Parquet file of stored events, lazily, with every storage column present and typed."""
-    lf = pl.scan_parquet(path, hive_partitioning=False)
-    present = lf.collect_schema()
-    report.lines += lf.select(pl.len()).collect().item()
-    return lf.select(
-        [
-            (pl.col(name) if name in present else pl.lit(None)).cast(dtype).alias(name)
-            for name, dtype in SCHEMA.items()
-        ]
-    ).with_columns(_normalized_request_id())
+    """A Parquet file of stored events, lazily, with every storage column present and typed.
+
+    Its schema and row counts are read at once (a file that is not Parquet, or not hop events,
+    is a bad file here rather than an error later, inside the analysis); rows the types cannot
+    hold are counted as bad lines and left out, ``emitter.stats`` rows skipped."""
+    try:
+        lf = pl.scan_parquet(path, hive_partitioning=False)
+        present = lf.collect_schema()
+        problem = _parquet_problem(present)
+        if problem is not None:
+            report.bad_file(path, problem)
+            return pl.LazyFrame(schema=SCHEMA)
+        bad = _row_problem(present)
+        stats = pl.col("hop") == EMITTER_STATS_HOP
+        rows, bad_rows, reports = lf.select(
+            pl.len(), bad.sum(), (stats & ~bad).sum()
+        ).collect().row(0)
+    except (pl.exceptions.PolarsError, OSError) as exc:
+        report.bad_file(path, f"not a readable Parquet file: {str(exc).splitlines()[0][:200]}")
+        return pl.LazyFrame(schema=SCHEMA)
+    report.lines += rows
+    report.events += rows - bad_rows - reports
+    if bad_rows:
+        report.bad(str(path), f"{bad_rows} rows without ts, request_id or hop, or with values their types cannot hold", bad_rows)
+    return (
+        lf.filter(~bad & ~stats)
+        .select(
+            [
+                (pl.col(name) if name in present else pl.lit(None)).cast(dtype).alias(name)
+                for name, dtype in SCHEMA.items()
+            ]
+        )
+        .with_columns(_normalized_request_id(), *(pl.col(k).fill_null(v) for k, v in _DEFAULTS.items()))
+    )
 
 
 def scan_events(

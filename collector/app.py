@@ -35,6 +35,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from hopline.collector.config import CollectorConfig
 from hopline.collector.dedup import RecentKeys
+from hopline.collector.emitter_stats import EmitterStats
 from hopline.collector.ingest import JSON_TYPES, NDJSON_TYPES, IngestError, Ingestor, media_type
 from hopline.collector.join import Joiner
 from hopline.collector.metrics import Recorder, build_metrics
@@ -90,7 +91,7 @@ def build_collector(config: CollectorConfig) -> Collector:
     m.finished_request_bytes.set_function(lambda: joiner.finished_bytes)
     m.dedup_keys.set_function(lambda: len(dedup))
     scraper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hopline-scrape")
-    ingestor = Ingestor(store, joiner, recorder, dedup)
+    ingestor = Ingestor(store, joiner, recorder, dedup, EmitterStats(registry))
     return Collector(config, registry, recorder, store, joiner, ingestor, scraper)
 
 

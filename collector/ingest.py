@@ -29,10 +29,12 @@ from typing import Any
 
 import orjson
 from hopline.collector.dedup import RecentKeys
+from hopline.collector.emitter_stats import EmitterStats, split_reports
 from hopline.collector.join import Joiner
 from hopline.collector.metrics import Recorder
 from hopline.collector.store import EventStore, StoreError
 from hopline.middleware.contract import (
+    EMITTER_STATS_HOP,
     ATTRIBUTE_TYPES,
     CORE_FIELDS,
     MAX_EVENT_BYTES,
@@ -161,11 +163,19 @@ class Parsed:
 
 
 class Ingestor:
-    def __init__(self, store: EventStore, joiner: Joiner, recorder: Recorder, dedup: RecentKeys) -> None:
+    def __init__(
+        self,
+        store: EventStore,
+        joiner: Joiner,
+        recorder: Recorder,
+        dedup: RecentKeys,
+        emitter_stats: EmitterStats | None = None,
+    ) -> None:
         self.store = store
         self.joiner = joiner
         self.recorder = recorder
         self.dedup = dedup
+        self.emitter_stats = emitter_stats  # None: emitter.stats reports are stored, not exposed
         self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hopline-store")
         # one parse thread: concurrent bodies queue (compressed) instead of multiplying memory
         self.parser = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hopline-parse")
@@ -306,12 +316,17 @@ class Ingestor:
             self.recorder.duplicates(result.duplicates)
         if events:
             self.recorder.events(Counter(map(itemgetter("hop"), events)))
+            joined, reports = split_reports(events)  # emitters' health reports are no requests
+            if reports:
+                if self.emitter_stats is not None:
+                    self.emitter_stats.observe(reports)
+                sizes = [size for event, size in zip(events, sizes) if event["hop"] != EMITTER_STATS_HOP]
             # the join runs on the loop (it owns the open requests): in slices, letting other
             # requests in between (events may join in any order)
-            for start in range(0, len(events), JOIN_SLICE):
+            for start in range(0, len(joined), JOIN_SLICE):
                 if start:
                     await asyncio.sleep(0)
-                self.joiner.add(events[start : start + JOIN_SLICE], sizes[start : start + JOIN_SLICE])
+                self.joiner.add(joined[start : start + JOIN_SLICE], sizes[start : start + JOIN_SLICE])
         result.accepted = len(events)
         return result
 

@@ -160,3 +160,25 @@ ITL_BUCKETS = (
 TOKEN_BUCKETS = (
     1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072,
 )
+
+# --- emitters' own health (collector/emitter_stats.py, from emitter.stats events) -------------
+
+EMITTER_SCOPE = ("service", "replica")
+EMITTER_SENT = Metric(
+    "hopline_emitter_events_sent", "counter", EMITTER_SCOPE,
+    "Hop events the emitters of a service and replica delivered to their sink (as they report).",
+)
+EMITTER_DROPPED = Metric(
+    "hopline_emitter_events_dropped", "counter", EMITTER_SCOPE + ("reason",),
+    "Hop events emitters lost, by reason: full (buffer full, the oldest made room), sink (could not "
+    "be delivered), closed (emitted after close).",
+)
+EMITTER_BUFFERED = Metric(
+    "hopline_emitter_events_buffered", "gauge", EMITTER_SCOPE,
+    "Hop events waiting in the emitters' buffers at their last report.",
+)
+EMITTER_ERRORS = Metric(
+    "hopline_emitter_errors", "counter", EMITTER_SCOPE,
+    "Errors caught inside emitters and their sinks (bugs counted instead of raised into the host).",
+)
+EMITTER_METRICS: tuple[Metric, ...] = (EMITTER_SENT, EMITTER_DROPPED, EMITTER_BUFFERED, EMITTER_ERRORS)

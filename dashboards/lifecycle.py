@@ -388,6 +388,44 @@ def _collector(lay: Layout) -> None:
     )
 
 
+def _emitters(lay: Layout) -> None:
+    """hopline's own delivery, as every emitter reports it (emitter.stats): what never arrived."""
+    lay.row("Emitters").line(
+        8,
+        (
+            p.graph(
+                "Hop events dropped by emitters",
+                "Events lost before reaching the collector, per second, by reason: full (an emitter's "
+                "buffer was full, so its oldest event made room: the sink is slower than the traffic, or "
+                "the collector was unreachable), sink (the collector refused the events or stayed "
+                "unreachable for the retry budget), closed (emitted after shutdown). Zero when healthy.",
+                "short",
+                [
+                    (
+                        q.rate(m.EMITTER_DROPPED, ("service", "replica", "reason")),
+                        "{{service}} {{replica}} {{reason}}",
+                    )
+                ],
+                stacked=True,
+            ),
+            12,
+        ),
+        (
+            p.graph(
+                "Emitter delivery",
+                "Hop events delivered per second, and waiting in the emitters' buffers, per service and "
+                "replica (as their emitters last reported: every 10 s while anything changes).",
+                "short",
+                [
+                    (q.rate(m.EMITTER_SENT, ("service", "replica")), "sent/s {{service}} {{replica}}"),
+                    (q.gauge(m.EMITTER_BUFFERED, ("service", "replica")), "buffered {{service}} {{replica}}"),
+                ],
+            ),
+            12,
+        ),
+    )
+
+
 def build() -> Dashboard:
     lay = Layout(dashboard(TITLE, LIFECYCLE_UID, DESCRIPTION))
     _overview(lay)
@@ -395,5 +433,6 @@ def build() -> Dashboard:
     _replicas(lay)
     _outcomes_and_pitfalls(lay)
     _collector(lay)
+    _emitters(lay)
     _replica_heatmaps(lay)
     return lay.dashboard

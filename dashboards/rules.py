@@ -138,6 +138,21 @@ def alerting_rules(t: Thresholds = DEFAULT_THRESHOLDS) -> list[dict[str, Any]]:
                 "dashboard": f"/d/{LIFECYCLE_UID}",
             },
         },
+        {
+            "alert": f"{ALERT_PREFIX}EmitterDrops",
+            "expr": "sum by (service, replica, reason) "
+            f"(increase({m.EMITTER_DROPPED.series}[10m])) > 0",
+            "labels": {"severity": "warning"},
+            "annotations": {
+                "summary": "Emitters of {{ $labels.service }} on {{ $labels.replica }} dropped hop events "
+                "({{ $labels.reason }}) in the last 10 minutes.",
+                "description": "Those requests are missing or incomplete in hopline's metrics and store. "
+                "full: an emitter's buffer was full (its oldest events made room): the collector was slow "
+                "or unreachable, or the traffic outgrew the sink; sink: the collector refused the events "
+                "or stayed unreachable for the retry budget; closed: emitted after shutdown.",
+                "dashboard": _link(service="service", replica="replica"),
+            },
+        },
     ]
 
 

@@ -233,6 +233,8 @@ def validate_event(obj: object) -> dict[str, Any]:
         raise EventError(f"event must be a JSON object, got {type(obj).__name__}")
     event = dict(obj)
     get = event.get
+    if get("hop") == EMITTER_STATS_HOP:  # an emitter's health report: no request (end of module)
+        return validate_emitter_stats(event)
     v = get("v", VERSION)
     if v != VERSION or isinstance(v, bool):
         raise EventError(f"unsupported contract version v={_describe(v)} (this reader knows v=1)")
@@ -245,8 +247,9 @@ def validate_event(obj: object) -> dict[str, Any]:
         raise EventError(f"ts must be positive Unix epoch seconds before 2100, got {_describe(ts)}")
     else:
         event["ts"] = float(ts)
-    if get("hop") not in HOP_SET:
-        raise EventError(f"unknown hop {_describe(get('hop'))}")
+    hop = get("hop")
+    if type(hop) is not str or hop not in HOP_SET:  # a list or an object is unhashable: not `in`
+        raise EventError(f"unknown hop {_describe(hop)}")
     raw_rid = get("request_id", _MISSING)
     if raw_rid is _MISSING:
         raise EventError("request_id is missing")
@@ -588,3 +591,45 @@ def negative_stages(stages: Mapping[str, Any], tolerance: float = 1e-9) -> list[
     return [
         s.name for s in STAGES if stages.get(s.name) is not None and stages[s.name] < -tolerance
     ]
+
+
+# --- emitter health reports (not a request hop) -------------------------------------------------
+#
+# Every hopline emitter reports its own counters now and then as one event of this kind, sent
+# with its hop events down the same sink. It belongs to no request: it has no ``request_id``, it
+# is not in ``HOPS`` (so the stage table, the joiner and the analyzer never see it as a request),
+# and it always carries an ``eid`` (only hopline emitters send it), which is its duplicate key.
+# The counts are cumulative for one emitter instance (``emitter``: random, new in a forked child);
+# the collector turns them into ``hopline_emitter_*`` metrics.
+
+EMITTER_STATS_HOP = "emitter.stats"
+# Why an emitter lost events: ``full`` (its buffer was full: the oldest event made room),
+# ``sink`` (the sink could not deliver them), ``closed`` (emitted after close).
+EMITTER_DROP_REASONS = ("full", "sink", "closed")
+EMITTER_STATS_COUNTS = ("sent", "buffered", "errors") + tuple(f"dropped_{r}" for r in EMITTER_DROP_REASONS)
+EMITTER_COUNT_MAX = 2**63 - 1
+
+
+def validate_emitter_stats(event: dict[str, Any]) -> dict[str, Any]:
+    """Check an ``emitter.stats`` event (a dict copy, ``hop`` already known): ``v``, ``ts``,
+    ``eid``, ``emitter``, scope strings and non-negative integer counts. Raises ``EventError``."""
+    if event.get("v", VERSION) != VERSION or isinstance(event.get("v"), bool):
+        raise EventError(f"unsupported contract version v={_describe(event.get('v'))} (this reader knows v=1)")
+    event["v"] = VERSION
+    ts = event.get("ts")
+    if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not 0 < ts < math.inf:
+        raise EventError(f"ts must be positive Unix epoch seconds, got {_describe(ts)}")
+    event["ts"] = float(ts)
+    for name in ("eid", "emitter"):
+        value = event.get(name)
+        if not isinstance(value, str) or not 0 < len(value) <= 64:
+            raise EventError(f"{name} must be a string of 1-64 characters, got {_describe(value)}")
+    for name in _SCOPE_FIELDS:
+        value = event.get(name)
+        if value is not None and (not isinstance(value, str) or len(value) > 256):
+            raise EventError(f"{name} must be a string of at most 256 characters, got {_describe(value)}")
+    for name in EMITTER_STATS_COUNTS:
+        value = event.get(name, 0)
+        if type(value) is not int or not 0 <= value <= EMITTER_COUNT_MAX:
+            raise EventError(f"{name} must be an integer from 0 to 2^63-1, got {_describe(value)}")
+    return event

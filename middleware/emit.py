@@ -13,14 +13,22 @@ can drop the duplicates.
     emitter = Emitter("file:/var/log/hopline/events.ndjson", service="kite-chat")
     emitter.emit("client.sent", request_id, stream=True)
 
-``get_emitter()`` returns the process-wide emitter configured from the environment
-(``HOPLINE_SINK``, ``HOPLINE_SERVICE``, ``HOPLINE_REPLICA``, ``HOPLINE_MODEL``, ``HOPLINE_TOKEN``).
+``get_emitter()`` returns the process-wide emitter: the one given to ``configure(...)``, else one
+configured from the environment (``HOPLINE_SINK``, ``HOPLINE_SERVICE``, ``HOPLINE_REPLICA``,
+``HOPLINE_MODEL``, ``HOPLINE_TOKEN``), as structlog and prometheus_client let code configure
+them and fall back to defaults. With neither, hopline emits nothing and says so once on stderr
+(it never writes to the host's stdout unless ``stdout`` is asked for).
 
 Losing events is preferred to slowing the host: when the buffer is full (the sink is slower
-than the traffic, or the collector is down and a batch is being retried), new events are
-dropped and counted (``stats()``). Every emitter is closed (flushed) at interpreter exit. A
-process forked after events were emitted (gunicorn and uvicorn workers) starts with an empty
-buffer and its own worker thread at its first ``emit``; the parent keeps shipping its own events.
+than the traffic, or the collector is down and a batch is being retried), the *oldest* buffered
+event makes room for the new one (as observability pipelines do: after an outage the most
+recent events arrive), and it is counted (``stats()``, ``dropped_full``). Every
+``stats_interval`` seconds the worker sends the counters along with the events as one
+``emitter.stats`` event (``contract.EMITTER_STATS_HOP``), so the collector can show drops.
+Every emitter is closed (flushed) at interpreter exit, within ``EXIT_TIMEOUT`` seconds in all
+(an unreachable collector does not hold the process up). A process forked after events were
+emitted (gunicorn and uvicorn workers) starts with an empty buffer and its own worker thread at
+its first ``emit``; the parent keeps shipping its own events.
 """
 
 from __future__ import annotations
@@ -34,13 +42,19 @@ from collections import deque
 from typing import Any
 
 from hopline.middleware import clock
-from hopline.middleware.contract import VERSION, new_eid
+from hopline.middleware.contract import EMITTER_STATS_HOP, VERSION, new_eid
 from hopline.middleware.log import logger, warn_throttled
 from hopline.middleware.sinks import NullSink, Sink, make_sink
 
 DEFAULT_CAPACITY = 10_000
 CLOSE_TIMEOUT = 5.0
 CLOSE_GRACE = 1.0
+# At interpreter exit every emitter gets this long in all to flush, and a drainer stuck in a
+# sink call (a collector that accepts but never answers) this much more: then the process exits.
+EXIT_TIMEOUT = 0.4
+EXIT_GRACE = 0.1
+STATS_INTERVAL = 10.0  # seconds between emitter.stats reports (when a counter changed)
+STATS_HEARTBEAT = 300.0  # ... and at least this often, so the collector knows the emitter lives
 
 # clock.now() inlined into emit (a Python call less: ~20% of emit's cost).
 _CLOCK_OFFSET = clock.OFFSET
@@ -54,9 +68,13 @@ class Emitter:
         sink: a sink object, or a spec for ``make_sink`` (``stdout``, ``file:PATH``,
             ``http://HOST:PORT``…); None means stdout.
         service, replica, model: added to every event (an ``emit`` keyword overrides them).
-        capacity: the most events buffered; when full, new events are dropped and counted.
+        capacity: the most events buffered; when full, the oldest is dropped (and counted) to
+            make room for the new one.
         flush_interval: seconds between drains when fewer than ``batch_size`` events wait.
         batch_size: the most events handed to the sink at once.
+        stats_interval: seconds between ``emitter.stats`` reports sent down the sink (one at
+            close too); 0 turns them off. Default ``STATS_INTERVAL``, or off for a sink whose
+            ``reports_stats`` is False (memory, null: nothing reads them there).
 
     Raises ``ValueError`` (naming the argument) for a bad sink spec or a non-positive size.
     """
@@ -71,17 +89,23 @@ class Emitter:
         capacity: int = DEFAULT_CAPACITY,
         flush_interval: float = 0.2,
         batch_size: int = 1000,
+        stats_interval: float | None = None,
     ) -> None:
         for name, value in (("capacity", capacity), ("flush_interval", flush_interval), ("batch_size", batch_size)):
             if not value > 0:
                 raise ValueError(f"{name} must be positive, got {value!r}")
+        if stats_interval is not None and not stats_interval >= 0:
+            raise ValueError(f"stats_interval must be >= 0 (0: no reports), got {stats_interval!r}")
         self.sink: Sink = make_sink(sink) if sink is None or isinstance(sink, str) else sink
+        if stats_interval is None:
+            stats_interval = STATS_INTERVAL if getattr(self.sink, "reports_stats", True) else 0.0
+        self.stats_interval = stats_interval
         self.static = {k: v for k, v in (("service", service), ("replica", replica), ("model", model)) if v}
         self.capacity = capacity
         self.flush_interval = flush_interval
         self.batch_size = batch_size
         self.sent = 0
-        self.dropped_full = 0  # buffer full (written by emitting threads only)
+        self.dropped_full = 0  # buffer full: the oldest made room (written by emitting threads only)
         self.dropped_sink = 0  # the sink could not deliver them (written by the drainer only)
         self.dropped_closed = 0  # emitted after close()
         self.errors = 0  # bugs inside hopline or its sink, caught and counted
@@ -94,7 +118,24 @@ class Emitter:
         self._start_lock = threading.Lock()
         self._lock = threading.Lock()  # serializes drains (worker vs flush/close); never taken by emit
         self._wake = threading.Event()
+        self._disabled = False  # see disabled(): emit drops without counting
+        self._new_reporter()
         _live.add(self)
+
+    @classmethod
+    def disabled(cls) -> Emitter:
+        """An emitter that takes every ``emit`` and does nothing with it: no worker, no counts
+        (what ``get_emitter()`` gives when hopline is not configured)."""
+        emitter = cls(NullSink(), stats_interval=0)
+        emitter._disabled = emitter._closed = True
+        return emitter
+
+    def _new_reporter(self) -> None:
+        """A fresh identity for ``emitter.stats`` (per process: a forked child is another emitter)."""
+        self.instance = new_eid()
+        self._last_report: tuple[int, ...] | None = None
+        self._next_report = time.monotonic() + self.stats_interval
+        self._heartbeat_at = 0.0
 
     # -- request path ---------------------------------------------------------------------------
 
@@ -124,17 +165,23 @@ class Emitter:
         """The slow path of ``emit``: ``_limit`` is 0 until a worker runs in this process (first
         emit, first emit after a fork) and after close, so one comparison guards all three cases
         and a full buffer. Starts the worker when there is none (the only lock on this path, taken
-        once per process); False, counted, when the event must be dropped."""
+        once per process); on a full buffer drops the oldest event (counted) to make room; False,
+        counted, when the new event must be dropped (closed)."""
         if self._closed:
-            self.dropped_closed += 1
+            if not self._disabled:
+                self.dropped_closed += 1
             return False
         if not self._limit:
             with self._start_lock:
                 if self._worker is None and not self._closed:
                     self._start_worker()
-        if len(self._buffer) >= self.capacity:
+        buffer = self._buffer
+        while len(buffer) >= self.capacity:
+            try:
+                buffer.popleft()
+            except IndexError:  # the drainer emptied it meanwhile
+                break
             self.dropped_full += 1
-            return False
         return True
 
     def _start_worker(self) -> None:
@@ -161,11 +208,15 @@ class Emitter:
                 warn_throttled("emitter_drain_failed", "emitter_drain_failed", error=repr(exc))
 
     def _drain(self, deadline: float | None = None) -> None:
-        """Hand everything buffered to the sink, batch by batch (caller holds ``_lock``).
+        """Hand everything buffered to the sink, batch by batch (caller holds ``_lock``), with an
+        ``emitter.stats`` report in the first batch when one is due.
 
         Past ``deadline`` (monotonic; shutdown), what is left is dropped and counted instead.
         """
         buffer = self._buffer
+        report = self._due_report()
+        if report is not None and not buffer:
+            self._write([], report)
         while buffer:
             if deadline is not None and time.monotonic() >= deadline:
                 lost = 0
@@ -181,14 +232,65 @@ class Emitter:
                 if "eid" not in event:
                     event["eid"] = new_eid()
                 batch.append(event)
-            try:
-                lost = self.sink.write(batch) or 0
-            except Exception as exc:  # noqa: BLE001 - a sink bug costs the batch, nothing more
-                lost = len(batch)
-                self.errors += 1
-                warn_throttled("sink_write_raised", "sink_write_failed", sink=repr(self.sink), error=repr(exc))
-            self.dropped_sink += lost
-            self.sent += len(batch) - lost
+            self._write(batch, report)
+            report = None
+
+    def _write(self, batch: list[dict[str, Any]], report: dict[str, Any] | None) -> None:
+        """One sink call for ``batch`` (and a report after it, which is not counted as an event;
+        the sink's losses are charged to the batch's events first)."""
+        count = len(batch)
+        if report is not None:
+            batch.append(report)
+        try:
+            lost = self.sink.write(batch) or 0
+        except Exception as exc:  # noqa: BLE001 - a sink bug costs the batch, nothing more
+            lost = len(batch)
+            self.errors += 1
+            warn_throttled("sink_write_raised", "sink_write_failed", sink=repr(self.sink), error=repr(exc))
+        lost = min(lost, count)
+        self.dropped_sink += lost
+        self.sent += count - lost
+
+    def _due_report(self, final: bool = False) -> dict[str, Any] | None:
+        """The ``emitter.stats`` event to send now, or None: every ``stats_interval`` seconds when
+        a counter changed since the last report, every ``STATS_HEARTBEAT`` seconds regardless, and
+        at close (``final``) when anything changed."""
+        if not self.stats_interval:
+            return None
+        now = time.monotonic()
+        if not final and now < self._next_report:
+            return None
+        self._next_report = now + self.stats_interval
+        counts = self._counts()
+        if final:
+            if self._last_report is None and not any(counts):
+                return None  # never used: nothing to say
+        elif counts == self._last_report and now < self._heartbeat_at:
+            return None
+        self._last_report = counts
+        self._heartbeat_at = now + STATS_HEARTBEAT
+        sent, buffered, errors, full, sink, closed = counts
+        return {
+            "v": VERSION,
+            "ts": _CLOCK_OFFSET + _perf(),
+            "hop": EMITTER_STATS_HOP,
+            "eid": new_eid(),
+            "emitter": self.instance,
+            **self.static,
+            "sent": sent,
+            "buffered": buffered,
+            "errors": errors,
+            "dropped_full": full,
+            "dropped_sink": sink,
+            "dropped_closed": closed,
+            "final": final,
+        }
+
+    def _counts(self) -> tuple[int, ...]:
+        """(sent, buffered, errors, dropped_full, dropped_sink, dropped_closed): a report's counts."""
+        return (
+            self.sent, len(self._buffer), self.errors, self.dropped_full, self.dropped_sink, self.dropped_closed
+        )
 
     def flush(self) -> None:
         """Write everything buffered so far (blocking; never call it on a request path)."""
@@ -198,7 +300,8 @@ class Emitter:
 
     def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
         """Flush and stop the worker, giving up after ``timeout`` seconds (what is still buffered
-        then is dropped and counted). Later ``emit`` calls are dropped and counted."""
+        then is dropped and counted); a last ``emitter.stats`` report goes with the flush. Later
+        ``emit`` calls are dropped and counted."""
         deadline = time.monotonic() + timeout
         if self._begin_close(deadline):
             self._finish_close(deadline)
@@ -218,9 +321,9 @@ class Emitter:
         self._wake.set()
         return True
 
-    def _finish_close(self, deadline: float) -> None:
+    def _finish_close(self, deadline: float, grace: float = CLOSE_GRACE) -> None:
         # Grace past the deadline: a drainer notices it between batches, after the sink call.
-        grace = deadline + CLOSE_GRACE
+        grace = deadline + grace
         worker = self._worker
         if worker is not None and worker.is_alive() and worker is not threading.current_thread():
             worker.join(max(grace - time.monotonic(), 0))
@@ -229,6 +332,9 @@ class Emitter:
             return
         try:
             self._drain(deadline)
+            report = self._due_report(final=True)
+            if report is not None and time.monotonic() < deadline:
+                self._write([], report)
             self._sink_call("flush")
             self._sink_call("close")
         finally:
@@ -264,6 +370,7 @@ class Emitter:
         self._worker = None
         self._limit = 0
         self.sent = self.dropped_full = self.dropped_sink = self.dropped_closed = self.errors = 0
+        self._new_reporter()
         reset = getattr(self.sink, "after_fork_in_child", None)
         if reset is not None:
             reset()
@@ -277,11 +384,13 @@ _live: weakref.WeakSet[Emitter] = weakref.WeakSet()
 
 
 def _close_all() -> None:
-    """At exit: all emitters flush side by side, so the whole exit waits ``CLOSE_TIMEOUT`` at most."""
-    deadline = time.monotonic() + CLOSE_TIMEOUT
+    """At exit: all emitters flush side by side, so the whole exit waits ``EXIT_TIMEOUT`` (plus
+    ``EXIT_GRACE`` for a drainer stuck in a sink call) at most; what is left is dropped, counted
+    and logged in one line per emitter."""
+    deadline = time.monotonic() + EXIT_TIMEOUT
     closing = [emitter for emitter in list(_live) if emitter._begin_close(deadline)]
     for emitter in closing:
-        emitter._finish_close(deadline)
+        emitter._finish_close(deadline, EXIT_GRACE)
 
 
 def _after_fork_in_child() -> None:
@@ -298,27 +407,77 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 _default: Emitter | None = None
 _default_lock = threading.Lock()
 
+NOT_CONFIGURED = (
+    "HOPLINE_SINK is not set: hopline emits no events (set HOPLINE_SINK=stdout, file:PATH or "
+    "http://HOST:PORT, or call hopline.middleware.emit.configure())"
+)
+
+
+def configure(
+    sink: Sink | str | None = None,
+    *,
+    service: str | None = None,
+    replica: str | None = None,
+    model: str | None = None,
+    token: str | None = None,
+    **options: Any,
+) -> Emitter:
+    """Set the process-wide emitter that ``get_emitter()`` (and so every middleware and client
+    built without an ``emitter=``) uses; call it at start-up, before building them.
+
+    Each argument not given falls back to its environment variable (``HOPLINE_SINK``,
+    ``HOPLINE_SERVICE``, ``HOPLINE_REPLICA``, ``HOPLINE_MODEL``, ``HOPLINE_TOKEN``); ``options``
+    go to ``Emitter`` (``capacity``, ``flush_interval``, ``batch_size``, ``stats_interval``).
+    Unlike the environment path, a bad value raises ``ValueError`` naming it: this is the
+    host's own start-up code asking. An emitter configured before is closed (flushed).
+    """
+    global _default
+    spec = sink if sink is not None else os.environ.get("HOPLINE_SINK")
+    if spec is None or spec == "":
+        raise ValueError("configure() needs a sink (or HOPLINE_SINK): stdout, file:PATH or http://HOST:PORT")
+    built = make_sink(spec, token=token) if isinstance(spec, str) else spec
+    emitter = Emitter(
+        built,
+        service=service or os.environ.get("HOPLINE_SERVICE"),
+        replica=replica or os.environ.get("HOPLINE_REPLICA"),
+        model=model or os.environ.get("HOPLINE_MODEL"),
+        **options,
+    )
+    with _default_lock:
+        previous, _default = _default, emitter
+    if previous is not None:
+        previous.close()
+    return emitter
+
 
 def get_emitter() -> Emitter:
-    """The process-wide emitter, configured from ``HOPLINE_*`` environment variables.
+    """The process-wide emitter: the one ``configure`` set, else one from ``HOPLINE_*``.
 
-    A ``HOPLINE_SINK`` that cannot be understood is logged once, naming the value, and the
-    emitter discards events (counted as dropped) rather than raising into the host.
+    Without ``HOPLINE_SINK`` it is a disabled emitter, said once on stderr. A ``HOPLINE_SINK``
+    that cannot be understood is logged once, naming the value, and the emitter discards
+    events (counted as dropped) rather than raising into the host.
     """
     global _default
     if _default is None:
         with _default_lock:
             if _default is None:
-                spec = os.environ.get("HOPLINE_SINK") or "stdout"
-                try:
-                    sink = make_sink(spec, token=os.environ.get("HOPLINE_TOKEN"))
-                except ValueError as exc:
-                    logger.error("hopline_sink_invalid", HOPLINE_SINK=spec, error=str(exc))
-                    sink = NullSink()
-                _default = Emitter(
-                    sink,
-                    service=os.environ.get("HOPLINE_SERVICE"),
-                    replica=os.environ.get("HOPLINE_REPLICA"),
-                    model=os.environ.get("HOPLINE_MODEL"),
-                )
+                _default = _from_environment()
     return _default
+
+
+def _from_environment() -> Emitter:
+    spec = os.environ.get("HOPLINE_SINK", "").strip()
+    if not spec:
+        logger.warning("hopline_not_configured", message=NOT_CONFIGURED)
+        return Emitter.disabled()
+    try:
+        sink = make_sink(spec, token=os.environ.get("HOPLINE_TOKEN"))
+    except ValueError as exc:
+        logger.error("hopline_sink_invalid", HOPLINE_SINK=spec, error=str(exc))
+        sink = NullSink()
+    return Emitter(
+        sink,
+        service=os.environ.get("HOPLINE_SERVICE"),
+        replica=os.environ.get("HOPLINE_REPLICA"),
+        model=os.environ.get("HOPLINE_MODEL"),
+    )

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import sys
 import threading
 import time
@@ -122,7 +123,9 @@ class StdoutSink:
 
 
 class MemorySink:
-    """Keeps events in a list (tests and embedding)."""
+    """Keeps events in a list (tests and embedding; no ``emitter.stats`` reports by default)."""
+
+    reports_stats = False
 
     def __init__(self) -> None:
         self.events: list[Event] = []
@@ -144,6 +147,8 @@ class MemorySink:
 class NullSink:
     """Discards every event and reports it dropped (``HOPLINE_SINK=null``; also what a misconfigured
     ``HOPLINE_SINK`` falls back to, so the drop counters show that nothing is shipped)."""
+
+    reports_stats = False
 
     def write(self, batch: list[Event]) -> int:
         return len(batch)
@@ -301,6 +306,7 @@ class FileSink:
 # --- http ---------------------------------------------------------------------------------------
 
 EVENTS_PATH = "/v1/events"
+_HEADER_TOKEN = re.compile(r"[\x21-\x7e]+")  # what a Bearer value can carry as is
 RETRY_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
 
 
@@ -353,6 +359,12 @@ class HttpSink:
         verify: Any = True,
     ) -> None:
         self.url = events_url(url)
+        if token and not _HEADER_TOKEN.fullmatch(token):
+            position = next(i for i, ch in enumerate(token, 1) if not _HEADER_TOKEN.fullmatch(ch))
+            raise ValueError(  # the token itself is a secret: say where, not what
+                "HOPLINE_TOKEN must be printable ASCII without spaces (it is sent in an HTTP "
+                f"Authorization header); character {position} of {len(token)} is not"
+            )
         self.retry_budget = retry_budget
         self.backoff = backoff
         self.verify = verify

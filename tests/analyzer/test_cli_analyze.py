@@ -102,3 +102,76 @@ def test_time_and_window_options_are_checked_in_one_line(tmp_path):
         assert proc.returncode == 2, (args, proc.stderr)
         assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
         assert "Traceback" not in proc.stderr
+
+
+# --- hostile input: bad files reported, the rest analysed, never a traceback -------------------
+
+
+def _hostile_folder(folder: Path) -> int:
+    """A store with good requests and one of every file that used to end the run in a traceback;
+    returns the number of good requests."""
+    import gzip
+
+    import polars as pl
+
+    events = generate(300, seed=7)
+    write_ndjson(events, folder / "events" / "date=2026-01-05" / "hour=10" / "good.ndjson")
+    hostile = folder / "events" / "date=2026-01-05" / "hour=11"
+    hostile.mkdir(parents=True)
+    t = 1767607200.0
+    (hostile / "stored.ndjson").write_bytes(
+        b'{"ts": %r, "request_id": "deep", "hop": "client.sent", "stream": true, "a": ' % t
+        + b'{"x": ' * 300 + b"{}" + b"}" * 300 + b"}\n"
+        + b'{"ts": %r, "request_id": "huge", "hop": "client.sent", "n": 9223372036854775808}\n' % t
+        + b'{"ts": 1e308, "request_id": "far", "hop": "client.sent"}\n'
+    )
+    (hostile / "corrupt.ndjson.gz").write_bytes(gzip.compress(b'{"ts": 1}\n' * 1000)[:40] + b"\xff" * 200)
+    (hostile / "garbage.parquet").write_bytes(b"PAR1" + b"\x13" * 300)
+    pl.DataFrame({"ts": ["noon"], "request_id": ["x"], "hop": ["client.sent"]}).write_parquet(hostile / "types.parquet")
+    pl.DataFrame({"foo": [1]}).write_parquet(hostile / "columns.parquet")
+    return events["request_id"].n_unique()
+
+
+def test_hostile_files_are_reported_and_the_rest_is_analysed(tmp_path):
+    good = _hostile_folder(tmp_path)
+    html = tmp_path / "report.html"
+    proc = hopline("analyze", str(tmp_path), "--json", "--html", str(html))
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["requests"] == good  # nothing valid lost
+    bad = "\n".join(result["scan"]["bad_files"])
+    for name, reason in (
+        ("corrupt.ndjson.gz", "corrupt gzip stream"),
+        ("garbage.parquet", "not a readable Parquet file"),
+        ("types.parquet", "wrong column types: ts is String"),
+        ("columns.parquet", "not hop events: missing column ts, request_id, hop"),
+    ):
+        assert f"{name}: {reason}" in bad, bad
+    assert result["scan"]["bad_lines"] == 3  # deep, huge and far in stored.ndjson
+    assert html.stat().st_size > 1000
+
+
+def test_html_on_a_parquet_without_optional_columns(tmp_path):
+    import polars as pl
+
+    events = generate(50, seed=3).select("ts", "request_id", "hop")  # no stream, no attributes
+    events.write_parquet(tmp_path / "lean.parquet")
+    proc = hopline("analyze", str(tmp_path / "lean.parquet"), "--html", str(tmp_path / "r.html"))
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert (tmp_path / "r.html").stat().st_size > 1000
+    assert "miss hops" not in proc.stdout  # absent attempt means 0: every hop counts
+    assert pl.read_parquet(tmp_path / "lean.parquet").height == events.height
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"", b"hello\nworld\n", b'{"a": 1}\n[1, 2]\n', b'{"ts": 1700000000, "hop": "emitter.stats"}\n'],
+    ids=["empty", "garbage", "json-not-events", "no-request-events"],
+)
+def test_input_without_hop_events_is_one_line_and_exit_1(tmp_path, content):
+    path = tmp_path / "events.ndjson"
+    path.write_bytes(content)
+    proc = hopline("analyze", str(path))
+    assert proc.returncode == 1 and proc.stdout == ""
+    [line] = proc.stderr.splitlines()
+    assert line.startswith(f"hopline analyze: no hop events in {path}")

@@ -120,3 +120,110 @@ def test_time_bounds():
     assert to_epoch("2026-01-05T10:00:00") == T0  # naive means UTC
     assert to_epoch(str(T0)) == T0
     assert to_epoch(None) is None
+
+
+# --- hostile and damaged input: a bad file is reported, the rest is read, nothing valid lost ----
+
+
+def _good(n: int, prefix: str = "ok") -> list[dict]:
+    return [event(f"{prefix}-{i}", "client.sent", T0 + i, stream=True) for i in range(n)]
+
+
+def test_lines_the_storage_types_cannot_hold_are_bad_lines_and_the_rest_is_kept(tmp_path):
+    # what a collector could store before it bounded them (issue 10): each broke the whole run
+    path = write_lines(
+        tmp_path / "events.ndjson",
+        [dumps(e) for e in _good(3)]
+        + [
+            # nested 300 deep: orjson reads 1,024 levels but writes 254
+            b'{"ts": %r, "request_id": "deep", "hop": "client.sent", "stream": true, "extra": ' % T0
+            + b'{"x": ' * 300 + b"{}" + b"}" * 300 + b"}\n",
+            dumps(event("huge", "client.sent", T0, stream=True, prompt_tokens=2**63)),  # Int64 ends at 2^63-1
+            dumps(event("far", "client.sent", 1e308, stream=True)),
+            dumps(event("y9999", "client.sent", 253402300799.0, stream=True)),  # 9999-12-31T23:59:59Z: kept
+            dumps(event("attempt", "client.sent", T0, stream=True, attempt=2**31)),  # attempt is an Int32
+        ],
+    )
+    events, report = scan_events([path])
+    df = events.collect()
+    assert sorted(df["request_id"]) == ["ok-0", "ok-1", "ok-2", "y9999"]
+    assert report.bad_lines == 4 and report.events == 4
+    reasons = "\n".join(report.errors)
+    for expected in (":4: attributes cannot be kept", ":5: prompt_tokens 9223372036854775808 does not fit",
+                     ":6: ts 1e+308 is after 9999-12-31", ":8: attempt 2147483648 does not fit a Int32"):
+        assert expected in reasons, reasons
+
+
+def test_a_corrupt_gzip_stream_keeps_the_complete_lines_before_the_damage(tmp_path):
+    lines = b"".join(dumps(e) for e in _good(2000))
+    whole = gzip.compress(lines)
+    damaged = bytearray(whole)
+    damaged[len(whole) // 2 : len(whole) // 2 + 64] = b"\x00" * 64
+    (tmp_path / "events.ndjson.gz").write_bytes(bytes(damaged))
+    (tmp_path / "cut.ndjson.gz").write_bytes(whole[: len(whole) // 3])  # truncated: no end of stream
+    write_lines(tmp_path / "other.ndjson", [dumps(e) for e in _good(5, "other")])
+    events, report = scan_events([tmp_path])
+    ids = events.collect()["request_id"].to_list()
+    assert sum(i.startswith("other") for i in ids) == 5
+    # what came before the damage was read, up to a line boundary (ok-0, ok-1, ... in order)
+    read = [i for i in ids if i.startswith("ok")]
+    assert 0 < len(read) < 2 * 2000 and len(set(read)) == len(read)
+    assert {f.split(":")[0] for f in report.bad_files} == {
+        str(tmp_path / "events.ndjson.gz"), str(tmp_path / "cut.ndjson.gz")
+    }
+    assert any("corrupt gzip stream" in f for f in report.bad_files)
+    assert any("cut short" in f for f in report.bad_files)
+    assert report.bad_lines == 0  # no torn line was parsed
+
+
+def test_every_member_of_a_multi_member_gzip_is_read(tmp_path):
+    first, second = _good(2, "a"), _good(3, "b")
+    (tmp_path / "events.ndjson.gz").write_bytes(
+        gzip.compress(b"".join(map(dumps, first))) + gzip.compress(b"".join(map(dumps, second)))
+    )
+    events, report = scan_events([tmp_path])
+    assert events.collect().height == 5 and not report.bad_files
+
+
+def test_parquet_files_that_are_not_stored_hop_events_are_bad_files_not_errors(tmp_path):
+    (tmp_path / "garbage.parquet").write_bytes(b"PAR1" + bytes(range(256)) * 4)
+    pl.DataFrame({"foo": [1, 2], "bar": ["a", "b"]}).write_parquet(tmp_path / "other.parquet")
+    pl.DataFrame({"ts": ["noon"], "request_id": ["x"], "hop": ["client.sent"]}).write_parquet(tmp_path / "types.parquet")
+    pl.DataFrame({"ts": [T0], "request_id": ["p1"], "hop": ["client.sent"]}).write_parquet(tmp_path / "good.parquet")
+    events, report = scan_events([tmp_path])
+    assert events.collect()["request_id"].to_list() == ["p1"]
+    by_file = {f.split(": ", 1)[0].rsplit("/", 1)[-1]: f.split(": ", 1)[1] for f in report.bad_files}
+    assert by_file.keys() == {"garbage.parquet", "other.parquet", "types.parquet"}
+    assert by_file["garbage.parquet"].startswith("not a readable Parquet file")
+    assert by_file["other.parquet"] == "not hop events: missing column ts, request_id, hop (it has foo, bar)"
+    assert by_file["types.parquet"] == "wrong column types: ts is String, expected Float64"
+    assert report.events == 1
+
+
+def test_parquet_rows_the_types_cannot_hold_are_counted_and_the_rest_kept_with_defaults(tmp_path):
+    path = tmp_path / "part.parquet"
+    pl.DataFrame(
+        {
+            "ts": [T0, 1e308, None, T0 + 1],
+            "request_id": ["a", "b", "c", None],
+            "hop": ["client.sent"] * 4,
+            "attempt": pl.Series([0, 0, 0, 2**40], dtype=pl.Int64),  # stored wider than the Int32 it reads as
+        }
+    ).write_parquet(path)
+    pl.DataFrame({"ts": [T0], "request_id": ["d"], "hop": ["client.sent"]}).write_parquet(tmp_path / "lean.parquet")
+    events, report = scan_events([tmp_path])
+    df = events.collect().sort("request_id")
+    assert df["request_id"].to_list() == ["a", "d"]
+    assert df["attempt"].to_list() == [0, 0] and df["v"].to_list() == [1, 1]  # absent means 0 and 1
+    assert report.bad_lines == 3 and report.lines == 5 and report.events == 2
+
+
+def test_emitter_health_reports_are_skipped_not_bad(tmp_path):
+    health = {"v": 1, "eid": "e" * 16, "ts": T0, "hop": "emitter.stats", "emitter": "abc", "sent": 3}
+    write_lines(tmp_path / "events.ndjson", [dumps(e) for e in _good(2)] + [dumps(health)])
+    pl.DataFrame(
+        {"ts": [T0, T0], "request_id": ["p1", None], "hop": ["client.sent", "emitter.stats"]}
+    ).write_parquet(tmp_path / "part.parquet")
+    events, report = scan_events([tmp_path])
+    assert sorted(events.collect()["request_id"]) == ["ok-0", "ok-1", "p1"]
+    assert report.bad_lines == 1 and report.events == 3  # the Parquet report has no request_id: bad row

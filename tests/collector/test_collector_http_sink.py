@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from hopline.collector.config import CollectorConfig
+from hopline.middleware.contract import EMITTER_STATS_HOP
 from hopline.middleware.emit import Emitter
 from hopline.middleware.sinks import HttpSink
 from support.collector import serve, stored_lines
@@ -22,7 +23,10 @@ def test_http_sink_with_token_reaches_the_store_and_the_join(tmp_path):
             emitter.emit("engine.last_token", rid, t + 0.5, output_tokens=12)
         emitter.close()
         assert emitter.stats()["sent"] == 60 and emitter.stats()["dropped"] == 0
-        assert len(stored_lines(config.data_dir)) == 60
+        stored = stored_lines(config.data_dir)
+        # the 60 hop events, then the emitter's final health report (stored, exposed, not joined)
+        assert [e["hop"] for e in stored].count(EMITTER_STATS_HOP) == 1 and stored[-1]["sent"] == 60
+        assert len(stored) == 61
         # the read endpoints need the token too (no read token configured)
         assert c.client.get("/v1/requests/sink-7").status_code == 401
         c.client.headers["Authorization"] = "Bearer t0ken"
@@ -44,4 +48,5 @@ def test_http_sink_with_token_reaches_the_store_and_the_join(tmp_path):
         wrong.close()
         assert wrong.stats()["dropped"] == 1
         assert c.client.get("/v1/requests/intruder").status_code == 404
-        assert len(stored_lines(config.data_dir)) == 60
+        assert len(stored_lines(config.data_dir)) == 61
+        assert reg.get_sample_value("hopline_emitter_events_sent_total", {"service": "kite-chat", "replica": "r1"}) == 60

@@ -24,7 +24,7 @@ from hopline.collector.app import build_collector
 from hopline.collector.config import CollectorConfig
 from hopline.dashboards import vllm_metrics
 from hopline.dashboards.provisioning import prometheus_config
-from hopline.middleware.contract import dumps
+from hopline.middleware.contract import EMITTER_DROP_REASONS, EMITTER_STATS_HOP, dumps
 
 _SERIES = re.compile(r"(?<![\w:])(hopline_\w+|vllm:[\w:]+)(\{[^}]*\})?")
 _MATCHER = re.compile(r'(\w+)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"')
@@ -61,9 +61,15 @@ def exposition(tmp_path_factory: pytest.TempPathFactory, traffic) -> dict[str, l
     stuck = {"ts": 1.0, "request_id": "stuck-1", "hop": "client.sent", "service": "kite-chat", "stream": True}
     bad = {"ts": 3.0, "request_id": "has spaces", "hop": "client.sent"}
     once = {"ts": 4.0, "eid": "00000000000000aa", "request_id": "dup-1", "hop": "client.sent", "stream": True}
+    # an emitter's health report, with drops of every reason
+    health = {
+        "ts": 5.0, "eid": "00000000000000bb", "hop": EMITTER_STATS_HOP, "emitter": "e1", "service": "kite-chat",
+        "replica": "r1", "sent": 10, "buffered": 2, "errors": 1,
+        **{f"dropped_{reason}": 1 for reason in EMITTER_DROP_REASONS},
+    }
 
     async def feed() -> None:
-        await collector.ingestor.ingest(_ndjson([*traffic(""), stuck, bad, once, once]))
+        await collector.ingestor.ingest(_ndjson([*traffic(""), stuck, bad, once, once, health]))
         clock.now += 120
         collector.joiner.sweep()
 
@@ -109,7 +115,7 @@ def test_every_hopline_series_queried_is_defined_in_metric_names(expressions):
     # the static contract the collector implements: no query may name a series outside it
     defined = {
         m.series + suffix
-        for m in metric_names.ALL
+        for m in metric_names.ALL + metric_names.EMITTER_METRICS
         for suffix in (("_bucket", "_sum", "_count") if m.kind == "histogram" else ("",))
     }
     for where, name, _ in _queried(expressions):

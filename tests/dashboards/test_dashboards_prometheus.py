@@ -19,7 +19,7 @@ import yaml
 from hopline.dashboards import provisioning
 from hopline.dashboards.build import write
 from hopline.dashboards.promql import substitute_variables
-from hopline.middleware.contract import dumps
+from hopline.middleware.contract import EMITTER_STATS_HOP, dumps, new_eid
 from support.servers import free_port, wait_until
 
 ROUNDS = 3
@@ -87,8 +87,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory, traffic) -> Iterator[dict]:
             for n in range(ROUNDS):
                 events = traffic(f"-{n}")
                 ids += sorted({e["request_id"] for e in events})
-                # and one invalid event a round: the collector rejects it, keeps the rest
-                body = b"".join(dumps(e) for e in events) + b'{"ts": 1, "hop": "client.sent"}\n'
+                # and one invalid event a round: the collector rejects it, keeps the rest; and a
+                # gateway emitter's health report (delivering, nothing dropped)
+                health = {
+                    "ts": time.time(), "eid": new_eid(), "hop": EMITTER_STATS_HOP, "emitter": "e1",
+                    "service": "kite-chat", "replica": "gw-1", "sent": 100 * (n + 1), "buffered": n,
+                }
+                body = b"".join(dumps(e) for e in [*events, health]) + b'{"ts": 1, "hop": "client.sent"}\n'
                 answer = http.post(
                     f"{collector_url}/v1/events",
                     content=body,

@@ -117,6 +117,10 @@ def test_alerts_fire_on_synthetic_series_and_stay_quiet_otherwise(built, tmp_pat
         # rejected events keep coming for one reason; another stopped long ago (counter flat)
         counter("hopline_events_rejected_total", {"reason": "missing_field"}, 5),
         counter("hopline_events_rejected_total", {"reason": "bad_request_id"}, 0),
+        # the emitters of chat on gw-1 drop from minute 40 (buffer full); those on gw-2 never do
+        counter("hopline_emitter_events_dropped_total", {"service": "chat", "replica": "gw-1", "reason": "full"},
+                50, start=40),
+        counter("hopline_emitter_events_dropped_total", {"service": "chat", "replica": "gw-2", "reason": "full"}, 0),
     ]
 
     def alert(labels: dict[str, str], summary: str, dashboard: str, description: str) -> dict[str, Any]:
@@ -166,6 +170,12 @@ def test_alerts_fire_on_synthetic_series_and_stay_quiet_otherwise(built, tmp_pat
         "/d/hopline-lifecycle",
         description("HoplineEventsRejected"),
     )
+    drops = alert(
+        {"severity": "warning", "service": "chat", "replica": "gw-1", "reason": "full"},
+        "Emitters of chat on gw-1 dropped hop events (full) in the last 10 minutes.",
+        "/d/hopline-lifecycle?var-service=chat&var-replica=gw-1",
+        description("HoplineEmitterDrops"),
+    )
     cases = [
         # before the shift (and before there is an hour to compare with): quiet; after it, r1 only
         ("HoplineQueueTimeShift", "65m", []),
@@ -179,6 +189,8 @@ def test_alerts_fire_on_synthetic_series_and_stay_quiet_otherwise(built, tmp_pat
         ("HoplineNegativeStages", "32m", [negative]),
         ("HoplineEventsRejected", "8m", []),
         ("HoplineEventsRejected", "20m", [rejected]),
+        ("HoplineEmitterDrops", "35m", []),
+        ("HoplineEmitterDrops", "45m", [drops]),
     ]
     assert {name for name, _, _ in cases} == set(rules), "every alert has a firing and a quiet case"
     tests = {

@@ -16,7 +16,7 @@ import structlog
 from hopline.middleware import clock
 from hopline.middleware import emit as emit_module
 from hopline.middleware import log as hopline_log
-from hopline.middleware.contract import iter_ndjson, validate_event
+from hopline.middleware.contract import EMITTER_STATS_HOP, iter_ndjson, validate_event
 from hopline.middleware.emit import Emitter, get_emitter
 from hopline.middleware.sinks import FileSink, HttpSink, MemorySink, NullSink
 
@@ -70,9 +70,12 @@ def test_close_flushes_everything_buffered_to_the_file(tmp_path) -> None:
     for i in range(n):
         emitter.emit("gateway.received", f"req-{i}")
     emitter.close()
-    written = file_events(path)
+    *written, report = file_events(path)
     assert len(written) == n
     assert [e["request_id"] for e in written] == [f"req-{i}" for i in range(n)]
+    # the last line is the emitter's final health report, counting every event as sent
+    assert report["hop"] == EMITTER_STATS_HOP and report["final"] is True
+    assert report["sent"] == n and report["buffered"] == 0 and report["dropped_full"] == 0
     assert len({e["eid"] for e in written}) == n
     assert emitter.stats() == {
         "buffered": 0, "sent": n, "dropped": 0, "dropped_full": 0, "dropped_sink": 0, "dropped_closed": 0,
@@ -80,7 +83,7 @@ def test_close_flushes_everything_buffered_to_the_file(tmp_path) -> None:
     }
 
 
-def test_a_full_buffer_drops_new_events_and_counts_them() -> None:
+def test_a_full_buffer_drops_the_oldest_events_and_counts_them() -> None:
     sink = MemorySink()
     emitter = Emitter(sink, capacity=5, flush_interval=60)  # the worker sleeps through the test
     for i in range(12):
@@ -88,7 +91,8 @@ def test_a_full_buffer_drops_new_events_and_counts_them() -> None:
     assert emitter.stats()["buffered"] == 5
     assert emitter.stats()["dropped_full"] == 7
     emitter.flush()
-    assert [e["request_id"] for e in sink.events] == [f"req-{i}" for i in range(5)]  # the oldest are kept
+    # the newest are kept: after an outage, what happened last arrives
+    assert [e["request_id"] for e in sink.events] == [f"req-{i}" for i in range(7, 12)]
     emitter.emit("client.sent", "req-after")  # room again
     emitter.close()
     assert sink.events[-1]["request_id"] == "req-after"
@@ -193,8 +197,9 @@ def test_get_emitter_is_configured_from_the_environment(tmp_path, monkeypatch) -
     assert get_emitter() is emitter
     emitter.emit("engine.received", "req-1", stream=True)
     emitter.close()
-    [event] = file_events(path)
+    [event, report] = file_events(path)
     assert (event["service"], event["replica"], event["model"]) == ("kite-chat", "r2", "llama")
+    assert report["hop"] == EMITTER_STATS_HOP and (report["service"], report["replica"]) == ("kite-chat", "r2")
 
 
 def test_get_emitter_with_a_bad_sink_logs_it_and_discards(monkeypatch, capfd) -> None:
@@ -236,10 +241,13 @@ def test_a_forked_child_ships_its_own_events_with_its_own_worker(tmp_path) -> No
     _, status = os.waitpid(pid, 0)
     emitter.close()
     assert os.waitstatus_to_exitcode(status) == 0
-    child = file_events(tmp_path / f"events.{pid}.ndjson")
-    parent = file_events(tmp_path / f"events.{os.getpid()}.ndjson")
+    *child, child_report = file_events(tmp_path / f"events.{pid}.ndjson")
+    *parent, parent_report = file_events(tmp_path / f"events.{os.getpid()}.ndjson")
     assert [e["request_id"] for e in child] == [f"child-{i}" for i in range(5)]
     assert [e["request_id"] for e in parent] == [f"parent-{i}" for i in range(10)] + ["parent-buffered"]
+    # the child is another emitter to the collector, with its own counts
+    assert (child_report["sent"], parent_report["sent"]) == (5, 11)
+    assert child_report["emitter"] != parent_report["emitter"]
 
 
 def test_hopline_logging_leaves_the_host_logging_alone(tmp_path, capfd) -> None:
@@ -299,7 +307,9 @@ for i in range(777):
 # no flush, no close: the interpreter exits with everything still buffered
 """
     subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
-    assert [e["request_id"] for e in file_events(path)] == [f"req-{i}" for i in range(777)]
+    *events, report = file_events(path)
+    assert [e["request_id"] for e in events] == [f"req-{i}" for i in range(777)]
+    assert report["hop"] == EMITTER_STATS_HOP and report["sent"] == 777 and report["final"] is True
 
 
 def test_events_are_stamped_with_the_anchored_clock_not_the_stepped_wall_clock(monkeypatch) -> None:
@@ -311,3 +321,132 @@ def test_events_are_stamped_with_the_anchored_clock_not_the_stepped_wall_clock(m
     after = clock.now()
     emitter.close()
     assert before <= sink.events[0]["ts"] <= after
+
+
+# --- health reports (emitter.stats) ------------------------------------------------------------
+
+
+def test_the_worker_reports_its_counts_by_reason_as_an_emitter_stats_event() -> None:
+    sink = MemorySink()
+    emitter = Emitter(sink, service="svc", replica="r1", capacity=3, flush_interval=0.02, stats_interval=0.05)
+    for i in range(5):  # two more than the buffer holds, before the worker drains: 2 dropped as full
+        emitter.emit("client.sent", f"req-{i}")
+    deadline = time.monotonic() + 5
+    while not any(e["hop"] == EMITTER_STATS_HOP and e["sent"] == 3 for e in list(sink.events)):
+        assert time.monotonic() < deadline, f"no report counting 3 sent: {sink.events}"
+        time.sleep(0.02)
+    emitter.close()
+    emitter.emit("client.sent", "late")  # dropped as closed: no report can say it any more
+    reports = [e for e in sink.events if e["hop"] == EMITTER_STATS_HOP]
+    assert all(validate_event(r) == r for r in reports)  # contract form, without a request_id
+    last = reports[-1]
+    assert "request_id" not in last and (last["service"], last["replica"]) == ("svc", "r1")
+    assert (last["sent"], last["dropped_full"], last["dropped_sink"], last["buffered"]) == (3, 2, 0, 0)
+    assert last["final"] is True and len({r["emitter"] for r in reports}) == 1
+    # reports are not events: the counters count hop events only
+    assert emitter.stats()["sent"] == 3 and len([e for e in sink.events if e["hop"] != EMITTER_STATS_HOP]) == 3
+
+
+def test_an_idle_emitter_does_not_repeat_an_unchanged_report() -> None:
+    sink = MemorySink()
+    emitter = Emitter(sink, flush_interval=0.01, stats_interval=0.02)
+    emitter.emit("client.sent", "req-1")
+    time.sleep(0.5)  # ~25 report intervals with nothing new
+    emitter.close()
+    reports = [e for e in sink.events if e["hop"] == EMITTER_STATS_HOP]
+    assert 1 <= len(reports) <= 2  # the one counting req-1 (and the final one if it came after)
+    assert all(r["sent"] == 1 for r in reports)
+
+
+def test_memory_and_null_sinks_get_no_reports_unless_asked() -> None:
+    sink = MemorySink()
+    emitter = Emitter(sink, flush_interval=0.01)
+    emitter.emit("client.sent", "req-1")
+    emitter.close()
+    assert [e["hop"] for e in sink.events] == ["client.sent"]
+    assert Emitter(NullSink()).stats_interval == 0 and Emitter("stdout").stats_interval > 0
+
+
+# --- configuration: explicit, then the environment, else nothing -------------------------------
+
+
+def test_configure_sets_the_process_emitter_and_falls_back_to_the_environment(tmp_path, monkeypatch) -> None:
+    path = tmp_path / "events.ndjson"
+    monkeypatch.setattr(emit_module, "_default", None)
+    monkeypatch.setenv("HOPLINE_SINK", "stdout")
+    monkeypatch.setenv("HOPLINE_SERVICE", "from-env")
+    monkeypatch.setenv("HOPLINE_REPLICA", "r-env")
+    emitter = emit_module.configure(f"file:{path}", service="kite-chat", stats_interval=0)
+    assert get_emitter() is emitter
+    emitter.emit("client.sent", "req-1")
+    emitter.close()
+    [event] = file_events(path)
+    # given arguments win; what was not given comes from the environment
+    assert (event["service"], event["replica"]) == ("kite-chat", "r-env")
+
+
+def test_configure_refuses_a_bad_sink_naming_it(monkeypatch) -> None:
+    monkeypatch.setattr(emit_module, "_default", None)
+    monkeypatch.delenv("HOPLINE_SINK", raising=False)
+    with pytest.raises(ValueError, match="'kafka://broker'"):
+        emit_module.configure("kafka://broker")
+    with pytest.raises(ValueError, match="needs a sink"):
+        emit_module.configure()
+    with pytest.raises(ValueError, match="HOPLINE_TOKEN must be printable ASCII"):
+        emit_module.configure("http://127.0.0.1:9400", token="t\u00f6ken")
+    assert emit_module._default is None  # nothing half-configured
+
+
+def _env_without_hopline() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("HOPLINE_")}
+
+
+def test_without_hopline_sink_nothing_is_emitted_and_it_is_said_once_on_stderr() -> None:
+    script = """
+from hopline.middleware.emit import get_emitter
+for i in range(3):
+    get_emitter().emit("client.sent", f"req-{i}", stream=True)
+print("host output")
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=_env_without_hopline(), capture_output=True, timeout=60, check=True
+    )
+    assert done.stdout == b"host output\n"  # the host's stdout is the host's
+    lines = done.stderr.decode().splitlines()
+    assert len(lines) == 1 and '"event":"hopline_not_configured"' in lines[0] and "HOPLINE_SINK" in lines[0]
+
+
+EXIT_SCRIPT = """
+import sys
+from hopline.middleware.emit import get_emitter
+for i in range(5000):
+    get_emitter().emit("client.sent", f"req-{i}", stream=True)
+print("ready", flush=True)
+"""
+
+
+def _exit_seconds(sink: str) -> float:
+    """Seconds from the script's last statement to its process ending (the exit's own cost)."""
+    env = {**_env_without_hopline(), "HOPLINE_SINK": sink}
+    process = subprocess.Popen(
+        [sys.executable, "-c", EXIT_SCRIPT], env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+    )
+    assert process.stdout is not None
+    assert process.stdout.readline() == b"ready\n"
+    start = time.monotonic()
+    process.wait(timeout=60)
+    return time.monotonic() - start
+
+
+def test_an_unreachable_collector_does_not_hold_up_the_exit(mw) -> None:
+    # A closed port refuses at once (the sink retries with backoff); a blackholed collector accepts
+    # connections and never answers (a request hangs until its 5 s timeout). Both used to add ~5 s
+    # (the close timeout); the bound is EXIT_TIMEOUT + EXIT_GRACE = 0.5 s, asserted generously.
+    import socket
+
+    with socket.socket() as blackhole:
+        blackhole.bind(("127.0.0.1", 0))
+        blackhole.listen(64)  # the kernel completes handshakes; nobody ever reads
+        blackholed = f"http://127.0.0.1:{blackhole.getsockname()[1]}"
+        assert _exit_seconds(blackholed) < 2.0
+    assert _exit_seconds(mw.closed_port_url()) < 2.0

@@ -360,7 +360,7 @@ def test_http_sink_gives_up_on_a_collector_that_keeps_failing(collector) -> None
 
 def test_emitter_eids_are_stable_across_retries(collector) -> None:
     collector.policy = lambda batch, n: (500, None, {}) if n == 0 else _accept(batch, n)
-    emitter = Emitter(fast_sink(collector.url), service="svc", flush_interval=60)
+    emitter = Emitter(fast_sink(collector.url), service="svc", flush_interval=60, stats_interval=0)
     for i in range(3):
         emitter.emit("gateway.received", f"req-{i}")
     emitter.close()
@@ -429,3 +429,11 @@ sink.close()
     good = [event["request_id"] for _, event, error in parsed if error is None]
     assert good == [f"req-{i}" for i in range(10)] + ["req-20", "req-21"]
     assert [number for number, _, error in parsed if error is not None] == [11]  # the torn line alone
+
+
+def test_a_token_an_http_header_cannot_carry_is_refused_at_configuration_without_echoing_it() -> None:
+    for bad in ("s\u00e9cret", "two words", "line\nbreak"):
+        with pytest.raises(ValueError, match="HOPLINE_TOKEN must be printable ASCII") as raised:
+            make_sink("http://127.0.0.1:9400", token=bad)
+        assert bad not in str(raised.value)  # a token is a credential
+    assert make_sink("http://127.0.0.1:9400", token="abc-DEF_123.~+/=")  # every base64 / URL-safe char
