@@ -31,7 +31,7 @@ from pathlib import Path
 
 import orjson
 import polars as pl
-from hopline.middleware.contract import EMITTER_STATS_HOP, ENGINE_ID_PREFIXES, STORAGE_COLUMNS, iter_ndjson
+from hopline.middleware.contract import EMITTER_STATS_HOP, ENGINE_ID_PREFIXES, STORAGE_COLUMNS, TS_MAX, iter_ndjson
 
 SCHEMA: dict[str, pl.DataType] = {name: getattr(pl, dtype)() for name, dtype in STORAGE_COLUMNS.items()}
 _EVENT_SCHEMA = {name: dtype for name, dtype in SCHEMA.items() if name != "attrs"}
@@ -46,7 +46,7 @@ _INT_RANGES = {
     for name, dtype in STORAGE_COLUMNS.items()
     if (bits := {"Int16": 16, "Int32": 32, "Int64": 64}.get(dtype))
 }
-MAX_TS = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC).timestamp()  # the last second a date can hold
+MAX_TS = TS_MAX  # the contract's bound (2100): Parquet rows are held to what validate_event accepts
 REQUIRED_COLUMNS = ("ts", "request_id", "hop")
 _DEFAULTS = {"v": 1, "attempt": 0}  # what an absent field means (DESIGN.md), as validation fills in
 
@@ -175,7 +175,7 @@ def _storage_problem(event: dict) -> str | None:
     """Why the storage types cannot hold this validated event, or None."""
     ts = event["ts"]
     if ts > MAX_TS:
-        return f"ts {ts!r} is after 9999-12-31T23:59:59Z, the last second a date can hold"
+        return f"ts {ts!r} is after 2100-01-01T00:00:00Z, a broken clock, not an event"
     for name in _INT_RANGES.keys() & event.keys():
         value = event[name]
         low, high = _INT_RANGES[name]

@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import pytest
-from collector_testing import ndjson, stored_lines
+from support.collector import stored_lines
+from support.events import ndjson
 from hopline.collector.emitter_stats import EmitterStats
 from hopline.middleware.contract import EMITTER_STATS_HOP, EventError, new_eid, validate_event
 from prometheus_client import CollectorRegistry
