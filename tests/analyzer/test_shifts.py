@@ -83,7 +83,8 @@ def test_a_burst_that_recovers_is_one_finding_with_until():
     assert len(found) == 1
     f = found[0].to_finding()
     assert (f["stage"], f["scope"], f["at"], f["until"]) == ("queue", {"replica": "r2"}, iso(20), iso(40))
-    assert "from 10:00:20 to 10:00:40" in f["summary"]
+    # said as times ("at ... until ..."), never "from 10:00:20 to 10:00:40", which reads as values
+    assert f["summary"].startswith("queue time tripled at 10:00:20 until 10:00:40 on replica r2 (p50 ")
 
 
 def test_an_improvement_is_reported_as_one():
@@ -152,7 +153,9 @@ def test_a_stage_that_was_zero():
     f = found[0].to_finding()
     assert (f["stage"], f["scope"], f["at"]) == ("connect", {"service": "kite-chat"}, iso(200))
     assert f["before_ms"] == 0.0 and f["after_ms"] > 30 and f["factor"] is None
-    assert f["summary"].startswith("connect time rose from zero at 10:03:20 on service kite-chat")
+    assert f["part"] == "connect"  # new connections (TCP + TLS), not a wait for the pool
+    assert f["summary"].startswith("connect time rose from zero to 4")  # 12 ms TCP + 30 ms TLS
+    assert " ms at 10:03:20 on service kite-chat (p" in f["summary"]
 
 
 def test_a_rise_in_steps_is_one_shift_from_before_the_first_step_to_after_the_last():

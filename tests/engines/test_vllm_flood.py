@@ -1,0 +1,128 @@
+"""A flood on a real vLLM: the first finding is the queue rising at the flood's onset.
+
+Issue 15 on the real engine (CPU build, tiny random Llama, ``--max-num-seqs 4``): two steady chat
+users call it through hopline's client; after ``STEADY_S`` a batch job adds ``FLOOD_USERS``
+back-to-back streams on the same replica for ``FLOOD_S``, then the chat users go on alone for
+``AFTER_S``. With 14 streams on 4 slots, ten wait: queue time goes from ~0 to a large part of a
+second and back. ``hopline analyze --json`` on the client's and the engine's events must put first
+a queue shift whose ``at`` is the flood's start (± 2 windows), at least doubled — not the end of
+the flood, nor the client's own pool wait, nor a percentage from a near-zero baseline.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+from test_vllm import MODEL, free_port, start_server, stop_server, tail, vllm_dir, wait_ready
+
+from hopline.middleware.client import instrument
+from hopline.middleware.emit import Emitter
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(420)]
+
+MAX_NUM_SEQS = 4
+STEADY_USERS, FLOOD_USERS = 2, 12
+STEADY_S, FLOOD_S, AFTER_S = 30.0, 40.0, 30.0
+MAX_TOKENS = 160  # ~0.3-0.5 s a request alone: the engine, not Python, is what saturates
+THINK_S = 0.2  # a chat user's pause between answers; the batch job has none
+WINDOW = "2s"  # 50 windows over 100 s; the onset must be found within 2 of them
+MIN_FACTOR = 2.0
+# 8 tokens an SSE chunk (the first at once): with one chunk a token, the API server's and this
+# client's Python, sharing one core, saturate before the engine's 4 slots do, and the queue
+# empties mid-flood while the wait moves into the client's pool and the sockets.
+SERVE_ARGS = ("--stream-interval", "8")
+
+
+def user(client: httpx.Client, port: int, stop_at: float, pause_s: float) -> int:
+    """One user calling until ``stop_at`` (monotonic); returns how many answers it got."""
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Hello world, tell me about latency"}],
+        "stream": True,
+        "max_tokens": MAX_TOKENS,
+        "ignore_eos": True,
+        "stream_options": {"include_usage": True},
+    }
+    done = 0
+    while time.monotonic() < stop_at:
+        with client.stream("POST", f"http://127.0.0.1:{port}/v1/chat/completions", json=body) as r:
+            assert r.status_code == 200, r.read()
+            usage = [orjson.loads(line[6:])["usage"] for line in r.iter_lines() if '"usage":{' in line]
+        assert usage and usage[-1]["completion_tokens"] == MAX_TOKENS, usage
+        done += 1
+        time.sleep(pause_s)
+    return done
+
+
+def scenario(port: int, emitter: Emitter) -> dict[str, float]:
+    """Steady chat, flood, steady chat; returns the flood's wall-clock start and end.
+
+    Each user is a thread with a blocking client: streams sharing one asyncio loop were seen to
+    starve each other (a whole answer arriving at its end), which would be the client's artifact.
+    """
+    limits = httpx.Limits(max_connections=32)
+    with (
+        instrument(httpx.Client(timeout=120, limits=limits), emitter=emitter, service="chat") as chat_c,
+        instrument(httpx.Client(timeout=120, limits=limits), emitter=emitter, service="batch") as batch_c,
+        ThreadPoolExecutor(STEADY_USERS + FLOOD_USERS) as pool,
+    ):
+        end = time.monotonic() + STEADY_S + FLOOD_S + AFTER_S
+        steady = [pool.submit(user, chat_c, port, end, THINK_S) for _ in range(STEADY_USERS)]
+        time.sleep(STEADY_S)
+        flood_start = time.time()
+        flood_end_mono = time.monotonic() + FLOOD_S
+        flood = [pool.submit(user, batch_c, port, flood_end_mono, 0.0) for _ in range(FLOOD_USERS)]
+        flooded = sum(f.result() for f in flood)
+        flood_end = time.time()
+        answered = sum(f.result() for f in steady)
+    return {"flood_start": flood_start, "flood_end": flood_end, "chat": answered, "batch": flooded}
+
+
+def epoch(iso: str) -> float:
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+
+
+def test_a_flood_is_reported_at_its_onset_as_a_queue_rise(tmp_path: Path) -> None:
+    root = vllm_dir()
+    events = tmp_path / "events"
+    events.mkdir()
+    port, log_path = free_port(), tmp_path / "serve.log"
+    proc = start_server(
+        root, port, events / "engine.ndjson", log_path, max_num_seqs=MAX_NUM_SEQS, extra_args=SERVE_ARGS
+    )
+    emitter = Emitter(f"file:{events / 'client.ndjson'}")
+    try:
+        wait_ready(proc, port, log_path)
+        run = scenario(port, emitter)
+    finally:
+        emitter.close()
+        stop_server(proc)
+    analysed = subprocess.run(
+        [str(Path(sys.executable).parent / "hopline"), "analyze", str(events), "--json", "--window", WINDOW],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert analysed.returncode == 0, analysed.stderr[-2000:]
+    result = json.loads(analysed.stdout)
+    findings = result["findings"]
+    print(f"\n{run}; {result['requests']} requests, window {result['window_s']} s")
+    for f in findings[:5]:
+        print(f"- {f['summary']}  [impact {f.get('impact_s')} s]")
+    assert findings, f"no findings; server log:\n{tail(log_path)}"
+    first = findings[0]
+    window_s = result["window_s"]
+    assert (first["kind"], first["stage"]) == ("shift", "queue"), findings[:3]
+    assert abs(epoch(first["at"]) - run["flood_start"]) <= 2 * window_s, (first, run)
+    assert first["after_ms"] >= MIN_FACTOR * first["before_ms"], first
+    assert first["until"] is not None and abs(epoch(first["until"]) - run["flood_end"]) <= 2 * window_s, first
+    assert "%" not in first["summary"].split(";")[0], first["summary"]  # before → after, not 5372911%
