@@ -10,17 +10,28 @@ Method, per scope (all traffic, each replica / service / model) and per stage:
 2. For every candidate at once, a Mann-Whitney U statistic of the requests before vs after it,
    from one cumulative sum of ranks (the rank-CUSUM; O(n log n) for all splits). The split with
    the largest |z| is a change point; each side is searched again (binary segmentation), so a
-   burst that ends is found with its end, and reported once, with ``until``.
+   burst that ends is found with its end. When the end brings the stage back (within
+   ``min_factor``, or within ``min_abs_ms``: 0.3 → 115 → 0.7 ms came back), the burst is one
+   finding from its onset, with ``until``; an end that stops part way is a change of its own,
+   never ranked above the onset it undoes.
 3. It is reported only when it is significant after a Bonferroni correction for every scope ×
    stage × candidate tested, has at least ``min_side`` requests on each side, and is large for a
    user: the p50 (or, for stages that are mostly zero such as ``connect``, the p90) moved by
    ``min_factor`` or more and by ``min_abs_ms`` or more.
-4. The narrowest scope wins: when some replicas (services, models) moved and the others did not,
-   the finding names those; when every value moved, the scope is ``{}`` (all traffic).
+4. The narrowest scope wins: when some replicas (services, models) moved and the others, seen on
+   both sides of the change, did not, the finding names those; else the scope is ``{}``.
 5. Detections of one stage in several scopes within a few windows are one change.
-6. What moved with it: other stages' p50, arrival rate, concurrency, prompt length and cache hits,
-   before vs after, in the same scope.
+6. One incident per onset: the shifts of one scope that start within ``onset_windows`` are said
+   from the one that explains the users' time (the largest; a client's pool wait is a
+   consequence of any stage its connections are held for that rose with it), the others "with
+   it"; ``impact_s`` is the sum (stages add up). A ``connect`` shift names the part that moved:
+   the client's pool wait or new connections (TCP + TLS), since their cures differ.
+7. What moved with it: other stages' p50, arrival rate, concurrency, prompt length and cache hits,
+   before vs after, in the same scope. A ratio within ``PERCENT_RANGE`` is said as a percentage,
+   any other change (from a near-zero baseline) as its two values; a headline factor beyond
+   ``SPOKEN_FACTOR`` likewise.
 
+Findings are ordered by the users' time they cost (``impact_s``), the onset first on a tie.
 The statistic is rank-based, so a few very slow requests cannot fake a shift, and skewed clocks
 cannot either (stages never mix hosts' clocks). ``tests/analyzer/test_shifts.py`` measures the
 false-positive rate on stationary logs with seeds the thresholds were not tuned on.
@@ -141,7 +152,7 @@ class Shift:
             text += f": {PART_MEANING[self.part]}"
         if self.consequences:
             text += "; with it, " + ", ".join(
-                f"{c.label} {c.statistic} {_ms(c.before_ms)} → {_ms(c.after_ms)} ms"
+                f"{_short(c.part or c.stage)} {c.statistic} {_ms(c.before_ms)} → {_ms(c.after_ms)} ms"
                 for c in self.consequences
             )
         unchanged = self.context.get("unchanged", [])
