@@ -399,14 +399,13 @@ def _detect(
         effect = _effect(x[edges[i] : k], x[k : edges[i + 2]], z, cfg)
         found.append(None if effect is None else _Detection(stage, scope, at, *effect, z, edges[i + 2] - k))
         first = i
+    # steps too small for a user (None) do not separate a burst from its end
+    real = [det for det in found if det is not None]
     out: list[_Detection] = []
-    for i, det in enumerate(found):
-        if det is None:
-            continue
-        prev = found[i - 1] if i else None
-        if prev is not None and prev.until == det.at:
-            continue  # folded into the previous detection
-        nxt = found[i + 1] if i + 1 < len(found) else None
+    for i, det in enumerate(real):
+        if out and out[-1].until == det.at:
+            continue  # the end of the burst before
+        nxt = real[i + 1] if i + 1 < len(real) else None
         if nxt is not None and nxt.up != det.up and _returns(det, nxt, cfg):
             det.until = nxt.at  # a burst: one finding from its onset; its end is not another
         out.append(det)

@@ -297,3 +297,23 @@ def test_a_burst_that_ends_part_way_never_outranks_its_onset():
         queue
     )
     assert abs(queue[1]["impact_s"]) <= abs(queue[0]["impact_s"])
+
+
+def test_a_burst_that_eases_a_little_on_the_way_still_ends_as_one_finding():
+    """Queue 10x for half a minute, then 7.5x (a significant step, too small for a user: 1.33x)
+    for another, then back: one finding from the onset until the end, as on the real vLLM, whose
+    queue eased as the batch job's first streams finished."""
+    events = generate(
+        duration_s=480,
+        rate=10.0,
+        seed=43,
+        replicas=("r1",),
+        incidents=[
+            StageShift("queue", 10.0, at_s=FLOOD[0], until_s=150.0),
+            StageShift("queue", 7.5, at_s=150.0, until_s=FLOOD[1]),
+        ],
+    )
+    tl = timelines(events.lazy()).collect()
+    found = find_shifts(tl, auto_window(tl["start"].max() - tl["start"].min()))
+    queue = [s.to_finding() for s in found if s.stage == "queue"]
+    assert [(f["at"], f["until"]) for f in queue] == [(iso(FLOOD[0]), iso(FLOOD[1]))], queue
