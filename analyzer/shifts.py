@@ -316,6 +316,7 @@ class _Detection:
     z: float
     after_n: int
     until: float | None = None  # the change reverted here (a transient incident)
+    index: int = 0  # the first request after the change, in the scope's sorted requests
 
     @property
     def up(self) -> bool:
@@ -392,23 +393,33 @@ def _detect(
             # one change, from the segment before its first step to the segment after its last
             effect = _effect(x[edges[first] : edges[first + 1]], x[k : edges[i + 2]], z, cfg)
             if effect is not None:
+                start = edges[first + 1]
                 found[-1] = _Detection(
-                    stage, scope, prev.at, *effect, max(prev.z, z, key=abs), edges[i + 2] - edges[first + 1]
+                    stage, scope, prev.at, *effect, max(prev.z, z, key=abs), edges[i + 2] - start, index=start
                 )
                 continue
         effect = _effect(x[edges[i] : k], x[k : edges[i + 2]], z, cfg)
-        found.append(None if effect is None else _Detection(stage, scope, at, *effect, z, edges[i + 2] - k))
+        found.append(
+            None if effect is None else _Detection(stage, scope, at, *effect, z, edges[i + 2] - k, index=k)
+        )
         first = i
-    # steps too small for a user (None) do not separate a burst from its end
+    # A burst ends at the first later change that brings the stage back; the steps between (it
+    # eased or rose again on the way, or moved too little for a user: None) are part of it.
     real = [det for det in found if det is not None]
     out: list[_Detection] = []
-    for i, det in enumerate(real):
-        if out and out[-1].until == det.at:
-            continue  # the end of the burst before
-        nxt = real[i + 1] if i + 1 < len(real) else None
-        if nxt is not None and nxt.up != det.up and _returns(det, nxt, cfg):
-            det.until = nxt.at  # a burst: one finding from its onset; its end is not another
+    i = 0
+    while i < len(real):
+        det = real[i]
+        end = next(
+            (j for j in range(i + 1, len(real)) if real[j].up != det.up and _returns(det, real[j], cfg)), None
+        )
         out.append(det)
+        if end is None:
+            i += 1
+            continue
+        det.until = real[end].at  # one finding from its onset; its end is not another
+        det.after_n = real[end].index - det.index
+        i = end + 1
     return out
 
 
