@@ -645,13 +645,18 @@ def _incidents(shifts: list[Shift], within_s: float) -> list[Shift]:
 
 
 def _cap_reversals(shifts: list[Shift]) -> None:
-    """A change that undoes part of an earlier one in the same stage and scope (a burst's end
-    that did not come all the way back) never outranks the change it undoes."""
+    """A change that undoes part of an earlier one in the same stage and scope (a burst's end that
+    did not come all the way back: it moves the other way, and no further than the earlier one
+    moved) never outranks the change it undoes."""
     for shift in sorted(shifts, key=lambda s: s.at):
         undone = [
             s
             for s in shifts
-            if s.stage == shift.stage and s.scope == shift.scope and s.at < shift.at and s.up != shift.up
+            if s.stage == shift.stage
+            and s.scope == shift.scope
+            and s.at < shift.at
+            and s.up != shift.up
+            and abs(shift.after_ms - shift.before_ms) <= abs(s.after_ms - s.before_ms)
         ]
         if undone:
             shift.impact_cap_s = abs(max(undone, key=lambda s: s.at).impact_s)

@@ -317,3 +317,20 @@ def test_a_burst_that_eases_a_little_on_the_way_still_ends_as_one_finding():
     found = find_shifts(tl, auto_window(tl["start"].max() - tl["start"].min()))
     queue = [s.to_finding() for s in found if s.stage == "queue"]
     assert [(f["at"], f["until"]) for f in queue] == [(iso(FLOOD[0]), iso(FLOOD[1]))], queue
+
+
+def test_a_rise_after_an_earlier_improvement_is_not_taken_for_its_reversal():
+    """Queue time halved at 60 s (an improvement), then rose 10x at 300 s: the rise goes far
+    beyond undoing the improvement, so it keeps its own users' time and comes first."""
+    events = generate(
+        duration_s=480,
+        rate=10.0,
+        seed=44,
+        replicas=("r1",),
+        incidents=[StageShift("queue", 0.4, at_s=60.0), StageShift("queue", 10.0, at_s=300.0)],
+    )
+    tl = timelines(events.lazy()).collect()
+    found = find_shifts(tl, auto_window(tl["start"].max() - tl["start"].min()))
+    queue = [s for s in found if s.stage == "queue"]
+    assert [(s.to_finding()["at"], s.up) for s in queue] == [(iso(300), True), (iso(60), False)]
+    assert queue[0].impact_s == pytest.approx(queue[0].own_impact_s)
