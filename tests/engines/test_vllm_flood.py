@@ -31,22 +31,22 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(420)]
 
 MAX_NUM_SEQS = 4
 STEADY_USERS, FLOOD_USERS = 2, 12
-STEADY_S, FLOOD_S, AFTER_S = 30.0, 40.0, 30.0
+STEADY_S, FLOOD_S, AFTER_S = 40.0, 40.0, 30.0  # 50+ requests on each side of a change
 MAX_TOKENS = 64  # alike for both: decode time follows answer length, so a batch of longer
 # answers would raise it without anything getting slower
-THINK_S = 0.2  # a chat user's mean pause between answers; the batch job has none
-WINDOW = "2s"  # 50 windows over 100 s; the onset must be found within 2 of them
+THINK_S = 0.1  # a chat user's mean pause between answers; the batch job has none
+WINDOW = "2s"  # 55 windows over 110 s; the onset must be found within 2 of them
 MIN_FACTOR = 2.0
 # The engine must be what saturates. The tiny model is so fast that the Python around it (the
 # API server detokenizing and streaming, this client reading 14 streams), sharing two cores with
 # it and, here, with other work, saturates first: the wait then moves out of the engine's queue
 # into the stream's delivery ("network") and the client's pool, and no queue builds. So the
 # engine serves the tiny model's tokenizer and config with random weights (no checkpoint read)
-# and a model 8 layers deep and 4x wider, ~0.3 s for 64 tokens alone, and streams 8 tokens a
+# and a model 16 layers deep and 2x wider, ~0.5 s for 64 tokens alone, and streams 16 tokens a
 # chunk (the first at once).
-BIGGER = {"hidden_size": 256, "intermediate_size": 1024, "num_hidden_layers": 8, "num_attention_heads": 8,
+BIGGER = {"hidden_size": 256, "intermediate_size": 1024, "num_hidden_layers": 16, "num_attention_heads": 8,
           "num_key_value_heads": 4, "head_dim": 32}  # fmt: skip
-SERVE_ARGS = ("--load-format", "dummy", "--hf-overrides", json.dumps(BIGGER), "--stream-interval", "8")
+SERVE_ARGS = ("--load-format", "dummy", "--hf-overrides", json.dumps(BIGGER), "--stream-interval", "16")
 
 
 def user(client: httpx.Client, port: int, stop_at: float, max_tokens: int, pause_s: float, seed: int) -> int:
