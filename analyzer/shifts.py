@@ -10,17 +10,28 @@ Method, per scope (all traffic, each replica / service / model) and per stage:
 2. For every candidate at once, a Mann-Whitney U statistic of the requests before vs after it,
    from one cumulative sum of ranks (the rank-CUSUM; O(n log n) for all splits). The split with
    the largest |z| is a change point; each side is searched again (binary segmentation), so a
-   burst that ends is found with its end, and reported once, with ``until``.
+   burst that ends is found with its end. When the end brings the stage back (within
+   ``min_factor``, or within ``min_abs_ms``: 0.3 → 115 → 0.7 ms came back), the burst is one
+   finding from its onset, with ``until``; an end that stops part way is a change of its own,
+   never ranked above the onset it undoes.
 3. It is reported only when it is significant after a Bonferroni correction for every scope ×
    stage × candidate tested, has at least ``min_side`` requests on each side, and is large for a
    user: the p50 (or, for stages that are mostly zero such as ``connect``, the p90) moved by
    ``min_factor`` or more and by ``min_abs_ms`` or more.
-4. The narrowest scope wins: when some replicas (services, models) moved and the others did not,
-   the finding names those; when every value moved, the scope is ``{}`` (all traffic).
+4. The narrowest scope wins: when some replicas (services, models) moved and the others, seen on
+   both sides of the change, did not, the finding names those; else the scope is ``{}``.
 5. Detections of one stage in several scopes within a few windows are one change.
-6. What moved with it: other stages' p50, arrival rate, concurrency, prompt length and cache hits,
-   before vs after, in the same scope.
+6. One incident per onset: the shifts of one scope that start within ``onset_windows`` are said
+   from the one that explains the users' time (the largest; a client's pool wait is a
+   consequence of any stage its connections are held for that rose with it), the others "with
+   it"; ``impact_s`` is the sum (stages add up). A ``connect`` shift names the part that moved:
+   the client's pool wait or new connections (TCP + TLS), since their cures differ.
+7. What moved with it: other stages' p50, arrival rate, concurrency, prompt length and cache hits,
+   before vs after, in the same scope. A ratio within ``PERCENT_RANGE`` is said as a percentage,
+   any other change (from a near-zero baseline) as its two values; a headline factor beyond
+   ``SPOKEN_FACTOR`` likewise.
 
+Findings are ordered by the users' time they cost (``impact_s``), the onset first on a tie.
 The statistic is rank-based, so a few very slow requests cannot fake a shift, and skewed clocks
 cannot either (stages never mix hosts' clocks). ``tests/analyzer/test_shifts.py`` measures the
 false-positive rate on stationary logs with seeds the thresholds were not tuned on.
@@ -29,33 +40,37 @@ false-positive rate on stationary logs with seeds the thresholds were not tuned 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import numpy as np
 import polars as pl
 from hopline.analyzer.attribution import TTFT_PARTS, e2e
+from hopline.middleware.rules import LOOK, STAGE_ORDER
 
 SHIFT_STAGES = TTFT_PARTS + ("decode",)
-STAGE_WORDS = {
-    "connect": "connect time",
-    "network": "network time",
-    "gateway": "gateway time",
-    "frontend": "engine frontend time",
-    "queue": "queue time",
-    "prefill": "prefill time",
-    "engine": "engine time",
-    "upstream_network": "upstream network time",
-    "upstream": "upstream time",
-    "decode": "decode time",
-}
+# How a stage is said in a sentence (the rule book's vocabulary), plus the part of ``connect``
+# that is the client's own pool wait (see CONNECT_PARTS).
+STAGE_WORDS = {name: LOOK[name].words for name in STAGE_ORDER} | {"pool_wait": "client pool wait"}
+# ``connect`` is pool wait + TCP connect + TLS (the client's ``pool_wait_s``, ``connect_s``,
+# ``tls_s``). Which of them moved decides what a finding says, because the cures differ: a pool
+# wait wants a bigger pool or fewer concurrent calls; new connections want keep-alive.
+CONNECT_PARTS = {"pool_wait": ("pool_wait_s",), "connect": ("connect_s", "tls_s")}
+PART_MEANING = {"pool_wait": "the client waited for a connection from its pool"}
+# Stages a connection is held for once taken from the pool: when one of them rose at the same
+# moment, a pool wait is their consequence (connections busy = calls x time each is held).
+HELD_STAGES = tuple(s for s in SHIFT_STAGES if s != "connect")
 
+# name: (words, format of one value); a covariate is said as a percentage or as before → after.
 COVARIATE_WORDS = {
-    "arrivals_per_s": "arrivals",
-    "concurrency": "concurrency",
-    "prompt_tokens_p50": "prompt length",
-    "cache_hit_ratio": "cache hits",
+    "arrivals_per_s": ("arrivals", "{:.1f}/s"),
+    "concurrency": ("concurrency", "{:.1f}"),
+    "prompt_tokens_p50": ("prompt length", "{:.0f} tokens"),
+    "cache_hit_ratio": ("cache hits", "{:.0%}"),
 }
+SPOKEN_FACTOR = 10.0  # beyond 10x either way a change reads better as its two values
+PERCENT_RANGE = (0.5, 2.0)  # a co-mover's ratio said as a percentage; outside it, as two values
 
 
 @dataclass(frozen=True)
@@ -71,6 +86,7 @@ class ShiftConfig:
     max_requests: int = 200_000  # per scope; a seeded subsample beyond (plenty for a rank test)
     unchanged_within: float = 0.15  # another stage within ±15% counts as unchanged
     notable_change: float = 0.2  # a covariate that moved 20% or more is mentioned
+    onset_windows: float = 1.0  # shifts of one scope starting this close are one incident
 
 
 @dataclass
@@ -85,31 +101,60 @@ class Shift:
     requests_after: int
     context: dict = field(default_factory=dict)
     until: float | None = None  # Unix seconds: where the change reverted, if it did
+    part: str | None = None  # for ``connect``: which of its parts moved (``CONNECT_PARTS``)
+    consequences: list[Shift] = field(default_factory=list)  # shifts that started with this one
+    impact_cap_s: float | None = None  # this change undoes part of an earlier one: never more
 
     @property
     def factor(self) -> float:
         return self.after_ms / self.before_ms if self.before_ms > 0 else math.inf
 
     @property
-    def impact_s(self) -> float:
-        """Users' time the change added (or saved): (after - before) x requests it affected."""
+    def up(self) -> bool:
+        return self.after_ms > self.before_ms
+
+    @property
+    def own_impact_s(self) -> float:
+        """Users' time this stage's change added (or saved): (after - before) x requests it affected."""
         return (self.after_ms - self.before_ms) / 1e3 * self.requests_after
+
+    @property
+    def impact_s(self) -> float:
+        """Users' time the incident cost: this change and its consequences (stages add up)."""
+        total = self.own_impact_s + sum(c.own_impact_s for c in self.consequences)
+        if self.impact_cap_s is not None and abs(total) > self.impact_cap_s:
+            total = math.copysign(self.impact_cap_s, total)
+        return total
+
+    @property
+    def label(self) -> str:
+        return STAGE_WORDS.get(self.part or self.stage, self.stage)
 
     def summary(self) -> str:
         where = _scope_words(self.scope)
+        change, values = _headline_words(self.before_ms, self.after_ms, self.statistic)
         text = (
-            f"{STAGE_WORDS.get(self.stage, self.stage)} {_factor_words(self.factor)} "
-            f"{'at ' + _clock(self.at) if self.until is None else f'from {_clock(self.at)} to {_clock(self.until)}'}"
-            f"{' on ' + where if where else ''} ({self.statistic} {_ms(self.before_ms)} → {_ms(self.after_ms)} ms)"
+            f"{self.label} {change} at {_clock(self.at)}"
+            f"{'' if self.until is None else ' until ' + _clock(self.until)}"
+            f"{' on ' + where if where else ''} {values}"
         )
+        if self.part in PART_MEANING:
+            text += f": {PART_MEANING[self.part]}"
+        if self.consequences:
+            text += "; with it, " + ", ".join(
+                f"{_short(c.part or c.stage)} {c.statistic} {_ms(c.before_ms)} → {_ms(c.after_ms)} ms"
+                for c in self.consequences
+            )
         unchanged = self.context.get("unchanged", [])
         if unchanged:
             text += f"; {_join(unchanged)} unchanged"
-        for name, change in self.context.get("moved", {}).items():
-            text += f"; {STAGE_WORDS.get(name, name).replace(' time', '')} {_percent_words(change)}"
-        for name, change in self.context.get("moved_with", {}).items():
-            where = f" on {_scope_value(self.scope)}" if self.scope else ""
-            text += f"; {COVARIATE_WORDS[name]}{where} {_percent_words(change)}"
+        for name, moved in self.context.get("moved", {}).items():
+            text += f"; {_short(name)} {_change_words(moved['before_ms'], moved['after_ms'], _ms_words)}"
+        before, after = self.context.get("before", {}), self.context.get("after", {})
+        for name in self.context.get("moved_with", {}):
+            label, unit = COVARIATE_WORDS[name]
+            on = f" on {_scope_value(self.scope)}" if self.scope else ""
+            text += f"; {label}{on} {_change_words(before[name], after[name], unit.format)}"
         return text
 
     def to_finding(self) -> dict:
@@ -117,6 +162,7 @@ class Shift:
             "kind": "shift",
             "summary": self.summary(),
             "stage": self.stage,
+            "part": self.part,
             "at": iso_utc(self.at),
             "until": None if self.until is None else iso_utc(self.until),
             "scope": self.scope,
@@ -127,6 +173,18 @@ class Shift:
             "z": round(self.z, 2),
             "affected_requests": self.requests_after,
             "impact_s": round(self.impact_s, 3),
+            "with": [
+                {
+                    "stage": c.stage,
+                    "part": c.part,
+                    "at": iso_utc(c.at),
+                    "statistic": c.statistic,
+                    "before_ms": round(c.before_ms, 3),
+                    "after_ms": round(c.after_ms, 3),
+                    "impact_s": round(c.own_impact_s, 3),
+                }
+                for c in self.consequences
+            ],
             "context": self.context,
         }
 
@@ -148,9 +206,19 @@ def _ms(value: float) -> str:
     return f"{value:.0f}" if value >= 10 else f"{value:.1f}"
 
 
+def _headline_words(before_ms: float, after_ms: float, statistic: str) -> tuple[str, str]:
+    """("tripled", "(p50 40 → 120 ms)"), or the two values when no factor reads well:
+    ("rose from 0.3 to 115 ms", "(p50)") — a factor from a near-zero baseline says nothing."""
+    direction = "rose" if after_ms > before_ms else "fell"
+    if before_ms <= 0:
+        return f"rose from zero to {_ms(after_ms)} ms", f"({statistic})"
+    factor = after_ms / before_ms
+    if after_ms <= 0 or not 1 / SPOKEN_FACTOR <= factor <= SPOKEN_FACTOR:
+        return f"{direction} from {_ms(before_ms)} to {_ms(after_ms)} ms", f"({statistic})"
+    return _factor_words(factor), f"({statistic} {_ms(before_ms)} → {_ms(after_ms)} ms)"
+
+
 def _factor_words(factor: float) -> str:
-    if not math.isfinite(factor):
-        return "rose from zero"
     for target, word in ((2, "doubled"), (3, "tripled"), (4, "quadrupled")):
         if abs(factor / target - 1) <= 0.08:
             return word
@@ -159,12 +227,25 @@ def _factor_words(factor: float) -> str:
     return f"rose {factor:.1f}×" if factor > 1 else f"fell {1 / factor:.1f}×"
 
 
-def _percent_words(change: float) -> str:
-    return f"up {change * 100:.0f}%" if change >= 0 else f"down {-change * 100:.0f}%"
+def _change_words(before: float, after: float, show: Callable[[float], str]) -> str:
+    """ "up 45%" while the ratio is within ``PERCENT_RANGE``, else "0.3 ms → 115 ms": a percentage
+    from a near-zero baseline ("up 5372911%") tells a reader nothing."""
+    if before > 0 and PERCENT_RANGE[0] <= after / before <= PERCENT_RANGE[1]:
+        change = after / before - 1
+        return f"up {change * 100:.0f}%" if change >= 0 else f"down {-change * 100:.0f}%"
+    return f"{show(before)} → {show(after)}"
+
+
+def _ms_words(value: float) -> str:
+    return f"{_ms(value)} ms"
+
+
+def _short(name: str) -> str:
+    return STAGE_WORDS.get(name, name).replace(" time", "")
 
 
 def _join(names: list[str]) -> str:
-    words = [STAGE_WORDS.get(n, n).replace(" time", "") for n in names]
+    words = [_short(n) for n in names]
     return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
 
 
@@ -225,6 +306,7 @@ class _Detection:
     z: float
     after_n: int
     until: float | None = None  # the change reverted here (a transient incident)
+    index: int = 0  # the first request after the change, in the scope's sorted requests
 
     @property
     def up(self) -> bool:
@@ -301,27 +383,42 @@ def _detect(
             # one change, from the segment before its first step to the segment after its last
             effect = _effect(x[edges[first] : edges[first + 1]], x[k : edges[i + 2]], z, cfg)
             if effect is not None:
+                start = edges[first + 1]
                 found[-1] = _Detection(
-                    stage, scope, prev.at, *effect, max(prev.z, z, key=abs), edges[i + 2] - edges[first + 1]
+                    stage, scope, prev.at, *effect, max(prev.z, z, key=abs), edges[i + 2] - start, index=start
                 )
                 continue
         effect = _effect(x[edges[i] : k], x[k : edges[i + 2]], z, cfg)
-        found.append(None if effect is None else _Detection(stage, scope, at, *effect, z, edges[i + 2] - k))
+        found.append(
+            None if effect is None else _Detection(stage, scope, at, *effect, z, edges[i + 2] - k, index=k)
+        )
         first = i
+    # A burst ends at the first later change that brings the stage back; the steps between (it
+    # eased or rose again on the way, or moved too little for a user: None) are part of it.
+    real = [det for det in found if det is not None]
     out: list[_Detection] = []
-    for i, det in enumerate(found):
-        if det is None:
-            continue
-        prev = found[i - 1] if i else None
-        if prev is not None and prev.until == det.at:
-            continue  # folded into the previous detection
-        nxt = found[i + 1] if i + 1 < len(found) else None
-        if nxt is not None and nxt.up != det.up:
-            back = max(nxt.after_ms, 1e-9) / max(det.before_ms, 1e-9)
-            if max(back, 1 / back) < cfg.min_factor:
-                det.until = nxt.at
+    i = 0
+    while i < len(real):
+        det = real[i]
+        end = next(
+            (j for j in range(i + 1, len(real)) if real[j].up != det.up and _returns(det, real[j], cfg)), None
+        )
         out.append(det)
+        if end is None:
+            i += 1
+            continue
+        det.until = real[end].at  # one finding from its onset; its end is not another
+        det.after_n = real[end].index - det.index
+        i = end + 1
     return out
+
+
+def _returns(det: _Detection, nxt: _Detection, cfg: ShiftConfig) -> bool:
+    """Whether ``nxt`` brings ``det``'s stage back to where it was before ``det``: within
+    ``min_factor``, or within ``min_abs_ms`` (from a near-zero baseline, 0.3 → 115 → 0.7 ms is a
+    return although 0.7 / 0.3 is not within any factor)."""
+    back = max(nxt.after_ms, 1e-9) / max(det.before_ms, 1e-9)
+    return max(back, 1 / back) < cfg.min_factor or abs(nxt.after_ms - det.before_ms) < cfg.min_abs_ms
 
 
 def _after(det: _Detection) -> pl.Expr:
@@ -329,21 +426,27 @@ def _after(det: _Detection) -> pl.Expr:
     return after if det.until is None else after & (pl.col("start") < det.until)
 
 
-def _ratio_at(frame: pl.DataFrame, det: _Detection) -> float | None:
-    """after / before of ``det``'s statistic, at ``det``'s time, in another scope's requests."""
+def _moved_at(frame: pl.DataFrame, det: _Detection, cfg: ShiftConfig) -> float | None:
+    """|log(after / before)| of ``det``'s statistic, at ``det``'s time, in another scope's
+    requests (``inf`` for a move from or to zero); None when that scope has no requests on one
+    side: a value that was not there cannot show that it stayed put."""
     q = 0.5 if det.statistic == "p50" else 0.9
     before = frame.filter(pl.col("start") < det.at)[det.stage].quantile(q, "linear")
     after = frame.filter(_after(det))[det.stage].quantile(q, "linear")
-    return after / before if before and after is not None else None
+    if before is None or after is None:
+        return None
+    if before <= 0 or after <= 0:
+        return 0.0 if abs(after - before) * 1e3 < cfg.min_abs_ms else math.inf
+    return abs(math.log(after / before))
 
 
 def _narrowest(
-    found: list[_Detection], tested: dict[str, list[str]], frames: dict[str, pl.DataFrame]
+    found: list[_Detection], tested: dict[str, list[str]], frames: dict[str, pl.DataFrame], cfg: ShiftConfig
 ) -> list[_Detection]:
     """For one stage: the scopes the change lives in (see module docstring, step 4).
 
-    A dimension explains the change when some of its values moved and the others did not move
-    even half as much (in log terms) at the same time.
+    A dimension explains the change when some of its values moved and the others, seen on both
+    sides of it, did not move even half as much (in log terms) at the same time.
     """
     overall = [d for d in found if not d.scope]
     best: list[_Detection] = []
@@ -353,8 +456,8 @@ def _narrowest(
         if not hits or len(hit_values) == len(values):
             continue
         weakest = min(abs(math.log(d.factor_estimate)) for d in hits)
-        others = [_ratio_at(frames[_key({dim: v})], hits[0]) for v in values if v not in hit_values]
-        if any(r is not None and r > 0 and abs(math.log(r)) > weakest / 2 for r in others):
+        others = [_moved_at(frames[_key({dim: v})], hits[0], cfg) for v in values if v not in hit_values]
+        if any(r is None or r > weakest / 2 for r in others):
             continue
         if not best or max(d.z**2 for d in hits) > max(d.z**2 for d in best):
             best = hits
@@ -375,13 +478,12 @@ def _context(frame: pl.DataFrame, det: _Detection, stages: list[str], cfg: Shift
         if stage == det.stage:
             continue
         b, a = before[stage].median(), after[stage].median()
-        if b is None or a is None or b <= 0:
+        if b is None or a is None:
             continue
-        change = a / b - 1
-        if abs(change) <= cfg.unchanged_within:
+        if b > 0 and abs(a / b - 1) <= cfg.unchanged_within:
             unchanged.append(stage)
         elif abs(a - b) * 1e3 >= cfg.min_abs_ms:
-            moved[stage] = round(change, 3)
+            moved[stage] = {"before_ms": round(b * 1e3, 3), "after_ms": round(a * 1e3, 3)}
 
     def load(part: pl.DataFrame) -> dict[str, float | None]:
         span = (part["start"].max() or 0) - (part["start"].min() or 0)
@@ -462,7 +564,7 @@ def find_shifts(
     shifts = []
     for stage, dets in found.items():
         for cluster in _clusters(dets, cfg.cluster_windows * window_s):
-            for det in _narrowest(cluster, tested, sub_frames):
+            for det in _narrowest(cluster, tested, sub_frames, cfg):
                 shifts.append(
                     Shift(
                         det.stage,
@@ -475,9 +577,79 @@ def find_shifts(
                         det.after_n,
                         _context(sub_frames[_key(det.scope)], det, stages, cfg),
                         det.until,
+                        _connect_part(sub_frames[_key(det.scope)], det),
                     )
                 )
-    return sorted(shifts, key=lambda s: -abs(s.impact_s))
+    incidents = _incidents(shifts, cfg.onset_windows * window_s)
+    _cap_reversals(incidents)
+    return sorted(incidents, key=lambda s: (-abs(s.impact_s), s.at))
+
+
+def _connect_part(frame: pl.DataFrame, det: _Detection) -> str | None:
+    """For a ``connect`` change: the part of it that moved most in mean, which adds up
+    (``CONNECT_PARTS``); None for other stages or without the parts' columns."""
+    names = [c for cols in CONNECT_PARTS.values() for c in cols]
+    if det.stage != "connect" or not set(names) <= set(frame.columns):
+        return None
+    before = frame.filter(pl.col("start") < det.at).select(pl.col(names).fill_null(0.0).mean())
+    after = frame.filter(_after(det)).select(pl.col(names).fill_null(0.0).mean())
+    moved = {
+        part: abs(sum((after[c].item() or 0.0) - (before[c].item() or 0.0) for c in cols))
+        for part, cols in CONNECT_PARTS.items()
+    }
+    return max(moved, key=moved.__getitem__)
+
+
+def _holds_connections(shift: Shift, others: list[Shift]) -> bool:
+    """A pool wait that rose while a stage a connection is held for rose too: its consequence."""
+    return (
+        shift.part == "pool_wait"
+        and shift.up
+        and any(o.stage in HELD_STAGES and o.up for o in others if o is not shift)
+    )
+
+
+def _incidents(shifts: list[Shift], within_s: float) -> list[Shift]:
+    """Shifts of one scope starting within ``within_s`` of each other are one incident, said from
+    the change that explains the users' time: the largest one, except that a client's pool
+    wait follows from the stages its connections are held for. The others are its consequences
+    (``with``), no longer stages that merely moved or stayed put in its context."""
+    groups: list[list[Shift]] = []
+    for shift in sorted(shifts, key=lambda s: s.at):
+        group = next(
+            (g for g in groups if g[0].scope == shift.scope and shift.at - g[0].at <= within_s), None
+        )
+        if group is None:
+            groups.append([shift])
+        else:
+            group.append(shift)
+    leads = []
+    for group in groups:
+        lead = min(group, key=lambda s: (_holds_connections(s, group), -abs(s.own_impact_s)))
+        lead.consequences = sorted((s for s in group if s is not lead), key=lambda s: -abs(s.own_impact_s))
+        said = {s.stage for s in lead.consequences}
+        lead.context["unchanged"] = [s for s in lead.context.get("unchanged", []) if s not in said]
+        lead.context["moved"] = {k: v for k, v in lead.context.get("moved", {}).items() if k not in said}
+        leads.append(lead)
+    return leads
+
+
+def _cap_reversals(shifts: list[Shift]) -> None:
+    """A change that undoes part of an earlier one in the same stage and scope (a burst's end that
+    did not come all the way back: it moves the other way, and no further than the earlier one
+    moved) never outranks the change it undoes."""
+    for shift in sorted(shifts, key=lambda s: s.at):
+        undone = [
+            s
+            for s in shifts
+            if s.stage == shift.stage
+            and s.scope == shift.scope
+            and s.at < shift.at
+            and s.up != shift.up
+            and abs(shift.after_ms - shift.before_ms) <= abs(s.after_ms - s.before_ms)
+        ]
+        if undone:
+            shift.impact_cap_s = abs(max(undone, key=lambda s: s.at).impact_s)
 
 
 def _clusters(dets: list[_Detection], within_s: float) -> list[list[_Detection]]:

@@ -67,13 +67,17 @@ FINDINGS_STAGE = {
 }
 FINDINGS_SHIFT = {
     "kind": "shift", "summary": "one sentence", "stage": "the stage that moved",
+    "part": "for connect: which part moved (pool_wait: the client's own pool; connect: new connections), else null",
     "at": "ISO-8601 UTC to the second: the start of the first window after the change",
     "until": "when a burst ended (null: it lasted to the end of the log)",
     "scope": "the narrowest scope the change is confined to ({} for all traffic)",
     "statistic": "p50 or p90: the quantile that moved most clearly", "before_ms": "before, ms",
     "after_ms": "after, ms", "factor": "after / before", "z": "the rank test's z score",
     "affected_requests": "requests after the change in the scope",
-    "impact_s": "users' seconds at stake (for ordering)", "context": "what moved with it: other stages, load",
+    "impact_s": "users' seconds at stake (for ordering; the sum over the shifts it heads)",
+    "with": "shifts in the same scope that began with it, said as its consequences: stage, part, at, statistic, "
+    "before_ms, after_ms, impact_s",
+    "context": "what moved with it: other stages, load",
 }
 FINDINGS_PITFALL = {
     "kind": "pitfall", "summary": "one sentence",

@@ -22,6 +22,14 @@ def test_terminal_and_html_renderers_cover_exactly_the_stages():
     assert {name: html.STAGE_COLOURS[name] for name in STAGE_ORDER} == {n: LOOK[n].colour for n in STAGE_ORDER}
 
 
+def test_shift_sentences_use_the_vocabulary():
+    from hopline.analyzer import shifts
+
+    assert set(STAGE_ORDER) <= set(shifts.STAGE_WORDS)
+    assert {n: shifts.STAGE_WORDS[n] for n in STAGE_ORDER} == {n: LOOK[n].words for n in STAGE_ORDER}
+    assert set(shifts.SHIFT_STAGES) <= set(STAGE_ORDER)
+
+
 def test_dashboard_stack_uses_the_vocabulary():
     from hopline.dashboards import lifecycle
     from hopline.dashboards.base import to_json

@@ -6,6 +6,7 @@ Thresholds (``ShiftConfig``) were tuned on seeds 0-9 only; the false-positive te
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 
 import numpy as np
@@ -83,7 +84,8 @@ def test_a_burst_that_recovers_is_one_finding_with_until():
     assert len(found) == 1
     f = found[0].to_finding()
     assert (f["stage"], f["scope"], f["at"], f["until"]) == ("queue", {"replica": "r2"}, iso(20), iso(40))
-    assert "from 10:00:20 to 10:00:40" in f["summary"]
+    # said as times ("at ... until ..."), never "from 10:00:20 to 10:00:40", which reads as values
+    assert f["summary"].startswith("queue time tripled at 10:00:20 until 10:00:40 on replica r2 (p50 ")
 
 
 def test_an_improvement_is_reported_as_one():
@@ -152,7 +154,9 @@ def test_a_stage_that_was_zero():
     f = found[0].to_finding()
     assert (f["stage"], f["scope"], f["at"]) == ("connect", {"service": "kite-chat"}, iso(200))
     assert f["before_ms"] == 0.0 and f["after_ms"] > 30 and f["factor"] is None
-    assert f["summary"].startswith("connect time rose from zero at 10:03:20 on service kite-chat")
+    assert f["part"] == "connect"  # new connections (TCP + TLS), not a wait for the pool
+    assert f["summary"].startswith("connect time rose from zero to 4")  # 12 ms TCP + 30 ms TLS
+    assert " ms at 10:03:20 on service kite-chat (p" in f["summary"]
 
 
 def test_a_rise_in_steps_is_one_shift_from_before_the_first_step_to_after_the_last():
@@ -206,3 +210,161 @@ def test_any_attribute_is_a_scope_when_named():
     result = report.analyze(timelines(events.lazy(), scopes=("tenant",)).collect(), by=("replica", "tenant"))
     assert {r["scope"]["tenant"] for r in result["by_scope"]["tenant"]} == {"t0", "t1"}
     assert result["findings"][0]["scope"] == {"replica": "r2"}
+
+
+# --- a flood on one replica: steady, a burst, steady again (issue 15) -------------------------
+
+FLOOD = (120.0, 180.0)  # seconds from the log's start; the log runs 480 s
+IDLE_POOL_WAIT_S = (0.0003, 0.0006)  # httpcore takes a fraction of a ms to hand out a connection
+
+
+def with_pool_wait(events: pl.DataFrame, wait_s: float, seed: int = 0) -> pl.DataFrame:
+    """``events`` as if the client had waited for a connection from its pool: ~``wait_s`` for
+    calls sent during ``FLOOD``, a fraction of a millisecond before and after it (slightly more
+    after: the pool holds more idle connections then, a difference no user can feel).
+
+    ``client.sent`` is stamped when a call enters the transport, before the wait, so it moves
+    earlier by the wait, and ``pool_wait_s`` grows by it; every later hop stays where it was.
+    """
+    sent = events.filter(pl.col("hop") == "client.sent")
+    t = sent["ts"].to_numpy() - DEFAULT_START  # clients are the synthetic clock's reference
+    rng = np.random.default_rng(seed)
+    median = np.where(t < FLOOD[0], IDLE_POOL_WAIT_S[0], np.where(t < FLOOD[1], wait_s, IDLE_POOL_WAIT_S[1]))
+    wait = median * np.exp(0.3 * rng.standard_normal(len(t)))
+    waited = sent.with_columns(
+        ts=pl.col("ts") - wait, pool_wait_s=pl.col("pool_wait_s").fill_null(0.0) + wait
+    )
+    return pl.concat([events.filter(pl.col("hop") != "client.sent"), waited])
+
+
+def flood(pool_wait_s: float | None = None, queue_factor: float = 5.0) -> tuple[list[Shift], float]:
+    """A batch job floods the only replica from ``FLOOD[0]`` to ``FLOOD[1]``: twice the arrivals,
+    queue time ``queue_factor`` times; with ``pool_wait_s``, the client also waits for its pool."""
+    events = generate(
+        duration_s=480,
+        rate=10.0,
+        seed=41,
+        replicas=("r1",),
+        incidents=[
+            StageShift(
+                "queue", queue_factor, at_s=FLOOD[0], until_s=FLOOD[1], scope={"replica": "r1"}, arrivals=2.0
+            )
+        ],
+    )
+    if pool_wait_s is not None:
+        events = with_pool_wait(events, pool_wait_s)
+    tl = timelines(events.lazy()).collect()
+    window = auto_window(tl["start"].max() - tl["start"].min())
+    return find_shifts(tl, window), window
+
+
+def percentages(summary: str) -> list[float]:
+    return [float(p) for p in re.findall(r"(\d+(?:\.\d+)?)%", summary)]
+
+
+def test_a_flood_that_ends_is_one_finding_from_its_onset_named_by_the_queue():
+    """Queue 5x and the client's pool wait from ~0.3 ms to ~300 ms, both during the flood: the
+    first finding is the queue at the onset, until the end; the pool wait is said with it, not as
+    a cause of its own, and the flood's end (pool wait back to ~0.6 ms: 2x, but 0.3 ms) is not a
+    finding that could outrank the onset."""
+    found, _ = flood(pool_wait_s=0.3)
+    first = found[0].to_finding()
+    assert (first["stage"], first["scope"], first["statistic"]) == ("queue", {}, "p50"), [
+        s.summary() for s in found
+    ]
+    assert (first["at"], first["until"]) == (iso(FLOOD[0]), iso(FLOOD[1]))
+    assert 4.0 <= first["factor"] <= 6.0
+    assert [(w["stage"], w["part"]) for w in first["with"]] == [("connect", "pool_wait")]
+    summary = first["summary"]
+    assert summary.startswith("queue time rose 5.")
+    assert "; with it, client pool wait p50 0.3 → 3" in summary  # 0.3 ms → ~300 ms
+    assert "connect" not in summary  # neither "connect unchanged" nor "connect up 99999%"
+    # the pool wait's fall at the flood's end is not reported on its own
+    assert not [s for s in found if s.stage == "connect" and not s.up], [s.summary() for s in found]
+    assert abs(found[0].impact_s) == max(abs(s.impact_s) for s in found)
+
+
+def test_a_client_pool_wait_alone_is_named_as_one():
+    """Only the client's pool wait rose (a queue that barely moved): the finding names the wait
+    for a pooled connection, whose cure (a bigger pool, fewer concurrent calls) is not
+    keep-alive, and gives its two values, not a factor of 1000."""
+    found, _ = flood(pool_wait_s=0.3, queue_factor=1.0)
+    f = found[0].to_finding()
+    assert (f["stage"], f["part"], f["at"], f["until"]) == (
+        "connect",
+        "pool_wait",
+        iso(FLOOD[0]),
+        iso(FLOOD[1]),
+    )
+    assert f["summary"].startswith(
+        "client pool wait rose from 0.3 to 3"  # ms; ~1000x, said as values
+    ), f["summary"]
+    assert "(p50): the client waited for a connection from its pool" in f["summary"]
+    assert "connect time" not in f["summary"] and "×" not in f["summary"].split(";")[0]
+
+
+def test_a_move_from_a_near_zero_baseline_is_said_as_values_not_a_percentage():
+    found, _ = flood(pool_wait_s=0.3)
+    for shift in found:
+        assert all(p < 100 for p in percentages(shift.summary())), shift.summary()
+        assert "rose from zero" not in shift.summary() or shift.before_ms == 0
+
+
+def test_a_burst_that_ends_part_way_never_outranks_its_onset():
+    """Queue 10x for a minute, then 2x for the five minutes left: the fall at the burst's end is
+    a change of its own (it did not come back), worth more requests than the burst, yet it is
+    ranked after the onset it partly undoes."""
+    events = generate(
+        duration_s=480,
+        rate=10.0,
+        seed=42,
+        replicas=("r1",),
+        incidents=[
+            StageShift("queue", 10.0, at_s=FLOOD[0], until_s=FLOOD[1]),
+            StageShift("queue", 2.0, at_s=FLOOD[1]),
+        ],
+    )
+    tl = timelines(events.lazy()).collect()
+    found = find_shifts(tl, auto_window(tl["start"].max() - tl["start"].min()))
+    queue = [s.to_finding() for s in found if s.stage == "queue"]
+    assert [(f["at"], f["factor"] > 1) for f in queue] == [(iso(FLOOD[0]), True), (iso(FLOOD[1]), False)], (
+        queue
+    )
+    assert abs(queue[1]["impact_s"]) <= abs(queue[0]["impact_s"])
+
+
+def test_a_burst_that_eases_a_little_on_the_way_still_ends_as_one_finding():
+    """Queue 10x for half a minute, then 7.5x (a significant step, too small for a user: 1.33x)
+    for another, then back: one finding from the onset until the end, as on the real vLLM, whose
+    queue eased as the batch job's first streams finished."""
+    events = generate(
+        duration_s=480,
+        rate=10.0,
+        seed=43,
+        replicas=("r1",),
+        incidents=[
+            StageShift("queue", 10.0, at_s=FLOOD[0], until_s=150.0),
+            StageShift("queue", 7.5, at_s=150.0, until_s=FLOOD[1]),
+        ],
+    )
+    tl = timelines(events.lazy()).collect()
+    found = find_shifts(tl, auto_window(tl["start"].max() - tl["start"].min()))
+    queue = [s.to_finding() for s in found if s.stage == "queue"]
+    assert [(f["at"], f["until"]) for f in queue] == [(iso(FLOOD[0]), iso(FLOOD[1]))], queue
+
+
+def test_a_rise_after_an_earlier_improvement_is_not_taken_for_its_reversal():
+    """Queue time halved at 60 s (an improvement), then rose 10x at 300 s: the rise goes far
+    beyond undoing the improvement, so it keeps its own users' time and comes first."""
+    events = generate(
+        duration_s=480,
+        rate=10.0,
+        seed=44,
+        replicas=("r1",),
+        incidents=[StageShift("queue", 0.4, at_s=60.0), StageShift("queue", 10.0, at_s=300.0)],
+    )
+    tl = timelines(events.lazy()).collect()
+    found = find_shifts(tl, auto_window(tl["start"].max() - tl["start"].min()))
+    queue = [s for s in found if s.stage == "queue"]
+    assert [(s.to_finding()["at"], s.up) for s in queue] == [(iso(300), True), (iso(60), False)]
+    assert queue[0].impact_s == pytest.approx(queue[0].own_impact_s)

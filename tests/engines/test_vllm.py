@@ -78,7 +78,14 @@ def tail(path: Path, n: int = 40) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-n:]) if path.exists() else "(no log)"
 
 
-def start_server(root: Path, port: int, sink_path: Path, log_path: Path) -> subprocess.Popen:
+def start_server(
+    root: Path,
+    port: int,
+    sink_path: Path,
+    log_path: Path,
+    max_num_seqs: int = MAX_NUM_SEQS,
+    extra_args: tuple[str, ...] = (),
+) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HOPLINE_", "VLLM_PLUGINS"))}
     env.update(
         HOPLINE_SINK=f"file:{sink_path}",
@@ -95,9 +102,9 @@ def start_server(root: Path, port: int, sink_path: Path, log_path: Path) -> subp
     cmd = [
         str(root / "venv" / "bin" / "python"), str(HERE / "vllm_cli.py"), "serve", str(root / "tiny"),
         "--host", "127.0.0.1", "--port", str(port), "--served-model-name", MODEL,
-        "--dtype", "float32", "--max-model-len", "512", "--max-num-seqs", str(MAX_NUM_SEQS),
+        "--dtype", "float32", "--max-model-len", "512", "--max-num-seqs", str(max_num_seqs),
         "--enforce-eager", "--kv-cache-memory-bytes", "64M", "--enable-request-id-headers",
-        "--middleware", "hopline.middleware.engine.EngineMiddleware",
+        "--middleware", "hopline.middleware.engine.EngineMiddleware", *extra_args,
     ]  # fmt: skip
     with open(log_path, "wb") as log:
         return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

@@ -1,0 +1,152 @@
+"""A flood on a real vLLM: the first finding is the queue rising at the flood's onset.
+
+Issue 15 on the real engine (CPU build, tiny random Llama, ``--max-num-seqs 4``): two steady chat
+users call it through hopline's client; after ``STEADY_S`` a batch job adds ``FLOOD_USERS``
+back-to-back streams on the same replica for ``FLOOD_S``, then the chat users go on alone for
+``AFTER_S``. With 14 streams on 4 slots, ten wait: queue time goes from ~0 to a second or more
+and back. ``hopline analyze --json`` on the client's and the engine's events must put first
+a queue shift whose ``at`` is the flood's start (± 2 windows), at least doubled — not the end of
+the flood, nor the client's own pool wait, nor a percentage from a near-zero baseline.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+from hopline.middleware.client import instrument
+from hopline.middleware.emit import Emitter
+from test_vllm import MODEL, free_port, start_server, stop_server, tail, vllm_dir, wait_ready
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(420)]
+
+MAX_NUM_SEQS = 4
+STEADY_USERS, FLOOD_USERS = 2, 12
+STEADY_S, FLOOD_S, AFTER_S = 40.0, 40.0, 30.0  # 50+ requests on each side of a change
+MAX_TOKENS = 64  # alike for both: decode time follows answer length, so a batch of longer
+# answers would raise it without anything getting slower
+THINK_S = 0.1  # a chat user's mean pause between answers; the batch job has none
+WINDOW = "2s"  # 55 windows over 110 s; the onset must be found within 2 of them
+MIN_FACTOR = 2.0
+# The engine must be what saturates. The tiny model is so fast that the Python around it (the
+# API server detokenizing and streaming, this client reading 14 streams), sharing two cores with
+# it and, here, with other work, saturates first: the wait then moves out of the engine's queue
+# into the stream's delivery ("network") and the client's pool, and no queue builds. So the
+# engine serves the tiny model's tokenizer and config with random weights (no checkpoint read)
+# and a model 16 layers deep and 2x wider, ~0.5 s for 64 tokens alone, and streams 16 tokens a
+# chunk (the first at once).
+BIGGER = {"hidden_size": 256, "intermediate_size": 1024, "num_hidden_layers": 16, "num_attention_heads": 8,
+          "num_key_value_heads": 4, "head_dim": 32}  # fmt: skip
+SERVE_ARGS = ("--load-format", "dummy", "--hf-overrides", json.dumps(BIGGER), "--stream-interval", "16")
+
+
+def user(client: httpx.Client, port: int, stop_at: float, max_tokens: int, pause_s: float, seed: int) -> int:
+    """One user calling until ``stop_at`` (monotonic), pausing a random time of mean ``pause_s``
+    between answers (users in lockstep would share every engine step); returns its answers."""
+    rng = random.Random(seed)
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Hello world, tell me about latency"}],
+        "stream": True,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream_options": {"include_usage": True},
+    }
+    done = 0
+    while time.monotonic() < stop_at:
+        with client.stream("POST", f"http://127.0.0.1:{port}/v1/chat/completions", json=body) as r:
+            assert r.status_code == 200, r.read()
+            usage = [orjson.loads(line[6:])["usage"] for line in r.iter_lines() if '"usage":{' in line]
+        assert usage and usage[-1]["completion_tokens"] == max_tokens, usage
+        done += 1
+        time.sleep(rng.expovariate(1 / pause_s) if pause_s else 0.0)
+    return done
+
+
+def scenario(port: int, emitter: Emitter) -> dict[str, float]:
+    """Steady chat, flood, steady chat; returns when the flood started, when its last call began
+    (``flood_stop``) and when that call ended (``flood_end``), in wall-clock seconds.
+
+    Each user is a thread with a blocking client: streams sharing one asyncio loop were seen to
+    starve each other (a whole answer arriving at its end), which would be the client's artifact.
+    """
+    limits = httpx.Limits(max_connections=32)
+    with (
+        instrument(httpx.Client(timeout=120, limits=limits), emitter=emitter, service="chat") as chat_c,
+        instrument(httpx.Client(timeout=120, limits=limits), emitter=emitter, service="batch") as batch_c,
+        ThreadPoolExecutor(STEADY_USERS + FLOOD_USERS) as pool,
+    ):
+        end = time.monotonic() + STEADY_S + FLOOD_S + AFTER_S
+        steady = [pool.submit(user, chat_c, port, end, MAX_TOKENS, THINK_S, i) for i in range(STEADY_USERS)]
+        time.sleep(STEADY_S)
+        flood_start = time.time()
+        flood_stop = flood_start + FLOOD_S  # no batch call starts after this
+        flood_end_mono = time.monotonic() + FLOOD_S
+        flood = [
+            pool.submit(user, batch_c, port, flood_end_mono, MAX_TOKENS, 0.0, i) for i in range(FLOOD_USERS)
+        ]
+        flooded = sum(f.result() for f in flood)
+        flood_end = time.time()
+        answered = sum(f.result() for f in steady)
+    return {
+        "flood_start": flood_start,
+        "flood_stop": flood_stop,
+        "flood_end": flood_end,
+        "chat": answered,
+        "batch": flooded,
+    }
+
+
+def epoch(iso: str) -> float:
+    return datetime.fromisoformat(iso).timestamp()
+
+
+def test_a_flood_is_reported_at_its_onset_as_a_queue_rise(tmp_path: Path) -> None:
+    root = vllm_dir()
+    events = tmp_path / "events"
+    events.mkdir()
+    port, log_path = free_port(), tmp_path / "serve.log"
+    proc = start_server(
+        root, port, events / "engine.ndjson", log_path, max_num_seqs=MAX_NUM_SEQS, extra_args=SERVE_ARGS
+    )
+    emitter = Emitter(f"file:{events / 'client.ndjson'}")
+    try:
+        wait_ready(proc, port, log_path)
+        run = scenario(port, emitter)
+    finally:
+        emitter.close()
+        stop_server(proc)
+    analysed = subprocess.run(
+        [str(Path(sys.executable).parent / "hopline"), "analyze", str(events), "--json", "--window", WINDOW],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert analysed.returncode == 0, analysed.stderr[-2000:]
+    result = json.loads(analysed.stdout)
+    findings = result["findings"]
+    print(f"\n{run}; {result['requests']} requests, window {result['window_s']} s")
+    for f in findings[:5]:
+        print(f"- {f['summary']}  [impact {f.get('impact_s')} s]")
+    assert findings, f"no findings; server log:\n{tail(log_path)}"
+    first = findings[0]
+    window_s = result["window_s"]
+    assert (first["kind"], first.get("stage")) == ("shift", "queue"), [f["summary"] for f in findings[:3]]
+    assert abs(epoch(first["at"]) - run["flood_start"]) <= 2 * window_s, (first, run)
+    assert first["after_ms"] >= MIN_FACTOR * first["before_ms"], first
+    # one finding with its end, not the flood's first half and then another finding for its end:
+    # the queue drains while the batch's last streams finish, around when its last call began
+    until = first["until"]
+    assert until is not None, first
+    assert run["flood_start"] + FLOOD_S / 2 <= epoch(until) <= run["flood_end"] + 2 * window_s, (first, run)
+    assert "%" not in first["summary"].split(";")[0], first["summary"]  # before → after, not 5372911%
