@@ -40,6 +40,7 @@ from hopline.middleware.asgi import (
     adopt_request_id,
     parse_attempt,
     read_request_headers,
+    traceparent_in,
     resolve_emitter,
     with_request_id,
 )
@@ -169,6 +170,7 @@ class EngineMiddleware:
             exchange = EngineExchange(
                 self.emitter, request_id, attempt, receive, send, entered, scope["path"]
             )
+            exchange.trace_id = traceparent_in(scope)[1]
             stats = sys.modules.get(VLLM_STATS_MODULE)  # loaded only inside vLLM with hopline's stat logger
             if attempt and stats is not None:
                 stats.note_attempt(request_id, attempt)  # so engine.stats names the failover attempt
