@@ -44,6 +44,7 @@ from hopline.middleware.rules import (
     OUTCOME_RULES,
     OUTCOMES,
     SCOPE_SOURCES,
+    TRACE_RULE,
 )
 
 HOP_ENUM = pl.Enum(list(HOPS))
@@ -351,6 +352,34 @@ COLUMNS = (
 )
 
 
+def resolve_by_trace(events: pl.LazyFrame) -> pl.LazyFrame:
+    """``rules.TRACE_RULE`` as Polars (the reference is ``rules.resolve_by_trace``): an event whose
+    request ID is its trace's stand-in takes the request ID of the trace's only owner.
+
+    Only stand-in events go through the join with the owners (a frame without ``trace_id``, or
+    without stand-ins, comes back as it is but for one filtered pass), so the one-pass group_by of
+    ``timelines`` still sees one key per request.
+    """
+    if "trace_id" not in events.collect_schema():
+        return events
+    trace, rid = pl.col("trace_id"), pl.col("request_id")
+    stand_in = trace.is_not_null() & rid.str.starts_with(pl.lit(TRACE_RULE.prefix) + trace)
+    owners = (
+        events.filter(trace.is_not_null() & ~stand_in)
+        .group_by("trace_id")
+        .agg(pl.col("request_id").n_unique().alias("_owners"), pl.col("request_id").max().alias("_owner"))
+        .filter(pl.col("_owners") == TRACE_RULE.owners)
+        .select("trace_id", "_owner")
+    )
+    placed = (
+        events.filter(stand_in)
+        .join(owners, on="trace_id", how="left")
+        .with_columns(request_id=pl.coalesce(pl.col("_owner"), rid))
+        .drop("_owner")
+    )
+    return pl.concat([events.filter(~stand_in.fill_null(False)), placed])
+
+
 def timelines(events: pl.LazyFrame) -> pl.LazyFrame:
     """One row per request (columns ``COLUMNS``): hop times, attributes, stages, ratios, status.
 
@@ -359,7 +388,8 @@ def timelines(events: pl.LazyFrame) -> pl.LazyFrame:
     (stages); ``negative`` and ``missing`` are lists of stage / hop names.
     """
     read = (
-        events.with_columns(pl.col("hop").cast(HOP_ENUM, strict=False))
+        resolve_by_trace(events)
+        .with_columns(pl.col("hop").cast(HOP_ENUM, strict=False))
         .filter(pl.col("hop").is_in(READ_HOPS))
         .with_columns(pl.col(LABELS).cast(pl.Categorical))
         .with_columns(_per_event_columns())

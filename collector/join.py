@@ -1,6 +1,7 @@
 """Joins hop events into requests, decides when a request is finished, and records its metrics.
 
-Per-request state is keyed by request ID. A request is *complete* when, for every component
+Per-request state is keyed by request ID (events with a trace stand-in first go through the
+trace rule, ``trace_join.TraceRouter``). A request is *complete* when, for every component
 that reported on it (client, gateway, engine), the component's final hop
 (``contract.FINAL_HOPS``) arrived for the highest attempt that component reported; it is then
 finished after ``grace_s`` more seconds, so late hops (``engine.stats`` comes after
@@ -28,6 +29,7 @@ from typing import Any
 
 from hopline.collector.metrics import Recorder
 from hopline.collector.stages import compute_stages
+from hopline.collector.trace_join import TraceRouter
 from hopline.middleware.contract import (
     ATTRIBUTE_SOURCES,
     FINAL_HOPS,
@@ -119,6 +121,7 @@ class Joiner:
         self.finished: OrderedDict[str, FinishedRequest] = OrderedDict()
         self._due: deque[tuple[float, str]] = deque()  # (due time, request id), in time order
         self.counts = {"complete": 0, "expired": 0, "evicted": 0, "late_events": 0, "overflow_events": 0}
+        self.traces = TraceRouter(max_traces=max_open)
 
     # -- ingest ---------------------------------------------------------------------------------
 
@@ -126,7 +129,18 @@ class Joiner:
         """Join validated events; then finish whatever is due."""
         now = self.clock()
         open_, finished = self.open, self.finished
-        for ev in events:
+        pending = deque(events)
+        while pending:
+            ev = pending.popleft()
+            if ev.get("trace_id") is not None:  # the trace rule places stand-ins (trace_join.py)
+                rid, moved = self.traces.route(ev)
+                if rid != ev["request_id"]:
+                    ev = {**ev, "request_id": rid}
+                for stand_in in moved:  # waiting stand-in requests join their trace's owner now
+                    waited = open_.pop(stand_in, None)
+                    if waited is not None:
+                        self._release_all(waited)
+                        pending.extend(waited.events)
             rid = ev["request_id"]
             req = open_.get(rid)
             if req is None:
