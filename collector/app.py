@@ -27,6 +27,7 @@ from hopline.collector.dedup import RecentKeys
 from hopline.collector.ingest import JSON_TYPES, NDJSON_TYPES, IngestError, Ingestor, gunzip, media_type
 from hopline.collector.join import Joiner
 from hopline.collector.metrics import Recorder, build_metrics
+from hopline.collector.otlp import install as install_otlp
 from hopline.collector.store import EventStore, StoreError
 from hopline.collector.tail import Tailer
 from hopline.middleware.log import logger
@@ -182,6 +183,8 @@ def create_app(config: CollectorConfig) -> FastAPI:
             logger.error("store_failed", error=str(exc))
             return _error(503, f"events not stored: {exc}")
         return JSONResponse(result.answer())
+
+    install_otlp(app, c)  # POST /v1/traces (otlp.py)
 
     @app.get("/v1/requests/{request_id}")
     async def get_request(request_id: str) -> Response:
