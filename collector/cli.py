@@ -70,12 +70,30 @@ def collector(
     max_open: Annotated[
         int, typer.Option(help="Most requests joined at once (the least recently active is evicted).")
     ] = 100_000,
+    otlp_resource: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--otlp-resource",
+            help="FIELD=ATTR[,ATTR…]: read service, replica or model of OTLP spans from these resource "
+            "attributes, e.g. replica=k8s.pod.name. Repeatable.",
+        ),
+    ] = None,
+    otlp_export: Annotated[
+        str | None,
+        typer.Option(
+            "--otlp-export",
+            help="Send each finished request as a trace (root + one span per stage) to this OTLP/HTTP "
+            "traces URL, e.g. http://tempo:4318/v1/traces.",
+            show_default=False,
+        ),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn's log level.")] = "warning",
 ) -> None:
     """Run the collector: ingest hop events, join them, expose /metrics, store events durably."""
     import uvicorn
     from hopline.collector.app import create_app
     from hopline.collector.kv_cache import parse_model_config
+    from hopline.middleware.spans import parse_resource_map
 
     if fsync not in FSYNC_POLICIES:
         raise typer.BadParameter(f"use one of {', '.join(FSYNC_POLICIES)}", param_hint="--fsync")
@@ -95,6 +113,8 @@ def collector(
             grace_s=parse_duration(grace),
             ttl_s=parse_duration(ttl),
             max_open_requests=max_open,
+            otlp_resource=dict(parse_resource_map(spec) for spec in otlp_resource or ()),
+            otlp_export=otlp_export,
         )
     except ValueError as exc:
         typer.echo(f"hopline collector: {exc}", err=True)

@@ -283,6 +283,19 @@ RESOURCE_SCOPE: dict[str, tuple[str, ...]] = {
     "model": (),
 }
 
+
+
+def parse_resource_map(spec: str) -> tuple[str, tuple[str, ...]]:
+    """``"replica=k8s.pod.name,host.name"`` -> ``("replica", ("k8s.pod.name", "host.name"))``."""
+    name, sep, attrs = spec.partition("=")
+    names = tuple(a.strip() for a in attrs.split(",") if a.strip())
+    if not sep or name.strip() not in RESOURCE_SCOPE or not names:
+        raise ValueError(
+            f"--otlp-resource {spec!r}: expected FIELD=ATTR[,ATTR...] with FIELD one of {', '.join(RESOURCE_SCOPE)}"
+        )
+    return name.strip(), names
+
+
 # --- evaluation ------------------------------------------------------------------------------------
 
 

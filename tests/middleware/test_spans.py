@@ -280,3 +280,12 @@ def test_resource_scope_defaults_and_a_mapping():
 def test_every_source_names_the_version_it_was_read_from():
     assert all(src.version for src in SPAN_SOURCES)
     assert len({src.source for src in SPAN_SOURCES}) == len(SPAN_SOURCES)
+
+
+def test_resource_map_option_parses_or_says_what_is_wrong():
+    from hopline.middleware.spans import parse_resource_map
+
+    assert parse_resource_map("replica=k8s.pod.name, host.name") == ("replica", ("k8s.pod.name", "host.name"))
+    for bad in ("replica", "zone=k8s.zone", "model="):
+        with pytest.raises(ValueError, match="FIELD=ATTR"):
+            parse_resource_map(bad)
