@@ -338,7 +338,7 @@ STAGE_COLUMNS = tuple(s.name for s in STAGES)
 ATTRIBUTE_COLUMNS = {name: f"gateway_{name}" if name in STAGE_COLUMNS else name for name in ATTRIBUTE_SOURCES}
 ATTRIBUTE_NAMES = tuple(ATTRIBUTE_COLUMNS.values())
 RATIO_COLUMNS = tuple(r.name for r in RATIOS)
-ID_COLUMNS = ("request_id", *SCOPE_SOURCES, "start", "attempts")
+ID_COLUMNS = ("request_id", *SCOPE_SOURCES, "start", "attempts", "trace_id")
 EXTRA_COLUMNS = tuple(GAP_COLUMNS) + ("status", "error")
 STATUS_COLUMNS = ("outcome", "negative", "missing")
 COLUMNS = (
@@ -395,9 +395,10 @@ def timelines(events: pl.LazyFrame) -> pl.LazyFrame:
         .with_columns(_per_event_columns())
     )
     rid = pl.col("request_id")
+    trace = pl.col("trace_id").max() if "trace_id" in events.collect_schema() else pl.lit(None, pl.String)
     per_request = (
         read.group_by(*(rid.hash(seed).alias(f"_rid{seed}") for seed in HASH_SEEDS))
-        .agg(rid.max(), *_aggregations())  # max, not first: first() on a string is not streamed
+        .agg(rid.max(), trace.alias("trace_id"), *_aggregations())  # max, not first: first() on a string is not streamed
         .drop(*(f"_rid{seed}" for seed in HASH_SEEDS))
         .with_columns(pl.col(pl.Categorical).cast(pl.String))
         .with_columns(**_sourced())

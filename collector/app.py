@@ -63,6 +63,10 @@ def build_collector(config: CollectorConfig) -> Collector:
         kv_bytes_per_token=config.kv_bytes_per_token,
     )
     recorder.m.open_requests.set_function(lambda: len(joiner.open))
+    if config.otlp_export:  # each finished request as a trace (otlp_export.py)
+        from hopline.collector.otlp_export import finished_request_exporter
+
+        joiner.on_finish = finished_request_exporter(config.otlp_export)
     dedup = RecentKeys(config.dedup_capacity, config.dedup_window_s)
     return Collector(config, registry, recorder, store, joiner, Ingestor(store, joiner, recorder, dedup))
 

@@ -122,6 +122,8 @@ class Joiner:
         self._due: deque[tuple[float, str]] = deque()  # (due time, request id), in time order
         self.counts = {"complete": 0, "expired": 0, "evicted": 0, "late_events": 0, "overflow_events": 0}
         self.traces = TraceRouter(max_traces=max_open)
+        # called with (request ID, events, stage values, rule-book description) per complete request
+        self.on_finish: Callable[[str, list, dict, dict], None] | None = None
 
     # -- ingest ---------------------------------------------------------------------------------
 
@@ -250,6 +252,8 @@ class Joiner:
         self._release_all(req)
         self.counts["complete"] += 1
         self._remember(rid, FinishedRequest(events, "complete"))
+        if self.on_finish is not None:
+            self.on_finish(rid, events, values, described)
 
     def _give_up(self, rid: str, why: str) -> None:
         """An expired or evicted request: counted by its first missing hop and by its outcome

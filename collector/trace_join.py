@@ -5,6 +5,10 @@ or after the engine span that owns its trace. ``TraceRouter`` remembers, per tra
 IDs that own it and the stand-ins still waiting; ``route`` says where an event joins and which
 waiting stand-in requests must move into an owner that has just become the trace's only one.
 Memory is bounded: at most ``max_traces`` traces are remembered (least recently seen dropped).
+
+A stand-in that finished before its owner arrived stays a request of its own (the join never
+re-opens a finished request): OTel SDKs export in batches (every 5 s by default, each process on
+its own), so a collector fed by OTLP wants ``--grace`` above that delay.
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(420)]
 HERE = Path(__file__).resolve().parent
 MAX_NUM_SEQS = 4
 CONCURRENT = 32  # > 4 x --max-num-seqs: most requests wait for a slot
-MAX_TOKENS = 64
+MAX_TOKENS = 128
 SPAN_VS_STATS_TOLERANCE_S = 0.001
 JOIN_TIMEOUT_S = 60
 
@@ -120,6 +120,15 @@ def analyze(path: Path) -> dict[str, Any]:
     return json.loads(out.stdout)
 
 
+def warm_up(vllm_url: str) -> None:
+    """A few requests before measuring: the first ones after start (and the first span export,
+    whose lazy imports hold the API server's GIL for a while) stall every stream for ~0.6 s."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "warm up"}], "max_tokens": 16}
+    for _ in range(4):
+        assert httpx.post(vllm_url + "/v1/chat/completions", json=body, timeout=120).status_code == 200
+    time.sleep(1.5)  # the first batch of spans goes out (OTEL_BSP_SCHEDULE_DELAY=200 ms)
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     """A collector and a vLLM without hopline, exporting its spans to it."""
@@ -131,6 +140,7 @@ def stack(tmp_path_factory):
     vllm = start_vllm(venv, root, vport, f"http://127.0.0.1:{cport}/v1/traces", tmp / "vllm.log")
     try:
         wait_ready(vllm, vport, tmp / "vllm.log")
+        warm_up(f"http://127.0.0.1:{vport}")
         yield {"collector": f"http://127.0.0.1:{cport}", "vllm": f"http://127.0.0.1:{vport}", "tmp": tmp}
     finally:
         stop_server(vllm)
@@ -173,11 +183,15 @@ def test_zero_install_vllm_spans_join_hopline_client_events(stack):
         assert got[rid]["replica"] == "r1" and got[rid]["outcome"] == "ok"
     queues = sorted(got[rid]["stages"]["queue"] for rid in ids)
     assert queues[-1] > 0.2, queues  # 32 requests, 4 slots: the last waves wait
-    # hopline analyze on what the collector stored: the waiting is the queue's
+    # hopline analyze on what the collector stored: inside the engine, the waiting is the queue's.
+    # (vLLM's span ends its view at the output processor: what the API server then spends on the
+    # stream, e.g. stalls when the host's two cores are starved, is outside it, in `network`.)
     report = analyze(stack["tmp"] / "data")
     assert report["requests"] >= CONCURRENT
     shares = {name: report["stages"][name]["share_of_ttft"] for name in TTFT_STAGES if name in report["stages"]}
-    assert max(shares, key=lambda n: shares[n] or 0) == "queue", shares
+    print(f"share of client TTFT per stage: {shares}")
+    assert max(("frontend", "queue", "prefill"), key=lambda n: shares[n] or 0) == "queue", shares
+    assert shares["queue"] >= 0.25, shares
 
 
 def test_an_otel_only_client_joins_vllm_by_trace(stack):
@@ -230,6 +244,7 @@ def test_span_and_stat_logger_agree_on_queue_prefill_decode(tmp_path):
     ids = [f"both-{n:02d}" for n in range(12)]
     try:
         wait_ready(vllm, vport, tmp_path / "vllm.log")
+        warm_up(f"http://127.0.0.1:{vport}")
 
         async def load() -> None:
             async with httpx.AsyncClient(timeout=300) as client:
