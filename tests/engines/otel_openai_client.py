@@ -60,6 +60,7 @@ if __name__ == "__main__":
     HTTPXClientInstrumentor().instrument()
     result = asyncio.run(main(base_url, traces_url, model))
     provider.shutdown()  # flushes the last spans
-    assert "hopline" not in " ".join(sys.modules), "hopline was imported into the OTel-only client"
+    hopline = [m for m in sys.modules if m == "hopline" or m.startswith("hopline.")]
+    assert not hopline, f"hopline was imported into the OTel-only client: {hopline}"
     with open(out, "w") as f:
         json.dump(result, f)
