@@ -58,7 +58,7 @@ class GatewayHops:
     first ``forwarded()``, then the attempt that call announced.
     """
 
-    __slots__ = ("_exchange", "_forwards", "_base_attempt", "_traceparent")
+    __slots__ = ("_base_attempt", "_exchange", "_forwards", "_traceparent")
 
     def __init__(self, exchange: Exchange, traceparent: str | None = None) -> None:
         self._exchange = exchange

@@ -141,4 +141,4 @@ class RequestTraceExporter:
 
 
 def _ns(seconds: float) -> int:
-    return int(round(seconds * 1e9))
+    return round(seconds * 1e9)

@@ -15,6 +15,7 @@ import asyncio
 import json
 import sys
 
+import httpx
 import openai
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -43,7 +44,9 @@ async def call(client: openai.AsyncOpenAI, model: str, n: int) -> dict:
 
 
 async def main(base_url: str, traces_url: str, model: str) -> dict:
-    client = openai.AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0)
+    # openai 3.x sends through httpx2 by default, which opentelemetry-instrumentation-httpx does not
+    # patch (no traceparent would go out): hand it an httpx client, which the instrumentor covers.
+    client = openai.AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0, http_client=httpx.AsyncClient(timeout=300))
     with trace.get_tracer("agent").start_as_current_span("agent run"):
         agent = [await call(client, model, n) for n in range(3)]  # one after another, as an agent does
     alone = await asyncio.gather(*(call(client, model, 10 + n) for n in range(4)))

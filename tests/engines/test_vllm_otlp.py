@@ -28,12 +28,11 @@ from typing import Any
 
 import httpx
 import pytest
-from test_vllm import MODEL, free_port, stop_server, tail, vllm_dir, wait_ready
-
 from hopline.middleware.client import instrument
 from hopline.middleware.contract import TTFT_STAGES
 from hopline.middleware.emit import Emitter
 from hopline.middleware.sinks import HttpSink
+from test_vllm import MODEL, free_port, stop_server, tail, vllm_dir, wait_ready
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(420)]
 
@@ -90,7 +89,7 @@ def start_vllm(venv: Path, root: Path, port: int, traces_url: str, log: Path, **
 
 def no_hopline_venv(root: Path) -> Path:
     venv = root / "venv-nohop"
-    probe = subprocess.run([str(venv / "bin" / "python"), "-c", "import hopline"], capture_output=True, timeout=60)
+    probe = subprocess.run([str(venv / "bin" / "python"), "-c", "import hopline"], capture_output=True, timeout=60, check=False)
     if not (venv / "bin" / "python").exists() or probe.returncode == 0:
         pytest.fail(f"{venv} is missing or still has hopline: run `HOPLINE_VLLM_DIR={root} bash .ci/vllm-setup.sh`")
     return venv
@@ -115,7 +114,7 @@ def wait_joined(collector_url: str, request_ids: list[str], hops: set[str]) -> d
 
 def analyze(path: Path) -> dict[str, Any]:
     out = subprocess.run([sys.executable, "-m", "hopline.middleware.cli", "analyze", str(path), "--json"],
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+                         capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout)
 
@@ -199,7 +198,7 @@ def test_an_otel_only_client_joins_vllm_by_trace(stack):
     run = subprocess.run(
         [sys.executable, str(HERE / "otel_openai_client.py"), stack["vllm"] + "/v1", stack["collector"] + "/v1/traces",
          MODEL, str(out)],
-        capture_output=True, text=True, timeout=180, env={k: v for k, v in os.environ.items() if not k.startswith("OTEL_")},
+        capture_output=True, text=True, timeout=180, check=False, env={k: v for k, v in os.environ.items() if not k.startswith("OTEL_")},
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     calls = json.loads(out.read_text())

@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from hopline.middleware.contract import compute_stages, validate_event
 from hopline.middleware.rules import group_requests
 from hopline.middleware.spans import SPAN_SOURCES, resource_scope, span_events

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import httpx
 import pytest
-
 from hopline.middleware.client import instrument
 from hopline.middleware.contract import EventError, validate_event
 from hopline.middleware.engine import EngineMiddleware
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True, "max_tokens": 4}
 CALLER = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+def two_ends(events) -> bool:
+    return sum(e["hop"].endswith("last_token") for e in events) == 2
 
 
 def test_client_events_carry_the_trace_of_the_traceparent_they_sent(mw):
@@ -26,8 +29,7 @@ def test_client_events_carry_the_trace_of_the_traceparent_they_sent(mw):
             own = client.post(engine_url + "/v1/chat/completions", json=BODY,
                               headers={"X-Request-Id": "mine-1", "traceparent": CALLER})
             assert fresh.status_code == own.status_code == 200
-        done = lambda ev: sum(e["hop"].endswith("last_token") for e in ev) == 2  # noqa: E731
-        events = mw.wait_for(client_events, done) + mw.wait_for(engine_events, done)
+        events = mw.wait_for(client_events, two_ends) + mw.wait_for(engine_events, two_ends)
     traces: dict[str, set] = {}
     for e in events:
         traces.setdefault(e["request_id"], set()).add((e["hop"].split(".")[0], e.get("trace_id")))
@@ -41,14 +43,13 @@ def test_client_events_carry_the_trace_of_the_traceparent_they_sent(mw):
 def test_gateway_and_engine_events_carry_the_incoming_trace_and_the_gateway_forwards_it(mw):
     engine_events = mw.memory_emitter(replica="r1")
     gateway_events = mw.memory_emitter(service="gw")
-    with mw.running_server(EngineMiddleware(mw.fake_engine_app(), emitter=engine_events)) as engine_url:
+    with mw.running_server(EngineMiddleware(mw.fake_engine_app(), emitter=engine_events)) as engine_url:  # noqa: SIM117
         with mw.running_server(mw.fake_gateway_app([("r1", engine_url)], gateway_events)) as gateway_url:
             r = httpx.post(gateway_url + "/v1/chat/completions", json=BODY, headers={"traceparent": CALLER})
             plain = httpx.post(gateway_url + "/v1/chat/completions", json=BODY, headers={"traceparent": "garbage"})
             assert r.status_code == plain.status_code == 200
-            done = lambda ev: sum(e["hop"].endswith("last_token") for e in ev) == 2  # noqa: E731
-            g = mw.wait_for(gateway_events, done)
-            e = mw.wait_for(engine_events, done)
+    g = mw.wait_for(gateway_events, two_ends)
+    e = mw.wait_for(engine_events, two_ends)
     traced = [ev for ev in g + e if ev["request_id"] == r.headers["x-request-id"]]
     untraced = [ev for ev in g + e if ev["request_id"] == plain.headers["x-request-id"]]
     assert {ev["hop"].split(".")[0] for ev in traced} == {"gateway", "engine"}
