@@ -82,10 +82,13 @@ class RequestTraceExporter:
     """Requests -> traces -> an OTLP/HTTP endpoint (e.g. ``http://tempo:4318/v1/traces``)."""
 
     def __init__(self, url: str, *, service: str = "hopline", timeout_s: float = 10.0) -> None:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        try:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+            from opentelemetry.sdk.resources import Resource
+            from opentelemetry.sdk.trace import TracerProvider
+            from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        except ImportError as exc:
+            raise RuntimeError(f"OTLP export needs the otlp extra (pip install 'hopline[otlp]'): {exc}") from None
 
         self._ids = _NextTraceId()
         self._provider = TracerProvider(
