@@ -52,4 +52,19 @@ if [[ ! -f $HOPLINE_VLLM_DIR/tiny/config.json ]]; then
 else
   echo "vllm-setup: tiny model present ($HOPLINE_VLLM_DIR/tiny), kept"
 fi
+# A second venv WITHOUT hopline, for the zero-install OTLP tests (tests/engines/test_vllm_otlp.py):
+# hard links of the first (no copy of 3.4 GB; pip unlinks, never rewrites, what it removes), then
+# hopline uninstalled from it, so vLLM there can only reach hopline through --otlp-traces-endpoint.
+no_hopline() {
+  rm -rf "$HOPLINE_VLLM_DIR/venv-nohop"
+  cp -al "$VENV" "$HOPLINE_VLLM_DIR/venv-nohop"
+  sed -i "s#$VENV#$HOPLINE_VLLM_DIR/venv-nohop#g" "$HOPLINE_VLLM_DIR/venv-nohop/pyvenv.cfg" 2>/dev/null || true
+  "$HOPLINE_VLLM_DIR/venv-nohop/bin/python" -m pip uninstall -q -y hopline 2>&1 | { grep -v "is ignored" || true; }
+  if "$HOPLINE_VLLM_DIR/venv-nohop/bin/python" -c "import hopline.middleware" 2>/dev/null; then
+    echo "vllm-setup: hopline is still importable in venv-nohop" >&2
+    exit 1
+  fi
+}
+step venv-nohop no_hopline
+
 echo "vllm-setup: done in $((SECONDS - t_all)) s; venv $(du -sh "$VENV" | cut -f1)"

@@ -138,6 +138,14 @@ def analyze_command(
         Path | None,
         typer.Option(help="Model config.json: adds KV-cache memory to the no_max_tokens evidence."),
     ] = None,
+    otlp: Annotated[
+        str | None,
+        typer.Option(
+            "--otlp",
+            help="Also send each finished request as a trace (root + one span per stage) to this OTLP/HTTP "
+            "traces URL, e.g. http://localhost:4318/v1/traces.",
+        ),
+    ] = None,
 ) -> None:
     try:
         dims = parse_scopes(by)
@@ -185,6 +193,11 @@ def analyze_command(
     except Exception as exc:  # the command's edge: one line, never a traceback
         raise internal_error(exc) from exc
 
+    if otlp is not None:
+        from hopline.analyzer.otlp_out import export_timelines
+
+        sent = export_timelines(frame, otlp)
+        err.print(f"hopline analyze: {sent} request(s) sent as traces to {otlp}", markup=False)
     if html is not None:
         from hopline.analyzer.html import render_html
 

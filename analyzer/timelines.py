@@ -44,6 +44,7 @@ from hopline.middleware.rules import (
     OUTCOME_RULES,
     OUTCOMES,
     SCOPE_SOURCES,
+    TRACE_RULE,
     scope_sources,
 )
 
@@ -338,7 +339,7 @@ STAGE_COLUMNS = tuple(s.name for s in STAGES)
 ATTRIBUTE_COLUMNS = {name: f"gateway_{name}" if name in STAGE_COLUMNS else name for name in ATTRIBUTE_SOURCES}
 ATTRIBUTE_NAMES = tuple(ATTRIBUTE_COLUMNS.values())
 RATIO_COLUMNS = tuple(r.name for r in RATIOS)
-ID_COLUMNS = ("request_id", *SCOPE_SOURCES, "start", "attempts")
+ID_COLUMNS = ("request_id", *SCOPE_SOURCES, "start", "attempts", "trace_id")
 EXTRA_COLUMNS = tuple(GAP_COLUMNS) + ("status", "error")
 STATUS_COLUMNS = ("outcome", "negative", "missing")
 COLUMNS = (
@@ -350,6 +351,34 @@ COLUMNS = (
     + RATIO_COLUMNS
     + STATUS_COLUMNS
 )
+
+
+def resolve_by_trace(events: pl.LazyFrame) -> pl.LazyFrame:
+    """``rules.TRACE_RULE`` as Polars (the reference is ``rules.resolve_by_trace``): an event whose
+    request ID is its trace's stand-in takes the request ID of the trace's only owner.
+
+    Only stand-in events go through the join with the owners (a frame without ``trace_id``, or
+    without stand-ins, comes back as it is but for one filtered pass), so the one-pass group_by of
+    ``timelines`` still sees one key per request.
+    """
+    if "trace_id" not in events.collect_schema():
+        return events
+    trace, rid = pl.col("trace_id"), pl.col("request_id")
+    stand_in = trace.is_not_null() & rid.str.starts_with(pl.lit(TRACE_RULE.prefix) + trace)
+    owners = (
+        events.filter(trace.is_not_null() & ~stand_in)
+        .group_by("trace_id")
+        .agg(pl.col("request_id").n_unique().alias("_owners"), pl.col("request_id").max().alias("_owner"))
+        .filter(pl.col("_owners") == TRACE_RULE.owners)
+        .select("trace_id", "_owner")
+    )
+    placed = (
+        events.filter(stand_in)
+        .join(owners, on="trace_id", how="left")
+        .with_columns(request_id=pl.coalesce(pl.col("_owner"), rid))
+        .drop("_owner")
+    )
+    return pl.concat([events.filter(~stand_in.fill_null(False)), placed])
 
 
 def timelines(events: pl.LazyFrame, scopes: tuple[str, ...] = ()) -> pl.LazyFrame:
@@ -372,16 +401,18 @@ def timelines(events: pl.LazyFrame, scopes: tuple[str, ...] = ()) -> pl.LazyFram
     ]
     missing = [pl.lit(None, dtype=pl.String).alias(n) for n in extra if n not in schema and "attrs" not in schema]
     read = (
-        events.with_columns(pl.col("hop").cast(HOP_ENUM, strict=False))
+        resolve_by_trace(events)
+        .with_columns(pl.col("hop").cast(HOP_ENUM, strict=False))
         .filter(pl.col("hop").is_in(READ_HOPS))
         .with_columns(*pulled, *missing)
         .with_columns(pl.col(LABELS).cast(pl.Categorical))
         .with_columns(_per_event_columns(sources))
     )
     rid = pl.col("request_id")
+    trace = pl.col("trace_id").max() if "trace_id" in events.collect_schema() else pl.lit(None, pl.String)
     per_request = (
         read.group_by(*(rid.hash(seed).alias(f"_rid{seed}") for seed in HASH_SEEDS))
-        .agg(rid.max(), *_aggregations(sources))  # max, not first: first() on a string is not streamed
+        .agg(rid.max(), trace.alias("trace_id"), *_aggregations(sources))  # max, not first: not streamed
         .drop(*(f"_rid{seed}" for seed in HASH_SEEDS))
         .with_columns(pl.col(pl.Categorical).cast(pl.String))
         .with_columns(**_sourced())

@@ -21,7 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from hopline.analyzer.io import scan_events
-from hopline.analyzer.timelines import timelines
+from hopline.analyzer.timelines import resolve_by_trace, timelines
 from hopline.middleware.rules import LOOK, STAGE_ORDER
 from hopline.middleware.contract import (
     ATTRIBUTE_TYPES,
@@ -247,6 +247,7 @@ def timeline_command(
     except (OSError, ValueError) as exc:
         err.print(f"[red]hopline timeline:[/red] {exc}")
         raise typer.Exit(2) from exc
+    events = resolve_by_trace(events)  # the join rule: a stand-in's events belong to their request
     mine = events.filter(pl.col("request_id") == rid).collect()
     if mine.is_empty():
         held = events.select(pl.col("request_id").n_unique()).collect().item()

@@ -39,6 +39,7 @@ from hopline.collector.emitter_stats import EmitterStats
 from hopline.collector.ingest import JSON_TYPES, NDJSON_TYPES, IngestError, Ingestor, media_type
 from hopline.collector.join import Joiner
 from hopline.collector.metrics import Recorder, build_metrics
+from hopline.collector.otlp import install as install_otlp
 from hopline.collector.store import EventStore, StoreError
 from hopline.collector.tail import Tailer
 from hopline.middleware.log import logger
@@ -84,6 +85,10 @@ def build_collector(config: CollectorConfig) -> Collector:
         max_finished_bytes=config.max_finished_bytes,
         max_events=config.max_events_per_request,
     )
+    if config.otlp_export:  # each finished request as a trace (otlp_export.py)
+        from hopline.collector.otlp_export import finished_request_exporter
+
+        joiner.on_finish = finished_request_exporter(config.otlp_export)
     dedup = RecentKeys(config.dedup_capacity, config.dedup_window_s)
     m = recorder.m
     m.open_requests.set_function(lambda: len(joiner.open))
@@ -305,6 +310,8 @@ def create_app(config: CollectorConfig) -> FastAPI:
             logger.error("store_failed", error=str(exc))
             return _error(503, f"events not stored: {exc}")
         return _json(result.answer())
+
+    install_otlp(app, c)  # POST /v1/traces (otlp.py)
 
     @app.get("/v1/requests/{request_id}")
     async def get_request(request: Request, request_id: str) -> Response:

@@ -20,6 +20,7 @@ from hopline.collector.config import CollectorConfig
 from hopline.collector.kv_cache import parse_model_config
 from hopline.middleware.cli import ClickException, UsageError, run
 from hopline.middleware.durations import parse_duration
+from hopline.middleware.spans import parse_resource_map
 
 EXAMPLE = """
 Example:
@@ -54,6 +55,8 @@ def collector_config(
     finished_cache: int = 10_000,
     dedup_capacity: int = 500_000,
     dedup_window: str = "10m",
+    otlp_resource: Iterable[str] = (),
+    otlp_export: str | None = None,
 ) -> CollectorConfig:
     """The ``CollectorConfig`` the command line describes (durations as text, ``--model-config`` specs);
     ``ValueError`` naming the option that was wrong."""
@@ -75,6 +78,8 @@ def collector_config(
         completed_cache=finished_cache,
         dedup_capacity=dedup_capacity,
         dedup_window_s=parse_duration(dedup_window),
+        otlp_resource=dict(parse_resource_map(spec) for spec in otlp_resource),
+        otlp_export=otlp_export,
     )
 
 
@@ -176,6 +181,23 @@ def collector(
         int, typer.Option(help="Event keys per dedup generation (two are kept): retries within it are dropped.")
     ] = 500_000,
     dedup_window: Annotated[str, typer.Option(help="A dedup generation older than this is forgotten.")] = "10m",
+    otlp_resource: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--otlp-resource",
+            help="FIELD=ATTR[,ATTR…]: read service, replica or model of OTLP spans from these resource "
+            "attributes, e.g. replica=k8s.pod.name. Repeatable.",
+        ),
+    ] = None,
+    otlp_export: Annotated[
+        str | None,
+        typer.Option(
+            "--otlp-export",
+            help="Send each finished request as a trace (root + one span per stage) to this OTLP/HTTP "
+            "traces URL, e.g. http://tempo:4318/v1/traces.",
+            show_default=False,
+        ),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn's log level.")] = "warning",
 ) -> None:
     """Run the collector: ingest hop events, join them, expose /metrics, store events durably."""
@@ -202,6 +224,8 @@ def collector(
             finished_cache=finished_cache,
             dedup_capacity=dedup_capacity,
             dedup_window=dedup_window,
+            otlp_resource=otlp_resource or (),
+            otlp_export=otlp_export,
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from exc

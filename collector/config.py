@@ -52,6 +52,9 @@ class CollectorConfig:
     scope_cap: int = 128
     compact_interval_s: float = 60.0  # how often closed hours are compacted and retention applied
     compact_delay_s: float = 60.0  # an hour is compacted this long after it closed
+    # OTLP: scope field -> resource attributes to read it from, in place of spans.RESOURCE_SCOPE's
+    otlp_resource: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    otlp_export: str | None = None  # an OTLP/HTTP traces URL: each finished request is sent as a trace
 
     def __post_init__(self) -> None:
         if self.fsync not in FSYNC_POLICIES:

@@ -1,6 +1,7 @@
 """Joins hop events into requests, decides when a request is finished, and records its metrics.
 
-Per-request state is keyed by request ID. A request is *complete* when, for every component
+Per-request state is keyed by request ID (events with a trace stand-in first go through the
+trace rule, ``trace_join.TraceRouter``). A request is *complete* when, for every component
 that reported on it (client, gateway, engine), the component's final hop
 (``contract.FINAL_HOPS``) arrived for the highest attempt that component reported; it is then
 finished after ``grace_s`` more seconds, so late hops (``engine.stats`` comes after
@@ -34,6 +35,7 @@ from typing import Any
 
 from hopline.collector.metrics import Recorder
 from hopline.collector.stages import compute_stages
+from hopline.collector.trace_join import TraceRouter
 from hopline.middleware.contract import (
     ATTRIBUTE_SOURCES,
     FINAL_HOPS,
@@ -148,6 +150,9 @@ class Joiner:
         self.counts = {
             "complete": 0, "expired": 0, "evicted": 0, "overflow": 0, "late_events": 0, "overflow_events": 0
         }
+        self.traces = TraceRouter(max_traces=max_open)
+        # called with (request ID, events, stage values, rule-book description) per complete request
+        self.on_finish: Callable[[str, list, dict, dict], None] | None = None
 
     # -- ingest ---------------------------------------------------------------------------------
 
@@ -157,8 +162,23 @@ class Joiner:
         now = self.clock()
         open_, finished = self.open, self.finished
         max_events = self.max_events
-        for i, ev in enumerate(events):
-            size = DEFAULT_EVENT_BYTES if sizes is None else event_bytes(sizes[i])
+        # (event, its NDJSON bytes or None): a stand-in request re-joined under its owner comes back here
+        pending: deque[tuple[dict[str, Any], int | None]] = deque(
+            zip(events, sizes, strict=True) if sizes is not None else ((ev, None) for ev in events)
+        )
+        while pending:
+            ev, line_bytes = pending.popleft()
+            size = DEFAULT_EVENT_BYTES if line_bytes is None else event_bytes(line_bytes)
+            if ev.get("trace_id") is not None:  # the trace rule places stand-ins (trace_join.py)
+                rid, moved = self.traces.route(ev)
+                if rid != ev["request_id"]:
+                    ev = {**ev, "request_id": rid}
+                for stand_in in moved:  # waiting stand-in requests join their trace's owner now
+                    waited = open_.pop(stand_in, None)
+                    if waited is not None:
+                        self._release_all(waited)
+                        self.open_bytes -= waited.bytes
+                        pending.extend((e, None) for e in waited.events)
             rid = ev["request_id"]
             req = open_.get(rid)
             if req is None:
@@ -275,6 +295,8 @@ class Joiner:
         self._release_all(req)
         self.counts["complete"] += 1
         self._remember(rid, FinishedRequest(events, "complete", req.bytes))
+        if self.on_finish is not None:
+            self.on_finish(rid, events, values, described)
 
     def _give_up(self, rid: str, why: str) -> None:
         """Close an unfinished request: ``expired``, ``evicted`` or ``overflow``. It is counted by

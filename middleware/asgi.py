@@ -20,7 +20,7 @@ from time import perf_counter
 from typing import Any
 
 from hopline.middleware import clock
-from hopline.middleware.contract import new_request_id, normalize_request_id
+from hopline.middleware.contract import new_request_id, normalize_request_id, trace_id_of
 from hopline.middleware.emit import Emitter, get_emitter
 from hopline.middleware.log import logger
 from hopline.middleware.sse import MAX_JSON_BYTES, StreamReader, error_summary, response_summary
@@ -100,6 +100,16 @@ def echo_request_id(message: Message, request_id: str) -> None:
     message["headers"] = headers
 
 
+def traceparent_in(scope: Scope) -> tuple[str | None, str | None]:
+    """The incoming W3C ``traceparent`` (when well formed) and its trace ID, else ``(None, None)``:
+    events carry the trace ID (the second join key), a gateway forwards the header unchanged."""
+    for name, value in scope.get("headers") or ():
+        if name == b"traceparent":
+            trace_id = trace_id_of(value)
+            return (value.decode("ascii"), trace_id) if trace_id is not None else (None, None)
+    return None, None
+
+
 def with_request_id(scope: Scope, request_id: str) -> Scope:
     """A shallow copy of ``scope`` whose headers carry exactly one ``x-request-id: request_id``."""
     headers = [(k, v) for k, v in scope.get("headers") or () if k != REQUEST_ID_HEADER]
@@ -146,6 +156,7 @@ class Exchange:
         "final",
         "request_id",
         "status",
+        "trace_id",
     )
 
     def __init__(
@@ -171,9 +182,12 @@ class Exchange:
         self.final = False  # a last_token / error / rejected event was emitted
         self.disconnected = False
         self.downstream = downstream  # the server's ``send``, for ``send``
+        self.trace_id: str | None = None  # from ``traceparent`` (``traceparent_in``), on every event
 
     def emit(self, hop: str, t: float | None = None, **attrs: Any) -> None:
         """Emit ``hop`` at ``perf_counter`` reading ``t`` (default now)."""
+        if self.trace_id is not None:
+            attrs["trace_id"] = self.trace_id
         self.emitter.emit(
             hop, self.request_id, None if t is None else _CLOCK_OFFSET + t, attempt=self.attempt, **attrs
         )

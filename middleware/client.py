@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import threading
 import time
 import weakref
@@ -51,7 +50,7 @@ except ImportError:  # pragma: no cover - depends on what is installed
 
 from hopline.middleware import clock
 from hopline.middleware.asgi import parse_attempt
-from hopline.middleware.contract import new_request_id, normalize_request_id
+from hopline.middleware.contract import is_valid_trace_id, new_request_id, normalize_request_id, trace_id_of
 from hopline.middleware.emit import Emitter, get_emitter
 from hopline.middleware.log import logger
 from hopline.middleware.sse import MAX_JSON_BYTES, StreamReader, error_summary, request_summary, response_summary
@@ -60,7 +59,6 @@ REQUEST_ID_HEADER = "x-request-id"
 ATTEMPT_HEADER = "x-hopline-attempt"
 SDK_RETRY_HEADER = "x-stainless-retry-count"
 TRACEPARENT_HEADER = "traceparent"
-_TRACE_ID = re.compile(r"[0-9a-f]{32}")
 _FLAVOURS = (httpx,) if httpx2 is None else (httpx, httpx2)
 _SYNC_CLIENTS = tuple(m.Client for m in _FLAVOURS)
 _ASYNC_CLIENTS = tuple(m.AsyncClient for m in _FLAVOURS)
@@ -96,7 +94,7 @@ def _attempt_of(headers: httpx.Headers) -> int:
 
 def _traceparent(request_id: str) -> str:
     """A W3C traceparent; the trace ID is the request ID when that is 32 lowercase hex digits."""
-    trace_id = request_id if _TRACE_ID.fullmatch(request_id) and request_id != "0" * 32 else os.urandom(16).hex()
+    trace_id = request_id if is_valid_trace_id(request_id) else os.urandom(16).hex()
     return f"00-{trace_id}-{os.urandom(8).hex()}-01"
 
 
@@ -329,9 +327,11 @@ class _Instrumentation:
             headers[ATTEMPT_HEADER] = str(attempt)
             if TRACEPARENT_HEADER not in headers:
                 headers[TRACEPARENT_HEADER] = _traceparent(request_id)
+            trace_id = trace_id_of(headers[TRACEPARENT_HEADER])
+            extra = {**self.extra, "trace_id": trace_id} if trace_id is not None else self.extra
             sent_attrs = request_summary(body) if body else {}
             sent_attrs.setdefault("stream", False)
-            return _Call(self.emitter, request_id, attempt, self.extra, sent_attrs)
+            return _Call(self.emitter, request_id, attempt, extra, sent_attrs)
         except Exception:
             self.emitter.errors += 1
             return None

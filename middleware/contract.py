@@ -89,6 +89,10 @@ ATTRIBUTE_TYPES: dict[str, tuple[type, ...]] = {
     "queue_s": (int, float),
     "prefill_s": (int, float),
     "decode_s": (int, float),
+    # the W3C trace the request travelled in (32 lowercase hex, never all zeros): the second
+    # join key (rules.TRACE_RULE); set by hopline's client and ASGI middleware from
+    # ``traceparent`` and by the OTLP receiver from each span
+    "trace_id": (str,),
 }
 
 # How stored events are typed (the collector's Parquet files; the analyzer reads the same):
@@ -146,6 +150,30 @@ def normalize_request_id(value: object) -> str | None:
             value = value[len(prefix) :]
             break
     return value if _REQUEST_ID_RE.fullmatch(value) else None
+
+
+# --- trace IDs ----------------------------------------------------------------------------------
+
+_TRACE_ID_RE = re.compile(r"[0-9a-f]{32}")
+_TRACEPARENT_RE = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
+INVALID_TRACE_ID = "0" * 32
+
+
+def is_valid_trace_id(value: object) -> bool:
+    """32 lowercase hex digits, not all zeros (W3C Trace Context's trace-id)."""
+    return isinstance(value, str) and value != INVALID_TRACE_ID and _TRACE_ID_RE.fullmatch(value) is not None
+
+
+def trace_id_of(traceparent: bytes | str | None) -> str | None:
+    """The trace ID of a W3C ``traceparent`` header value, or None when it is absent or malformed."""
+    if isinstance(traceparent, bytes):
+        traceparent = traceparent.decode("ascii", "replace")
+    if not isinstance(traceparent, str):
+        return None
+    match = _TRACEPARENT_RE.fullmatch(traceparent.strip())
+    if match is None or match[1] == "ff" or not is_valid_trace_id(match[2]):
+        return None
+    return match[2]
 
 
 # --- validation and serialization --------------------------------------------------------------
@@ -299,6 +327,9 @@ def validate_event(obj: object) -> dict[str, Any]:
             value = event[name]
             if type(value) in (dict, list, int):
                 _check_nested(name, value)
+    trace_id = get("trace_id")
+    if trace_id is not None and not is_valid_trace_id(trace_id):
+        raise EventError(f"trace_id must be 32 lowercase hex digits (not all zeros), got {_describe(trace_id)}")
     return event
 
 

@@ -40,6 +40,7 @@ from hopline.middleware.asgi import (
     echo_request_id,
     parse_attempt,
     read_request_headers,
+    traceparent_in,
     resolve_emitter,
     with_request_id,
 )
@@ -178,6 +179,7 @@ class EngineMiddleware:
             exchange = EngineExchange(
                 self.emitter, request_id, attempt, receive, send, entered, scope["path"]
             )
+            exchange.trace_id = traceparent_in(scope)[1]
             if attempt:
                 self.attempts.note(request_id, attempt)  # so engine.stats names the failover attempt
         except Exception:  # noqa: BLE001 - never into the host

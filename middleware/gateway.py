@@ -38,6 +38,7 @@ from hopline.middleware.asgi import (
     echo_request_id,
     parse_attempt,
     read_request_headers,
+    traceparent_in,
     resolve_emitter,
     with_request_id,
 )
@@ -57,10 +58,11 @@ class GatewayHops:
     first ``forwarded()``, then the attempt that call announced.
     """
 
-    __slots__ = ("_exchange", "_forwards", "_base_attempt")
+    __slots__ = ("_base_attempt", "_exchange", "_forwards", "_traceparent")
 
-    def __init__(self, exchange: Exchange) -> None:
+    def __init__(self, exchange: Exchange, traceparent: str | None = None) -> None:
         self._exchange = exchange
+        self._traceparent = traceparent
         self._forwards = 0
         self._base_attempt = exchange.attempt
 
@@ -89,7 +91,10 @@ class GatewayHops:
         exchange.attempt = self._base_attempt + self._forwards
         self._forwards += 1
         exchange.emit("gateway.forwarded", upstream=str(upstream)[:256])
-        return {"X-Request-Id": exchange.request_id, "X-Hopline-Attempt": str(exchange.attempt)}
+        headers = {"X-Request-Id": exchange.request_id, "X-Hopline-Attempt": str(exchange.attempt)}
+        if self._traceparent is not None:  # the engine's span stays in the caller's trace
+            headers["traceparent"] = self._traceparent
+        return headers
 
 
 def hops(request: Any) -> GatewayHops:
@@ -146,8 +151,9 @@ class GatewayMiddleware:
             exchange = Exchange(
                 self.emitter, "gateway", request_id, parse_attempt(raw_attempt), rejected=self.rejected_statuses
             )
+            traceparent, exchange.trace_id = traceparent_in(scope)
             exchange.emit("gateway.received")
-            scope.setdefault("state", {})[STATE_KEY] = GatewayHops(exchange)
+            scope.setdefault("state", {})[STATE_KEY] = GatewayHops(exchange, traceparent)
         except Exception:
             self.emitter.errors += 1
             await self.app(scope, receive, send)

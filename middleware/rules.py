@@ -17,6 +17,9 @@ Terms used by the tables:
   ``CANCEL_ERRORS``) or ``error``; ``None`` when the component never said its last word;
 * the *outer* component is the one nearest the user that reported: client, else gateway,
   else engine. It speaks for what the user saw.
+
+Which events make one request is the join rule: the request ID first (``contract``), then the
+trace (``TRACE_RULE``), which only ever places an event that has no request ID of its own.
 """
 
 from __future__ import annotations
@@ -26,9 +29,85 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hopline.middleware.contract import ATTRIBUTE_SOURCES, FINAL_HOPS, TIME_STAGES, TTFT_STAGES, VIEWS, component
+from hopline.middleware.contract import (
+    ATTRIBUTE_SOURCES,
+    FINAL_HOPS,
+    TIME_STAGES,
+    TTFT_STAGES,
+    VIEWS,
+    component,
+    is_valid_trace_id,
+)
 
 COMPONENTS = ("client", "gateway", "engine")  # nearest the user first
+
+# --- joining: request ID first, then the trace ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TraceRule:
+    """The second join key, for events that know their trace but not their request.
+
+    An event whose ``request_id`` is a *stand-in* (``prefix`` + its own ``trace_id``, optionally
+    ``:`` + a span ID: what the OTLP receiver gives a span with no request ID of its own, e.g. a
+    client span that recorded no response ID, or an engine's stage span) belongs to the request
+    of the same trace that has a request ID of its own, when exactly ``owners`` such request
+    exists. With none, or several (an agent that made three model calls in one trace), it keeps
+    its stand-in: a request of its own, never a guess. An event with a real request ID is never
+    moved by its trace, so requests that share a trace stay apart.
+    """
+
+    prefix: str
+    owners: int
+    why: str
+
+
+TRACE_RULE = TraceRule(
+    prefix="trace:",
+    owners=1,
+    why="a span without a request ID joins its trace's only request that has one",
+)
+
+
+def trace_stand_in(trace_id: str, span_id: str | None = None) -> str:
+    """The stand-in request ID of an event that knows only its trace (and maybe its span)."""
+    return f"{TRACE_RULE.prefix}{trace_id}" + (f":{span_id}" if span_id else "")
+
+
+def is_stand_in(request_id: str, trace_id: object) -> bool:
+    """``request_id`` is the stand-in made from ``trace_id`` (so the trace may place the event)."""
+    return is_valid_trace_id(trace_id) and request_id.startswith(f"{TRACE_RULE.prefix}{trace_id}")
+
+
+def resolve_by_trace(events: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """Apply ``TRACE_RULE``: stand-in events take the request ID of their trace's only owner.
+
+    The reference the collector's join and the analyzer's Polars follow; events without a
+    stand-in come back unchanged (the same objects).
+    """
+    events = list(events)
+    owners: dict[str, set[str]] = {}
+    for ev in events:
+        trace_id = ev.get("trace_id")
+        if trace_id is not None and not is_stand_in(ev["request_id"], trace_id):
+            owners.setdefault(trace_id, set()).add(ev["request_id"])
+    out: list[Mapping[str, Any]] = []
+    for ev in events:
+        trace_id = ev.get("trace_id")
+        found = owners.get(trace_id) if trace_id is not None else None
+        if found is not None and len(found) == TRACE_RULE.owners and is_stand_in(ev["request_id"], trace_id):
+            ev = {**ev, "request_id": next(iter(found))}
+        out.append(ev)
+    return out
+
+
+def group_requests(events: Iterable[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
+    """The join rule in one call: events by request ID after ``resolve_by_trace``."""
+    grouped: dict[str, list[Mapping[str, Any]]] = {}
+    for ev in resolve_by_trace(events):
+        grouped.setdefault(ev["request_id"], []).append(ev)
+    return grouped
+
 
 # --- outcome -------------------------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from hopline.analyzer.timelines import (
     STAGE_COLUMNS,
     timelines,
 )
-from hopline.middleware.rules import SCOPE_SOURCES, describe_request
+from hopline.middleware.rules import SCOPE_SOURCES, describe_request, is_stand_in
 from hopline.middleware.contract import (
     STAGE_NAMES,
     compute_stages,
@@ -35,36 +35,55 @@ def frame(events: list[dict]) -> pl.LazyFrame:
     return pl.DataFrame([{k: r.get(k) for k in SCHEMA} for r in rows], schema=SCHEMA).lazy()
 
 
+def requests_of(case):
+    """Resolved request ID -> expected values: one request unless the case lists its ``requests``."""
+    return case.get("requests") or {case["events"][0]["request_id"]: case}
+
+
+SPEC_KEYS = sorted((name, rid) for name, c in CASES.items() for rid in requests_of(c))
+
+
 @pytest.fixture(scope="module")
-def golden_rows() -> dict[str, dict]:
-    events = []
+def golden_rows() -> dict[tuple[str, str], dict]:
+    """Every case in one frame: real request IDs prefixed with the case name so cases cannot
+    collide; trace stand-ins kept as they are (their trace is the case's own)."""
+    events, stand_ins = [], {}
     for case in GOLDEN["cases"]:
-        # one request per case: prefix the id so cases cannot collide
-        events += [{**e, "request_id": f"{case['name']}.{e['request_id']}"} for e in case["events"]]
+        for e in case["events"]:
+            rid = e["request_id"]
+            if is_stand_in(rid, e.get("trace_id")):
+                stand_ins[rid] = case["name"]
+            else:
+                rid = f"{case['name']}.{rid}"
+            events.append({**e, "request_id": rid})
     out = timelines(frame(events)).collect()
     assert out.columns == list(COLUMNS)
-    assert out.height == len(CASES)
-    return {r["request_id"].split(".")[0]: r for r in out.iter_rows(named=True)}
+    assert out.height == len(SPEC_KEYS)
+    return {
+        (stand_ins[r["request_id"]], r["request_id"]) if r["request_id"] in stand_ins
+        else tuple(r["request_id"].split(".", 1)): r
+        for r in out.iter_rows(named=True)
+    }
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_golden_case_through_polars(name, golden_rows):
-    case, got = CASES[name], golden_rows[name]
-    for stage, want in case["expected"].items():
+@pytest.mark.parametrize("name,rid", SPEC_KEYS)
+def test_golden_case_through_polars(name, rid, golden_rows):
+    spec, got = requests_of(CASES[name])[rid], golden_rows[name, rid]
+    for stage, want in spec["expected"].items():
         if want is None:
             assert got[stage] is None, f"{name}: {stage} should be null, got {got[stage]}"
         else:
             assert got[stage] == pytest.approx(want, abs=GOLDEN["tolerance_s"]), f"{name}: {stage}"
-    assert got["negative"] == case["negative"]
+    assert got["negative"] == spec["negative"]
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_golden_request_rules_through_polars(name, golden_rows):
+@pytest.mark.parametrize("name,rid", SPEC_KEYS)
+def test_golden_request_rules_through_polars(name, rid, golden_rows):
     """Outcome, scope and missing hops: the rule book's answers, worked by hand in the fixture."""
-    case, got = CASES[name], golden_rows[name]
-    assert got["outcome"] == case["outcome"]
-    assert got["missing"] == case["missing"]
-    assert {k: got[k] for k in SCOPE_SOURCES} == {k: case["scope"].get(k) for k in SCOPE_SOURCES}
+    spec, got = requests_of(CASES[name])[rid], golden_rows[name, rid]
+    assert got["outcome"] == spec["outcome"]
+    assert got["missing"] == spec["missing"]
+    assert {k: got[k] for k in SCOPE_SOURCES} == {k: spec["scope"].get(k) for k in SCOPE_SOURCES}
 
 
 def test_every_stage_is_a_column():

@@ -9,7 +9,7 @@ from hopline.collector.config import CollectorConfig
 from hopline.collector.join import Joiner
 from hopline.collector.metrics import Recorder, build_metrics
 from hopline.middleware.contract import validate_event
-from hopline.middleware.rules import SCOPE_SOURCES
+from hopline.middleware.rules import SCOPE_SOURCES, group_requests
 from prometheus_client import CollectorRegistry
 from support.collector import serve
 from support.events import event, ndjson
@@ -39,24 +39,36 @@ def test_golden_stages_through_the_collector(tmp_path):
         check_golden(collector)
 
 
+def requests_of(case):
+    """Resolved request ID -> expected values: one request unless the case lists its ``requests``."""
+    return case.get("requests") or {case["events"][0]["request_id"]: case}
+
+
+SPECS = [spec for case in GOLDEN["cases"] for spec in requests_of(case).values()]
+
+
 def check_golden(collector):
     tol = GOLDEN["tolerance_s"]
     for case in GOLDEN["cases"]:
-        rid = case["events"][0]["request_id"]
-        got = collector.client.get(f"/v1/requests/{rid}").json()
-        assert got["state"] == ("expired" if case["outcome"] == "incomplete" else "complete"), case["name"]
-        # the rule book: outcome, scope, missing hops, as worked by hand in the fixture
-        assert got["outcome"] == case["outcome"], case["name"]
-        assert got["missing"] == case["missing"], case["name"]
-        assert {k: got[k] for k in SCOPE_SOURCES} == {k: case["scope"].get(k) for k in SCOPE_SOURCES}, case["name"]
-        for stage, want in case["expected"].items():
-            value = got["stages"].get(stage, got["ratios"].get(stage))
-            if want is None:
-                assert value is None, f"{case['name']}: {stage}"
-            else:
-                assert value == pytest.approx(want, abs=tol), f"{case['name']}: {stage}"
-        assert got["negative"] == case["negative"]
-        assert [h["ts"] for h in got["hops"]] == sorted(e["ts"] for e in case["events"])
+        # which events make each request: the rule book's join (request ID, then the trace)
+        joined = group_requests(validate_event(e) for e in case["events"])
+        assert set(joined) == set(requests_of(case)), case["name"]
+        for rid, spec in requests_of(case).items():
+            name = f"{case['name']} {rid}"
+            got = collector.client.get(f"/v1/requests/{rid}").json()
+            assert got["state"] == ("expired" if spec["outcome"] == "incomplete" else "complete"), name
+            # the rule book: outcome, scope, missing hops, as worked by hand in the fixture
+            assert got["outcome"] == spec["outcome"], name
+            assert got["missing"] == spec["missing"], name
+            assert {k: got[k] for k in SCOPE_SOURCES} == {k: spec["scope"].get(k) for k in SCOPE_SOURCES}, name
+            for stage, want in spec["expected"].items():
+                value = got["stages"].get(stage, got["ratios"].get(stage))
+                if want is None:
+                    assert value is None, f"{name}: {stage}"
+                else:
+                    assert value == pytest.approx(want, abs=tol), f"{name}: {stage}"
+            assert got["negative"] == spec["negative"]
+            assert [h["ts"] for h in got["hops"]] == sorted(e["ts"] for e in joined[rid])
     assert collector.client.get("/v1/requests/never-seen").status_code == 404
     reg = collector.collector.registry
     # complete_streaming and retry_after_429_then_success: service from the client, model from
@@ -76,9 +88,9 @@ def check_golden(collector):
         for s in m.samples if m.name == "hopline_requests" else ():
             if s.name == "hopline_requests_total":
                 outcomes[s.labels["outcome"]] = outcomes.get(s.labels["outcome"], 0) + s.value
-    assert outcomes.get("ok") == sum(case["outcome"] == "ok" for case in GOLDEN["cases"])
+    assert outcomes.get("ok") == sum(spec["outcome"] == "ok" for spec in SPECS)
     for outcome in ("error", "rejected", "disconnected", "incomplete"):
-        assert outcomes.get(outcome, 0) == sum(c["outcome"] == outcome for c in GOLDEN["cases"]), outcome
+        assert outcomes.get(outcome, 0) == sum(c["outcome"] == outcome for c in SPECS), outcome
 
 
 class Clock:

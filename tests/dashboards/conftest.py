@@ -114,7 +114,7 @@ def _traffic(suffix: str) -> list[dict[str, Any]]:
     """
     # the cases that never end stay open in the collector, like the in-flight one ("running...")
     events = [
-        {**e, "request_id": ("running-" if case["outcome"] == "incomplete" else "") + e["request_id"]}
+        {**e, "request_id": ("running-" if case.get("outcome") == "incomplete" else "") + e["request_id"]}
         for case in GOLDEN["cases"]
         for e in case["events"]
     ]

@@ -6,8 +6,17 @@ import pytest
 
 from hopline.middleware.contract import STAGE_NAMES, compute_stages, negative_stages, validate_event
 from support.golden import GOLDEN
+from hopline.middleware.rules import group_requests
 
 CASES = {c["name"]: c for c in GOLDEN["cases"]}
+
+
+def requests_of(case):
+    """Resolved request ID -> expected values: one request unless the case lists its ``requests``."""
+    return case.get("requests") or {case["events"][0]["request_id"]: case}
+
+
+SPECS = [spec for c in CASES.values() for spec in requests_of(c).values()]
 
 
 def test_fixture_covers_every_stage_and_the_rows_design_asks_for():
@@ -15,39 +24,51 @@ def test_fixture_covers_every_stage_and_the_rows_design_asks_for():
     assert {"complete_streaming", "no_gateway", "no_client", "no_engine_split", "hosted_api",
             "non_streaming", "failover", "client_retry", "negative_stage"} <= names
     # every stage of the table takes a value in at least one case, so no formula goes untested
-    seen = {k for c in CASES.values() for k, v in c["expected"].items() if v is not None}
+    seen = {k for c in SPECS for k, v in c["expected"].items() if v is not None}
     assert set(STAGE_NAMES) <= seen
+
+
+def joined(case):
+    """The case's events as requests: the join rule (request ID, then the trace) of rules.py."""
+    return group_requests(validate_event(e) for e in case["events"])
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_golden_case(name):
     case = CASES[name]
-    events = [validate_event(e) for e in case["events"]]
-    got = compute_stages(events)
+    groups = joined(case)
+    assert set(groups) == set(requests_of(case)), name
     tol = GOLDEN["tolerance_s"]
-    for stage, want in case["expected"].items():
-        if want is None:
-            assert got[stage] is None, f"{name}: {stage} should be null, got {got[stage]}"
-        else:
-            assert got[stage] == pytest.approx(want, abs=tol), f"{name}: {stage}"
-    assert negative_stages(got) == case["negative"]
+    for rid, spec in requests_of(case).items():
+        got = compute_stages(groups[rid])
+        for stage, want in spec["expected"].items():
+            if want is None:
+                assert got[stage] is None, f"{name} {rid}: {stage} should be null, got {got[stage]}"
+            else:
+                assert got[stage] == pytest.approx(want, abs=tol), f"{name} {rid}: {stage}"
+        assert negative_stages(got) == spec["negative"]
 
 
 # the identity holds for streaming requests with client and engine hops
-SUM_CASES = sorted(n for n, c in CASES.items() if c["expected"]["client_ttft"] is not None and c["expected"]["network"] is not None)
+SUM_CASES = sorted(
+    n for n, c in CASES.items()
+    if any(r["expected"]["client_ttft"] is not None and r["expected"]["network"] is not None for r in requests_of(c).values())
+)
 
 
 def test_sum_cases_are_the_streaming_ones_with_both_ends():
     assert SUM_CASES == [
-        "client_cancel_mid_stream", "client_retry", "complete_streaming", "engine_499_after_client_finished",
-        "error_event_client_missed", "error_in_200_stream", "failover", "negative_stage", "never_finished",
-        "no_engine_split", "no_gateway", "retry_after_429_then_success",
+        "agent_three_calls_one_trace", "client_cancel_mid_stream", "client_retry", "complete_streaming",
+        "engine_499_after_client_finished", "error_event_client_missed", "error_in_200_stream", "failover",
+        "mixed_sources_trace_join", "negative_stage", "never_finished", "no_engine_split", "no_gateway",
+        "otel_only_trace_join", "retry_after_429_then_success",
     ]
 
 
 @pytest.mark.parametrize("name", SUM_CASES)
 def test_ttft_is_the_sum_of_its_stages(name):
-    got = compute_stages([validate_event(e) for e in CASES[name]["events"]])
+    rid = next(r for r, spec in requests_of(CASES[name]).items() if spec["expected"]["client_ttft"] is not None)
+    got = compute_stages(joined(CASES[name])[rid])
     engine_part = got["engine"] if got["queue"] is None else got["frontend"] + got["queue"] + got["prefill"]
     total = got["connect"] + got["network"] + (got["gateway"] or 0.0) + engine_part
     assert total == pytest.approx(got["client_ttft"], abs=GOLDEN["tolerance_s"])
@@ -62,8 +83,8 @@ def test_fixture_covers_the_request_rules():
     assert {"client_cancel_mid_stream", "engine_499_after_client_finished", "gateway_429", "error_in_200_stream",
             "non_streaming_error", "client_retry", "retry_after_429_then_success", "failover", "never_finished"} <= set(CASES)
     # every outcome and every scope attribute is the answer of at least one case
-    assert {c["outcome"] for c in CASES.values()} == {"ok", "error", "rejected", "disconnected", "incomplete"}
-    assert {k for c in CASES.values() for k in c["scope"]} == set(SCOPE_SOURCES)
+    assert {c["outcome"] for c in SPECS} == {"ok", "error", "rejected", "disconnected", "incomplete"}
+    assert {k for c in SPECS for k in c["scope"]} == set(SCOPE_SOURCES)
 
 
 def expected_request(case):
@@ -72,5 +93,12 @@ def expected_request(case):
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_golden_request_rules(name):
-    events = [validate_event(e) for e in CASES[name]["events"]]
-    assert describe_request(events) == expected_request(CASES[name])
+    groups = joined(CASES[name])
+    for rid, spec in requests_of(CASES[name]).items():
+        assert describe_request(groups[rid]) == expected_request(spec), (name, rid)
+
+
+def test_fixture_covers_the_trace_rule():
+    """Only OTel sources, mixed sources, and a trace with several requests (which stay apart)."""
+    assert {"otel_only_trace_join", "mixed_sources_trace_join", "agent_three_calls_one_trace"} <= set(CASES)
+    assert len(requests_of(CASES["agent_three_calls_one_trace"])) == 4  # three calls + one unplaced stand-in
