@@ -17,6 +17,8 @@ dropped: never an error, since exporters send everything their process traces.
 
 from __future__ import annotations
 
+import asyncio
+
 import base64
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -195,6 +197,7 @@ def install(app: FastAPI, collector: Collector) -> None:
     from hopline.collector.app import _read_body, _unauthorized  # the same token and limits as /v1/events
 
     config = collector.config
+    write_tokens = (config.token,) if config.token is not None else ()
     receiver = OtlpReceiver(collector, collector.registry, config.otlp_resource)
     app.state.otlp = receiver
 
@@ -203,18 +206,22 @@ def install(app: FastAPI, collector: Collector) -> None:
         headers = request.headers
         kind = media_type(headers.get("content-type"))
         json = kind in JSON_TYPES
-        if _unauthorized(config.token, headers.get("authorization")):
+        if _unauthorized(write_tokens, headers.get("authorization")):
             return _failure(401, "missing or wrong bearer token", json)
         if kind != PROTOBUF and not json:
             return _failure(415, f"unsupported content type {kind!r}: send {PROTOBUF} or application/json", json)
         try:
             body = await _read_body(request, config.max_body_bytes)
             encoding = headers.get("content-encoding", "identity").strip().lower()
-            if encoding == "gzip":
-                body = gunzip(body, config.max_decompressed_bytes)
-            elif encoding not in ("identity", ""):
+            if encoding not in ("gzip", "identity", ""):
                 return _failure(415, f"unsupported content encoding {encoding!r}: send gzip or identity", json)
-            rejected, why = await receiver.export(decode(body, json))
+
+            def unpack() -> ExportTraceServiceRequest:  # on the parse thread: never stalls the loop
+                raw = gunzip(body, config.max_decompressed_bytes) if encoding == "gzip" else body
+                return decode(raw, json)
+
+            message = await asyncio.get_running_loop().run_in_executor(collector.ingestor.parser, unpack)
+            rejected, why = await receiver.export(message)
         except (IngestError, OtlpError) as exc:
             return _failure(exc.status, str(exc), json)
         except StoreError as exc:

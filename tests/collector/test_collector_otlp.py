@@ -13,7 +13,7 @@ import gzip
 import json
 
 import pytest
-from collector_testing import serve, stored_lines
+from support.collector import serve, stored_lines
 from google.protobuf import json_format
 from google.rpc import status_pb2
 from hopline.collector.config import CollectorConfig
@@ -70,6 +70,7 @@ def as_otlp_json(spans) -> bytes:
 @pytest.fixture
 def running(tmp_path):
     with serve(CollectorConfig(data_dir=tmp_path / "d", grace_s=0.0, token="s3cret")) as running:
+        running.client.headers["Authorization"] = "Bearer s3cret"  # the read endpoints need it too
         yield running
 
 
@@ -136,7 +137,7 @@ def test_spans_without_a_mapping_are_a_success_not_an_error(running):
 @pytest.mark.parametrize(
     "headers,body,status,says",
     [
-        ({**PROTOBUF}, b"", 401, "bearer token"),
+        ({**PROTOBUF, "authorization": "Bearer wrong"}, b"", 401, "bearer token"),
         ({"content-type": "text/plain", **AUTH}, b"x", 415, "unsupported content type"),
         ({**PROTOBUF, "content-encoding": "br", **AUTH}, b"x", 415, "content encoding"),
         ({**PROTOBUF, **AUTH}, b"\xff\xff\xff", 400, "not an OTLP"),

@@ -24,7 +24,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-GOLDEN = json.loads((Path(__file__).parents[1] / "golden_stages.json").read_text())
+from support.golden import GOLDEN  # noqa: E402
 CASES = {c["name"]: c for c in GOLDEN["cases"]}
 # streaming and not, with and without a trace ID, an unplaced stand-in, an incomplete request
 USED = ["complete_streaming", "non_streaming", "hosted_api", "otel_only_trace_join", "mixed_sources_trace_join",
