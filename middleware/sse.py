@@ -28,19 +28,28 @@ _DONE = b"[DONE]"
 _DONE_EVENT = b"data: [DONE]\n\n"
 
 
+# The first-token rule as data: a choice carries output when its ``delta`` has a non-empty one of
+# OUTPUT_DELTA_FIELDS (chat), or, without a delta, a non-empty ``text`` (completions).
+OUTPUT_DELTA_FIELDS = ("content", "reasoning_content", "reasoning", "tool_calls", "function_call")
+OUTPUT_TEXT_FIELD = "text"
+
+
 def _output_in_choice(choice: Any) -> bool:
+    """The rule for one decoded (dict) choice."""
     if not isinstance(choice, dict):
         return False
     delta = choice.get("delta")
     if isinstance(delta, dict):
-        return bool(
-            delta.get("content")
-            or delta.get("reasoning_content")
-            or delta.get("reasoning")
-            or delta.get("tool_calls")
-            or delta.get("function_call")
-        )
-    return bool(choice.get("text"))
+        return any(delta.get(name) for name in OUTPUT_DELTA_FIELDS)
+    return bool(choice.get(OUTPUT_TEXT_FIELD))
+
+
+def _output_in_choice_object(choice: Any) -> bool:
+    """The same rule for a choice object (a gateway's parsed chunk, e.g. LiteLLM's ``StreamingChoices``)."""
+    delta = getattr(choice, "delta", None)
+    if delta is not None:
+        return any(getattr(delta, name, None) for name in OUTPUT_DELTA_FIELDS)
+    return bool(getattr(choice, OUTPUT_TEXT_FIELD, None))
 
 
 class StreamReader:
@@ -243,6 +252,33 @@ class StreamReader:
             and isinstance(choice["delta"]["content"], str)
         )
 
+    def feed_object(self, chunk: Any, ts: float) -> bool:
+        """Read one already-parsed chunk object (attributes ``choices``, ``usage``), as a gateway
+        that relays parsed chunks holds them; True when it carried the first output.
+
+        Same rule and counts as ``feed``; for gateways that never see the SSE bytes (LiteLLM's
+        proxy hands its callbacks ``ModelResponseStream`` objects).
+        """
+        had_output = self.first_at is not None
+        usage = getattr(chunk, "usage", None)
+        if usage is not None:
+            out, prompt = getattr(usage, "completion_tokens", None), getattr(usage, "prompt_tokens", None)
+            if type(out) is int:
+                self.output_tokens = out
+            if type(prompt) is int:
+                self.prompt_tokens = prompt
+        choices = getattr(chunk, "choices", None) or ()
+        output = False
+        for choice in choices:
+            if _output_in_choice_object(choice):
+                output = True
+            reason = getattr(choice, "finish_reason", None)
+            if isinstance(reason, str):
+                self.finish_reason = reason[:32]
+        if output:
+            self._output(ts)
+        return not had_output and self.first_at is not None
+
     def _output(self, ts: float) -> None:
         """Count an event carrying output and track the largest gap between such events."""
         self.output_chunks += 1
@@ -306,8 +342,11 @@ def request_summary(body: bytes) -> dict[str, Any]:
     ``MAX_JSON_BYTES``) gives ``{}``: attributes unknown, never an error. Never any text.
     """
     obj = _load_json_object(body)
-    if obj is None:
-        return {}
+    return {} if obj is None else request_attrs(obj)
+
+
+def request_attrs(obj: dict[str, Any]) -> dict[str, Any]:
+    """``request_summary`` of a request already decoded (a gateway that parsed the body itself)."""
     attrs: dict[str, Any] = {"stream": obj.get("stream") is True}
     model = obj.get("model")
     if isinstance(model, str) and model:
