@@ -13,7 +13,9 @@ streamed chunk inside the engine's server, the stream's plain content chunk is l
 repeats (same bytes around different text) are counted without decoding.
 
 ``request_summary`` / ``response_summary`` read the few attributes hopline records from a JSON
-request or a non-streaming response body, refusing bodies over ``MAX_JSON_BYTES``.
+request or a non-streaming response body, refusing bodies over ``MAX_JSON_BYTES``. Where the
+engine reports its own per-request durations in the response (vLLM's ``metrics`` object,
+``REPORTED_METRICS``), the reader of the stream or body keeps them too.
 """
 
 from __future__ import annotations
@@ -32,6 +34,35 @@ _DONE_EVENT = b"data: [DONE]\n\n"
 # OUTPUT_DELTA_FIELDS (chat), or, without a delta, a non-empty ``text`` (completions).
 OUTPUT_DELTA_FIELDS = ("content", "reasoning_content", "reasoning", "tool_calls", "function_call")
 OUTPUT_TEXT_FIELD = "text"
+
+
+# vLLM's per-request metrics (``--enable-per-request-metrics``, vLLM >= 0.25; fields as in vLLM
+# 0.33 ``PerRequestMetrics``, vllm/entrypoints/generate/base/protocol.py): a ``metrics`` object on
+# a non-streaming response and on the final usage chunk of a stream (n == 1 only). Milliseconds,
+# each a difference of two engine-core monotonic timestamps (build_per_request_timing_metrics):
+#   queue_time_ms          = scheduled_ts - queued_ts        (vLLM's queue; the stat logger's queued_time)
+#   time_to_first_token_ms = first_token_ts - scheduled_ts   (prefill: it EXCLUDES the queue)
+#   generation_time_ms     = last_token_ts - first_token_ts  (decode)
+# Read as the attribute on the right (seconds) of the ``*.last_token`` event that saw the response.
+REPORTED_METRICS = {
+    "queue_time_ms": "engine_queue_s",
+    "time_to_first_token_ms": "engine_prefill_s",
+    "generation_time_ms": "engine_decode_s",
+}
+
+
+def reported_durations(metrics: Any) -> dict[str, float]:
+    """``REPORTED_METRICS`` of a ``metrics`` object (a dict, or an object with those attributes)
+    as seconds; absent, null, negative or non-numeric fields are left out."""
+    out: dict[str, float] = {}
+    if metrics is None:
+        return out
+    get = metrics.get if isinstance(metrics, dict) else lambda name: getattr(metrics, name, None)
+    for field, attr in REPORTED_METRICS.items():
+        value = get(field)
+        if type(value) in (int, float) and 0 <= value < 1e12:
+            out[attr] = value / 1000.0
+    return out
 
 
 def _output_in_choice(choice: Any) -> bool:
@@ -80,6 +111,7 @@ class StreamReader:
         "output_chunks",
         "output_tokens",
         "prompt_tokens",
+        "reported",
     )
 
     def __init__(self) -> None:
@@ -102,6 +134,7 @@ class StreamReader:
         self.error: str | None = None
         self.error_status: int | None = None
         self.malformed = 0
+        self.reported: dict[str, float] = {}  # the engine's own durations (REPORTED_METRICS)
 
     def feed(self, chunk: bytes, ts: float) -> bool:
         """Parse one network chunk received at ``ts``; True when it carried the first output."""
@@ -229,6 +262,8 @@ class StreamReader:
                 self.output_tokens = out
             if type(prompt) is int:
                 self.prompt_tokens = prompt
+            if "metrics" in obj:
+                self.reported = reported_durations(obj["metrics"])
         choices = obj.get("choices")
         if not choices or not isinstance(choices, list):
             return False
@@ -267,6 +302,9 @@ class StreamReader:
                 self.output_tokens = out
             if type(prompt) is int:
                 self.prompt_tokens = prompt
+            metrics = getattr(chunk, "metrics", None)
+            if metrics is not None:
+                self.reported = reported_durations(metrics)
         choices = getattr(chunk, "choices", None) or ()
         output = False
         for choice in choices:
@@ -300,6 +338,7 @@ class StreamReader:
             "finish_reason": self.finish_reason,
             "max_gap_s": self.max_gap_s,
             "max_gap_at": self.max_gap_at,
+            **self.reported,
         }
         return {k: v for k, v in attrs.items() if v is not None}
 
@@ -384,6 +423,7 @@ def response_summary(body: bytes) -> dict[str, Any]:
             reason = choice.get("finish_reason") if isinstance(choice, dict) else None
             if isinstance(reason, str):
                 attrs["finish_reason"] = reason[:32]
+    attrs.update(reported_durations(obj.get("metrics")))
     return attrs
 
 

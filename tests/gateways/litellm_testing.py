@@ -11,6 +11,7 @@ The uvicorn runner and the OpenAI-style fake engine are the middleware tests' ow
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib.util
 import os
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 from fastapi.responses import JSONResponse
 
@@ -63,6 +65,54 @@ class Switchable:
         await self.app(scope, receive, send)
 
 
+FIXTURES = Path(__file__).parent / "fixtures"
+VLLM_033_STREAM = FIXTURES / "vllm-0.33.0-chat-stream-per-request-metrics.sse"
+VLLM_033_BODY = FIXTURES / "vllm-0.33.0-chat-per-request-metrics.json"
+
+
+def vllm_033_replay_app() -> Any:
+    """An engine answering ``/v1/chat/completions`` with vLLM 0.33's bytes (``--enable-per-request-metrics``):
+    the fixture stream when the request streams, the fixture body otherwise. Nothing of hopline in it.
+
+    It takes the time its metrics claim: queue + prefill before the first content, the decode
+    time spread over the later content events (a faster replay would make ``upstream`` negative).
+    """
+    stream_bytes, body_bytes = VLLM_033_STREAM.read_bytes(), VLLM_033_BODY.read_bytes()
+    events = stream_bytes.split(b"\n\n")[:-1]
+    stream_metrics = orjson.loads(events[-2][len(b"data: "):])["metrics"]
+    body_metrics = orjson.loads(body_bytes)["metrics"]
+    content = [i for i, e in enumerate(events) if b'"content":"' in e and b'"content":""' not in e]
+
+    def seconds(metrics: dict, *names: str) -> float:
+        return sum(metrics[name] for name in names) / 1000
+
+    async def app(scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        streaming = b'"stream":true' in body.replace(b" ", b"")
+        kind = b"text/event-stream" if streaming else b"application/json"
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", kind)]})
+        if streaming:  # one SSE event per body message, as vLLM's StreamingResponse sends them
+            for i, event in enumerate(events):
+                if i == content[0]:
+                    await asyncio.sleep(seconds(stream_metrics, "queue_time_ms", "time_to_first_token_ms"))
+                elif i in content:
+                    await asyncio.sleep(seconds(stream_metrics, "generation_time_ms") / (len(content) - 1))
+                await send({"type": "http.response.body", "body": event + b"\n\n", "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+        else:
+            await asyncio.sleep(seconds(body_metrics, "queue_time_ms", "time_to_first_token_ms", "generation_time_ms"))
+            await send({"type": "http.response.body", "body": body_bytes})
+
+    return app
+
+
 @dataclass
 class Proxy:
     url: str
@@ -92,6 +142,9 @@ model_list:
   - model_name: tiny-limited
     litellm_params: {{model: openai/tiny, api_base: "{engine_urls['r1']}/v1", api_key: none, rpm: 1}}
     model_info: {{id: r1-limited}}
+  - model_name: tiny-vllm-0.33
+    litellm_params: {{model: openai/tiny, api_base: "{engine_urls['vllm']}/v1", api_key: none}}
+    model_info: {{id: v1}}
 litellm_settings:
   callbacks: hopline.middleware.litellm.proxy_handler
 router_settings:
@@ -117,8 +170,9 @@ def _wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout: float = 
     raise RuntimeError(f"litellm did not become healthy in {timeout} s:\n{log.read_text()[-3000:]}")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxy]:
+    """One proxy for the session (it takes ~20 s to start)."""
     with running_proxy(tmp_path_factory.mktemp("litellm")) as running:
         yield running
 
@@ -137,9 +191,10 @@ def running_proxy(root: Path) -> Iterator[Proxy]:
     with (
         helpers.running_server(EngineMiddleware(engines["r1"], emitter=emitters[0])) as r1,
         helpers.running_server(EngineMiddleware(engines["r2"], emitter=emitters[1])) as r2,
+        helpers.running_server(vllm_033_replay_app()) as vllm,
     ):
         config = root / "config.yaml"
-        config.write_text(_config({"r1": r1, "r2": r2}))
+        config.write_text(_config({"r1": r1, "r2": r2, "vllm": vllm}))
         port = _free_port()
         env = {
             **{k: v for k, v in os.environ.items() if not k.startswith("HOPLINE_")},
