@@ -24,6 +24,7 @@ from pathlib import Path
 import orjson
 import polars as pl
 from hopline.middleware.contract import ENGINE_ID_PREFIXES, STORAGE_COLUMNS, iter_ndjson
+from hopline.middleware.records import translate_lines
 
 SCHEMA: dict[str, pl.DataType] = {name: getattr(pl, dtype)() for name, dtype in STORAGE_COLUMNS.items()}
 _EVENT_SCHEMA = {name: dtype for name, dtype in SCHEMA.items() if name != "attrs"}
@@ -138,6 +139,9 @@ def read_ndjson(path: Path, report: ScanReport) -> pl.DataFrame:
     except (OSError, EOFError) as exc:
         report.bad(str(path), f"unreadable: {exc}")
         return pl.DataFrame(schema=SCHEMA)
+    data, record_errors = translate_lines(data)  # engines' own per-request records (middleware/records.py)
+    for error in record_errors:
+        report.bad(str(path), error)
     events: list[dict] = []
     attrs: list[str | None] = []
     for number, event, error in iter_ndjson(data):

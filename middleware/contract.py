@@ -94,6 +94,11 @@ ATTRIBUTE_TYPES: dict[str, tuple[type, ...]] = {
     "engine_queue_s": (int, float),
     "engine_prefill_s": (int, float),
     "engine_decode_s": (int, float),
+    # an engine's KV-cache blocks for the request (TensorRT-LLM's per-request records)
+    "kv_blocks_allocated": (int,),
+    "kv_blocks_new": (int,),
+    "kv_blocks_reused": (int,),
+    "kv_blocks_missed": (int,),
 }
 
 # How stored events are typed (the collector's Parquet files; the analyzer reads the same):

