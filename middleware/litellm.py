@@ -38,7 +38,9 @@ The request ID: LiteLLM does not send the caller's ``X-Request-Id`` upstream (it
 ``x-*`` headers only with ``forward_client_headers_to_llm_api``). The pre-call hook adopts the
 caller's ID (a fresh one when missing or invalid) and puts ``X-Request-Id`` into the request's
 ``extra_headers``, and each attempt's ``X-Hopline-Attempt``, so the engine's hops (and vLLM's own
-request ID) carry the same ID. Nothing else of the caller's is forwarded.
+request ID) carry the same ID. Nothing else of the caller's is forwarded. An engine that takes
+its request ID from the body instead (SGLang's ``rid``; it ignores the header) gets it there when
+``HOPLINE_REQUEST_ID_BODY_FIELD=rid`` is set in the proxy's environment (LiteLLM's ``extra_body``).
 
 Never raises into LiteLLM (every hook body is guarded and counted in the emitter's ``errors``) and
 never blocks its event loop: an emission is an append to the emitter's bounded buffer.
@@ -46,6 +48,7 @@ never blocks its event loop: an emission is an append to the emitter's bounded b
 
 from __future__ import annotations
 
+import os
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping
@@ -61,6 +64,7 @@ from hopline.middleware.sse import StreamReader, request_attrs
 MAX_OPEN = 10_000  # requests remembered between hooks; the oldest is forgotten beyond this
 REQUEST_ID_HEADER = "X-Request-Id"
 ATTEMPT_HEADER = "X-Hopline-Attempt"
+BODY_FIELD_ENV = "HOPLINE_REQUEST_ID_BODY_FIELD"  # e.g. ``rid``: SGLang takes its request ID from the body
 
 
 class _Request:
@@ -134,9 +138,14 @@ class HoplineLogger(CustomLogger):
             usable configuration the logger stays inert.
     """
 
-    def __init__(self, emitter: Emitter | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, emitter: Emitter | None = None, *, body_request_id: str | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self._emitter = emitter
+        # opt-in: also put the ID into this body field of each upstream request (SGLang: ``rid``)
+        field = body_request_id if body_request_id is not None else os.environ.get(BODY_FIELD_ENV, "")
+        self.body_request_id = field.strip() or None
         self._resolved = emitter is not None
         self._open: OrderedDict[str, _Request] = OrderedDict()
 
@@ -220,6 +229,9 @@ class HoplineLogger(CustomLogger):
             extra[REQUEST_ID_HEADER] = req.request_id
             extra[ATTEMPT_HEADER] = str(req.attempt)
             kwargs["extra_headers"] = extra
+            if self.body_request_id is not None:
+                body = kwargs.get("extra_body")
+                kwargs["extra_body"] = {**(body if isinstance(body, Mapping) else {}), self.body_request_id: req.request_id}
             return kwargs
         except Exception:  # noqa: BLE001 - never into LiteLLM
             self._count_error()

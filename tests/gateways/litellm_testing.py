@@ -56,13 +56,28 @@ class Switchable:
     def __init__(self, app: Any) -> None:
         self.app = app
         self.failing = False
+        self.body_rids: dict[str, object] = {}  # X-Request-Id -> the body's ``rid``, of each request
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"].endswith("/completions"):
+            receive = self._recording(dict(scope["headers"]).get(b"x-request-id", b"").decode(), receive)
         if scope["type"] == "http" and self.failing and scope["path"].endswith("/completions"):
             body = {"error": {"message": "engine down", "type": "InternalServerError", "code": 500}}
             await JSONResponse(body, status_code=500)(scope, receive, send)
             return
         await self.app(scope, receive, send)
+
+    def _recording(self, request_id: str, receive: Any) -> Any:
+        parts: list[bytes] = []
+
+        async def recorded() -> dict:
+            message = await receive()
+            parts.append(message.get("body", b""))
+            if not message.get("more_body"):
+                self.body_rids[request_id] = orjson.loads(b"".join(parts) or b"{}").get("rid")
+            return message
+
+        return recorded
 
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -201,6 +216,7 @@ def running_proxy(root: Path) -> Iterator[Proxy]:
             "HOPLINE_SINK": f"file:{events}/litellm.ndjson",
             "HOPLINE_SERVICE": "litellm",
             "HOPLINE_REPLICA": "gw-0",
+            "HOPLINE_REQUEST_ID_BODY_FIELD": "rid",  # the opt-in for engines like SGLang (body ``rid``)
             "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # the wheel's own cost map: no fetch from the internet
             "NO_PROXY": "127.0.0.1,localhost",
         }

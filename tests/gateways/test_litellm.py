@@ -87,8 +87,10 @@ def test_streaming_and_plain_requests_join_client_litellm_engine(proxy: Proxy):
     assert stream.headers["x-litellm-version"] == LITELLM_VERSION  # the pinned proxy answered
     for raw, response_id, is_stream in ((stream, chunks[0].id, True), (plain, answer.id, False)):
         rid = raw.http_request.headers["x-request-id"]  # the ID hopline's client sent
-        # the engine saw the caller's ID: vLLM-style engines answer with chatcmpl-<X-Request-Id>
+        # the engine saw the caller's ID: vLLM-style engines answer with chatcmpl-<X-Request-Id>,
+        # and (HOPLINE_REQUEST_ID_BODY_FIELD=rid) SGLang-style engines find it in the body's `rid`
         assert response_id == f"chatcmpl-{rid}"
+        assert proxy.engines["r1"].body_rids[rid] == rid
         last = {"client.last_token", "gateway.last_token", "engine.last_token"}
         events = events_of(proxy, rid, last)
         assert {e["service"] for e in events} == {"kite-chat", "litellm", "engine"}
