@@ -31,6 +31,8 @@ _EVENT_SCHEMA = {name: dtype for name, dtype in SCHEMA.items() if name != "attrs
 _KNOWN = frozenset(_EVENT_SCHEMA)
 MAX_ERRORS = 10
 _NDJSON_NAME = re.compile(r"\.(ndjson|jsonl)(\.gz)?$|\.(ndjson|jsonl)\.[0-9][0-9.]*(\.gz)?$")
+# engines' per-request record files read as NDJSON (middleware/records.py): SGLang's metrics export
+_RECORD_NAME = re.compile(r"sglang-request-metrics-[0-9_]+\.log$")
 _PARTITION = re.compile(r"^(date|hour)=(.+)$")
 _PREFIX_RE = "^(?:" + "|".join(re.escape(p) for p in ENGINE_ID_PREFIXES) + ")(.)"
 
@@ -75,7 +77,7 @@ def to_epoch(value: TimeBound) -> float | None:
 
 
 def is_ndjson(path: Path) -> bool:
-    return _NDJSON_NAME.search(path.name) is not None
+    return _NDJSON_NAME.search(path.name) is not None or _RECORD_NAME.match(path.name) is not None
 
 
 def is_parquet(path: Path) -> bool:

@@ -19,8 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gateways"))
 
-from litellm_testing import running_proxy  # noqa: E402
-from test_litellm import events_of, one, sdk  # noqa: E402
+from litellm_testing import running_proxy
+from test_litellm import events_of, one, sdk
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 

@@ -54,12 +54,11 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-from litellm.integrations.custom_logger import CustomLogger
-
 from hopline.middleware.asgi import adopt_request_id, parse_attempt, resolve_emitter
 from hopline.middleware.emit import Emitter
 from hopline.middleware.gateway import REJECTED_STATUSES
 from hopline.middleware.sse import StreamReader, request_attrs
+from litellm.integrations.custom_logger import CustomLogger
 
 MAX_OPEN = 10_000  # requests remembered between hooks; the oldest is forgotten beyond this
 REQUEST_ID_HEADER = "X-Request-Id"
@@ -70,7 +69,7 @@ BODY_FIELD_ENV = "HOPLINE_REQUEST_ID_BODY_FIELD"  # e.g. ``rid``: SGLang takes i
 class _Request:
     """One proxy request between LiteLLM's hooks (keyed by ``litellm_call_id``)."""
 
-    __slots__ = ("request_id", "base_attempt", "attempts", "final")
+    __slots__ = ("attempts", "base_attempt", "final", "request_id")
 
     def __init__(self, request_id: str, base_attempt: int) -> None:
         self.request_id = request_id

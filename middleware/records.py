@@ -47,7 +47,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-
 from hopline.middleware.contract import VERSION, normalize_request_id
 
 

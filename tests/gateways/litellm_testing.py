@@ -28,7 +28,6 @@ import httpx
 import orjson
 import pytest
 from fastapi.responses import JSONResponse
-
 from hopline.middleware.emit import Emitter
 from hopline.middleware.engine import EngineMiddleware
 

@@ -18,13 +18,19 @@ import orjson
 import polars as pl
 import pytest
 from fastapi import FastAPI
-from litellm_testing import FIXTURES, helpers
-
 from hopline.analyzer.io import scan_events
 from hopline.analyzer.timelines import timelines
 from hopline.collector.tail import Tailer
 from hopline.middleware.contract import compute_stages, iter_ndjson, validate_event
-from hopline.middleware.records import SGLANG, TRTLLM, RecordError, poll_trtllm, record_events, translate_lines
+from hopline.middleware.records import (
+    SGLANG,
+    TRTLLM,
+    RecordError,
+    poll_trtllm,
+    record_events,
+    translate_lines,
+)
+from litellm_testing import FIXTURES, helpers
 
 SGLANG_LOG = FIXTURES / "sglang-0.5.23-request-metrics.log"
 TRTLLM_RECORDS = FIXTURES / "tensorrt-llm-perf-metrics.ndjson"
@@ -80,7 +86,7 @@ def test_sglang_record_without_scheduler_times_keeps_what_it_has():
 
 
 def test_analyze_joins_the_sglang_export_with_the_callers_hops(tmp_path: Path):
-    shutil.copy(SGLANG_LOG, tmp_path / "sglang-request-metrics-20260101_00.log.jsonl")
+    shutil.copy(SGLANG_LOG, tmp_path / "sglang-request-metrics-20260101_00.log")  # the exporter's own name
     client = [
         {"ts": T0 - 0.03, "request_id": "caller-rid-1", "hop": "client.sent", "stream": True, "conn_reused": True},
         {"ts": T0 + 0.28, "request_id": "caller-rid-1", "hop": "client.first_token"},
@@ -136,8 +142,11 @@ def test_trtllm_record_without_offset_is_refused_with_the_reason():
         record_events(record, TRTLLM)
     translated, errors = translate_lines(orjson.dumps(record) + b"\n" + b'{"ts": 1.0}')
     assert translated == b'{"ts": 1.0}' and errors == [
-        "line 1: tensorrt-llm record 17: no hopline_clock_offset_s (its times are a monotonic clock; save records "
-        "with `python -m hopline.middleware.records poll-trtllm`)"]
+        (
+            "line 1: tensorrt-llm record 17: no hopline_clock_offset_s (its times are a monotonic clock; "
+            "save records with `python -m hopline.middleware.records poll-trtllm`)"
+        )
+    ]
 
 
 def test_a_broken_record_is_reported_by_analyze_and_the_rest_kept(tmp_path: Path):

@@ -17,12 +17,11 @@ import openai
 import orjson
 import polars as pl
 import pytest
-from litellm_testing import LITELLM_VERSION, MASTER_KEY, Proxy
-
 from hopline.analyzer.io import scan_events
 from hopline.analyzer.timelines import timelines
 from hopline.middleware.client import instrument
 from hopline.middleware.emit import Emitter
+from litellm_testing import LITELLM_VERSION, MASTER_KEY, Proxy
 
 MESSAGES = [{"role": "user", "content": "SECRET PROMPT"}]
 GATEWAY_HOPS = ["gateway.received", "gateway.admitted", "gateway.forwarded", "gateway.first_token", "gateway.last_token"]

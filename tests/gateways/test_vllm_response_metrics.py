@@ -22,12 +22,11 @@ import asyncio
 import httpx
 import openai
 import pytest
-from litellm_testing import VLLM_033_BODY, VLLM_033_STREAM, Proxy, helpers, vllm_033_replay_app
-from test_litellm import MESSAGES, events_of, sdk, timeline_of
-
 from hopline.middleware.client import instrument
 from hopline.middleware.contract import compute_stages, validate_event
 from hopline.middleware.sse import StreamReader, reported_durations, response_summary
+from litellm_testing import VLLM_033_BODY, VLLM_033_STREAM, Proxy, helpers, vllm_033_replay_app
+from test_litellm import MESSAGES, events_of, sdk, timeline_of
 
 STREAM_REPORTED = {"engine_queue_s": 0.00325, "engine_prefill_s": 0.2125, "engine_decode_s": 0.04875}
 BODY_REPORTED = {"engine_queue_s": 0.0055, "engine_prefill_s": 0.18, "engine_decode_s": 0.04}
