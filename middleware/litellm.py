@@ -13,7 +13,8 @@ Which hook gives which hop, and whose clock:
                        (``request.state.litellm_received_at``, the first line of
                        ``user_api_key_auth``, before any auth work), emitted from
                        ``async_pre_call_hook`` (after auth), or from the failure hook when auth
-                       itself refused the request.
+                       itself refused the request. LiteLLM hands that hook no request headers,
+                       so an auth refusal is reported under an ID of its own, not the caller's.
 ``gateway.admitted``   the first upstream attempt: ``async_pre_call_deployment_hook`` runs after
                        auth, budgets, every pre-call hook (LiteLLM's rate limiters are pre-call
                        hooks) and routing (the router's rpm/tpm checks) let the request through.
@@ -100,6 +101,10 @@ def _arrival_of(data: Mapping[str, Any]) -> float | None:
         return float(arrival)
     metadata = data.get("metadata") or data.get("litellm_metadata")
     received = metadata.get("litellm_received_at") if isinstance(metadata, Mapping) else None
+    if received is None:
+        received = data.get("start_time")  # an auth refusal's request data carries only this
+    if isinstance(received, (int, float)) and not isinstance(received, bool):
+        return float(received)
     return received.timestamp() if hasattr(received, "timestamp") else None
 
 

@@ -174,3 +174,32 @@ def test_litellm_rate_limit_is_gateway_rejected(proxy: Proxy):
     assert not [e for e in events if e["hop"].startswith("engine.")]
     row = timeline_of(proxy, rid)
     assert row["outcome"] == "rejected" and row["status"] == 429
+
+
+def test_a_key_litellm_cannot_check_is_gateway_error_at_its_arrival_stamp(proxy: Proxy):
+    """An unknown key with no key database: LiteLLM 1.106.12 answers 400 ("No connected db.") from
+    ``user_api_key_auth``, before any pre-call hook. The failure hook still reports it (status
+    400, so ``gateway.error``, not ``rejected``) at the request's start, but LiteLLM gives that
+    hook no request headers: the event has an ID of the callback's own, not the caller's. (With a
+    key database a bad key is 401, reported as ``gateway.rejected``; with no key at all this
+    release answers 500, because its auth error path imports ``prisma``, which litellm[proxy]
+    does not install.)"""
+    sent = time.time()
+    response = httpx.post(proxy.url + "/v1/chat/completions", json={"model": "tiny", "messages": MESSAGES},
+                          headers={"X-Request-Id": "caller-unknown-key", "Authorization": "Bearer sk-unknown"})
+    assert response.status_code == 400, response.text
+    deadline = time.monotonic() + 10
+    while not (errors := [e for e in proxy_events(proxy) if e["hop"] == "gateway.error" and e.get("status") == 400]):
+        assert time.monotonic() < deadline, "no gateway.error for the refused key"
+        time.sleep(0.05)
+    (error,) = errors
+    events = [e for e in proxy_events(proxy) if e["request_id"] == error["request_id"]]
+    assert hops(events, "") == [("gateway.received", 0), ("gateway.error", 0)]
+    assert error["error"] == "http_400" and error["request_id"] != "caller-unknown-key"
+    assert sent - 0.5 < one(events, "gateway.received")["ts"] <= error["ts"]
+
+
+def proxy_events(proxy: Proxy) -> list[dict]:
+    """Every event the proxy's callback wrote (the live file and any the file sink rotated)."""
+    paths = sorted(proxy.events_dir.glob("litellm.ndjson*"))
+    return [orjson.loads(line) for path in paths for line in path.read_bytes().splitlines() if line.strip()]
