@@ -383,6 +383,7 @@ ATTRIBUTE_SOURCES: dict[str, tuple[str, ...]] = {
     "upstream": ("gateway.forwarded",),
 }
 
+NO_ENGINE_NO_GATEWAY = ("engine_received", "gateway_received")  # a fallback row's condition
 STAGES: tuple[Stage, ...] = (
     # views: what each component sees
     Stage("client_ttft", "view", (_f("client_first", "-client_sent", stream=True),)),
@@ -448,16 +449,14 @@ STAGES: tuple[Stage, ...] = (
             # no engine hops, but the engine reported queue and prefill (and decode) in its
             # response: upstream is then what remains beyond the gateway (network + engine frontend)
             _f("client_ttft", "-connect", "-gateway", "-queue", "-prefill", when_null=("engine_received",)),
-            _f(
-                "client_ttft", "-connect", "-queue", "-prefill", when_null=("engine_received", "gateway_received")
-            ),
+            _f("client_ttft", "-connect", "-queue", "-prefill", when_null=NO_ENGINE_NO_GATEWAY),
             _f(
                 "client_e2e", "-connect", "-gateway", "-queue", "-prefill", "-gateway_reported_decode_s",
                 stream=False, when_null=("engine_received",),
             ),
             _f(
                 "client_e2e", "-connect", "-queue", "-prefill", "-client_reported_decode_s",
-                stream=False, when_null=("engine_received", "gateway_received"),
+                stream=False, when_null=NO_ENGINE_NO_GATEWAY,
             ),
             _f("client_ttft", "-connect", "-gateway", when_null=("engine_received",)),
             _f("client_ttft", "-connect", when_null=("engine_received",)),

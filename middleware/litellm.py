@@ -184,7 +184,8 @@ class HoplineLogger(CustomLogger):
             return req
         headers = _headers_of(data)
         req = _Request(
-            adopt_request_id(headers.get("x-request-id"), "litellm"), parse_attempt(headers.get("x-hopline-attempt"))
+            adopt_request_id(headers.get("x-request-id"), "litellm"),
+            parse_attempt(headers.get("x-hopline-attempt")),
         )
         if key is not None:
             self._open[key] = req
@@ -202,7 +203,9 @@ class HoplineLogger(CustomLogger):
 
     # -- LiteLLM's hooks ------------------------------------------------------------------------
 
-    async def async_pre_call_hook(self, user_api_key_dict: Any, cache: Any, data: dict, call_type: Any) -> dict | None:
+    async def async_pre_call_hook(
+        self, user_api_key_dict: Any, cache: Any, data: dict, call_type: Any
+    ) -> dict | None:
         """After auth: ``gateway.received`` (at LiteLLM's arrival stamp); the ID goes upstream."""
         try:
             req = self._begin(data)
@@ -235,7 +238,10 @@ class HoplineLogger(CustomLogger):
             kwargs["extra_headers"] = extra
             if self.body_request_id is not None:
                 body = kwargs.get("extra_body")
-                kwargs["extra_body"] = {**(body if isinstance(body, Mapping) else {}), self.body_request_id: req.request_id}
+                kwargs["extra_body"] = {
+                    **(body if isinstance(body, Mapping) else {}),
+                    self.body_request_id: req.request_id,
+                }
             return kwargs
         except Exception:  # noqa: BLE001 - never into LiteLLM
             self._count_error()
@@ -278,14 +284,20 @@ class HoplineLogger(CustomLogger):
             reader = StreamReader()
             reader.feed_object(response, time.time())
             attrs = {"output_tokens": reader.output_tokens, "finish_reason": reader.finish_reason}
-            self._emit(req, "gateway.last_token", time.time(), **{k: v for k, v in attrs.items() if v is not None})
+            self._emit(
+                req, "gateway.last_token", time.time(), **{k: v for k, v in attrs.items() if v is not None}
+            )
             self._end(data)
         except Exception:  # noqa: BLE001 - never into LiteLLM
             self._count_error()
         return None
 
     async def async_post_call_failure_hook(
-        self, request_data: dict, original_exception: Exception, user_api_key_dict: Any, traceback_str: str | None = None
+        self,
+        request_data: dict,
+        original_exception: Exception,
+        user_api_key_dict: Any,
+        traceback_str: str | None = None,
     ) -> Any:
         """LiteLLM answers with an error: ``gateway.rejected`` (401/403/429) or ``gateway.error``."""
         try:

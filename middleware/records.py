@@ -118,15 +118,24 @@ TRTLLM = RecordFormat(
         "engine.last_token": (("perf_metrics.timing_metrics.last_token_time",),),
     },
     stats={  # tensorrt_llm/metrics/perf_utils.py: queue, prefill, decode from the executor's times
-        "queue_s": ("perf_metrics.timing_metrics.first_scheduled_time", "-perf_metrics.timing_metrics.arrival_time"),
+        "queue_s": (
+            "perf_metrics.timing_metrics.first_scheduled_time",
+            "-perf_metrics.timing_metrics.arrival_time",
+        ),
         "prefill_s": (
             "perf_metrics.timing_metrics.first_token_time",
             "-perf_metrics.timing_metrics.first_scheduled_time",
         ),
-        "decode_s": ("perf_metrics.timing_metrics.last_token_time", "-perf_metrics.timing_metrics.first_token_time"),
+        "decode_s": (
+            "perf_metrics.timing_metrics.last_token_time",
+            "-perf_metrics.timing_metrics.first_token_time",
+        ),
     },
     attrs={
-        "kv_blocks_allocated": ("perf_metrics.kv_cache_metrics.num_total_allocated_blocks", ("engine.stats",)),
+        "kv_blocks_allocated": (
+            "perf_metrics.kv_cache_metrics.num_total_allocated_blocks",
+            ("engine.stats",),
+        ),
         "kv_blocks_new": ("perf_metrics.kv_cache_metrics.num_new_allocated_blocks", ("engine.stats",)),
         "kv_blocks_reused": ("perf_metrics.kv_cache_metrics.num_reused_blocks", ("engine.stats",)),
         "kv_blocks_missed": ("perf_metrics.kv_cache_metrics.num_missed_blocks", ("engine.stats",)),
@@ -203,12 +212,16 @@ def record_events(record: Mapping[str, Any], fmt: RecordFormat) -> list[dict[str
             ts = _sum(record, terms, fmt)
             if ts is not None:
                 if not ts + offset > 0:
-                    raise RecordError(f"{fmt.name} record {rid}: {hop} time {ts + offset!r} is not epoch seconds")
+                    raise RecordError(
+                        f"{fmt.name} record {rid}: {hop} time {ts + offset!r} is not epoch seconds"
+                    )
                 events[hop] = {"v": VERSION, "ts": ts + offset, "request_id": rid, "hop": hop, "attempt": 0}
                 break
     if not events:
         raise RecordError(f"{fmt.name} record {rid}: none of its timestamps is present")
-    stats = {name: value for name, terms in fmt.stats.items() if (value := _sum(record, terms, fmt)) is not None}
+    stats = {
+        name: value for name, terms in fmt.stats.items() if (value := _sum(record, terms, fmt)) is not None
+    }
     end = events.get("engine.last_token") or max(events.values(), key=lambda e: e["ts"])
     if stats or any("engine.stats" in hops for _, hops in fmt.attrs.values()):
         events["engine.stats"] = {**end, "hop": "engine.stats", **stats}

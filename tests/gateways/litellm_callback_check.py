@@ -35,8 +35,12 @@ async def main() -> dict:
     raised = []
     calls = [
         ("pre_call", logger.async_pre_call_hook(None, None, Exploding(), "acompletion")),
-        ("pre_call_bad_types", logger.async_pre_call_hook(None, None, {"proxy_server_request": "x", "metadata": 3,
-                                                                        "litellm_call_id": 5}, "acompletion")),
+        (
+            "pre_call_bad_types",
+            logger.async_pre_call_hook(
+                None, None, {"proxy_server_request": "x", "metadata": 3, "litellm_call_id": 5}, "acompletion"
+            ),
+        ),
         ("deployment", logger.async_pre_call_deployment_hook(Exploding(), None)),
         ("success", logger.async_post_call_success_hook(Exploding(), None, object())),
         ("failure", logger.async_post_call_failure_hook({"litellm_call_id": "f1"}, Weird(), None)),
@@ -47,14 +51,29 @@ async def main() -> dict:
             results[name] = repr(await coro)
         except Exception as exc:  # noqa: BLE001 - what the test checks never happens
             raised.append(f"{name}: {exc!r}")
-    relayed = [item async for item in logger.async_post_call_streaming_iterator_hook(None, stream([1, None, "x"]), Exploding())]
+    relayed = [
+        item
+        async for item in logger.async_post_call_streaming_iterator_hook(
+            None, stream([1, None, "x"]), Exploding()
+        )
+    ]
     # the request table stays bounded whatever never finishes
     for i in range(MAX_OPEN + 50):
         await logger.async_pre_call_hook(None, None, {"litellm_call_id": f"open-{i}"}, "acompletion")
     emitter.flush()
-    events = [e for e in emitter.sink.events if not e["request_id"].startswith("open-") or e["hop"] != "gateway.received"]
-    return {"raised": raised, "results": results, "relayed": relayed, "errors": emitter.errors,
-            "open": len(logger._open), "events": events}
+    events = [
+        e
+        for e in emitter.sink.events
+        if not e["request_id"].startswith("open-") or e["hop"] != "gateway.received"
+    ]
+    return {
+        "raised": raised,
+        "results": results,
+        "relayed": relayed,
+        "errors": emitter.errors,
+        "open": len(logger._open),
+        "events": events,
+    }
 
 
 print(json.dumps(asyncio.run(main()), default=str))

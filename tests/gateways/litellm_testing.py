@@ -5,8 +5,8 @@ default ``<repo>/.litellm``; litellm[proxy] 1.106.12). It loads hopline's callba
 checkout (editable install) and writes its events to a file sink; the engines and the client run
 in the test process and write theirs to files beside it, so the analyzer joins all three.
 
-The uvicorn runner and the OpenAI-style fake engine are the middleware tests' own
-(``tests/middleware/conftest.py``), loaded from there rather than copied.
+The uvicorn runner and the OpenAI-style fake engine are the shared test helpers (``_shared_helpers``),
+not copies.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -38,15 +39,30 @@ LITELLM_VERSION = "1.106.12"  # the pin in pyproject.toml's `litellm` extra and 
 MASTER_KEY = "sk-hopline-test"
 
 
-def _middleware_helpers() -> Any:
-    spec = importlib.util.spec_from_file_location("hopline_tests_middleware_helpers", REPO / "tests/middleware/conftest.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up here
-    spec.loader.exec_module(module)
-    return module
+def _shared_helpers() -> Any:
+    """The uvicorn runner, fake engine / gateway and memory emitters every test folder shares:
+    from tests/support/ where it exists, else from the middleware tests' conftest (loaded by path:
+    a conftest cannot be imported by name), so they are written once either way."""
+    try:
+        from support import events, fakes, servers  # tests/support/, on sys.path via tests/conftest.py
+    except ImportError:
+        conftest = REPO / "tests" / "middleware" / "conftest.py"
+        spec = importlib.util.spec_from_file_location("hopline_tests_middleware_helpers", conftest)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up here
+        spec.loader.exec_module(module)
+        return module
+    return SimpleNamespace(
+        running_server=servers.running_server,
+        fake_engine_app=fakes.fake_engine_app,
+        fake_gateway_app=fakes.fake_gateway_app,
+        memory_emitter=events.memory_emitter,
+        events_of=events.events_of,
+        one=events.one,
+    )
 
 
-helpers = _middleware_helpers()
+helpers = _shared_helpers()
 
 
 class Switchable:
@@ -93,7 +109,7 @@ def vllm_033_replay_app() -> Any:
     """
     stream_bytes, body_bytes = VLLM_033_STREAM.read_bytes(), VLLM_033_BODY.read_bytes()
     events = stream_bytes.split(b"\n\n")[:-1]
-    stream_metrics = orjson.loads(events[-2][len(b"data: "):])["metrics"]
+    stream_metrics = orjson.loads(events[-2][len(b"data: ") :])["metrics"]
     body_metrics = orjson.loads(body_bytes)["metrics"]
     content = [i for i, e in enumerate(events) if b'"content":"' in e and b'"content":""' not in e]
 
@@ -121,7 +137,9 @@ def vllm_033_replay_app() -> Any:
                 await send({"type": "http.response.body", "body": event + b"\n\n", "more_body": True})
             await send({"type": "http.response.body", "body": b""})
         else:
-            await asyncio.sleep(seconds(body_metrics, "queue_time_ms", "time_to_first_token_ms", "generation_time_ms"))
+            await asyncio.sleep(
+                seconds(body_metrics, "queue_time_ms", "time_to_first_token_ms", "generation_time_ms")
+            )
             await send({"type": "http.response.body", "body": body_bytes})
 
     return app
@@ -148,16 +166,16 @@ def _config(engine_urls: dict[str, str]) -> str:
     return f"""
 model_list:
   - model_name: tiny
-    litellm_params: {{model: openai/tiny, api_base: "{engine_urls['r1']}/v1", api_key: none, order: 1}}
+    litellm_params: {{model: openai/tiny, api_base: "{engine_urls["r1"]}/v1", api_key: none, order: 1}}
     model_info: {{id: r1}}
   - model_name: tiny
-    litellm_params: {{model: openai/tiny, api_base: "{engine_urls['r2']}/v1", api_key: none, order: 2}}
+    litellm_params: {{model: openai/tiny, api_base: "{engine_urls["r2"]}/v1", api_key: none, order: 2}}
     model_info: {{id: r2}}
   - model_name: tiny-limited
-    litellm_params: {{model: openai/tiny, api_base: "{engine_urls['r1']}/v1", api_key: none, rpm: 1}}
+    litellm_params: {{model: openai/tiny, api_base: "{engine_urls["r1"]}/v1", api_key: none, rpm: 1}}
     model_info: {{id: r1-limited}}
   - model_name: tiny-vllm-0.33
-    litellm_params: {{model: openai/tiny, api_base: "{engine_urls['vllm']}/v1", api_key: none}}
+    litellm_params: {{model: openai/tiny, api_base: "{engine_urls["vllm"]}/v1", api_key: none}}
     model_info: {{id: v1}}
 litellm_settings:
   callbacks: hopline.middleware.litellm.proxy_handler
@@ -193,13 +211,22 @@ def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxy]:
 
 @contextlib.contextmanager
 def running_proxy(root: Path) -> Iterator[Proxy]:
-    """Engines r1 and r2 on uvicorn threads, the LiteLLM proxy in a child process; events in ``root/events``."""
-    assert LITELLM_BIN.exists(), f"no LiteLLM proxy at {LITELLM_BIN}: run `bash .ci/setup` (or .ci/litellm-setup.sh)"
+    """Engines r1, r2 (and the vLLM 0.33 replay) on uvicorn threads, the LiteLLM proxy in a child
+    process; every component's events in ``root/events``."""
+    assert LITELLM_BIN.exists(), (
+        f"no LiteLLM proxy at {LITELLM_BIN}: run `bash .ci/setup` (or .ci/litellm-setup.sh)"
+    )
     events = root / "events"
     events.mkdir()
     engines = {name: Switchable(helpers.fake_engine_app()) for name in ("r1", "r2")}
     emitters = [
-        Emitter(f"file:{events}/engine-{name}.ndjson", service="engine", replica=name, model="tiny", flush_interval=0.02)
+        Emitter(
+            f"file:{events}/engine-{name}.ndjson",
+            service="engine",
+            replica=name,
+            model="tiny",
+            flush_interval=0.02,
+        )
         for name in engines
     ]
     with (
@@ -223,7 +250,10 @@ def running_proxy(root: Path) -> Iterator[Proxy]:
         with log.open("wb") as out:
             proc = subprocess.Popen(
                 [str(LITELLM_BIN), "--config", str(config), "--host", "127.0.0.1", "--port", str(port)],
-                stdout=out, stderr=subprocess.STDOUT, env=env, cwd=root,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=root,
             )
         try:
             url = f"http://127.0.0.1:{port}"

@@ -34,7 +34,8 @@ from litellm_testing import FIXTURES, helpers
 
 SGLANG_LOG = FIXTURES / "sglang-0.5.23-request-metrics.log"
 TRTLLM_RECORDS = FIXTURES / "tensorrt-llm-perf-metrics.ndjson"
-T0 = 1767225600.0  # times near 1.7e9 s: compare within 2e-6 s (float64 spacing 2.4e-7 s), as the golden fixture
+# times near 1.7e9 s: compared within 2e-6 s (float64 spacing there is 2.4e-7 s), as in the golden fixture
+T0 = 1767225600.0
 
 
 def events_from(data: bytes) -> list[dict]:
@@ -48,16 +49,21 @@ def events_from(data: bytes) -> list[dict]:
 def test_sglang_record_becomes_engine_hops_and_stats():
     first = orjson.loads(SGLANG_LOG.read_bytes().splitlines()[0])
     events = {e["hop"]: e for e in record_events(first, SGLANG)}
-    assert {h: e["ts"] - T0 for h, e in events.items()} == pytest.approx({
-        "engine.received": 0.0,          # request_received_ts
-        "engine.scheduled": 0.054,       # forward_entry_time (the scheduler's first forward)
-        "engine.first_token": 0.26,      # request_received_ts + first_token_latency
-        "engine.last_token": 1.76,       # request_received_ts + e2e_latency
-        "engine.stats": 1.76,
-    }, abs=1e-6)
+    assert {h: e["ts"] - T0 for h, e in events.items()} == pytest.approx(
+        {
+            "engine.received": 0.0,  # request_received_ts
+            "engine.scheduled": 0.054,  # forward_entry_time (the scheduler's first forward)
+            "engine.first_token": 0.26,  # request_received_ts + first_token_latency
+            "engine.last_token": 1.76,  # request_received_ts + e2e_latency
+            "engine.stats": 1.76,
+        },
+        abs=1e-6,
+    )
     stats = events["engine.stats"]
     # queue_time; prefill_finished_time - forward_entry_time; e2e_latency - first_token_latency
-    assert (stats["queue_s"], stats["prefill_s"], stats["decode_s"]) == pytest.approx((0.048, 0.2, 1.5), abs=1e-6)
+    assert (stats["queue_s"], stats["prefill_s"], stats["decode_s"]) == pytest.approx(
+        (0.048, 0.2, 1.5), abs=1e-6
+    )
     assert (stats["prompt_tokens"], stats["output_tokens"], stats["cached_tokens"]) == (812, 76, 512)
     assert {e["request_id"] for e in events.values()} == {"caller-rid-1"}  # the rid the caller sent
     assert (events["engine.received"]["stream"], events["engine.received"]["max_tokens"]) == (True, 128)
@@ -72,23 +78,35 @@ def test_sglang_export_never_leaks_the_prompt_or_stop_text():
 def test_sglang_stages_through_the_contract():
     events = [e for e in events_from(SGLANG_LOG.read_bytes()) if e["request_id"] == "caller-rid-1"]
     stages = compute_stages(events)
-    assert (stages["engine_ttft"], stages["queue"], stages["prefill"]) == pytest.approx((0.26, 0.048, 0.2), abs=2e-6)
+    assert (stages["engine_ttft"], stages["queue"], stages["prefill"]) == pytest.approx(
+        (0.26, 0.048, 0.2), abs=2e-6
+    )
     assert stages["frontend"] == pytest.approx(0.012, abs=2e-6)  # 0.26 - 0.048 - 0.2: tokenizing, dispatch
-    assert stages["decode"] == pytest.approx(1.5, abs=2e-6) and stages["engine_itl"] == pytest.approx(0.02, abs=1e-7)
+    assert stages["decode"] == pytest.approx(1.5, abs=2e-6) and stages["engine_itl"] == pytest.approx(
+        0.02, abs=1e-7
+    )
 
 
 def test_sglang_record_without_scheduler_times_keeps_what_it_has():
     second = orjson.loads(SGLANG_LOG.read_bytes().splitlines()[1])
     events = {e["hop"]: e for e in record_events(second, SGLANG)}
     assert set(events) == {"engine.received", "engine.first_token", "engine.last_token", "engine.stats"}
-    assert "queue_s" not in events["engine.stats"] and events["engine.stats"]["decode_s"] == pytest.approx(0.3)
+    assert "queue_s" not in events["engine.stats"] and events["engine.stats"]["decode_s"] == pytest.approx(
+        0.3
+    )
     assert events["engine.received"]["stream"] is False
 
 
 def test_analyze_joins_the_sglang_export_with_the_callers_hops(tmp_path: Path):
     shutil.copy(SGLANG_LOG, tmp_path / "sglang-request-metrics-20260101_00.log")  # the exporter's own name
     client = [
-        {"ts": T0 - 0.03, "request_id": "caller-rid-1", "hop": "client.sent", "stream": True, "conn_reused": True},
+        {
+            "ts": T0 - 0.03,
+            "request_id": "caller-rid-1",
+            "hop": "client.sent",
+            "stream": True,
+            "conn_reused": True,
+        },
         {"ts": T0 + 0.28, "request_id": "caller-rid-1", "hop": "client.first_token"},
         {"ts": T0 + 1.78, "request_id": "caller-rid-1", "hop": "client.last_token", "output_tokens": 76},
     ]
@@ -96,7 +114,9 @@ def test_analyze_joins_the_sglang_export_with_the_callers_hops(tmp_path: Path):
     frame, report = scan_events([tmp_path])
     assert report.bad_lines == 0, report.errors
     row = timelines(frame).filter(pl.col("request_id") == "caller-rid-1").collect().row(0, named=True)
-    assert (row["client_ttft"], row["queue"], row["prefill"], row["frontend"]) == pytest.approx((0.31, 0.048, 0.2, 0.012), abs=2e-6)
+    assert (row["client_ttft"], row["queue"], row["prefill"], row["frontend"]) == pytest.approx(
+        (0.31, 0.048, 0.2, 0.012), abs=2e-6
+    )
     assert row["network"] == pytest.approx(0.05, abs=2e-6)  # 0.31 - 0 (reused) - 0.26
     assert row["outcome"] == "ok"
 
@@ -120,17 +140,27 @@ def test_trtllm_record_with_the_pollers_clock_offset():
     record = orjson.loads(TRTLLM_RECORDS.read_bytes())
     events = {e["hop"]: e for e in record_events(record, TRTLLM)}
     # steady clock + offset = wall clock; the fixture's server_arrival_time is T0 + 20 s
-    assert {h: e["ts"] - T0 - 20 for h, e in events.items()} == pytest.approx({
-        "engine.received": 0.0,          # server_arrival_time (the HTTP server's middleware)
-        "engine.scheduled": 0.083,       # first_scheduled_time
-        "engine.first_token": 0.386,     # server_first_token_time
-        "engine.last_token": 1.883,      # last_token_time
-        "engine.stats": 1.883,
-    }, abs=1e-6)
+    assert {h: e["ts"] - T0 - 20 for h, e in events.items()} == pytest.approx(
+        {
+            "engine.received": 0.0,  # server_arrival_time (the HTTP server's middleware)
+            "engine.scheduled": 0.083,  # first_scheduled_time
+            "engine.first_token": 0.386,  # server_first_token_time
+            "engine.last_token": 1.883,  # last_token_time
+            "engine.stats": 1.883,
+        },
+        abs=1e-6,
+    )
     stats = events["engine.stats"]
     # perf_utils: queue = first_scheduled - arrival; prefill = first_token - first_scheduled
-    assert (stats["queue_s"], stats["prefill_s"], stats["decode_s"]) == pytest.approx((0.08, 0.3, 1.5), abs=1e-6)
-    assert (stats["kv_blocks_allocated"], stats["kv_blocks_new"], stats["kv_blocks_reused"], stats["kv_blocks_missed"]) == (40, 8, 32, 0)
+    assert (stats["queue_s"], stats["prefill_s"], stats["decode_s"]) == pytest.approx(
+        (0.08, 0.3, 1.5), abs=1e-6
+    )
+    assert (
+        stats["kv_blocks_allocated"],
+        stats["kv_blocks_new"],
+        stats["kv_blocks_reused"],
+        stats["kv_blocks_missed"],
+    ) == (40, 8, 32, 0)
     assert {e["request_id"] for e in events.values()} == {"17"}  # = a streamed response's chatcmpl-17
     validate_event(stats)
 
@@ -152,9 +182,14 @@ def test_trtllm_record_without_offset_is_refused_with_the_reason():
 def test_a_broken_record_is_reported_by_analyze_and_the_rest_kept(tmp_path: Path):
     bad = orjson.loads(SGLANG_LOG.read_bytes().splitlines()[0])
     bad["e2e_latency"] = "soon"
-    (tmp_path / "records.ndjson").write_bytes(orjson.dumps(bad) + b"\n" + SGLANG_LOG.read_bytes().splitlines()[1] + b"\n")
+    (tmp_path / "records.ndjson").write_bytes(
+        orjson.dumps(bad) + b"\n" + SGLANG_LOG.read_bytes().splitlines()[1] + b"\n"
+    )
     frame, report = scan_events([tmp_path])
-    assert report.bad_lines == 1 and "sglang record: e2e_latency must be a number, got 'soon'" in report.errors[0]
+    assert (
+        report.bad_lines == 1
+        and "sglang record: e2e_latency must be a number, got 'soon'" in report.errors[0]
+    )
     assert frame.select(pl.col("request_id").n_unique()).collect().item() == 1
 
 
@@ -174,6 +209,8 @@ def test_poll_trtllm_saves_drained_records_with_the_offset(tmp_path: Path):
         assert poll_trtllm(url, str(out), interval_s=0.01, rounds=2) == 2
     saved = [orjson.loads(line) for line in out.read_bytes().splitlines()]
     # this host's wall clock minus its monotonic clock (= TensorRT-LLM's steady clock here)
-    assert [r["hopline_clock_offset_s"] for r in saved] == pytest.approx([time.time() - time.monotonic()] * 2, abs=0.5)
+    assert [r["hopline_clock_offset_s"] for r in saved] == pytest.approx(
+        [time.time() - time.monotonic()] * 2, abs=0.5
+    )
     events = events_from(out.read_bytes())
     assert sorted({e["request_id"] for e in events}) == ["1", "2"]

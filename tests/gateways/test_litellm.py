@@ -24,16 +24,28 @@ from hopline.middleware.emit import Emitter
 from litellm_testing import LITELLM_VERSION, MASTER_KEY, Proxy
 
 MESSAGES = [{"role": "user", "content": "SECRET PROMPT"}]
-GATEWAY_HOPS = ["gateway.received", "gateway.admitted", "gateway.forwarded", "gateway.first_token", "gateway.last_token"]
+GATEWAY_HOPS = [
+    "gateway.received",
+    "gateway.admitted",
+    "gateway.forwarded",
+    "gateway.first_token",
+    "gateway.last_token",
+]
 
 
 @contextmanager
 def sdk(proxy: Proxy, name: str, **kw) -> Iterator[openai.OpenAI]:
     """The OpenAI SDK through hopline's client transport, writing client events to the proxy's folder."""
-    emitter = Emitter(f"file:{proxy.events_dir}/client-{name}.ndjson", service="kite-chat", flush_interval=0.02)
+    emitter = Emitter(
+        f"file:{proxy.events_dir}/client-{name}.ndjson", service="kite-chat", flush_interval=0.02
+    )
     proxy.emitters.append(emitter)
-    client = openai.OpenAI(base_url=proxy.url + "/v1", api_key=MASTER_KEY,
-                           http_client=instrument(httpx.Client(timeout=30), emitter=emitter), **kw)
+    client = openai.OpenAI(
+        base_url=proxy.url + "/v1",
+        api_key=MASTER_KEY,
+        http_client=instrument(httpx.Client(timeout=30), emitter=emitter),
+        **kw,
+    )
     try:
         yield client
     finally:
@@ -54,7 +66,9 @@ def events_of(proxy: Proxy, request_id: str, final_hops: set[str], timeout: floa
         ]
         if final_hops <= {e["hop"] for e in found}:
             return found
-        assert time.monotonic() < deadline, f"missing {final_hops - {e['hop'] for e in found}} for {request_id}"
+        assert time.monotonic() < deadline, (
+            f"missing {final_hops - {e['hop'] for e in found}} for {request_id}"
+        )
         time.sleep(0.05)
 
 
@@ -67,7 +81,9 @@ def timeline_of(proxy: Proxy, request_id: str) -> dict:
 
 
 def hops(events: list[dict], prefix: str) -> list[tuple[str, int]]:
-    return [(e["hop"], e["attempt"]) for e in sorted(events, key=lambda e: e["ts"]) if e["hop"].startswith(prefix)]
+    return [
+        (e["hop"], e["attempt"]) for e in sorted(events, key=lambda e: e["ts"]) if e["hop"].startswith(prefix)
+    ]
 
 
 def one(events: list[dict], hop: str, attempt: int = 0) -> dict:
@@ -79,9 +95,12 @@ def one(events: list[dict], hop: str, attempt: int = 0) -> dict:
 def test_streaming_and_plain_requests_join_client_litellm_engine(proxy: Proxy):
     with sdk(proxy, "join") as client:
         stream = client.chat.completions.with_raw_response.create(
-            model="tiny", messages=MESSAGES, stream=True, max_tokens=4, stream_options={"include_usage": True})
+            model="tiny", messages=MESSAGES, stream=True, max_tokens=4, stream_options={"include_usage": True}
+        )
         chunks = list(stream.parse())
-        plain = client.chat.completions.with_raw_response.create(model="tiny", messages=MESSAGES, max_tokens=3)
+        plain = client.chat.completions.with_raw_response.create(
+            model="tiny", messages=MESSAGES, max_tokens=3
+        )
         answer = plain.parse()
     assert stream.headers["x-litellm-version"] == LITELLM_VERSION  # the pinned proxy answered
     for raw, response_id, is_stream in ((stream, chunks[0].id, True), (plain, answer.id, False)):
@@ -98,7 +117,9 @@ def test_streaming_and_plain_requests_join_client_litellm_engine(proxy: Proxy):
         assert one(events, "gateway.forwarded")["upstream"] == "r1"
         assert one(events, "engine.received")["replica"] == "r1"
         gw_last = one(events, "gateway.last_token")
-        assert (gw_last["output_tokens"], gw_last["finish_reason"]) == ((4, "length") if is_stream else (3, "length"))
+        assert (gw_last["output_tokens"], gw_last["finish_reason"]) == (
+            (4, "length") if is_stream else (3, "length")
+        )
         assert not any("SECRET" in orjson.dumps(e).decode() for e in events)
 
         row = timeline_of(proxy, rid)
@@ -133,17 +154,29 @@ def test_failover_is_counted_as_attempts_with_the_failed_time_in_gateway(proxy: 
     try:
         with sdk(proxy, "failover", max_retries=0) as client:
             raw = client.chat.completions.with_raw_response.create(
-                model="tiny", messages=MESSAGES, stream=True, max_tokens=3, stream_options={"include_usage": True})
+                model="tiny",
+                messages=MESSAGES,
+                stream=True,
+                max_tokens=3,
+                stream_options={"include_usage": True},
+            )
             chunks = list(raw.parse())
     finally:
         proxy.engines["r1"].failing = False
     assert raw.headers["x-litellm-attempted-fallbacks"] == "1"  # LiteLLM's own count of the failover
     rid = raw.http_request.headers["x-request-id"]
     assert chunks[0].id == f"chatcmpl-{rid}"
-    events = events_of(proxy, rid, {"client.last_token", "gateway.last_token", "engine.last_token", "engine.error"})
+    events = events_of(
+        proxy, rid, {"client.last_token", "gateway.last_token", "engine.last_token", "engine.error"}
+    )
     assert hops(events, "gateway.") == [
-        ("gateway.received", 0), ("gateway.admitted", 0), ("gateway.forwarded", 0), ("gateway.forwarded", 1),
-        ("gateway.first_token", 1), ("gateway.last_token", 1)]
+        ("gateway.received", 0),
+        ("gateway.admitted", 0),
+        ("gateway.forwarded", 0),
+        ("gateway.forwarded", 1),
+        ("gateway.first_token", 1),
+        ("gateway.last_token", 1),
+    ]
     assert [one(events, "gateway.forwarded", a)["upstream"] for a in (0, 1)] == ["r1", "r2"]
     failed = one(events, "engine.error", 0)
     assert (failed["replica"], failed["status"]) == ("r1", 500)
@@ -155,9 +188,13 @@ def test_failover_is_counted_as_attempts_with_the_failed_time_in_gateway(proxy: 
     # gateway = received -> the final attempt's forward, so it holds the failed attempt, whose
     # engine-side time (r1: received -> error, measured on the engine) fits inside it
     failed_engine_s = failed["ts"] - one(events, "engine.received", 0)["ts"]
-    assert row["gateway"] == pytest.approx(one(events, "gateway.forwarded", 1)["ts"] - one(events, "gateway.received")["ts"])
+    assert row["gateway"] == pytest.approx(
+        one(events, "gateway.forwarded", 1)["ts"] - one(events, "gateway.received")["ts"]
+    )
     assert row["gateway"] > failed_engine_s > 0
-    assert row["client_ttft"] == pytest.approx(row["connect"] + row["network"] + row["gateway"] + row["engine_ttft"], abs=1e-9)
+    assert row["client_ttft"] == pytest.approx(
+        row["connect"] + row["network"] + row["gateway"] + row["engine_ttft"], abs=1e-9
+    )
 
 
 def test_litellm_rate_limit_is_gateway_rejected(proxy: Proxy):
@@ -185,11 +222,16 @@ def test_a_key_litellm_cannot_check_is_gateway_error_at_its_arrival_stamp(proxy:
     release answers 500, because its auth error path imports ``prisma``, which litellm[proxy]
     does not install.)"""
     sent = time.time()
-    response = httpx.post(proxy.url + "/v1/chat/completions", json={"model": "tiny", "messages": MESSAGES},
-                          headers={"X-Request-Id": "caller-unknown-key", "Authorization": "Bearer sk-unknown"})
+    response = httpx.post(
+        proxy.url + "/v1/chat/completions",
+        json={"model": "tiny", "messages": MESSAGES},
+        headers={"X-Request-Id": "caller-unknown-key", "Authorization": "Bearer sk-unknown"},
+    )
     assert response.status_code == 400, response.text
     deadline = time.monotonic() + 10
-    while not (errors := [e for e in proxy_events(proxy) if e["hop"] == "gateway.error" and e.get("status") == 400]):
+    while not (
+        errors := [e for e in proxy_events(proxy) if e["hop"] == "gateway.error" and e.get("status") == 400]
+    ):
         assert time.monotonic() < deadline, "no gateway.error for the refused key"
         time.sleep(0.05)
     (error,) = errors

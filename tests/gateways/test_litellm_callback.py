@@ -19,8 +19,14 @@ def test_hooks_swallow_hostile_input_and_count_it():
     python = LITELLM_DIR / "venv" / "bin" / "python"
     assert python.exists(), f"no LiteLLM venv at {python.parent.parent}: run `bash .ci/setup`"
     env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
-    out = subprocess.run([str(python), str(Path(__file__).with_name("litellm_callback_check.py"))],
-                         capture_output=True, text=True, timeout=120, env=env, check=True)
+    out = subprocess.run(
+        [str(python), str(Path(__file__).with_name("litellm_callback_check.py"))],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=True,
+    )
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert report["raised"] == []
     assert report["relayed"] == [1, None, "x"]  # the stream passes through untouched

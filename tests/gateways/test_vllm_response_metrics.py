@@ -51,8 +51,13 @@ def test_response_summary_keeps_the_body_metrics():
 
 def test_missing_null_and_nonsense_fields_are_left_out():
     # exclude_none drops a null field from the stream chunk; a body keeps it as null
-    assert reported_durations({"queue_time_ms": 2.0, "time_to_first_token_ms": None}) == {"engine_queue_s": 0.002}
-    assert reported_durations({"queue_time_ms": -1, "generation_time_ms": "5", "time_to_first_token_ms": True}) == {}
+    assert reported_durations({"queue_time_ms": 2.0, "time_to_first_token_ms": None}) == {
+        "engine_queue_s": 0.002
+    }
+    assert (
+        reported_durations({"queue_time_ms": -1, "generation_time_ms": "5", "time_to_first_token_ms": True})
+        == {}
+    )
     assert reported_durations(None) == {} and reported_durations("x") == {}
 
 
@@ -64,17 +69,27 @@ def test_client_and_gateway_get_queue_and_prefill_from_an_engine_without_hopline
 
             async def run() -> list[str]:
                 http = instrument(httpx.AsyncClient(), emitter=client_em)
-                async with openai.AsyncOpenAI(base_url=gateway_url + "/v1", api_key="k", http_client=http) as api:
+                async with openai.AsyncOpenAI(
+                    base_url=gateway_url + "/v1", api_key="k", http_client=http
+                ) as api:
                     raw = await api.chat.completions.with_raw_response.create(
-                        model="tiny", messages=MESSAGES, stream=True, stream_options={"include_usage": True})
+                        model="tiny", messages=MESSAGES, stream=True, stream_options={"include_usage": True}
+                    )
                     _ = [c async for c in raw.parse()]
-                    plain = await api.chat.completions.with_raw_response.create(model="tiny", messages=MESSAGES)
+                    plain = await api.chat.completions.with_raw_response.create(
+                        model="tiny", messages=MESSAGES
+                    )
                     plain.parse()
                     return [r.http_request.headers["x-request-id"] for r in (raw, plain)]
 
             ids = asyncio.run(run())
-    for rid, reported, view in ((ids[0], STREAM_REPORTED, "client_ttft"), (ids[1], BODY_REPORTED, "client_e2e")):
-        events = [e for em in (client_em, gateway_em) for e in helpers.events_of(em) if e["request_id"] == rid]
+    for rid, reported, view in (
+        (ids[0], STREAM_REPORTED, "client_ttft"),
+        (ids[1], BODY_REPORTED, "client_e2e"),
+    ):
+        events = [
+            e for em in (client_em, gateway_em) for e in helpers.events_of(em) if e["request_id"] == rid
+        ]
         for hop in ("client.last_token", "gateway.last_token"):
             last = helpers.one(events, hop)
             assert {k: last[k] for k in reported} == pytest.approx(reported, abs=1e-12), hop
@@ -93,7 +108,10 @@ def test_client_and_gateway_get_queue_and_prefill_from_an_engine_without_hopline
 
 @pytest.fixture
 def mw_emitters():
-    emitters = (helpers.memory_emitter(service="kite-chat"), helpers.memory_emitter(service="gw", replica="gw-0"))
+    emitters = (
+        helpers.memory_emitter(service="kite-chat"),
+        helpers.memory_emitter(service="gw", replica="gw-0"),
+    )
     yield emitters
     for emitter in emitters:
         emitter.close()
@@ -106,7 +124,8 @@ def test_litellm_drops_vllm_metrics_so_queue_needs_the_engine_plugin(proxy: Prox
     stat-logger plugin). This test fails when a LiteLLM upgrade starts relaying them."""
     with sdk(proxy, "vllm-metrics", max_retries=0) as client:
         raw = client.chat.completions.with_raw_response.create(
-            model="tiny-vllm-0.33", messages=MESSAGES, stream=True, stream_options={"include_usage": True})
+            model="tiny-vllm-0.33", messages=MESSAGES, stream=True, stream_options={"include_usage": True}
+        )
         chunks = list(raw.parse())
     assert chunks[-1].usage.completion_tokens == 4 and getattr(chunks[-1], "metrics", None) is None
     rid = raw.http_request.headers["x-request-id"]
