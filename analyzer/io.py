@@ -32,12 +32,15 @@ from pathlib import Path
 import orjson
 import polars as pl
 from hopline.middleware.contract import EMITTER_STATS_HOP, ENGINE_ID_PREFIXES, STORAGE_COLUMNS, TS_MAX, iter_ndjson
+from hopline.middleware.records import translate_lines
 
 SCHEMA: dict[str, pl.DataType] = {name: getattr(pl, dtype)() for name, dtype in STORAGE_COLUMNS.items()}
 _EVENT_SCHEMA = {name: dtype for name, dtype in SCHEMA.items() if name != "attrs"}
 _KNOWN = frozenset(_EVENT_SCHEMA)
 MAX_ERRORS = 10
 _NDJSON_NAME = re.compile(r"\.(ndjson|jsonl)(\.gz)?$|\.(ndjson|jsonl)\.[0-9][0-9.]*(\.gz)?$")
+# engines' per-request record files read as NDJSON (middleware/records.py): SGLang's metrics export
+_RECORD_NAME = re.compile(r"sglang-request-metrics-[0-9_]+\.log$")
 _PARTITION = re.compile(r"^(date|hour)=(.+)$")
 _PREFIX_RE = "^(?:" + "|".join(re.escape(p) for p in ENGINE_ID_PREFIXES) + ")(.)"
 # What the storage types can hold: integer columns' ranges, and times Polars can turn into dates.
@@ -101,7 +104,7 @@ def to_epoch(value: TimeBound) -> float | None:
 
 
 def is_ndjson(path: Path) -> bool:
-    return _NDJSON_NAME.search(path.name) is not None
+    return _NDJSON_NAME.search(path.name) is not None or _RECORD_NAME.match(path.name) is not None
 
 
 def is_parquet(path: Path) -> bool:
@@ -202,6 +205,9 @@ def read_ndjson(path: Path, report: ScanReport) -> pl.DataFrame:
         data, problem = _gunzip(data)
         if problem is not None:
             report.bad_file(path, problem)
+    data, record_errors = translate_lines(data)  # engines' own per-request records (middleware/records.py)
+    for error in record_errors:
+        report.bad(str(path), error)
     events: list[dict] = []
     attrs: list[str | None] = []
     for number, event, error in iter_ndjson(data):

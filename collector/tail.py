@@ -25,6 +25,7 @@ import orjson
 from hopline.collector.ingest import IngestError
 from hopline.collector.store import StoreError
 from hopline.middleware.log import logger
+from hopline.middleware.records import translate_lines
 
 CHUNK_BYTES = 4 * 1024 * 1024  # read at most this much of one file per step
 
@@ -103,8 +104,11 @@ class Tailer:
                     logger.warning("tail_line_too_long", path=path, offset=offset, limit=CHUNK_BYTES)
                     end = len(chunk)  # one line longer than the chunk: skip it
                 else:
+                    lines, record_errors = translate_lines(chunk[:end])  # engines' per-request records
+                    for error in record_errors:
+                        logger.warning("tail_record_unreadable", path=path, error=error)
                     try:
-                        await self.ingest(chunk[:end])
+                        await self.ingest(lines)
                     except StoreError as exc:
                         logger.warning("tail_store_failed", path=path, error=str(exc))
                         self.positions[ident] = offset

@@ -93,6 +93,16 @@ ATTRIBUTE_TYPES: dict[str, tuple[type, ...]] = {
     # join key (rules.TRACE_RULE); set by hopline's client and ASGI middleware from
     # ``traceparent`` and by the OTLP receiver from each span
     "trace_id": (str,),
+    # the engine's own durations as its response reported them (vLLM's per-request ``metrics``),
+    # on the ``*.last_token`` of whoever read that response (sse.REPORTED_METRICS)
+    "engine_queue_s": (int, float),
+    "engine_prefill_s": (int, float),
+    "engine_decode_s": (int, float),
+    # an engine's KV-cache blocks for the request (TensorRT-LLM's per-request records)
+    "kv_blocks_allocated": (int,),
+    "kv_blocks_new": (int,),
+    "kv_blocks_reused": (int,),
+    "kv_blocks_missed": (int,),
 }
 
 # How stored events are typed (the collector's Parquet files; the analyzer reads the same):
@@ -445,6 +455,14 @@ INPUTS: tuple[Input, ...] = (
     Input("stats_queue_s", "engine.stats", "queue_s"),
     Input("stats_prefill_s", "engine.stats", "prefill_s"),
     Input("stats_decode_s", "engine.stats", "decode_s"),
+    # vLLM's per-request metrics relayed in the response (no hopline needed on the engine):
+    # the gateway read the engine's response first-hand, the client after any proxy
+    Input("gateway_reported_queue_s", "gateway.last_token", "engine_queue_s"),
+    Input("gateway_reported_prefill_s", "gateway.last_token", "engine_prefill_s"),
+    Input("gateway_reported_decode_s", "gateway.last_token", "engine_decode_s"),
+    Input("client_reported_queue_s", "client.last_token", "engine_queue_s"),
+    Input("client_reported_prefill_s", "client.last_token", "engine_prefill_s"),
+    Input("client_reported_decode_s", "client.last_token", "engine_decode_s"),
 )
 # Per-request attributes that are not stage inputs: first hop in the list that carries it wins.
 ATTRIBUTE_SOURCES: dict[str, tuple[str, ...]] = {
@@ -460,6 +478,7 @@ ATTRIBUTE_SOURCES: dict[str, tuple[str, ...]] = {
     "upstream": ("gateway.forwarded",),
 }
 
+NO_ENGINE_NO_GATEWAY = ("engine_received", "gateway_received")  # a fallback row's condition
 STAGES: tuple[Stage, ...] = (
     # views: what each component sees
     Stage("client_ttft", "view", (_f("client_first", "-client_sent", stream=True),)),
@@ -474,12 +493,22 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         "queue",
         "stage",
-        (_f("stats_queue_s"), _f("engine_scheduled", "-engine_received")),
+        (
+            _f("stats_queue_s"),
+            _f("engine_scheduled", "-engine_received"),
+            _f("gateway_reported_queue_s"),
+            _f("client_reported_queue_s"),
+        ),
     ),
     Stage(
         "prefill",
         "stage",
-        (_f("stats_prefill_s"), _f("engine_first", "-engine_scheduled", stream=True)),
+        (
+            _f("stats_prefill_s"),
+            _f("engine_first", "-engine_scheduled", stream=True),
+            _f("gateway_reported_prefill_s"),
+            _f("client_reported_prefill_s"),
+        ),
     ),
     Stage("frontend", "stage", (_f("engine_ttft", "-queue", "-prefill"),)),
     Stage(
@@ -512,6 +541,18 @@ STAGES: tuple[Stage, ...] = (
         "upstream",
         "fallback",
         (
+            # no engine hops, but the engine reported queue and prefill (and decode) in its
+            # response: upstream is then what remains beyond the gateway (network + engine frontend)
+            _f("client_ttft", "-connect", "-gateway", "-queue", "-prefill", when_null=("engine_received",)),
+            _f("client_ttft", "-connect", "-queue", "-prefill", when_null=NO_ENGINE_NO_GATEWAY),
+            _f(
+                "client_e2e", "-connect", "-gateway", "-queue", "-prefill", "-gateway_reported_decode_s",
+                stream=False, when_null=("engine_received",),
+            ),
+            _f(
+                "client_e2e", "-connect", "-queue", "-prefill", "-client_reported_decode_s",
+                stream=False, when_null=NO_ENGINE_NO_GATEWAY,
+            ),
             _f("client_ttft", "-connect", "-gateway", when_null=("engine_received",)),
             _f("client_ttft", "-connect", when_null=("engine_received",)),
             _f("client_e2e", "-connect", "-gateway", stream=False, when_null=("engine_received",)),
@@ -522,7 +563,12 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         "decode",
         "phase",
-        (_f("engine_last", "-engine_first"), _f("stats_decode_s")),
+        (
+            _f("engine_last", "-engine_first"),
+            _f("stats_decode_s"),
+            _f("gateway_reported_decode_s"),
+            _f("client_reported_decode_s"),
+        ),
     ),
 )
 STAGE_NAMES = tuple(s.name for s in STAGES)

@@ -13,7 +13,9 @@ streamed chunk inside the engine's server, the stream's plain content chunk is l
 repeats (same bytes around different text) are counted without decoding.
 
 ``request_summary`` / ``response_summary`` read the few attributes hopline records from a JSON
-request or a non-streaming response body, refusing bodies over ``MAX_JSON_BYTES``.
+request or a non-streaming response body, refusing bodies over ``MAX_JSON_BYTES``. Where the
+engine reports its own per-request durations in the response (vLLM's ``metrics`` object,
+``REPORTED_METRICS``), the reader of the stream or body keeps them too.
 """
 
 from __future__ import annotations
@@ -28,19 +30,57 @@ _DONE = b"[DONE]"
 _DONE_EVENT = b"data: [DONE]\n\n"
 
 
+# The first-token rule as data: a choice carries output when its ``delta`` has a non-empty one of
+# OUTPUT_DELTA_FIELDS (chat), or, without a delta, a non-empty ``text`` (completions).
+OUTPUT_DELTA_FIELDS = ("content", "reasoning_content", "reasoning", "tool_calls", "function_call")
+OUTPUT_TEXT_FIELD = "text"
+
+
+# vLLM's per-request metrics (``--enable-per-request-metrics``, vLLM >= 0.25; fields as in vLLM
+# 0.33 ``PerRequestMetrics``, vllm/entrypoints/generate/base/protocol.py): a ``metrics`` object on
+# a non-streaming response and on the final usage chunk of a stream (n == 1 only). Milliseconds,
+# each a difference of two engine-core monotonic timestamps (build_per_request_timing_metrics):
+#   queue_time_ms          = scheduled_ts - queued_ts        (vLLM's queue; the stat logger's queued_time)
+#   time_to_first_token_ms = first_token_ts - scheduled_ts   (prefill: it EXCLUDES the queue)
+#   generation_time_ms     = last_token_ts - first_token_ts  (decode)
+# Read as the attribute on the right (seconds) of the ``*.last_token`` event that saw the response.
+REPORTED_METRICS = {
+    "queue_time_ms": "engine_queue_s",
+    "time_to_first_token_ms": "engine_prefill_s",
+    "generation_time_ms": "engine_decode_s",
+}
+
+
+def reported_durations(metrics: Any) -> dict[str, float]:
+    """``REPORTED_METRICS`` of a ``metrics`` object (a dict, or an object with those attributes)
+    as seconds; absent, null, negative or non-numeric fields are left out."""
+    out: dict[str, float] = {}
+    if metrics is None:
+        return out
+    get = metrics.get if isinstance(metrics, dict) else lambda name: getattr(metrics, name, None)
+    for field, attr in REPORTED_METRICS.items():
+        value = get(field)
+        if type(value) in (int, float) and 0 <= value < 1e12:
+            out[attr] = value / 1000.0
+    return out
+
+
 def _output_in_choice(choice: Any) -> bool:
+    """The rule for one decoded (dict) choice."""
     if not isinstance(choice, dict):
         return False
     delta = choice.get("delta")
     if isinstance(delta, dict):
-        return bool(
-            delta.get("content")
-            or delta.get("reasoning_content")
-            or delta.get("reasoning")
-            or delta.get("tool_calls")
-            or delta.get("function_call")
-        )
-    return bool(choice.get("text"))
+        return any(delta.get(name) for name in OUTPUT_DELTA_FIELDS)
+    return bool(choice.get(OUTPUT_TEXT_FIELD))
+
+
+def _output_in_choice_object(choice: Any) -> bool:
+    """The same rule for a choice object (a gateway's parsed chunk, e.g. LiteLLM's ``StreamingChoices``)."""
+    delta = getattr(choice, "delta", None)
+    if delta is not None:
+        return any(getattr(delta, name, None) for name in OUTPUT_DELTA_FIELDS)
+    return bool(getattr(choice, OUTPUT_TEXT_FIELD, None))
 
 
 class StreamReader:
@@ -71,6 +111,7 @@ class StreamReader:
         "output_chunks",
         "output_tokens",
         "prompt_tokens",
+        "reported",
     )
 
     def __init__(self) -> None:
@@ -93,6 +134,7 @@ class StreamReader:
         self.error: str | None = None
         self.error_status: int | None = None
         self.malformed = 0
+        self.reported: dict[str, float] = {}  # the engine's own durations (REPORTED_METRICS)
 
     def feed(self, chunk: bytes, ts: float) -> bool:
         """Parse one network chunk received at ``ts``; True when it carried the first output."""
@@ -220,6 +262,8 @@ class StreamReader:
                 self.output_tokens = out
             if type(prompt) is int:
                 self.prompt_tokens = prompt
+            if "metrics" in obj:
+                self.reported = reported_durations(obj["metrics"])
         choices = obj.get("choices")
         if not choices or not isinstance(choices, list):
             return False
@@ -243,6 +287,36 @@ class StreamReader:
             and isinstance(choice["delta"]["content"], str)
         )
 
+    def feed_object(self, chunk: Any, ts: float) -> bool:
+        """Read one already-parsed chunk object (attributes ``choices``, ``usage``), as a gateway
+        that relays parsed chunks holds them; True when it carried the first output.
+
+        Same rule and counts as ``feed``; for gateways that never see the SSE bytes (LiteLLM's
+        proxy hands its callbacks ``ModelResponseStream`` objects).
+        """
+        had_output = self.first_at is not None
+        usage = getattr(chunk, "usage", None)
+        if usage is not None:
+            out, prompt = getattr(usage, "completion_tokens", None), getattr(usage, "prompt_tokens", None)
+            if type(out) is int:
+                self.output_tokens = out
+            if type(prompt) is int:
+                self.prompt_tokens = prompt
+            metrics = getattr(chunk, "metrics", None)
+            if metrics is not None:
+                self.reported = reported_durations(metrics)
+        choices = getattr(chunk, "choices", None) or ()
+        output = False
+        for choice in choices:
+            if _output_in_choice_object(choice):
+                output = True
+            reason = getattr(choice, "finish_reason", None)
+            if isinstance(reason, str):
+                self.finish_reason = reason[:32]
+        if output:
+            self._output(ts)
+        return not had_output and self.first_at is not None
+
     def _output(self, ts: float) -> None:
         """Count an event carrying output and track the largest gap between such events."""
         self.output_chunks += 1
@@ -264,6 +338,7 @@ class StreamReader:
             "finish_reason": self.finish_reason,
             "max_gap_s": self.max_gap_s,
             "max_gap_at": self.max_gap_at,
+            **self.reported,
         }
         return {k: v for k, v in attrs.items() if v is not None}
 
@@ -306,8 +381,11 @@ def request_summary(body: bytes) -> dict[str, Any]:
     ``MAX_JSON_BYTES``) gives ``{}``: attributes unknown, never an error. Never any text.
     """
     obj = _load_json_object(body)
-    if obj is None:
-        return {}
+    return {} if obj is None else request_attrs(obj)
+
+
+def request_attrs(obj: dict[str, Any]) -> dict[str, Any]:
+    """``request_summary`` of a request already decoded (a gateway that parsed the body itself)."""
     attrs: dict[str, Any] = {"stream": obj.get("stream") is True}
     model = obj.get("model")
     if isinstance(model, str) and model:
@@ -345,6 +423,7 @@ def response_summary(body: bytes) -> dict[str, Any]:
             reason = choice.get("finish_reason") if isinstance(choice, dict) else None
             if isinstance(reason, str):
                 attrs["finish_reason"] = reason[:32]
+    attrs.update(reported_durations(obj.get("metrics")))
     return attrs
 
 

@@ -61,7 +61,7 @@ def test_sum_cases_are_the_streaming_ones_with_both_ends():
         "agent_three_calls_one_trace", "client_cancel_mid_stream", "client_retry", "complete_streaming",
         "engine_499_after_client_finished", "error_event_client_missed", "error_in_200_stream", "failover",
         "mixed_sources_trace_join", "negative_stage", "never_finished", "no_engine_split", "no_gateway",
-        "otel_only_trace_join", "retry_after_429_then_success",
+        "otel_only_trace_join", "retry_after_429_then_success", "vllm_metrics_engine_middleware_without_stats",
     ]
 
 
