@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
 import os
 import socket
 import subprocess
@@ -31,6 +30,7 @@ import pytest
 from fastapi.responses import JSONResponse
 from hopline.middleware.emit import Emitter
 from hopline.middleware.engine import EngineMiddleware
+from support import events, fakes, servers
 
 REPO = Path(__file__).resolve().parents[2]
 LITELLM_DIR = Path(os.environ.get("HOPLINE_LITELLM_DIR", REPO / ".litellm"))
@@ -39,30 +39,15 @@ LITELLM_VERSION = "1.106.12"  # the pin in pyproject.toml's `litellm` extra and 
 MASTER_KEY = "sk-hopline-test"
 
 
-def _shared_helpers() -> Any:
-    """The uvicorn runner, fake engine / gateway and memory emitters every test folder shares:
-    from tests/support/ where it exists, else from the middleware tests' conftest (loaded by path:
-    a conftest cannot be imported by name), so they are written once either way."""
-    try:
-        from support import events, fakes, servers  # tests/support/, on sys.path via tests/conftest.py
-    except ImportError:
-        conftest = REPO / "tests" / "middleware" / "conftest.py"
-        spec = importlib.util.spec_from_file_location("hopline_tests_middleware_helpers", conftest)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # dataclasses look their module up here
-        spec.loader.exec_module(module)
-        return module
-    return SimpleNamespace(
-        running_server=servers.running_server,
-        fake_engine_app=fakes.fake_engine_app,
-        fake_gateway_app=fakes.fake_gateway_app,
-        memory_emitter=events.memory_emitter,
-        events_of=events.events_of,
-        one=events.one,
-    )
-
-
-helpers = _shared_helpers()
+# the uvicorn runner, fake engine / gateway and memory emitters every test folder shares
+helpers = SimpleNamespace(
+    running_server=servers.running_server,
+    fake_engine_app=fakes.fake_engine_app,
+    fake_gateway_app=fakes.fake_gateway_app,
+    memory_emitter=events.memory_emitter,
+    events_of=events.events_of,
+    one=events.one,
+)
 
 
 class Switchable:

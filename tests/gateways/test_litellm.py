@@ -62,7 +62,7 @@ def events_of(proxy: Proxy, request_id: str, final_hops: set[str], timeout: floa
             event
             for path in sorted(proxy.events_dir.glob("*.ndjson*"))
             for line in path.read_bytes().splitlines()
-            if line.strip() and (event := orjson.loads(line))["request_id"] == request_id
+            if line.strip() and (event := orjson.loads(line)).get("request_id") == request_id  # not emitter.stats
         ]
         if final_hops <= {e["hop"] for e in found}:
             return found
