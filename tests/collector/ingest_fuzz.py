@@ -52,6 +52,8 @@ _EIDS = itertools.count(1)
 
 
 def _attribute(name: str) -> st.SearchStrategy:
+    if name == "trace_id":  # a W3C trace ID: 32 lowercase hex digits, not all zeros
+        return st.text("0123456789abcdef", min_size=32, max_size=32).filter(lambda t: t.strip("0"))
     types = ATTRIBUTE_TYPES[name]
     if types == (bool,):
         return st.booleans()
