@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import hmac
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -36,7 +35,15 @@ from fastapi.responses import Response
 from hopline.collector.config import CollectorConfig
 from hopline.collector.dedup import RecentKeys
 from hopline.collector.emitter_stats import EmitterStats
-from hopline.collector.ingest import JSON_TYPES, NDJSON_TYPES, IngestError, Ingestor, media_type
+from hopline.collector.ingest import (
+    JSON_TYPES,
+    NDJSON_TYPES,
+    IngestError,
+    Ingestor,
+    media_type,
+    read_body,
+    unauthorized,
+)
 from hopline.collector.join import Joiner
 from hopline.collector.metrics import Recorder, build_metrics
 from hopline.collector.otlp import install as install_otlp
@@ -161,16 +168,6 @@ def _compact_and_expire(c: Collector) -> None:
         logger.warning("retention_failed", error=str(exc))
 
 
-def _unauthorized(tokens: tuple[str, ...], header: str | None) -> bool:
-    """True unless ``header`` is ``Bearer <one of tokens>`` (no tokens: nothing is required)."""
-    if not tokens:
-        return False
-    scheme, _, given = (header or "").partition(" ")
-    given_bytes = given.strip().encode()
-    matches = [hmac.compare_digest(given_bytes, token.encode()) for token in tokens]  # no early exit
-    return scheme.lower() != "bearer" or not any(matches)
-
-
 def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     """orjson: non-finite floats become null instead of failing the answer (never a 500 on read)."""
     return Response(orjson.dumps(body), status_code=status, headers=headers, media_type="application/json")
@@ -216,19 +213,6 @@ class NeverRaise:
                     }
                 )
                 await send({"type": "http.response.body", "body": body})
-
-
-async def _read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise IngestError(413, f"body exceeds {limit} bytes", reason="too_large")
-    parts, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise IngestError(413, f"body exceeds {limit} bytes", reason="too_large")
-        parts.append(chunk)
-    return b"".join(parts)
 
 
 def create_app(config: CollectorConfig) -> FastAPI:
@@ -280,7 +264,7 @@ def create_app(config: CollectorConfig) -> FastAPI:
     @app.post("/v1/events")
     async def post_events(request: Request) -> Response:
         headers = request.headers
-        if _unauthorized(write_tokens, headers.get("authorization")):
+        if unauthorized(write_tokens, headers.get("authorization")):
             rejected("unauthorized")
             return _error(401, "missing or wrong bearer token")
         kind = media_type(headers.get("content-type"))
@@ -290,7 +274,7 @@ def create_app(config: CollectorConfig) -> FastAPI:
                 415, f"unsupported content type {kind!r}: send application/x-ndjson or application/json"
             )
         try:
-            body = await _read_body(request, config.max_body_bytes)
+            body = await read_body(request, config.max_body_bytes)
             result = await c.ingestor.ingest(
                 body,
                 "json" if kind in JSON_TYPES else "ndjson",
@@ -315,7 +299,7 @@ def create_app(config: CollectorConfig) -> FastAPI:
 
     @app.get("/v1/requests/{request_id}")
     async def get_request(request: Request, request_id: str) -> Response:
-        if _unauthorized(read_tokens, request.headers.get("authorization")):
+        if unauthorized(read_tokens, request.headers.get("authorization")):
             return _error(401, "missing or wrong bearer token (read token or token)")
         found = c.joiner.lookup(request_id)
         if found is None:
@@ -324,7 +308,7 @@ def create_app(config: CollectorConfig) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:
-        if _unauthorized(read_tokens, request.headers.get("authorization")):
+        if unauthorized(read_tokens, request.headers.get("authorization")):
             return _error(401, "missing or wrong bearer token (read token or token)")
         encoder, content_type = choose_encoder(request.headers.get("accept"))
         # on the scrape thread: a large exposition must not hold up ingest on the loop

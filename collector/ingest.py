@@ -20,12 +20,13 @@ acknowledged.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import zlib
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from operator import itemgetter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from hopline.collector.dedup import RecentKeys
@@ -43,6 +44,9 @@ from hopline.middleware.contract import (
     dumps,
     validate_event,
 )
+
+if TYPE_CHECKING:
+    from starlette.requests import Request
 
 NDJSON_TYPES = frozenset(
     {"application/x-ndjson", "application/ndjson", "application/jsonl", "application/jsonlines"}
@@ -336,3 +340,27 @@ class Ingestor:
         self.writer.shutdown(wait=True)
         self.store.sync()
         self.store.close()
+
+
+def unauthorized(tokens: tuple[str, ...], header: str | None) -> bool:
+    """True unless ``header`` is ``Bearer <one of tokens>`` (no tokens: nothing is required)."""
+    if not tokens:
+        return False
+    scheme, _, given = (header or "").partition(" ")
+    given_bytes = given.strip().encode()
+    matches = [hmac.compare_digest(given_bytes, token.encode()) for token in tokens]  # no early exit
+    return scheme.lower() != "bearer" or not any(matches)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, 413 (``IngestError``) as soon as it passes ``limit`` bytes, declared or sent."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise IngestError(413, f"body exceeds {limit} bytes", reason="too_large")
+    parts, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise IngestError(413, f"body exceeds {limit} bytes", reason="too_large")
+        parts.append(chunk)
+    return b"".join(parts)

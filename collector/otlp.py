@@ -29,7 +29,7 @@ from fastapi.responses import Response
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 from google.rpc import status_pb2
-from hopline.collector.ingest import JSON_TYPES, IngestError, gunzip, media_type
+from hopline.collector.ingest import JSON_TYPES, IngestError, gunzip, media_type, read_body, unauthorized
 from hopline.collector.store import StoreError
 from hopline.middleware.log import logger
 from hopline.middleware.spans import resource_scope, span_events
@@ -194,8 +194,6 @@ def _failure(status: int, text: str, json: bool) -> Response:
 
 def install(app: FastAPI, collector: Collector) -> None:
     """Add ``POST /v1/traces`` to the collector's app (``app.py`` calls this once)."""
-    from hopline.collector.app import _read_body, _unauthorized  # the same token and limits as /v1/events
-
     config = collector.config
     write_tokens = (config.token,) if config.token is not None else ()
     receiver = OtlpReceiver(collector, collector.registry, config.otlp_resource)
@@ -206,12 +204,12 @@ def install(app: FastAPI, collector: Collector) -> None:
         headers = request.headers
         kind = media_type(headers.get("content-type"))
         json = kind in JSON_TYPES
-        if _unauthorized(write_tokens, headers.get("authorization")):
+        if unauthorized(write_tokens, headers.get("authorization")):
             return _failure(401, "missing or wrong bearer token", json)
         if kind != PROTOBUF and not json:
             return _failure(415, f"unsupported content type {kind!r}: send {PROTOBUF} or application/json", json)
         try:
-            body = await _read_body(request, config.max_body_bytes)
+            body = await read_body(request, config.max_body_bytes)
             encoding = headers.get("content-encoding", "identity").strip().lower()
             if encoding not in ("gzip", "identity", ""):
                 return _failure(415, f"unsupported content encoding {encoding!r}: send gzip or identity", json)
