@@ -109,3 +109,10 @@ def test_the_terminal_says_minor_findings_in_one_line_and_lists_them_with_all(co
     assert "Minor findings (each under 1% of users' time)" in listed
     assert " ".join(minor["summary"].split()[:6]) in listed
     assert "--all`" not in listed
+
+
+def test_the_contract_page_states_the_threshold_the_report_applies():
+    from hopline.middleware import docs
+
+    assert f"under {report.MINOR_SHARE:.0%} of their time" in docs.FINDINGS_TOP["minor"]
+    assert f"< {report.MINOR_SHARE:g})" in docs.FINDINGS_TOP["minor"]
