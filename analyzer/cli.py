@@ -140,7 +140,8 @@ def analyze_command(
         typer.Option(help="Model config.json: adds KV-cache memory to the no_max_tokens evidence."),
     ] = None,
     show_all: Annotated[
-        bool, typer.Option("--all", help=f"Also list the minor findings (each under {report.MINOR_SHARE:.0%} of users' time).")
+        bool,
+        typer.Option("--all", help=f"Also list minor findings (under {report.MINOR_SHARE:.0%} of users' time each)."),
     ] = False,
     otlp: Annotated[
         str | None,

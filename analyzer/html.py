@@ -309,7 +309,9 @@ def _finding_items(findings: list[Mapping[str, Any]]) -> list[str]:
     return items
 
 
-def _findings_html(findings: Mapping[str, Any], show_minor: bool = False, command: str = "hopline analyze …") -> str:
+def _findings_html(
+    findings: Mapping[str, Any], show_minor: bool = False, command: str = "hopline analyze …"
+) -> str:
     """The main findings; the minor ones as one line saying how to list them, or listed after the
     main ones with ``show_minor`` (numbered on)."""
     main = _finding_items(findings.get("findings", []))

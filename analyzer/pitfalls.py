@@ -113,7 +113,10 @@ def user_vs_engine_gap(tl: pl.DataFrame, cfg: PitfallConfig = PitfallConfig()) -
             "main": main,
         }
         hits.append(
-            (scope, _finding("user_vs_engine_gap", scope, part.height, evidence, summary, s["gap_total"], main))
+            (
+                scope,
+                _finding("user_vs_engine_gap", scope, part.height, evidence, summary, s["gap_total"], main),
+            )
         )
     return _narrow(hits, len(scoped))
 
@@ -371,7 +374,8 @@ def verbose_outputs(tl: pl.DataFrame, cfg: PitfallConfig = PitfallConfig()) -> l
                 f"(p50 {row['out_p50']:.0f} vs {others_p50:.0f} tokens); check its chat template and stop tokens"
             )
             findings.append(
-                _finding("verbose_outputs", {"service": row["service"]}, row["n"], evidence, summary, extra, "decode")
+                _finding("verbose_outputs", {"service": row["service"]}, row["n"], evidence, summary, extra,
+                         "decode")  # fmt: skip
             )
     return findings
 

@@ -158,7 +158,9 @@ def test_findings_text_is_escaped(frame: pl.DataFrame, tmp_path: Path) -> None:
 
 MINOR = {
     **HOSTILE,
-    "findings": [{"kind": "shift", "stage": "queue", "summary": "queue time tripled", "scope": {"replica": "r2"}}],
+    "findings": [
+        {"kind": "shift", "stage": "queue", "summary": "queue time tripled", "scope": {"replica": "r2"}},
+    ],
     "minor": [
         {"kind": "pitfall", "name": "new_connection_per_request", "scope": {}, "affected_requests": 9,
          "summary": "clients open a new connection for 100% of requests, adding 0 ms", "evidence": {},

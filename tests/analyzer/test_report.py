@@ -50,7 +50,7 @@ def on_localhost(events: pl.DataFrame, connect_s: float = 0.0001) -> pl.DataFram
     localhost, no TLS to speak of): ``client.sent`` is stamped before the connect, so it moves later
     by the time saved, and every later hop stays where it was."""
     new = (pl.col("hop") == "client.sent") & ~pl.col("conn_reused")
-    parts = pl.col("pool_wait_s").fill_null(0.0) + pl.col("connect_s").fill_null(0.0) + pl.col("tls_s").fill_null(0.0)
+    parts = pl.sum_horizontal(pl.col(c).fill_null(0.0) for c in ("pool_wait_s", "connect_s", "tls_s"))
     return events.with_columns(
         ts=pl.when(new).then(pl.col("ts") + parts - connect_s).otherwise(pl.col("ts")),
         pool_wait_s=pl.when(new).then(0.0).otherwise(pl.col("pool_wait_s")),
@@ -66,7 +66,10 @@ def cold_localhost() -> dict:
     events = generate(
         duration_s=300,
         seed=6,
-        incidents=[StageShift("queue", 3.0, at_s=150, scope={"replica": "r2"}), ColdConnections("search-assist")],
+        incidents=[
+            StageShift("queue", 3.0, at_s=150, scope={"replica": "r2"}),
+            ColdConnections("search-assist"),
+        ],
     )
     return report.analyze(timelines(on_localhost(events).lazy()).collect())
 
@@ -102,7 +105,8 @@ def test_the_terminal_says_minor_findings_in_one_line_and_lists_them_with_all(co
     minor = next(f for f in cold_localhost["minor"] if f.get("name") == "new_connection_per_request")
     text = " ".join(render_text(cold_localhost, command="hopline analyze logs/").split())  # unwrapped
     count = len(cold_localhost["minor"])
-    line = f"{report.plural(count, 'minor finding')} (each under 1% of users' time), see `hopline analyze logs/ --all`"
+    line = f"{report.plural(count, 'minor finding')} (each under 1% of users' time), see "
+    line += "`hopline analyze logs/ --all`"
     assert line in text
     assert "opens a new connection" not in text
     listed = " ".join(render_text(cold_localhost, show_minor=True, command="hopline analyze logs/").split())

@@ -372,13 +372,17 @@ def test_a_rise_after_an_earlier_improvement_is_not_taken_for_its_reversal():
 
 # --- two-attribute scopes (issue 11): a change confined to one cell of replica x model --------
 
-TWO_MODELS = {"services": ("kite-chat", "search-assist"), "models": {"kite-chat": "m1", "search-assist": "m2"}}
+TWO_MODELS = {
+    "services": ("kite-chat", "search-assist"),
+    "models": {"kite-chat": "m1", "search-assist": "m2"},
+}
 
 
 def cell_shifts(scope: dict[str, str], seed: int = 31) -> list[dict]:
     from hopline.analyzer import report
 
-    events = generate(duration_s=600, seed=seed, incidents=[StageShift("queue", 4.0, at_s=300, scope=scope)], **TWO_MODELS)
+    incident = StageShift("queue", 4.0, at_s=300, scope=scope)
+    events = generate(duration_s=600, seed=seed, incidents=[incident], **TWO_MODELS)
     return report.analyze(timelines(events.lazy()).collect())["findings"]
 
 
