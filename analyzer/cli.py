@@ -141,7 +141,7 @@ def analyze_command(
     ] = None,
     show_all: Annotated[
         bool,
-        typer.Option("--all", help=f"Also list minor findings (under {report.MINOR_SHARE:.0%} of users' time each)."),
+        typer.Option("--all", help=f"Also list minor findings (under {report.MINOR_SHARE:.0%} of users' time)."),
     ] = False,
     otlp: Annotated[
         str | None,
