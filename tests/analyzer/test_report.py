@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import io
 
-import polars as pl
 import pytest
 from hopline.analyzer import report
-from support.synth import ColdConnections, StageShift, generate
+from support.synth import ColdConnections, StageShift, generate, on_localhost
 from hopline.analyzer.timelines import timelines
 from rich.console import Console
 
@@ -43,20 +42,6 @@ def test_counted_nouns():
 
 
 # --- minor findings (issue 11): what costs users almost nothing is not a main finding ----------
-
-
-def on_localhost(events: pl.DataFrame, connect_s: float = 0.0001) -> pl.DataFrame:
-    """``events`` as if every new connection took ``connect_s`` (pool wait + TCP + TLS on
-    localhost, no TLS to speak of): ``client.sent`` is stamped before the connect, so it moves later
-    by the time saved, and every later hop stays where it was."""
-    new = (pl.col("hop") == "client.sent") & ~pl.col("conn_reused")
-    parts = pl.sum_horizontal(pl.col(c).fill_null(0.0) for c in ("pool_wait_s", "connect_s", "tls_s"))
-    return events.with_columns(
-        ts=pl.when(new).then(pl.col("ts") + parts - connect_s).otherwise(pl.col("ts")),
-        pool_wait_s=pl.when(new).then(0.0).otherwise(pl.col("pool_wait_s")),
-        connect_s=pl.when(new).then(connect_s).otherwise(pl.col("connect_s")),
-        tls_s=pl.when(new).then(0.0).otherwise(pl.col("tls_s")),
-    )
 
 
 @pytest.fixture(scope="module")
