@@ -509,7 +509,10 @@ def _cell(
         order = list(tested)  # the scope's attributes in the order they are searched (replica first)
         scope = dict(sorted({dim: value, other: hit[0]}.items(), key=lambda kv: order.index(kv[0])))
         frame = cells[hit[0]]
-        t, x = frame["start"].to_numpy(), frame[det.stage].to_numpy()
+        tested_frame = frame  # a seeded subsample beyond ``max_requests``, as for every scope
+        if frame.height > cfg.max_requests:
+            tested_frame = frame.sample(cfg.max_requests, seed=0).sort("start")
+        t, x = tested_frame["start"].to_numpy(), tested_frame[det.stage].to_numpy()
         keep = ~np.isnan(x)
         near = [
             d
@@ -518,7 +521,9 @@ def _cell(
         ]
         if near:
             frames[_key(scope)] = frame
-            return min(near, key=lambda d: abs(d.at - det.at))
+            best = min(near, key=lambda d: abs(d.at - det.at))
+            best.after_n = round(best.after_n * frame.height / tested_frame.height)  # requests, not sampled
+            return best
     return det
 
 

@@ -400,3 +400,16 @@ def test_a_change_on_a_whole_replica_is_not_narrowed_to_a_model():
     (first,) = cell_shifts({"replica": "r2"}, seed=32)
     assert (first["stage"], first["scope"]) == ("queue", {"replica": "r2"})
     assert first["summary"].startswith("queue time quadrupled at 10:05 on replica r2 (p50 ")
+
+
+def test_a_cell_above_max_requests_is_subsampled_and_counts_its_requests():
+    """Past ``max_requests`` a cell is tested on a seeded subsample (as every scope is), and the
+    finding still counts the cell's requests after the change: ~1,500 (a quarter of 20/s x 300 s)."""
+    from hopline.analyzer.shifts import ShiftConfig
+
+    incident = StageShift("queue", 4.0, at_s=300, scope={"replica": "r2", "model": "m1"})
+    tl = timelines(generate(duration_s=600, seed=31, incidents=[incident], **TWO_MODELS).lazy()).collect()
+    found = find_shifts(tl, 2.0, dims=("replica", "model"), config=ShiftConfig(max_requests=1000))
+    (shift,) = [s for s in found if s.scope == {"replica": "r2", "model": "m1"}]
+    assert shift.stage == "queue" and 3.2 <= shift.factor <= 4.8
+    assert 1300 <= shift.requests_after <= 1700
