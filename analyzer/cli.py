@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -138,6 +139,10 @@ def analyze_command(
         Path | None,
         typer.Option(help="Model config.json: adds KV-cache memory to the no_max_tokens evidence."),
     ] = None,
+    show_all: Annotated[
+        bool,
+        typer.Option("--all", help=f"Also list minor findings (under {report.MINOR_SHARE:.0%} of users' time)."),
+    ] = False,
     otlp: Annotated[
         str | None,
         typer.Option(
@@ -198,11 +203,12 @@ def analyze_command(
 
         sent = export_timelines(frame, otlp)
         err.print(f"hopline analyze: {sent} request(s) sent as traces to {otlp}", markup=False)
+    rerun = "hopline analyze " + " ".join(shlex.quote(str(p)) for p in paths)  # said beside minor findings
     if html is not None:
         from hopline.analyzer.html import render_html
 
         try:
-            render_html(result, frame, html, kv_bytes_per_token=kv_bytes)
+            render_html(result, frame, html, kv_bytes_per_token=kv_bytes, show_minor=show_all, command=rerun)
         except OSError as exc:
             raise ClickException(f"cannot write {html}: {exc.strerror or exc}") from exc
         except Exception as exc:
@@ -211,7 +217,7 @@ def analyze_command(
         sys.stdout.buffer.write(orjson.dumps(result, option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE))
         sys.stdout.flush()
     else:
-        report.render(result, Console())
+        report.render(result, Console(), show_minor=show_all, command=rerun)
         if html is not None:
             Console().print(f"HTML report: {html}")
 

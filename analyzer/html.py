@@ -22,6 +22,7 @@ import plotly.graph_objects as go
 import polars as pl
 
 from hopline.analyzer.kv_in_flight import kv_in_flight
+from hopline.analyzer.report import MINOR_SHARE, minor_line
 from hopline.middleware.contract import VIEWS
 from hopline.middleware.rules import LOOK, STAGE_ORDER, TTFT_PARTS, VIEW_LOOK
 
@@ -291,11 +292,11 @@ def _pitfall_rows(f: Mapping[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
-def _findings_html(findings: Mapping[str, Any]) -> str:
+def _finding_items(findings: list[Mapping[str, Any]]) -> list[str]:
     """Each finding as its sentence, with the evidence behind it in a small table of words and
     rounded numbers (never raw JSON)."""
     items = []
-    for f in findings.get("findings", []):
+    for f in findings:
         kind = str(f.get("kind", ""))
         rows = _shift_rows(f) if kind == "shift" else _pitfall_rows(f)
         if f.get("impact_s") is not None:
@@ -305,9 +306,30 @@ def _findings_html(findings: Mapping[str, Any]) -> str:
             f'<li class="finding {html.escape(kind)}"><p><b>{html.escape(kind)}</b> '
             f'{html.escape(str(f.get("summary", "")))}</p><table class="evidence">{table}</table></li>'
         )
-    if not items:
+    return items
+
+
+def _findings_html(
+    findings: Mapping[str, Any], show_minor: bool = False, command: str = "hopline analyze …"
+) -> str:
+    """The main findings; the minor ones as one line saying how to list them, or listed after the
+    main ones with ``show_minor`` (numbered on)."""
+    main = _finding_items(findings.get("findings", []))
+    minor = findings.get("minor") or []
+    if main:
+        out = '<ol class="findings">' + "".join(main) + "</ol>"
+    elif minor:
+        out = f"<p>No shift or pitfall costs users {MINOR_SHARE:.0%} of their time or more.</p>"
+    else:
         return "<p>No findings: no stage shifted and no pitfall was detected.</p>"
-    return '<ol class="findings">' + "".join(items) + "</ol>"
+    if minor and show_minor:
+        out += (
+            f'<h3>Minor findings (each under {MINOR_SHARE:.0%} of users\' time)</h3>'
+            f'<ol class="findings minor" start="{len(main) + 1}">' + "".join(_finding_items(minor)) + "</ol>"
+        )
+    elif minor:
+        out += f'<p class="minor">{html.escape(minor_line(len(minor), command))}</p>'
+    return out
 
 
 def _stages_html(stages: Mapping[str, Mapping[str, Any]]) -> str:
@@ -351,16 +373,23 @@ def kv_chart(timelines: pl.DataFrame, bytes_per_token: int, window_s: int) -> go
 
 
 def render_html(
-    findings: dict[str, Any], timelines: pl.DataFrame, path: str | Path, kv_bytes_per_token: int | None = None
+    findings: dict[str, Any],
+    timelines: pl.DataFrame,
+    path: str | Path,
+    kv_bytes_per_token: int | None = None,
+    *,
+    show_minor: bool = False,
+    command: str = "hopline analyze …",
 ) -> Path:
     """Write the report to ``path`` and return it.
 
     ``findings`` is the findings-contract dict (DESIGN.md), ``timelines`` the collected output
     of ``timelines()`` (one row per request). With ``kv_bytes_per_token`` (``kv.KVSpec``) the
-    report adds each replica's KV cache in flight over time.
+    report adds each replica's KV cache in flight over time. Minor findings are one line naming
+    ``command`` (how to list them), or listed with ``show_minor`` (``--all``).
     """
     path = Path(path)
-    sections: list[tuple[str, str]] = [("Findings", _findings_html(findings))]
+    sections: list[tuple[str, str]] = [("Findings", _findings_html(findings, show_minor, command))]
     if findings.get("stages"):
         sections.append(("Stages over all requests", _stages_html(findings["stages"])))
     if timelines.height:

@@ -2,7 +2,9 @@
 
 Every check takes the collected per-request frame of ``timelines.timelines`` and returns
 ``pitfall`` findings (DESIGN.md): ``name``, ``scope``, ``affected_requests``, ``evidence`` (numbers),
-a one-sentence ``summary``, and ``impact_s`` (users' seconds at stake, for ordering).
+a one-sentence ``summary``, ``impact_s`` (users' seconds at stake, for ordering) and ``spent_in``
+(the stage those seconds are spent in: the report weighs a decode cost against end-to-end time,
+any other against the wait for the first output).
 
 * ``user_vs_engine_gap``: users wait far longer for the first token than the engine takes; which
   of connect / network / gateway takes the difference.
@@ -38,7 +40,9 @@ class PitfallConfig:
     verbose_factor: float = 2.0  # a service's p50 output tokens / the others' on the model
 
 
-def _finding(name: str, scope: dict, affected: int, evidence: dict, summary: str, impact_s: float) -> dict:
+def _finding(
+    name: str, scope: dict, affected: int, evidence: dict, summary: str, impact_s: float, spent_in: str
+) -> dict:
     return {
         "kind": "pitfall",
         "summary": summary,
@@ -47,6 +51,7 @@ def _finding(name: str, scope: dict, affected: int, evidence: dict, summary: str
         "affected_requests": int(affected),
         "evidence": {k: (round(v, 4) if isinstance(v, float) else v) for k, v in evidence.items()},
         "impact_s": round(float(impact_s), 3),
+        "spent_in": spent_in,
     }
 
 
@@ -108,7 +113,10 @@ def user_vs_engine_gap(tl: pl.DataFrame, cfg: PitfallConfig = PitfallConfig()) -
             "main": main,
         }
         hits.append(
-            (scope, _finding("user_vs_engine_gap", scope, part.height, evidence, summary, s["gap_total"]))
+            (
+                scope,
+                _finding("user_vs_engine_gap", scope, part.height, evidence, summary, s["gap_total"], main),
+            )
         )
     return _narrow(hits, len(scoped))
 
@@ -152,6 +160,7 @@ def new_connection_per_request(tl: pl.DataFrame, cfg: PitfallConfig = PitfallCon
                     evidence,
                     summary,
                     s["connect_total"] or 0.0,
+                    "connect",
                 ),
             )
         )
@@ -253,6 +262,7 @@ def long_prefill_stall(tl: pl.DataFrame, cfg: PitfallConfig = PitfallConfig()) -
                 evidence,
                 summary,
                 part["gap_s"].sum(),
+                "decode",  # the stalled requests' output gaps
             )
         )
     return findings
@@ -315,6 +325,7 @@ def no_max_tokens(
                 evidence,
                 summary,
                 held["decode_total"] or 0.0,
+                "decode",
             )
         )
     return findings
@@ -363,7 +374,8 @@ def verbose_outputs(tl: pl.DataFrame, cfg: PitfallConfig = PitfallConfig()) -> l
                 f"(p50 {row['out_p50']:.0f} vs {others_p50:.0f} tokens); check its chat template and stop tokens"
             )
             findings.append(
-                _finding("verbose_outputs", {"service": row["service"]}, row["n"], evidence, summary, extra)
+                _finding("verbose_outputs", {"service": row["service"]}, row["n"], evidence, summary, extra,
+                         "decode")  # fmt: skip
             )
     return findings
 

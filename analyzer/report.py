@@ -3,7 +3,11 @@
 ``analyze`` takes collected timelines and returns the JSON-ready dict ``hopline analyze --json``
 prints; ``render`` draws the same dict with rich tables. Keys beyond the contract
 (``by_scope``, ``windows``, ``goodput``, ``negative_stages``, ``missing_hops``, ``outcomes``,
-``scan``, ``span``, ``dominant``; ``impact_s`` and ``context`` on findings) are additive.
+``scan``, ``span``, ``dominant``, ``minor``; ``impact_s``, ``share_of_users_time`` and ``context``
+on findings) are additive.
+
+Findings that cost users almost nothing (``is_minor``: under ``MINOR_SHARE`` of their time) are
+kept out of ``findings``, in ``minor``: a report leads with what a user can act on.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from __future__ import annotations
 import polars as pl
 import polars.selectors as cs
 from hopline.analyzer import attribution
-from hopline.analyzer.attribution import Slo
+from hopline.analyzer.attribution import Slo, e2e, ttft
 from hopline.analyzer.io import ScanReport
 from hopline.analyzer.pitfalls import find_pitfalls
 from hopline.analyzer.shifts import find_shifts, iso_utc
@@ -43,6 +47,35 @@ def scopes_to_search(timelines: pl.DataFrame, by: tuple[str, ...]) -> tuple[str,
     return tuple(d for d in by if d in timelines.columns) + tuple(auto)
 
 
+# --- minor findings ---------------------------------------------------------------------------
+# One rule: a finding is minor when the users' time it costs (|impact_s|) is under MINOR_SHARE of
+# the users' total time of the same kind: their waits for the first output (TTFT; a non-streaming
+# request's whole answer) for a finding about a TTFT part, their end-to-end time for one about
+# decode. 1% is below what any user can feel in a percentile and far below every incident the demo
+# injects (4-47% of the run's waits), yet above the residue of a healthy log: a new connection
+# per request on localhost "adding 0 ms", a five-second blip of a few requests.
+MINOR_SHARE = 0.01
+
+
+def users_time(timelines: pl.DataFrame) -> dict[str, float]:
+    """The users' total seconds a finding's cost is compared with: ``first_output`` and ``e2e``."""
+    first_output, total = timelines.select(pl.coalesce(ttft(), e2e()).sum(), e2e().sum()).row(0)
+    return {"first_output": float(first_output or 0.0), "e2e": float(total or 0.0)}
+
+
+def share_of_users_time(finding: dict, totals: dict[str, float]) -> float | None:
+    """|impact_s| over the users' time of its kind (decode: e2e, a TTFT part: first output)."""
+    stage = finding.get("stage") if finding.get("kind") == "shift" else finding.get("spent_in")
+    total = totals["e2e" if stage == "decode" else "first_output"]
+    return abs(finding.get("impact_s") or 0.0) / total if total > 0 else None
+
+
+def is_minor(finding: dict) -> bool:
+    """It costs users almost nothing: under ``MINOR_SHARE`` of their time (see above)."""
+    share = finding.get("share_of_users_time")
+    return share is not None and share < MINOR_SHARE
+
+
 def analyze(
     timelines: pl.DataFrame,
     *,
@@ -63,6 +96,10 @@ def analyze(
     shifts = [s.to_finding() for s in find_shifts(timelines, window_s, dims=by)] if n else []
     pitfalls = find_pitfalls(timelines, kv_bytes_per_token=kv_bytes_per_token) if n else []
     findings = sorted(shifts + pitfalls, key=lambda f: -abs(f.get("impact_s") or 0.0))
+    totals = users_time(timelines) if n else {"first_output": 0.0, "e2e": 0.0}
+    for f in findings:
+        share = share_of_users_time(f, totals)
+        f["share_of_users_time"] = None if share is None else round(share, 4)
     negative = (
         timelines.select(pl.col("negative").explode().drop_nulls())["negative"]
         if n
@@ -77,7 +114,8 @@ def analyze(
         "requests": n,
         "window_s": window_s,
         "stages": stages,
-        "findings": findings,
+        "findings": [f for f in findings if not is_minor(f)],
+        "minor": [f for f in findings if is_minor(f)],
         "split_requests": overall.get("split_requests", 0) if n else 0,
         "dominant": attribution.dominant(stages, overall.get("split_requests", 0)) if n else None,
         "span": {
@@ -200,24 +238,45 @@ def _scope_table(dim: str, rows: list[dict]) -> Table:
     return table
 
 
-def render(result: dict, console: Console) -> None:
-    """The analysis for a person: what to look at first, then the numbers behind it."""
+def _findings_table(title: str, findings: list[dict], first: int = 1) -> Table:
+    table = Table(title=title, title_justify="left", header_style="bold")
+    for name in ("#", "kind", "finding", "requests"):
+        table.add_column(name, justify="right" if name in ("#", "requests") else "left")
+    for i, f in enumerate(findings, first):
+        table.add_row(str(i), f["kind"], Text(f["summary"]), f"{f.get('affected_requests', 0):,}")
+    return table
+
+
+def minor_line(count: int, command: str) -> str:
+    """The one line that says minor findings exist and how to list them (terminal and HTML)."""
+    return (
+        f"{plural(count, 'minor finding')} (each under {MINOR_SHARE:.0%} of users' time), "
+        f"see `{command} --all`"
+    )
+
+
+def render(
+    result: dict, console: Console, *, show_minor: bool = False, command: str = "hopline analyze …"
+) -> None:
+    """The analysis for a person: what to look at first, then the numbers behind it. Minor
+    findings are one line (``command`` is how to see them), or a table of their own with
+    ``show_minor`` (``--all``)."""
     span = result["span"]
     console.print(
         f"[bold]{plural(result['requests'], 'request')}[/] from {span['start']} to {span['end']} "
         f"({span['seconds']:,.0f} s, window {result['window_s']:g} s)"
     )
+    minor = result.get("minor") or []
     if result["findings"]:
-        table = Table(
-            title="Findings (largest effect on users' time first)", title_justify="left", header_style="bold"
-        )
-        for name in ("#", "kind", "finding", "requests"):
-            table.add_column(name, justify="right" if name in ("#", "requests") else "left")
-        for i, f in enumerate(result["findings"], 1):
-            table.add_row(str(i), f["kind"], Text(f["summary"]), f"{f.get('affected_requests', 0):,}")
-        console.print(table)
+        console.print(_findings_table("Findings (largest effect on users' time first)", result["findings"]))
     else:
-        console.print("[green]No shifts or pitfalls found.[/]")
+        quiet = f"No shift or pitfall costs users {MINOR_SHARE:.0%} of their time or more."
+        console.print(f"[green]{quiet if minor else 'No shifts or pitfalls found.'}[/]")
+    if minor and show_minor:
+        title = f"Minor findings (each under {MINOR_SHARE:.0%} of users' time)"
+        console.print(_findings_table(title, minor, first=len(result["findings"]) + 1))
+    elif minor:
+        console.print(minor_line(len(minor), command), markup=False, highlight=False)
     views = _views_table(result["stages"])
     if views is not None:
         console.print(views)

@@ -19,7 +19,11 @@ Method, per scope (all traffic, each replica / service / model) and per stage:
    user: the p50 (or, for stages that are mostly zero such as ``connect``, the p90) moved by
    ``min_factor`` or more and by ``min_abs_ms`` or more.
 4. The narrowest scope wins: when some replicas (services, models) moved and the others, seen on
-   both sides of the change, did not, the finding names those; else the scope is ``{}``.
+   both sides of the change, did not, the finding names those; else the scope is ``{}``. A
+   single-attribute scope is then refined by the same rule along one more attribute with at most
+   ``MAX_CELL_VALUES`` values: when exactly one cell of it moved (replica r2 × model m1) and the
+   other cells of r2 did not, the finding names both (``{"replica": "r2", "model": "m1"}``).
+   Only a hit is refined, and only along attributes with few values, so the search stays bounded.
 5. Detections of one stage in several scopes within a few windows are one change.
 6. One incident per onset: the shifts of one scope that start within ``onset_windows`` are said
    from the one that explains the users' time (the largest; a client's pool wait is a
@@ -69,6 +73,7 @@ COVARIATE_WORDS = {
     "prompt_tokens_p50": ("prompt length", "{:.0f} tokens"),
     "cache_hit_ratio": ("cache hits", "{:.0%}"),
 }
+MAX_CELL_VALUES = 8  # a second scope attribute refines a hit only when it has at most this many values
 SPOKEN_FACTOR = 10.0  # beyond 10x either way a change reads better as its two values
 PERCENT_RANGE = (0.5, 2.0)  # a co-mover's ratio said as a percentage; outside it, as two values
 
@@ -254,7 +259,8 @@ def _scope_value(scope: dict[str, str]) -> str:
 
 
 def _scope_words(scope: dict[str, str]) -> str:
-    return ", ".join(f"{k} {v}" for k, v in scope.items())
+    """``replica r2``; a cell of two attributes ``replica r2 for model m1``."""
+    return " for ".join(f"{k} {v}" for k, v in scope.items())
 
 
 # --- statistics -------------------------------------------------------------------------------
@@ -469,6 +475,58 @@ def _narrowest(
     return next((hits for hits in by_dim if hits), [])
 
 
+def _cell(
+    det: _Detection,
+    tested: dict[str, list[str]],
+    frames: dict[str, pl.DataFrame],
+    boundaries: np.ndarray,
+    z_crit: float,
+    cfg: ShiftConfig,
+    within_s: float,
+) -> _Detection:
+    """``det`` (one attribute's value) confined to one cell of a second attribute when exactly one
+    cell moved and the others, seen on both sides, did not move even half as much: the rule of
+    ``_narrowest`` one level down. The cell's own detection at the change (as significant as any)
+    replaces ``det``; its frame lands in ``frames``. Else ``det`` itself."""
+    if len(det.scope) != 1:
+        return det
+    ((dim, value),) = det.scope.items()
+    scope_frame = frames[_key(det.scope)]
+    weakest = abs(math.log(det.factor_estimate))
+    for other, values in tested.items():
+        if other == dim or len(values) > MAX_CELL_VALUES:
+            continue
+        cells = {v: scope_frame.filter(pl.col(other).cast(pl.String) == v) for v in values}
+        cells = {v: f for v, f in cells.items() if f.height >= 2 * cfg.min_side}
+        if len(cells) < 2:
+            continue  # the scope has one value of it (model follows service, say): nothing to refine
+        moved = {v: _moved_at(f, det, cfg) for v, f in cells.items()}
+        if any(r is None for r in moved.values()):
+            continue
+        hit = [v for v, r in moved.items() if r > weakest / 2]
+        if len(hit) != 1:
+            continue
+        order = list(tested)  # the scope's attributes in the order they are searched (replica first)
+        scope = dict(sorted({dim: value, other: hit[0]}.items(), key=lambda kv: order.index(kv[0])))
+        frame = cells[hit[0]]
+        tested_frame = frame  # a seeded subsample beyond ``max_requests``, as for every scope
+        if frame.height > cfg.max_requests:
+            tested_frame = frame.sample(cfg.max_requests, seed=0).sort("start")
+        t, x = tested_frame["start"].to_numpy(), tested_frame[det.stage].to_numpy()
+        keep = ~np.isnan(x)
+        near = [
+            d
+            for d in _detect(t[keep], x[keep], boundaries, z_crit, cfg, det.stage, scope)
+            if d.up == det.up and abs(d.at - det.at) <= within_s
+        ]
+        if near:
+            frames[_key(scope)] = frame
+            best = min(near, key=lambda d: abs(d.at - det.at))
+            best.after_n = round(best.after_n * frame.height / tested_frame.height)  # requests, not sampled
+            return best
+    return det
+
+
 def _context(frame: pl.DataFrame, det: _Detection, stages: list[str], cfg: ShiftConfig) -> dict:
     """Other stages and the load, before vs after, in the finding's scope."""
     before = frame.filter(pl.col("start") < det.at)
@@ -564,7 +622,8 @@ def find_shifts(
     shifts = []
     for stage, dets in found.items():
         for cluster in _clusters(dets, cfg.cluster_windows * window_s):
-            for det in _narrowest(cluster, tested, sub_frames, cfg):
+            for hit in _narrowest(cluster, tested, sub_frames, cfg):
+                det = _cell(hit, tested, sub_frames, boundaries, z_crit, cfg, cfg.cluster_windows * window_s)
                 shifts.append(
                     Shift(
                         det.stage,

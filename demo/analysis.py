@@ -64,7 +64,8 @@ def write_dashboards(out: Path, collector_url: str) -> list[Path]:
     return list(write(out, collector_url=collector_url))
 
 
-def print_report(report: dict[str, Any], console: Console) -> None:
-    """The analyzer's terminal report (as ``hopline analyze`` prints it), below the live display."""
+def print_report(report: dict[str, Any], console: Console, folder: Path | None = None) -> None:
+    """The analyzer's terminal report (as ``hopline analyze`` prints it), below the live display;
+    its minor findings are listed by ``hopline analyze FOLDER --all`` when the folder is kept."""
     console.print()
-    render(report, console)
+    render(report, console, command=f"hopline analyze {folder or 'DIR'}")  # DIR: kept with --out DIR

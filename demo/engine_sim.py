@@ -94,6 +94,9 @@ class EngineConfig:
     runaway_share: float = 0.02  # ...plus answers that would go on and on
     runaway_tokens: tuple[int, int] = (600, 1500)
     prefix_cache_entries: int = 4096
+    # Output tokens per SSE chunk after the first (SGLang's --stream-interval; the first token
+    # always leaves at once, so TTFT is unchanged)
+    stream_interval: int = 1
     seed: int | None = None
     incident: dict[str, Any] = field(default_factory=dict)  # overrides applied on SIGUSR1
 
@@ -274,8 +277,10 @@ class Scheduler:
     def _emit_token(self, r: SimRequest, at: float) -> None:
         r.generated += 1
         self.kv_used += 1
-        r.outbox.put_nowait(at)
-        if r.generated >= r.target:
+        done = r.generated >= r.target
+        if done or r.generated == 1 or r.generated % self.config.stream_interval == 0:
+            r.outbox.put_nowait(at)  # the stream sends every token generated since its last chunk
+        if done:
             r.last_token = at
             r.finish_reason = "length" if r.target >= r.limit else "stop"
 

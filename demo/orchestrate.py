@@ -102,7 +102,7 @@ def start_stack(scenario: Scenario, stack: Stack, seed: int | None = None) -> No
     truth_dir.mkdir(parents=True, exist_ok=True)
     for i, replica in enumerate(REPLICAS):
         config = {
-            **scenario.engine,
+            **scenario.engine_config(),
             "incident": scenario.engine_incident.get(replica, {}),
             "seed": None if seed is None else seed + i,
         }

@@ -48,7 +48,9 @@ FINDINGS_TOP = {
     "window_s": "the window width used for shifts and series",
     "stages": "stage name -> statistics over all requests that have the stage (below)",
     "split_requests": "requests whose TTFT parts add up to their TTFT: the common set of every share_of_ttft",
-    "findings": "shifts and pitfalls, the largest effect on users' time first",
+    "findings": "shifts and pitfalls, the largest effect on users' time first (minor ones excluded)",
+    "minor": "findings that cost users under 1% of their time (share_of_users_time < 0.01), same order and "
+    "shape; the terminal and HTML reports list them with --all",
     "dominant": "the TTFT part with the largest share, null when fewer than 20 requests have a complete split",
     "span": "start, end (ISO-8601 UTC) and seconds of the log",
     "outcomes": "outcome -> requests (the rule book's outcomes)",
@@ -70,11 +72,14 @@ FINDINGS_SHIFT = {
     "part": "for connect: which part moved (pool_wait: the client's own pool; connect: new connections), else null",
     "at": "ISO-8601 UTC to the second: the start of the first window after the change",
     "until": "when a burst ended (null: it lasted to the end of the log)",
-    "scope": "the narrowest scope the change is confined to ({} for all traffic)",
+    "scope": "the narrowest scope the change is confined to ({} for all traffic; two attributes, e.g. "
+    "{replica, model}, when it is confined to one cell of them)",
     "statistic": "p50 or p90: the quantile that moved most clearly", "before_ms": "before, ms",
     "after_ms": "after, ms", "factor": "after / before", "z": "the rank test's z score",
     "affected_requests": "requests after the change in the scope",
     "impact_s": "users' seconds at stake (for ordering; the sum over the shifts it heads)",
+    "share_of_users_time": "abs(impact_s) over the users' total time: their e2e for decode, else their wait "
+    "for the first output (TTFT, or a non-streaming request's e2e)",
     "with": "shifts in the same scope that began with it, said as its consequences: stage, part, at, statistic, "
     "before_ms, after_ms, impact_s",
     "context": "what moved with it: other stages, load",
@@ -84,6 +89,8 @@ FINDINGS_PITFALL = {
     "name": "user_vs_engine_gap, new_connection_per_request, long_prefill_stall, no_max_tokens or verbose_outputs",
     "scope": "where it was seen", "affected_requests": "requests it concerns", "evidence": "the numbers behind it",
     "impact_s": "users' seconds at stake (for ordering)",
+    "spent_in": "the stage those seconds are spent in (decode, connect, network or gateway)",
+    "share_of_users_time": "as for a shift, with spent_in as its stage",
 }
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from support.cli import hopline
-from support.synth import ColdConnections, StageShift, generate, write_ndjson
+from support.synth import ColdConnections, StageShift, generate, on_localhost, write_ndjson
 
 INCIDENTS = [StageShift("queue", 3.0, at_s=120, scope={"replica": "r2"}), ColdConnections("search-assist")]
 
@@ -175,3 +175,22 @@ def test_input_without_hop_events_is_one_line_and_exit_1(tmp_path, content):
     assert proc.returncode == 1 and proc.stdout == ""
     [line] = proc.stderr.splitlines()
     assert line.startswith(f"hopline analyze: no hop events in {path}")
+
+
+def test_minor_findings_are_one_line_and_all_lists_them(tmp_path):
+    """A client opening a connection per request on localhost (adding 0 ms) beside a real incident:
+    the report names the incident, says "1 minor finding" with the command that lists it, and
+    ``--all`` lists it (terminal and HTML)."""
+    events = generate(duration_s=300, seed=6, incidents=[*INCIDENTS[:1], ColdConnections("search-assist")])
+    log = write_ndjson(on_localhost(events), tmp_path / "logs" / "events.ndjson")
+    proc = hopline("analyze", str(log.parent), "--html", str(tmp_path / "r.html"))
+    assert proc.returncode == 0, proc.stderr
+    out = " ".join(proc.stdout.split())
+    assert f"1 minor finding (each under 1% of users' time), see `hopline analyze {log.parent} --all`" in out
+    assert "opens a new connection" not in out and "queue time tripled" in out
+    assert "see `hopline analyze" in (tmp_path / "r.html").read_text()
+    proc = hopline("analyze", str(log.parent), "--all", "--html", str(tmp_path / "all.html"))
+    assert proc.returncode == 0, proc.stderr
+    out = " ".join(proc.stdout.split())
+    assert "Minor findings" in out and "opens a new connection for 100% of requests, adding 0 ms" in out
+    assert "adding 0 ms" in (tmp_path / "all.html").read_text()

@@ -156,6 +156,28 @@ def test_findings_text_is_escaped(frame: pl.DataFrame, tmp_path: Path) -> None:
     assert "<script>alert(1)</script>" not in text and "&lt;script&gt;alert(1)&lt;/script&gt;" in text
 
 
+MINOR = {
+    **HOSTILE,
+    "findings": [
+        {"kind": "shift", "stage": "queue", "summary": "queue time tripled", "scope": {"replica": "r2"}},
+    ],
+    "minor": [
+        {"kind": "pitfall", "name": "new_connection_per_request", "scope": {}, "affected_requests": 9,
+         "summary": "clients open a new connection for 100% of requests, adding 0 ms", "evidence": {},
+         "impact_s": 0.001, "share_of_users_time": 0.0001},
+    ],
+}  # fmt: skip
+
+
+def test_minor_findings_are_one_line_or_listed_with_all(frame: pl.DataFrame, tmp_path: Path) -> None:
+    text = render_html(MINOR, frame, tmp_path / "minor.html", command="hopline analyze logs/").read_text()
+    assert "1 minor finding (each under 1% of users&#x27; time), see `hopline analyze logs/ --all`" in text
+    assert "adding 0 ms" not in text and "queue time tripled" in text
+    listed = render_html(MINOR, frame, tmp_path / "all.html", show_minor=True).read_text()
+    assert '<ol class="findings minor" start="2">' in listed and "adding 0 ms" in listed
+    assert "--all`" not in listed
+
+
 def test_plots_render_in_headless_chromium(report: Path, tmp_path: Path) -> None:
     dom = chromium("--dump-dom", report.as_uri(), profile=tmp_path / "dom-profile")
     assert dom.returncode == 0, dom.stderr[-2000:]

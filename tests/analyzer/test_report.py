@@ -6,7 +6,7 @@ import io
 
 import pytest
 from hopline.analyzer import report
-from support.synth import StageShift, generate
+from support.synth import ColdConnections, StageShift, generate, on_localhost
 from hopline.analyzer.timelines import timelines
 from rich.console import Console
 
@@ -39,3 +39,69 @@ def test_counted_nouns():
     assert report.plural(1, "request") == "1 request"
     assert report.plural(2, "request") == "2 requests"
     assert report.plural(12000, "request") == "12,000 requests"
+
+
+# --- minor findings (issue 11): what costs users almost nothing is not a main finding ----------
+
+
+@pytest.fixture(scope="module")
+def cold_localhost() -> dict:
+    """search-assist opens a connection per request, on localhost (adding 0 ms), and r2's queue
+    triples: the queue is the finding, the connections a minor one."""
+    events = generate(
+        duration_s=300,
+        seed=6,
+        incidents=[
+            StageShift("queue", 3.0, at_s=150, scope={"replica": "r2"}),
+            ColdConnections("search-assist"),
+        ],
+    )
+    return report.analyze(timelines(on_localhost(events).lazy()).collect())
+
+
+def test_a_new_connection_per_request_adding_0_ms_is_minor(cold_localhost):
+    names = [f.get("name") for f in cold_localhost["findings"]]
+    assert "new_connection_per_request" not in names, [f["summary"] for f in cold_localhost["findings"]]
+    (minor,) = [f for f in cold_localhost["minor"] if f.get("name") == "new_connection_per_request"]
+    assert "adding 0 ms" in minor["summary"]
+    assert minor["share_of_users_time"] < report.MINOR_SHARE
+    # the incident is still the first finding, and it costs users far more than the threshold
+    first = cold_localhost["findings"][0]
+    assert (first["kind"], first["stage"], first["scope"]) == ("shift", "queue", {"replica": "r2"})
+    assert first["share_of_users_time"] > 10 * report.MINOR_SHARE
+
+
+def test_a_new_connection_per_request_that_costs_tls_is_a_main_finding():
+    """The same client over a real network (~42 ms of connect + TLS per request) is not minor."""
+    events = generate(duration_s=300, seed=6, incidents=[ColdConnections("search-assist")])
+    result = report.analyze(timelines(events.lazy()).collect())
+    (cold,) = [f for f in result["findings"] if f["name"] == "new_connection_per_request"]
+    assert cold["share_of_users_time"] > 0.1  # ~42 ms of a ~130 ms TTFT, on half the requests
+    assert result["minor"] == []
+
+
+def render_text(result: dict, **options) -> str:
+    out = io.StringIO()
+    report.render(result, Console(file=out, width=80, color_system=None), **options)
+    return out.getvalue()
+
+
+def test_the_terminal_says_minor_findings_in_one_line_and_lists_them_with_all(cold_localhost):
+    minor = next(f for f in cold_localhost["minor"] if f.get("name") == "new_connection_per_request")
+    text = " ".join(render_text(cold_localhost, command="hopline analyze logs/").split())  # unwrapped
+    count = len(cold_localhost["minor"])
+    line = f"{report.plural(count, 'minor finding')} (each under 1% of users' time), see "
+    line += "`hopline analyze logs/ --all`"
+    assert line in text
+    assert "opens a new connection" not in text
+    listed = " ".join(render_text(cold_localhost, show_minor=True, command="hopline analyze logs/").split())
+    assert "Minor findings (each under 1% of users' time)" in listed
+    assert " ".join(minor["summary"].split()[:6]) in listed
+    assert "--all`" not in listed
+
+
+def test_the_contract_page_states_the_threshold_the_report_applies():
+    from hopline.middleware import docs
+
+    assert f"under {report.MINOR_SHARE:.0%} of their time" in docs.FINDINGS_TOP["minor"]
+    assert f"< {report.MINOR_SHARE:g})" in docs.FINDINGS_TOP["minor"]

@@ -368,3 +368,48 @@ def test_a_rise_after_an_earlier_improvement_is_not_taken_for_its_reversal():
     queue = [s for s in found if s.stage == "queue"]
     assert [(s.to_finding()["at"], s.up) for s in queue] == [(iso(300), True), (iso(60), False)]
     assert queue[0].impact_s == pytest.approx(queue[0].own_impact_s)
+
+
+# --- two-attribute scopes (issue 11): a change confined to one cell of replica x model --------
+
+TWO_MODELS = {
+    "services": ("kite-chat", "search-assist"),
+    "models": {"kite-chat": "m1", "search-assist": "m2"},
+}
+
+
+def cell_shifts(scope: dict[str, str], seed: int = 31) -> list[dict]:
+    from hopline.analyzer import report
+
+    incident = StageShift("queue", 4.0, at_s=300, scope=scope)
+    events = generate(duration_s=600, seed=seed, incidents=[incident], **TWO_MODELS)
+    return report.analyze(timelines(events.lazy()).collect())["findings"]
+
+
+def test_a_change_on_one_replica_for_one_model_names_both():
+    """Queue 4x only for model m1's requests on replica r2 (a quarter of the traffic): replica r2
+    moved, and so did model m1, but within r2 only m1's cell did (m2 on r2 stayed put): the
+    finding's scope is the cell, and its sentence says both."""
+    (first,) = cell_shifts({"replica": "r2", "model": "m1"})
+    assert (first["stage"], first["scope"]) == ("queue", {"replica": "r2", "model": "m1"})
+    assert first["summary"].startswith("queue time quadrupled at 10:05 on replica r2 for model m1 (p50 ")
+    assert 3.2 <= first["factor"] <= 4.8  # the cell's own size, not diluted by m2's requests on r2
+
+
+def test_a_change_on_a_whole_replica_is_not_narrowed_to_a_model():
+    (first,) = cell_shifts({"replica": "r2"}, seed=32)
+    assert (first["stage"], first["scope"]) == ("queue", {"replica": "r2"})
+    assert first["summary"].startswith("queue time quadrupled at 10:05 on replica r2 (p50 ")
+
+
+def test_a_cell_above_max_requests_is_subsampled_and_counts_its_requests():
+    """Past ``max_requests`` a cell is tested on a seeded subsample (as every scope is), and the
+    finding still counts the cell's requests after the change: ~1,500 (a quarter of 20/s x 300 s)."""
+    from hopline.analyzer.shifts import ShiftConfig
+
+    incident = StageShift("queue", 4.0, at_s=300, scope={"replica": "r2", "model": "m1"})
+    tl = timelines(generate(duration_s=600, seed=31, incidents=[incident], **TWO_MODELS).lazy()).collect()
+    found = find_shifts(tl, 2.0, dims=("replica", "model"), config=ShiftConfig(max_requests=1000))
+    (shift,) = [s for s in found if s.scope == {"replica": "r2", "model": "m1"}]
+    assert shift.stage == "queue" and 3.2 <= shift.factor <= 4.8
+    assert 1300 <= shift.requests_after <= 1700

@@ -1,10 +1,16 @@
 """``hopline demo --scenario NAME`` end to end: the first finding names the injected incident (its
 kind, stage or pitfall name, scope and size), no process is left behind, and for the default
-scenario hopline's stages agree with the simulator's true intervals."""
+scenario hopline's stages agree with the simulator's true intervals.
+
+Every run here has a CPU hog beside it (one busy-loop process for the module's duration): a
+user's machine is rarely idle, and the demo must name its incident on a busy one too (issue 11).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,14 +57,29 @@ EXPECTED = (
 
 
 @pytest.fixture(scope="module")
-def demo_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[[Expected], tuple[Path, dict]]:
-    """Run each scenario at most once per module: (its output folder, its findings JSON)."""
+def cpu_hog() -> Iterator[subprocess.Popen]:
+    """A busy loop on one core while the module's demos run (on a 2-core machine, half of it)."""
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        yield hog
+    finally:
+        hog.kill()
+        hog.wait()
+
+
+@pytest.fixture(scope="module")
+def demo_run(
+    tmp_path_factory: pytest.TempPathFactory, cpu_hog: subprocess.Popen
+) -> Callable[[Expected], tuple[Path, dict]]:
+    """Run each scenario at most once per module, beside the CPU hog: (its output folder, its
+    findings JSON)."""
     runs: dict[str, tuple[Path, dict]] = {}
 
     def run(expected: Expected) -> tuple[Path, dict]:
         if expected.scenario not in runs:
             out = tmp_path_factory.mktemp(expected.scenario)
             runs[expected.scenario] = out, run_demo(out, expected.scenario, expected.seconds)
+            assert cpu_hog.poll() is None, "the CPU hog stopped before the run ended"
         return runs[expected.scenario]
 
     return run

@@ -111,6 +111,20 @@ def test_max_tokens_cuts_the_answer_with_finish_reason_length() -> None:
     assert reasons == {"cut": ("length", 7), "free": ("stop", 7)}
 
 
+def test_stream_interval_sends_the_first_token_alone_then_every_nth() -> None:
+    """``stream_interval=4`` (SGLang's --stream-interval): the stream is told of token 1 at once
+    (TTFT unchanged), then of tokens 4, 8, 12, and of the last one (10 tokens: 1, 4, 8, 10)."""
+    finished: list[SimRequest] = []
+    s = _scheduler(finished, stream_interval=4)
+    r = _request("r", 20, target=10)
+    asyncio.run(_run_until_done(s, [r], finished))
+    told = []
+    while not r.outbox.empty():
+        told.append(r.outbox.get_nowait())
+    assert len(told) == 4 + 1  # 4 chunk signals, then the end (None)
+    assert told[0] == r.first_token and told[-2] == r.last_token and told[-1] is None
+
+
 def _sse_events(body: str) -> list[str]:
     return [line.removeprefix("data: ") for line in body.split("\n\n") if line.startswith("data: ")]
 

@@ -435,6 +435,20 @@ def generate(
     return events
 
 
+def on_localhost(events: pl.DataFrame, connect_s: float = 0.0001) -> pl.DataFrame:
+    """``events`` as if every new connection took ``connect_s`` (pool wait + TCP + TLS on
+    localhost, no TLS to speak of): ``client.sent`` is stamped before the connect, so it moves later
+    by the time saved, and every later hop stays where it was."""
+    new = (pl.col("hop") == "client.sent") & ~pl.col("conn_reused")
+    parts = pl.sum_horizontal(pl.col(c).fill_null(0.0) for c in ("pool_wait_s", "connect_s", "tls_s"))
+    return events.with_columns(
+        ts=pl.when(new).then(pl.col("ts") + parts - connect_s).otherwise(pl.col("ts")),
+        pool_wait_s=pl.when(new).then(0.0).otherwise(pl.col("pool_wait_s")),
+        connect_s=pl.when(new).then(connect_s).otherwise(pl.col("connect_s")),
+        tls_s=pl.when(new).then(0.0).otherwise(pl.col("tls_s")),
+    )
+
+
 def write_ndjson(events: pl.DataFrame, path: str | Path) -> Path:
     """Events as an NDJSON log, one event per line (what a file sink writes)."""
     path = Path(path)
