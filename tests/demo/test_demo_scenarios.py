@@ -8,14 +8,13 @@ user's machine is rarely idle, and the demo must name its incident on a busy one
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import json
 
 import polars as pl
 import pytest
