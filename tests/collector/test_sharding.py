@@ -15,11 +15,13 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
+import subprocess
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
 import httpx
+from hopline.collector.metric_names import STAGE_SECONDS as STAGE
 from hopline.middleware.client import instrument
 from hopline.middleware.emit import Emitter
 from hopline.middleware.engine import EngineMiddleware
@@ -235,3 +237,48 @@ def test_requests_meet_in_one_collector_a_killed_one_costs_only_its_share_and_de
     result = hopline("analyze", *map(str, dirs), "--json")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["requests"] == len(homes)
+
+
+def test_recorded_quantiles_and_means_add_the_collectors_histograms(tmp_path):
+    """Prometheus (promtool's rule tests: its real engine) evaluates the generated recording rules
+    over two collectors' series: a request is observed in one collector only, so only buckets
+    summed across instances (``sum by (le, …)``, no ``instance``) give the fleet's quantile. Here
+    collector c1 saw 10 queue times under 0.1 s and c2 30 between 0.1 and 1 s: the p50 of the 40
+    is 0.1 + 0.9 × (20 - 10) / 30 = 0.4 s (c1 alone would say 0.05, c2 alone 0.55), the mean
+    (0.5 + 19.5) / 40 = 0.5 s."""
+    import yaml
+    from hopline.dashboards import rules
+
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump(rules.rule_file()))
+    scope = 'stage="queue", service="kite-chat", model="tiny", replica="r1", job="hopline"'
+    per_minute = {"c1": {"0.1": 10, "1": 10, "+Inf": 10, "sum": 0.5}, "c2": {"0.1": 0, "1": 30, "+Inf": 30, "sum": 19.5}}
+    series = []
+    for instance, counts in per_minute.items():
+        labels = f'{scope}, instance="{instance}"'
+        for le in ("0.1", "1", "+Inf"):
+            series.append({"series": f'hopline_stage_seconds_bucket{{{labels}, le="{le}"}}', "values": f"0+{counts[le]}x20"})
+        series.append({"series": f"hopline_stage_seconds_count{{{labels}}}", "values": f"0+{counts['+Inf']}x20"})
+        series.append({"series": f"hopline_stage_seconds_sum{{{labels}}}", "values": f"0+{counts['sum']}x20"})
+    recorded = '{stage="queue", service="kite-chat", model="tiny", replica="r1"}'  # one series: no instance
+    tests = {
+        "rule_files": ["rules.yml"],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": series,
+                "promql_expr_test": [
+                    {"expr": rules.recorded(m, "p50"), "eval_time": "10m", "exp_samples": [
+                        {"labels": rules.recorded(m, "p50") + recorded, "value": 0.4}]}
+                    for m in [STAGE]
+                ] + [
+                    {"expr": rules.recorded(STAGE, "mean"), "eval_time": "10m", "exp_samples": [
+                        {"labels": rules.recorded(STAGE, "mean") + recorded, "value": 0.5}]}
+                ],
+            }
+        ],
+    }  # fmt: skip
+    (tmp_path / "test.yml").write_text(yaml.safe_dump(tests))
+    result = subprocess.run(["promtool", "test", "rules", "test.yml"], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=60, check=False)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
