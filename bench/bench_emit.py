@@ -226,8 +226,9 @@ def main() -> None:
     print(f"| c/a (structlog line vs emit) | {summary(c_over_a)} |")
     print(f"| a2/a (with the worker's share) | {summary(a2_over_a)} |")
     print(f"| s2/s1 (list of lines vs one buffer) | {summary([x / y for x, y in zip(results['s2'], results['s1'])])} |")
-    print(f"| r1/s1 (routing vs serializing, 6 events per request) | {summary([x / y for x, y in zip(results['r1'], results['s1'])])} |")
-    print(f"| r2/s1 (routing vs serializing, one event per request) | {summary([x / y for x, y in zip(results['r2'], results['s1'])])} |")
+    for name, what in (("r1", "6 events per request"), ("r2", "one event per request")):
+        routing = summary([x / y for x, y in zip(results[name], results["s1"])])
+        print(f"| {name}/s1 (routing vs serializing, {what}) | {routing} |")
     print()
     print(f"(a2) emitter after the run: {emitters[1].stats()}")
 

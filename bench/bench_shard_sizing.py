@@ -55,7 +55,8 @@ def traffic(urls: list[str], requests: int) -> list[Emitter]:
         return Emitter(ShardedHttpSink(urls), **static)
 
     client, gateway = emitter(service="kite-chat"), emitter(service="gateway", replica="gw-0")
-    engine, vllm = emitter(service="engine", replica="r1", model="tiny"), emitter(service="engine", replica="r1")
+    engine = emitter(service="engine", replica="r1", model="tiny")
+    vllm = emitter(service="engine", replica="r1")
     stat_logger = HoplineStatLogger(None, emitter=vllm)
     with running_server(EngineMiddleware(fake_engine_app(), emitter=engine)) as engine_url, \
             running_server(fake_gateway_app([("r1", engine_url)], gateway)) as gateway_url:  # fmt: skip
@@ -64,12 +65,13 @@ def traffic(urls: list[str], requests: int) -> list[Emitter]:
             with instrument(httpx.Client(timeout=30), emitter=client) as http:
                 for i in range(index, requests, THREADS):
                     rid = uuid.uuid4().hex  # random, as the client makes them (compresses as badly)
-                    answer = http.post(gateway_url + "/v1/chat/completions", json=BODY, headers={"X-Request-Id": rid})
+                    url = gateway_url + "/v1/chat/completions"
+                    answer = http.post(url, json=BODY, headers={"X-Request-Id": rid})
                     answer.raise_for_status()
                     stats = SimpleNamespace(
-                        request_id=f"chatcmpl-{rid}", queued_time=0.001, prefill_time=0.002, decode_time=0.003,
-                        num_prompt_tokens=5, num_generation_tokens=3, num_cached_tokens=0, finish_reason="length",
-                        max_tokens_param=3,
+                        request_id=f"chatcmpl-{rid}", queued_time=0.001, prefill_time=0.002,
+                        decode_time=0.003, num_prompt_tokens=5, num_generation_tokens=3,
+                        num_cached_tokens=0, finish_reason="length", max_tokens_param=3,
                     )  # fmt: skip
                     stat_logger.record(None, SimpleNamespace(finished_requests=[stats]))
 
@@ -88,9 +90,10 @@ def series_on(url: str) -> tuple[int, int, int]:
     """``hopline_*`` samples on ``url``'s /metrics: (all, those of the request scope kite-chat/tiny/r1,
     those of the emitters' own health)."""
     text = httpx.get(url + "/metrics", timeout=10).text
-    samples = [s for f in text_string_to_metric_families(text) if f.name.startswith("hopline_") for s in f.samples]
-    scoped = [s for s in samples if s.labels.get("service") == "kite-chat" and not s.name.startswith("hopline_emitter_")]
+    families = [f for f in text_string_to_metric_families(text) if f.name.startswith("hopline_")]
+    samples = [sample for family in families for sample in family.samples]
     emitters = [s for s in samples if s.name.startswith("hopline_emitter_")]
+    scoped = [s for s in samples if s.labels.get("service") == "kite-chat" and s not in emitters]
     return len(samples), len(scoped), len(emitters)
 
 

@@ -723,12 +723,18 @@ def _check_emitter_targets(targets: Any) -> None:
     if targets is None:
         return
     if not isinstance(targets, list) or len(targets) > EMITTER_TARGETS_MAX:
-        raise EventError(f"targets must be a list of at most {EMITTER_TARGETS_MAX} objects, got {_describe(targets)}")
+        raise EventError(
+            f"targets must be a list of at most {EMITTER_TARGETS_MAX} objects, got {_describe(targets)}"
+        )
     for index, target in enumerate(targets):
         name = target.get("target") if isinstance(target, dict) else None
         if not isinstance(name, str) or not 0 < len(name) <= 256:
-            raise EventError(f"targets[{index}].target must be a string of 1-256 characters, got {_describe(name)}")
+            raise EventError(
+                f"targets[{index}].target must be a string of 1-256 characters, got {_describe(name)}"
+            )
         for count in EMITTER_TARGET_COUNTS:
             value = target.get(count, 0)
             if type(value) is not int or not 0 <= value <= EMITTER_COUNT_MAX:
-                raise EventError(f"targets[{index}].{count} must be an integer from 0 to 2^63-1, got {_describe(value)}")
+                raise EventError(
+                    f"targets[{index}].{count} must be an integer from 0 to 2^63-1, got {_describe(value)}"
+                )

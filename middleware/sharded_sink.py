@@ -152,7 +152,9 @@ class _Target:
         try:
             thread.start()
         except RuntimeError as exc:  # interpreter shutting down: the events stay counted as buffered
-            warn_throttled("sharded_thread_not_started", "sink_thread_not_started", sink=self.name, error=str(exc))
+            warn_throttled(
+                "sharded_thread_not_started", "sink_thread_not_started", sink=self.name, error=str(exc)
+            )
             return
         self.thread = thread
 
@@ -278,7 +280,8 @@ class ShardedHttpSink:
         flush_interval: float = 0.2,
         **http: Any,
     ) -> None:
-        for name, value in (("capacity", capacity), ("batch_size", batch_size), ("flush_interval", flush_interval)):
+        sizes = (("capacity", capacity), ("batch_size", batch_size), ("flush_interval", flush_interval))
+        for name, value in sizes:
             if not value > 0:
                 raise ValueError(f"{name} must be positive, got {value!r}")
         sinks = [HttpSink(url, **http) for url in urls]
@@ -289,7 +292,8 @@ class ShardedHttpSink:
         if len(sinks) < 2:
             raise ValueError(f"a sharded sink needs at least two collector URLs, got {len(sinks)}")
         self.targets = [
-            _Target(sink, capacity=capacity, batch_size=batch_size, flush_interval=flush_interval) for sink in sinks
+            _Target(sink, capacity=capacity, batch_size=batch_size, flush_interval=flush_interval)
+            for sink in sinks
         ]
         self.router = Rendezvous(names)
         self._deadline: float | None = None

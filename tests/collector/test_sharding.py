@@ -35,7 +35,9 @@ from support.fakes import fake_engine_app, fake_gateway_app
 from support.servers import running_server, wait_until
 
 CLIENT_HOPS = ["client.sent", "client.first_token", "client.last_token"]
-GATEWAY_HOPS = ["gateway.received", "gateway.admitted", "gateway.forwarded", "gateway.first_token", "gateway.last_token"]
+GATEWAY_HOPS = [
+    "gateway.received", "gateway.admitted", "gateway.forwarded", "gateway.first_token", "gateway.last_token"
+]  # fmt: skip
 ENGINE_HOPS = ["engine.received", "engine.first_token", "engine.last_token", "engine.stats"]
 ALL_HOPS = sorted(CLIENT_HOPS + GATEWAY_HOPS + ENGINE_HOPS)
 EVENTS_PER_REQUEST = len(ALL_HOPS)  # 12, from four emitters
@@ -147,7 +149,8 @@ def test_requests_meet_in_one_collector_a_killed_one_costs_only_its_share_and_de
         stack.callback(lambda: [emitter.close(timeout=1) for emitter in fleet.all])
         engine_app = EngineMiddleware(fake_engine_app(), emitter=fleet.engine)
         engine_url = stack.enter_context(running_server(engine_app))
-        gateway_url = stack.enter_context(running_server(fake_gateway_app([("r1", engine_url)], fleet.gateway)))
+        gateway_app = fake_gateway_app([("r1", engine_url)], fleet.gateway)
+        gateway_url = stack.enter_context(running_server(gateway_app))
         http = stack.enter_context(instrument(httpx.Client(timeout=10), emitter=fleet.client))
 
         # 1. all up: each request is joined in exactly one collector, the one its ID hashes to
@@ -219,7 +222,8 @@ def test_requests_meet_in_one_collector_a_killed_one_costs_only_its_share_and_de
             assert exposed(
                 live, "hopline_emitter_target_events_dropped_total", target=name, reason="full"
             ) == counted["dropped_full"]
-        assert exposed(live, "hopline_emitter_events_dropped_total", reason="full") == fleet.share(KILLED, "dropped_full")
+        dropped_full = exposed(live, "hopline_emitter_events_dropped_total", reason="full")
+        assert dropped_full == fleet.share(KILLED, "dropped_full")
 
     # 5. the three stores are partitions: a request's events are in one of them, and the analyzer
     # reading the three together sees each stored request once
@@ -251,14 +255,19 @@ def test_recorded_quantiles_and_means_add_the_collectors_histograms(tmp_path):
 
     (tmp_path / "rules.yml").write_text(yaml.safe_dump(rules.rule_file()))
     scope = 'stage="queue", service="kite-chat", model="tiny", replica="r1", job="hopline"'
-    per_minute = {"c1": {"0.1": 10, "1": 10, "+Inf": 10, "sum": 0.5}, "c2": {"0.1": 0, "1": 30, "+Inf": 30, "sum": 19.5}}
+    per_minute = {
+        "c1": {"0.1": 10, "1": 10, "+Inf": 10, "sum": 0.5},
+        "c2": {"0.1": 0, "1": 30, "+Inf": 30, "sum": 19.5},
+    }
     series = []
     for instance, counts in per_minute.items():
         labels = f'{scope}, instance="{instance}"'
         for le in ("0.1", "1", "+Inf"):
-            series.append({"series": f'hopline_stage_seconds_bucket{{{labels}, le="{le}"}}', "values": f"0+{counts[le]}x20"})
-        series.append({"series": f"hopline_stage_seconds_count{{{labels}}}", "values": f"0+{counts['+Inf']}x20"})
-        series.append({"series": f"hopline_stage_seconds_sum{{{labels}}}", "values": f"0+{counts['sum']}x20"})
+            bucket = f'hopline_stage_seconds_bucket{{{labels}, le="{le}"}}'
+            series.append({"series": bucket, "values": f"0+{counts[le]}x20"})
+        for suffix, per_step in (("count", counts["+Inf"]), ("sum", counts["sum"])):
+            name = f"hopline_stage_seconds_{suffix}{{{labels}}}"
+            series.append({"series": name, "values": f"0+{per_step}x20"})
     recorded = '{stage="queue", service="kite-chat", model="tiny", replica="r1"}'  # one series: no instance
     tests = {
         "rule_files": ["rules.yml"],
@@ -279,6 +288,8 @@ def test_recorded_quantiles_and_means_add_the_collectors_histograms(tmp_path):
         ],
     }  # fmt: skip
     (tmp_path / "test.yml").write_text(yaml.safe_dump(tests))
-    result = subprocess.run(["promtool", "test", "rules", "test.yml"], cwd=tmp_path, capture_output=True, text=True,
-                            timeout=60, check=False)  # fmt: skip
+    result = subprocess.run(
+        ["promtool", "test", "rules", "test.yml"], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        check=False,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
