@@ -310,7 +310,9 @@ class ShardedHttpSink:
         shares: list[list[Event]] = [[] for _ in self.targets]
         pick, recent = self.router.pick, self.router.recent
         for event in batch:
-            key = event.get("request_id") or routing_key(event)
+            key = event.get("request_id")
+            if key.__class__ is not str:  # no request ID (or not a string): the other rules
+                key = routing_key(event)
             index = recent.get(key)  # inlined pick() for the common case: a key seen lately
             if index is None:
                 index = 0 if key is None else pick(key)

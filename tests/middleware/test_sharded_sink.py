@@ -130,3 +130,10 @@ def test_a_hanging_collector_holds_up_only_its_share_which_is_counted_for_it(tmp
         home = sink.router.pick(emitter.instance)
         assert {e["emitter"] for e in reports} <= {emitter.instance}
         assert bool(reports) == (home != 2)
+
+
+def test_an_event_without_any_key_goes_to_the_first_collector_and_a_bad_one_never_raises():
+    sink = ShardedHttpSink(["http://10.0.0.1:4318", "http://10.0.0.2:4318", "http://10.0.0.3:4318"])
+    odd = [{"hop": "client.sent"}, {"hop": "client.sent", "request_id": 7},
+           {"hop": "client.sent", "request_id": ["x"]}]  # fmt: skip
+    assert [len(share) for share in sink.shares(odd)] == [3, 0, 0]
