@@ -13,7 +13,12 @@ Variants, one 6-field event each (v, ts, request_id, hop, service, stream):
   (c)  structlog, orjson ``JSONRenderer``, ``BytesLogger`` writing to a file, cached logger:
        what logging each hop as a line would cost;
   (s1, s2) the worker's serialization of a 1000-event batch, per event: into one bytearray as
-       the sinks do, against a list of orjson outputs joined afterwards.
+       the sinks do, against a list of orjson outputs joined afterwards;
+  (r1, r2) the sharded sink's routing of a 1000-event batch over three collectors, per event
+       (``ShardedHttpSink.shares``: rendezvous hash of the request ID, on the worker thread):
+       r1 with six events per request, as a request's hops come; r2 with every event a new
+       request ID (no help from the map of recent keys). Compared with s1, the serialization
+       every sink does anyway.
 
 The measure is the process's CPU time (``time.process_time``: all threads, user + system), not
 wall time: on a machine shared with other busy processes, wall time mostly measures waiting for
@@ -39,6 +44,7 @@ import structlog
 
 from hopline.middleware.contract import dumps
 from hopline.middleware.emit import Emitter
+from hopline.middleware.sharded_sink import ShardedHttpSink
 from hopline.middleware.sinks import Encoded
 
 CHUNK = 1000
@@ -145,7 +151,31 @@ def variants(log_path: Path) -> tuple[dict[str, Callable[[int], float]], list[Em
             b"".join([dumps(event) for event in batch])
         return per_call(cpu() - start, calls)
 
-    return {"a": a, "a2": a2, "b": b, "c": c, "s1": s1, "s2": s2}, [paused, live], log_file
+    # Routing only: ``shares`` splits the batch; nothing is put in the targets' buffers (no threads,
+    # no I/O: the URLs are never contacted).
+    sharded = ShardedHttpSink(["http://10.0.0.1:4318", "http://10.0.0.2:4318", "http://10.0.0.3:4318"])
+    fresh = iter(range(10**12))
+
+    def routed(events_per_request: int) -> Callable[[int], float]:
+        def run(calls: int) -> float:
+            total = 0.0
+            for _ in range(calls // CHUNK):
+                # new request IDs every chunk, as traffic brings them (unmeasured)
+                ids = [f"{next(fresh):032x}" for _ in range(CHUNK // events_per_request + 1)]
+                for event, i in zip(batch, range(CHUNK)):
+                    event["request_id"] = ids[i // events_per_request]
+                start = cpu()
+                sharded.shares(batch)
+                total += cpu() - start
+            return per_call(total, calls)
+
+        return run
+
+    return (
+        {"a": a, "a2": a2, "b": b, "c": c, "s1": s1, "s2": s2, "r1": routed(6), "r2": routed(1)},
+        [paused, live],
+        log_file,
+    )
 
 
 def summary(values: list[float]) -> str:
@@ -179,6 +209,8 @@ def main() -> None:
         "c": "(c) structlog orjson JSONRenderer -> file, cached",
         "s1": "(s1) worker: serialize a 1000-event batch into one bytearray (sinks.Encoded)",
         "s2": "(s2) worker: the same as a list of orjson lines, then join",
+        "r1": "(r1) worker: route a batch over 3 collectors (sharded sink), 6 events per request",
+        "r2": "(r2) worker: the same, every event a new request ID",
     }
     print(f"python {sys.version.split()[0]}, structlog {structlog.__version__}, orjson {orjson.__version__}; "
           f"{args.rounds} rounds x {args.calls} calls per variant; CPU µs per call, median [min, max] over rounds")
@@ -194,6 +226,9 @@ def main() -> None:
     print(f"| c/a (structlog line vs emit) | {summary(c_over_a)} |")
     print(f"| a2/a (with the worker's share) | {summary(a2_over_a)} |")
     print(f"| s2/s1 (list of lines vs one buffer) | {summary([x / y for x, y in zip(results['s2'], results['s1'])])} |")
+    for name, what in (("r1", "6 events per request"), ("r2", "one event per request")):
+        routing = summary([x / y for x, y in zip(results[name], results["s1"])])
+        print(f"| {name}/s1 (routing vs serializing, {what}) | {routing} |")
     print()
     print(f"(a2) emitter after the run: {emitters[1].stats()}")
 

@@ -11,6 +11,12 @@ What bounds the memory: at most ``max_instances`` instances (the least recently 
 forgotten first), each forgotten after ``expiry_s`` without a report (emitters report at least
 every five minutes) or at its final report; at most ``max_series`` (service, replica) pairs, the
 rest counted under ``other``.
+
+An emitter whose sink shards over several collectors (middleware/sharded_sink.py) adds
+``targets`` to its reports: the same kind of cumulative counts per collector. They become
+``hopline_emitter_target_*`` with a ``target`` label (the collector's ``host:port``), so a dead
+collector's share (buffered, then dropped) shows by name in the collectors that are up; at most
+``max_series`` (service, replica, target) triples, the rest under ``other``.
 """
 
 from __future__ import annotations
@@ -18,11 +24,11 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from hopline.collector import metric_names as names
-from hopline.middleware.contract import EMITTER_DROP_REASONS, EMITTER_STATS_HOP
+from hopline.middleware.contract import EMITTER_DROP_REASONS, EMITTER_STATS_HOP, EMITTER_TARGET_COUNTS
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 OTHER = "other"
@@ -45,6 +51,8 @@ class _Instance:
     buffered: int
     heard: float  # monotonic
     ts: float = 0.0  # of the latest report applied
+    # per target name: (its series, its last counts); only for sharding emitters
+    targets: dict[str, tuple[tuple[str, str, str], dict[str, int]]] = field(default_factory=dict)
 
 
 class EmitterStats:
@@ -67,6 +75,10 @@ class EmitterStats:
         self.dropped = make(names.EMITTER_DROPPED)
         self.buffered = make(names.EMITTER_BUFFERED)
         self.errors = make(names.EMITTER_ERRORS)
+        self.target_sent = make(names.EMITTER_TARGET_SENT)
+        self.target_dropped = make(names.EMITTER_TARGET_DROPPED)
+        self.target_buffered = make(names.EMITTER_TARGET_BUFFERED)
+        self._target_series: set[tuple[str, str, str]] = set()
         self.max_series = max_series
         self.max_instances = max_instances
         self.expiry_s = expiry_s
@@ -129,11 +141,50 @@ class EmitterStats:
         buffered = report.get("buffered", 0)
         self.buffered.labels(service, replica).inc(buffered - instance.buffered)
         instance.buffered = buffered
+        for target in report.get("targets") or ():
+            self._apply_target(instance, target)
+
+    def _apply_target(self, instance: _Instance, target: dict[str, Any]) -> None:
+        """Add what grew in one collector's counts since this instance's last report."""
+        known = instance.targets.get(target["target"])
+        if known is None:
+            series = self._capped_target(*instance.series, target["target"])
+            self.target_sent.labels(*series)
+            self.target_buffered.labels(*series)
+            for reason in ("full", "sink"):
+                self.target_dropped.labels(*series, reason)
+            known = instance.targets[target["target"]] = (series, dict.fromkeys(EMITTER_TARGET_COUNTS, 0))
+        series, counts = known
+        for name in EMITTER_TARGET_COUNTS:
+            value = target.get(name, 0)
+            grown = value - counts[name]
+            if name == "buffered":
+                self.target_buffered.labels(*series).inc(grown)
+            elif grown <= 0:
+                continue
+            elif name == "sent":
+                self.target_sent.labels(*series).inc(grown)
+            else:
+                self.target_dropped.labels(*series, name.removeprefix("dropped_")).inc(grown)
+            counts[name] = value
+
+    def _capped_target(self, service: str, replica: str, target: str) -> tuple[str, str, str]:
+        series = (service, replica, target)
+        if series in self._target_series:
+            return series
+        if len(self._target_series) < self.max_series:
+            self._target_series.add(series)
+            return series
+        return (OTHER, OTHER, OTHER)
 
     def _forget(self, instance: _Instance) -> None:
         if instance.buffered:
             self.buffered.labels(*instance.series).dec(instance.buffered)
             instance.buffered = 0
+        for series, counts in instance.targets.values():
+            if counts["buffered"]:
+                self.target_buffered.labels(*series).dec(counts["buffered"])
+                counts["buffered"] = 0
 
     def _expire(self, now: float) -> None:
         instances = self._instances

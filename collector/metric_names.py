@@ -181,4 +181,22 @@ EMITTER_ERRORS = Metric(
     "hopline_emitter_errors", "counter", EMITTER_SCOPE,
     "Errors caught inside emitters and their sinks (bugs counted instead of raised into the host).",
 )
-EMITTER_METRICS: tuple[Metric, ...] = (EMITTER_SENT, EMITTER_DROPPED, EMITTER_BUFFERED, EMITTER_ERRORS)
+# Per collector, from emitters whose sink shards over several (the report's ``targets``).
+EMITTER_TARGET_SCOPE = EMITTER_SCOPE + ("target",)
+EMITTER_TARGET_SENT = Metric(
+    "hopline_emitter_target_events_sent", "counter", EMITTER_TARGET_SCOPE,
+    "Hop events sharded emitters delivered, per collector (target: host:port as the emitters list it).",
+)
+EMITTER_TARGET_DROPPED = Metric(
+    "hopline_emitter_target_events_dropped", "counter", EMITTER_TARGET_SCOPE + ("reason",),
+    "Hop events sharded emitters lost, per collector: full (that collector's buffer was full), sink "
+    "(that collector refused them or stayed unreachable for the retry budget).",
+)
+EMITTER_TARGET_BUFFERED = Metric(
+    "hopline_emitter_target_events_buffered", "gauge", EMITTER_TARGET_SCOPE,
+    "Hop events waiting in sharded emitters' per-collector buffers at their last report.",
+)
+EMITTER_METRICS: tuple[Metric, ...] = (
+    EMITTER_SENT, EMITTER_DROPPED, EMITTER_BUFFERED, EMITTER_ERRORS,
+    EMITTER_TARGET_SENT, EMITTER_TARGET_DROPPED, EMITTER_TARGET_BUFFERED,
+)

@@ -685,6 +685,10 @@ EMITTER_STATS_HOP = "emitter.stats"
 EMITTER_DROP_REASONS = ("full", "sink", "closed")
 EMITTER_STATS_COUNTS = ("sent", "buffered", "errors") + tuple(f"dropped_{r}" for r in EMITTER_DROP_REASONS)
 EMITTER_COUNT_MAX = 2**63 - 1
+# An emitter whose sink shards over several collectors adds ``targets``: per collector, its name
+# (``host:port``) and these counts, each cumulative too (middleware/sharded_sink.py).
+EMITTER_TARGET_COUNTS = ("sent", "buffered", "dropped_full", "dropped_sink")
+EMITTER_TARGETS_MAX = 64
 
 
 def validate_emitter_stats(event: dict[str, Any]) -> dict[str, Any]:
@@ -709,4 +713,28 @@ def validate_emitter_stats(event: dict[str, Any]) -> dict[str, Any]:
         value = event.get(name, 0)
         if type(value) is not int or not 0 <= value <= EMITTER_COUNT_MAX:
             raise EventError(f"{name} must be an integer from 0 to 2^63-1, got {_describe(value)}")
+    _check_emitter_targets(event.get("targets"))
     return event
+
+
+def _check_emitter_targets(targets: Any) -> None:
+    """``targets`` of an ``emitter.stats`` event: absent, or a list of at most
+    ``EMITTER_TARGETS_MAX`` objects with a ``target`` name and ``EMITTER_TARGET_COUNTS``."""
+    if targets is None:
+        return
+    if not isinstance(targets, list) or len(targets) > EMITTER_TARGETS_MAX:
+        raise EventError(
+            f"targets must be a list of at most {EMITTER_TARGETS_MAX} objects, got {_describe(targets)}"
+        )
+    for index, target in enumerate(targets):
+        name = target.get("target") if isinstance(target, dict) else None
+        if not isinstance(name, str) or not 0 < len(name) <= 256:
+            raise EventError(
+                f"targets[{index}].target must be a string of 1-256 characters, got {_describe(name)}"
+            )
+        for count in EMITTER_TARGET_COUNTS:
+            value = target.get(count, 0)
+            if type(value) is not int or not 0 <= value <= EMITTER_COUNT_MAX:
+                raise EventError(
+                    f"targets[{index}].{count} must be an integer from 0 to 2^63-1, got {_describe(value)}"
+                )

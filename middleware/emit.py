@@ -29,6 +29,12 @@ Every emitter is closed (flushed) at interpreter exit, within ``EXIT_TIMEOUT`` s
 (an unreachable collector does not hold the process up). A process forked after events were
 emitted (gunicorn and uvicorn workers) starts with an empty buffer and its own worker thread at
 its first ``emit``; the parent keeps shipping its own events.
+
+A sink that delivers on threads of its own (``sharded_sink.ShardedHttpSink``: one per
+collector) takes a batch without blocking and keeps counts of what it delivered, lost and still
+holds (``delivery_counts()``, and per collector ``target_counts()``); for such a sink,
+``stats()`` and the reports count an event as sent when its collector took it, and the reports
+carry the per-collector counts as ``targets``.
 """
 
 from __future__ import annotations
@@ -100,11 +106,14 @@ class Emitter:
         if stats_interval is None:
             stats_interval = STATS_INTERVAL if getattr(self.sink, "reports_stats", True) else 0.0
         self.stats_interval = stats_interval
+        # A sink with its own delivery threads says what it delivered (see the module docstring).
+        self._delivery = getattr(self.sink, "delivery_counts", None)
+        self._per_target = getattr(self.sink, "target_counts", None)
         self.static = {k: v for k, v in (("service", service), ("replica", replica), ("model", model)) if v}
         self.capacity = capacity
         self.flush_interval = flush_interval
         self.batch_size = batch_size
-        self.sent = 0
+        self.sent = 0  # handed to the sink and not lost there (delivered, unless _delivery says otherwise)
         self.dropped_full = 0  # buffer full: the oldest made room (written by emitting threads only)
         self.dropped_sink = 0  # the sink could not deliver them (written by the drainer only)
         self.dropped_closed = 0  # emitted after close()
@@ -270,7 +279,7 @@ class Emitter:
         self._last_report = counts
         self._heartbeat_at = now + STATS_HEARTBEAT
         sent, buffered, errors, full, sink, closed = counts
-        return {
+        report = {
             "v": VERSION,
             "ts": _CLOCK_OFFSET + _perf(),
             "hop": EMITTER_STATS_HOP,
@@ -285,12 +294,24 @@ class Emitter:
             "dropped_closed": closed,
             "final": final,
         }
+        if self._per_target is not None:
+            report["targets"] = self._per_target()
+        return report
 
     def _counts(self) -> tuple[int, ...]:
-        """(sent, buffered, errors, dropped_full, dropped_sink, dropped_closed): a report's counts."""
-        return (
-            self.sent, len(self._buffer), self.errors, self.dropped_full, self.dropped_sink, self.dropped_closed
-        )
+        """(sent, buffered, errors, dropped_full, dropped_sink, dropped_closed): a report's counts,
+        with what a sink that delivers on its own threads still holds or lost."""
+        sent, buffered, full, sink = self.sent, len(self._buffer), self.dropped_full, self.dropped_sink
+        if self._delivery is not None:
+            try:
+                held = self._delivery()
+                sent = held["sent"]
+                buffered += held["buffered"]
+                full += held["dropped_full"]
+                sink += held["dropped_sink"]
+            except Exception:  # noqa: BLE001 - a sink bug must not stop the reports
+                self.errors += 1
+        return (sent, buffered, self.errors, full, sink, self.dropped_closed)
 
     def flush(self) -> None:
         """Write everything buffered so far (blocking; never call it on a request path)."""
@@ -347,18 +368,22 @@ class Emitter:
             self.errors += 1
             warn_throttled(f"sink_{name}_failed", f"sink_{name}_failed", sink=repr(self.sink), error=repr(exc))
 
-    def stats(self) -> dict[str, int]:
-        """Counters since start (per process: a forked child starts from zero)."""
-        dropped = self.dropped_full + self.dropped_sink + self.dropped_closed
-        return {
-            "buffered": len(self._buffer),
-            "sent": self.sent,
-            "dropped": dropped,
-            "dropped_full": self.dropped_full,
-            "dropped_sink": self.dropped_sink,
-            "dropped_closed": self.dropped_closed,
-            "errors": self.errors,
+    def stats(self) -> dict[str, Any]:
+        """Counters since start (per process: a forked child starts from zero); with a sink that
+        delivers on its own threads, also ``targets``: its counts per collector."""
+        sent, buffered, errors, full, sink, closed = self._counts()
+        stats: dict[str, Any] = {
+            "buffered": buffered,
+            "sent": sent,
+            "dropped": full + sink + closed,
+            "dropped_full": full,
+            "dropped_sink": sink,
+            "dropped_closed": closed,
+            "errors": errors,
         }
+        if self._per_target is not None:
+            stats["targets"] = self._per_target()
+        return stats
 
     def _after_fork_in_child(self) -> None:
         """The parent's worker does not exist here and its locks may be held mid-drain: start

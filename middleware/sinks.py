@@ -508,13 +508,18 @@ def _retry_after(response: httpx.Response) -> float | None:
 
 # --- choosing a sink ------------------------------------------------------------------------------
 
-SINK_SPECS = "stdout, file:PATH, http(s)://HOST:PORT[/v1/events], null or memory"
+SINK_SPECS = (
+    "stdout, file:PATH, http(s)://HOST:PORT[/v1/events] (several, comma-separated, to shard over "
+    "collectors), null or memory"
+)
 
 
 def make_sink(spec: str | None, *, token: str | None = None) -> Sink:
     """Build a sink from a ``HOPLINE_SINK``-style spec (None means stdout).
 
     ``token`` is the collector's bearer token for http(s) sinks; default ``HOPLINE_TOKEN``.
+    Several collector URLs separated by commas build a ``sharded_sink.ShardedHttpSink``: each
+    request's events go to the one collector a rendezvous hash of its request ID picks.
     Raises ``ValueError`` naming the spec when it is not one of ``SINK_SPECS``.
     """
     spec = "stdout" if spec is None else spec.strip()
@@ -530,7 +535,15 @@ def make_sink(spec: str | None, *, token: str | None = None) -> Sink:
             path = path[2:]
         return FileSink(path)
     if spec.startswith(("http://", "https://")):
-        return HttpSink(spec, token=token if token is not None else os.environ.get("HOPLINE_TOKEN"))
+        token = token if token is not None else os.environ.get("HOPLINE_TOKEN")
+        urls = [url.strip() for url in spec.split(",")]
+        if len(urls) == 1:
+            return HttpSink(spec, token=token)
+        if not all(urls):
+            raise ValueError(f"empty collector URL in {spec!r}: separate http(s) URLs with single commas")
+        from hopline.middleware.sharded_sink import ShardedHttpSink  # it builds on HttpSink, above
+
+        return ShardedHttpSink(urls, token=token)
     raise ValueError(f"unknown sink {spec!r}: use {SINK_SPECS}")
 
 

@@ -51,10 +51,13 @@ def stored_lines(data_dir: Path) -> list[dict[str, Any]]:
 
 
 @contextlib.contextmanager
-def collector_process(data_dir: Path, *args: str, start_timeout_s: float = 60.0) -> Iterator[tuple[subprocess.Popen, str]]:
-    """``python -m hopline.collector`` on a free port (no HOPLINE_* from this environment), up and
+def collector_process(
+    data_dir: Path, *args: str, start_timeout_s: float = 60.0, port: int | None = None
+) -> Iterator[tuple[subprocess.Popen, str]]:
+    """``python -m hopline.collector`` on ``port`` (default: a free one; give the old one to restart
+    a collector where its emitters expect it), no HOPLINE_* from this environment, up and
     answering /healthz: (process, base URL). Killed at the end if still running."""
-    port = free_port()
+    port = free_port() if port is None else port
     proc = subprocess.Popen(
         [sys.executable, "-m", "hopline.collector", "--data-dir", str(data_dir), "--port", str(port), *args],
         env=env_without_hopline(),
