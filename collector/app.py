@@ -2,7 +2,8 @@
 
 Routes: ``POST /v1/events`` (ingest), ``GET /v1/requests/{id}`` (one request's joined
 timeline), ``GET /metrics`` (Prometheus text, or OpenMetrics with ``request_id`` exemplars when
-the ``Accept`` header asks for it, as Prometheus does with exemplar storage on), ``GET /healthz``.
+the ``Accept`` header asks for it, as Prometheus does with exemplar storage on), ``GET /healthz``
+(200, or 503 with the reason while events cannot be stored: ``store.EventStore.failure``).
 
 Auth: ``POST /v1/events`` needs ``token`` when set; the read endpoints need ``read_token`` or
 ``token`` (unless ``open_reads``), since a timeline names a request's service, model, replica and
@@ -53,6 +54,7 @@ SWEEP_INTERVAL_S = 0.25
 # request, and CPython hands it over only every switch interval (5 ms by default), so one /healthz
 # could wait hundreds of handovers behind a large body. 0.5 ms keeps it answering promptly.
 SWITCH_INTERVAL_S = 0.0005
+STORE_PROBE_INTERVAL_S = 1.0  # how soon /healthz sees the store fail (or work again) with no events
 LAG_WINDOW_S = 10.0  # the event-loop lag gauge shows the largest delay of the last two windows
 
 
@@ -101,16 +103,21 @@ def build_collector(config: CollectorConfig) -> Collector:
 
 
 async def _housekeeping(c: Collector) -> None:
-    """Grace and TTL sweeps; the interval fsync; compaction and retention on a thread."""
+    """Grace and TTL sweeps; the store probe and the interval fsync on the writer thread; compaction
+    and retention on a thread."""
     loop = asyncio.get_running_loop()
     next_compaction = 0.0
     lag = LoopLag(c.recorder.m.event_loop_lag.set)
+    next_probe = 0.0
     while True:
         before = time.monotonic()
         await asyncio.sleep(SWEEP_INTERVAL_S)
         lag.observe(time.monotonic() - before - SWEEP_INTERVAL_S)
         try:
             c.joiner.sweep()
+            if time.monotonic() >= next_probe:  # /healthz follows the store without waiting for events
+                next_probe = time.monotonic() + STORE_PROBE_INTERVAL_S
+                await loop.run_in_executor(c.ingestor.writer, c.store.probe)
             if c.config.fsync == "interval":
                 await loop.run_in_executor(c.ingestor.writer, lambda: c.store.sync(force=False))
             if time.monotonic() >= next_compaction:
@@ -332,8 +339,16 @@ def create_app(config: CollectorConfig) -> FastAPI:
         return Response(data, media_type=content_type)
 
     @app.get("/healthz")
-    async def healthz() -> dict:
-        return {"open_requests": len(c.joiner.open), **c.joiner.counts}
+    async def healthz() -> Response:
+        """200 while events can be stored; 503 with the reason while they cannot (``store``)."""
+        failure = c.store.failure
+        body = {
+            "status": "ok" if failure is None else "unavailable",
+            "store": "ok" if failure is None else f"events cannot be stored: {failure}",
+            "open_requests": len(c.joiner.open),
+            **c.joiner.counts,
+        }
+        return _json(body, 200, None) if failure is None else _json(body, 503, {"Retry-After": "1"})
 
     return app
 
