@@ -39,7 +39,7 @@ from hopline.collector.dedup import RecentKeys
 from hopline.collector.emitter_stats import EmitterStats
 from hopline.collector.ingest import JSON_TYPES, NDJSON_TYPES, IngestError, Ingestor, media_type
 from hopline.collector.join import Joiner
-from hopline.collector.metrics import Recorder, build_metrics
+from hopline.collector.metrics import ExpositionRegistry, Recorder, build_metrics
 from hopline.collector.otlp import install as install_otlp
 from hopline.collector.store import EventStore, StoreError
 from hopline.collector.tail import Tailer
@@ -73,7 +73,7 @@ class Collector:
 
 def build_collector(config: CollectorConfig) -> Collector:
     """The collector's parts, wired (no threads or tasks started: the app's lifespan does that)."""
-    registry = CollectorRegistry()
+    registry = ExpositionRegistry()
     recorder = Recorder(build_metrics(registry), label_cap=config.label_cap, scope_cap=config.scope_cap)
     store = EventStore(config.data_dir, fsync=config.fsync, fsync_interval_s=config.fsync_interval_s)
     joiner = Joiner(
