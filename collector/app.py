@@ -1,13 +1,15 @@
 """The collector service: ``create_app(config) -> FastAPI``.
 
 Routes: ``POST /v1/events`` (ingest), ``GET /v1/requests/{id}`` (one request's joined
-timeline), ``GET /metrics`` (Prometheus text, or OpenMetrics with ``request_id`` exemplars when
-the ``Accept`` header asks for it, as Prometheus does with exemplar storage on), ``GET /healthz``
-(200, or 503 with the reason while events cannot be stored: ``store.EventStore.failure``).
+timeline), ``GET /v1/requests?since=…&until=…&slowest=N`` (recently finished requests in
+brief: ID, TTFT, e2e, outcome, scope; ``recent.py``), ``GET /metrics`` (Prometheus text, or
+OpenMetrics with ``request_id`` exemplars when the ``Accept`` header asks for it, as Prometheus
+does with exemplar storage on), ``GET /healthz`` (200, or 503 with the reason while events
+cannot be stored: ``store.EventStore.failure``).
 
-Auth: ``POST /v1/events`` needs ``token`` when set; the read endpoints need ``read_token`` or
-``token`` (unless ``open_reads``), since a timeline names a request's service, model, replica and
-timings; ``/healthz`` is always open.
+Auth: ``POST /v1/events`` needs ``token`` when set; the read endpoints (``/metrics``,
+``/v1/requests…``) need ``read_token`` or ``token`` (unless ``open_reads``), since a timeline
+names a request's service, model, replica and timings; ``/healthz`` is always open.
 
 One process, one event loop, which nothing may block: prometheus_client's multiprocess mode
 would drop exemplars. Decompressing and parsing a body runs on a parse thread, the store's
@@ -22,11 +24,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import hmac
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -40,10 +43,12 @@ from hopline.collector.emitter_stats import EmitterStats
 from hopline.collector.ingest import JSON_TYPES, NDJSON_TYPES, IngestError, Ingestor, media_type
 from hopline.collector.join import Joiner
 from hopline.collector.metrics import ExpositionRegistry, Recorder, build_metrics
+from hopline.collector.recent import MAX_LIMIT, QueryError, select
 from hopline.collector.otlp import install as install_otlp
 from hopline.collector.store import EventStore, StoreError
 from hopline.collector.tail import Tailer
 from hopline.middleware.log import logger
+from hopline.middleware.times import to_epoch
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 from starlette.requests import ClientDisconnect
@@ -86,6 +91,7 @@ def build_collector(config: CollectorConfig) -> Collector:
         max_open_bytes=config.max_open_bytes,
         max_finished_bytes=config.max_finished_bytes,
         max_events=config.max_events_per_request,
+        recent=config.recent_requests,
     )
     if config.otlp_export:  # each finished request as a trace (otlp_export.py)
         from hopline.collector.otlp_export import finished_request_exporter
@@ -320,6 +326,24 @@ def create_app(config: CollectorConfig) -> FastAPI:
 
     install_otlp(app, c)  # POST /v1/traces (otlp.py)
 
+    @app.get("/v1/requests")
+    async def list_requests(request: Request) -> Response:
+        """Recently finished requests that started in [since, until]: the slowest N, or the newest."""
+        if _unauthorized(read_tokens, request.headers.get("authorization")):
+            return _error(401, "missing or wrong bearer token (read token or token)")
+        try:
+            query = requests_query(request.query_params)
+        except QueryError as exc:
+            return _error(400, str(exc))
+        snapshot = c.joiner.recent.snapshot()
+        try:  # on the scrape thread: filtering 100,000 summaries must not hold up ingest
+            answer = await asyncio.get_running_loop().run_in_executor(
+                c.scraper, functools.partial(select, snapshot, **query)
+            )
+        except QueryError as exc:
+            return _error(400, str(exc))
+        return _json({"capacity": c.joiner.recent.capacity, **answer})
+
     @app.get("/v1/requests/{request_id}")
     async def get_request(request: Request, request_id: str) -> Response:
         if _unauthorized(read_tokens, request.headers.get("authorization")):
@@ -351,6 +375,33 @@ def create_app(config: CollectorConfig) -> FastAPI:
         return _json(body, 200, None) if failure is None else _json(body, 503, {"Retry-After": "1"})
 
     return app
+
+
+QUERY_PARAMETERS = ("since", "until", "slowest", "by", "limit")
+
+
+def requests_query(params: Mapping[str, str]) -> dict[str, Any]:
+    """``GET /v1/requests``'s parameters as ``recent.select`` takes them; ``QueryError`` naming the
+    one that is wrong (an unknown one too: a misspelt ``slowest`` must not list the newest)."""
+    unknown = sorted(set(params) - set(QUERY_PARAMETERS))
+    if unknown:
+        raise QueryError(f"unknown parameter {unknown[0]!r}: give {', '.join(QUERY_PARAMETERS)}")
+    query: dict[str, Any] = {}
+    for name in ("since", "until"):
+        if name in params:
+            try:
+                query[name] = to_epoch(params[name])
+            except ValueError as exc:
+                raise QueryError(f"{name}: {exc}") from None
+    for name in ("slowest", "limit"):
+        if name in params:
+            text = params[name].strip()
+            if not text.isdigit() or not 1 <= int(text) <= MAX_LIMIT:
+                raise QueryError(f"{name} must be a whole number from 1 to {MAX_LIMIT}, got {params[name]!r}")
+            query[name] = int(text)
+    if "by" in params:
+        query["by"] = params["by"]
+    return query
 
 
 def _peer(request: Request) -> str | None:
