@@ -43,8 +43,8 @@ from hopline.collector.emitter_stats import EmitterStats
 from hopline.collector.ingest import JSON_TYPES, NDJSON_TYPES, IngestError, Ingestor, media_type
 from hopline.collector.join import Joiner
 from hopline.collector.metrics import ExpositionRegistry, Recorder, build_metrics
-from hopline.collector.recent import MAX_LIMIT, QueryError, select
 from hopline.collector.otlp import install as install_otlp
+from hopline.collector.recent import MAX_LIMIT, QueryError, select
 from hopline.collector.store import EventStore, StoreError
 from hopline.collector.tail import Tailer
 from hopline.middleware.log import logger

@@ -26,16 +26,14 @@ from support.synth import StageShift, generate, write_ndjson
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
-FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 PYTHON_FILE = re.compile(r"# (\w+\.py): ")  # a Python block that starts so is a file to save
 # The README's commands that cannot run in a test, each with the reason. Every other command of a
 # ```bash block runs, in README order, in one shell (test_every_readme_command_runs_...).
 NOT_HERE = {
-    "python3.11 -m venv .venv && .venv/bin/pip install -e '.[all]' && .venv/bin/hopline demo":
-        "creates a virtualenv and installs into it with pip (the test runs in the installed .venv); "
-        "the demo itself runs below, shorter",
-    "bash .ci/setup && .venv/bin/python -m pytest -q tests":
-        "installs system packages and runs the whole suite, this test included",
+    "python3.11 -m venv .venv && .venv/bin/pip install -e '.[all]' && .venv/bin/hopline demo": "creates a virtualenv and installs into it with pip (the test runs in the installed .venv); "
+    "the demo itself runs below, shorter",
+    "bash .ci/setup && .venv/bin/python -m pytest -q tests": "installs system packages and runs the whole suite, this test included",
     "git clone <this repository> hopline && cd hopline": "a placeholder for the repository's address",
     "pip install '.[collector,analyzer]'": "pip install into the user's environment",
     "pip wheel --no-deps . -w dist": "builds a wheel of the clone (pip); the test runs from the installed .venv",
@@ -133,7 +131,9 @@ def test_every_readme_command_runs_as_written(tmp_path):
             pass
     ran = [line for line in err.splitlines() if line.startswith(">>> ")]
     last = runnable[int(ran[-1].split()[1])] if ran else None
-    assert proc.returncode == 0, f"failed at: {last}\n--- stderr ---\n{err[-4000:]}\n--- stdout ---\n{out[-3000:]}"
+    assert proc.returncode == 0, (
+        f"failed at: {last}\n--- stderr ---\n{err[-4000:]}\n--- stdout ---\n{out[-3000:]}"
+    )
     assert len(ran) == len(runnable)
     # what the commands made is what the README says they make
     report = orjson.loads((work / "demo-run" / "report.json").read_bytes())
@@ -179,7 +179,13 @@ def test_the_stage_table_is_the_contracts():
     rows = markdown_table(section("Reading the report"), "| stage | in reports | measured by |")
     formulas = {s.name: s.formulas[0] for s in contract.STAGES}
     expected = [
-        [f"`{look.name}`", look.label, look.view, docs._formula(formulas[look.name]), ", ".join(look.stands_for)]
+        [
+            f"`{look.name}`",
+            look.label,
+            look.view,
+            docs._formula(formulas[look.name]),
+            ", ".join(look.stands_for),
+        ]
         for look in rules.STAGE_LOOKS
     ]
     assert [[r[0], r[1], r[2], r[4], r[5]] for r in rows] == expected
@@ -189,7 +195,9 @@ def test_every_section_of_the_terminal_report_is_explained(tmp_path):
     """The report of a log with an incident (a queue shift on r2) prints each of REPORT_SECTIONS,
     and the README's "Reading the report" explains each, in the order the report prints them."""
     log = write_ndjson(
-        generate(duration_s=600, seed=3, incidents=[StageShift("queue", 3.0, at_s=300, scope={"replica": "r2"})]),
+        generate(
+            duration_s=600, seed=3, incidents=[StageShift("queue", 3.0, at_s=300, scope={"replica": "r2"})]
+        ),
         tmp_path / "events.ndjson",
     )
     report = hopline("analyze", str(log))
@@ -199,7 +207,7 @@ def test_every_section_of_the_terminal_report_is_explained(tmp_path):
     explained = section("Reading the report")
     where = [explained.find(f"**{title.split(' (')[0]}") for title in REPORT_SECTIONS]
     assert -1 not in where and where == sorted(where), dict(zip(REPORT_SECTIONS, where))
-    said = re.search(r"A \*\*pitfall\*\* is one of (.*?)\.\n", explained, re.S).group(1)
+    said = re.search(r"A \*\*pitfall\*\* is one of (.*?)\.\n", explained, re.DOTALL).group(1)
     found = re.findall(r'_finding\(\s*"(\w+)"', (REPO / "analyzer" / "pitfalls.py").read_text())
     assert re.findall(r"`(\w+)`", said) == found  # every pitfall the analyzer can report, in its order
 
@@ -210,7 +218,9 @@ def test_why_a_shift_is_sometimes_p90_gives_the_analyzers_own_thresholds():
     from hopline.analyzer.shifts import ShiftConfig
 
     cfg = ShiftConfig()
-    why = section("Reading the report").split("**Why a shift is sometimes given as p90.**")[1].split("\n\n")[0]
+    why = (
+        section("Reading the report").split("**Why a shift is sometimes given as p90.**")[1].split("\n\n")[0]
+    )
     why = " ".join(why.split())
     assert f"by {cfg.min_factor:g}× or more" in why and f"by {cfg.min_abs_ms:g} ms or more" in why
     assert "the p90 is held to the same two thresholds" in why

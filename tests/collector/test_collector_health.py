@@ -7,10 +7,10 @@ away with the old directory), answering 200 to the sender.
 
 from __future__ import annotations
 
+from hopline.collector.config import CollectorConfig
 from support.collector import serve, stored_lines
 from support.events import event, ndjson
 from support.servers import wait_until
-from hopline.collector.config import CollectorConfig
 
 NDJSON = {"Content-Type": "application/x-ndjson"}
 T0 = 1767225600.0
@@ -35,7 +35,10 @@ def test_healthz_is_503_with_the_reason_while_the_data_dir_is_replaced_and_200_o
         health = wait_until("/healthz 503", lambda: (r := c.client.get("/healthz")).status_code == 503 and r)
         answer = health.json()
         assert answer["status"] == "unavailable"
-        assert answer["store"].startswith("events cannot be stored: ") and str(data / "events") in answer["store"]
+        assert (
+            answer["store"].startswith("events cannot be stored: ")
+            and str(data / "events") in answer["store"]
+        )
         assert health.headers["retry-after"] == "1"
         assert post(c, "during") == 503  # not acknowledged into the moved-away file
 

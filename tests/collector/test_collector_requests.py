@@ -94,7 +94,9 @@ def test_slowest_requests_in_a_window_with_their_ttft_e2e_outcome_and_scope(tmp_
 
         # without slowest: the newest finished first; the hung one is there, as incomplete
         newest = c.client.get("/v1/requests", params={"limit": 1}).json()["requests"]
-        assert [(r["request_id"], r["outcome"], r["state"]) for r in newest] == [("hung", "incomplete", "expired")]
+        assert [(r["request_id"], r["outcome"], r["state"]) for r in newest] == [
+            ("hung", "incomplete", "expired")
+        ]
 
 
 def test_bad_parameters_are_one_line_400s_naming_the_parameter(tmp_path):
