@@ -399,6 +399,8 @@ def requests_query(params: Mapping[str, str]) -> dict[str, Any]:
             if not text.isdigit() or not 1 <= int(text) <= MAX_LIMIT:
                 raise QueryError(f"{name} must be a whole number from 1 to {MAX_LIMIT}, got {params[name]!r}")
             query[name] = int(text)
+    if "slowest" in query and "limit" in query:
+        raise QueryError("give slowest (the N slowest) or limit (the N newest), not both")
     if "by" in params:
         query["by"] = params["by"]
     return query

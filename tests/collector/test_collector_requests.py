@@ -109,6 +109,7 @@ def test_bad_parameters_are_one_line_400s_naming_the_parameter(tmp_path):
             "slowset=5": "unknown parameter 'slowset'",
             f"since={T0 + 10}&until={T0}": "since 2026-01-01T00:00:10.000Z is after until 2026-01-01T00:00:00.000Z",
             "until=nan": "until: not a time",
+            "slowest=3&limit=5": "give slowest (the N slowest) or limit (the N newest), not both",
         }
         for query, message in cases.items():
             r = c.client.get(f"/v1/requests?{query}")
