@@ -137,14 +137,17 @@ def test_every_readme_command_runs_as_written(tmp_path):
     assert len(ran) == len(runnable)
     # what the commands made is what the README says they make
     report = orjson.loads((work / "demo-run" / "report.json").read_bytes())
-    impacts = [abs(f.get("impact_s") or 0.0) for f in report["findings"]]
-    assert report["findings"] and impacts == sorted(impacts, reverse=True)  # "largest effect first"
-    assert (work / "demo-run" / "report.html").stat().st_size > 0
-    assert (work / "hopline-grafana" / "prometheus" / "hopline-rules.yml").exists()
+    assert report["requests"] > 0, "the demo's report.json holds no request"
+    assert (work / "demo-run" / "report.html").stat().st_size > 0, "no demo-run/report.html"
+    assert (work / "hopline-grafana" / "prometheus" / "hopline-rules.yml").exists(), "no dashboards build"
+    calls = re.findall(r"^([0-9a-f]{32}) Hello from a tiny engine$", out, re.MULTILINE)  # python client.py
+    assert len(set(calls)) == 20, out[-3000:]  # each call's own request ID (request_id_of)
     listed = [line for line in out.splitlines() if line.startswith('{"capacity"')]  # curl: no newline after
-    assert len(listed) == 1 and len(json.JSONDecoder().raw_decode(listed[0])[0]["requests"]) == 3
-    assert "20 requests" in out  # hopline analyze hopline-data: the client's 20 calls
-    assert "engine view: TTFT" in out  # hopline timeline "$ID"
+    assert len(listed) == 1, out[-3000:]
+    slowest = json.JSONDecoder().raw_decode(listed[0])[0]["requests"]
+    assert len(slowest) == 3 and {r["request_id"] for r in slowest} <= set(calls), slowest
+    assert "engine view: TTFT" in out, out[-3000:]  # hopline timeline "$ID"
+    assert "20 requests" in out, out[-3000:]  # hopline analyze hopline-data: the client's 20 calls
 
 
 def test_the_prometheus_scrape_job_passes_promtool(tmp_path):
@@ -193,7 +196,8 @@ def test_the_stage_table_is_the_contracts():
 
 def test_every_section_of_the_terminal_report_is_explained(tmp_path):
     """The report of a log with an incident (a queue shift on r2) prints each of REPORT_SECTIONS,
-    and the README's "Reading the report" explains each, in the order the report prints them."""
+    and the README's "Reading the report" explains each, in the order the report prints them; its
+    findings come in the order the README says, and its pitfall list is the analyzer's."""
     log = write_ndjson(
         generate(
             duration_s=600, seed=3, incidents=[StageShift("queue", 3.0, at_s=300, scope={"replica": "r2"})]
@@ -202,6 +206,9 @@ def test_every_section_of_the_terminal_report_is_explained(tmp_path):
     )
     report = hopline("analyze", str(log))
     assert report.returncode == 0, report.stderr
+    findings = orjson.loads(hopline("analyze", str(log), "--json").stdout)["findings"]
+    impacts = [abs(f["impact_s"]) for f in findings]
+    assert findings and impacts == sorted(impacts, reverse=True)  # "ordered by impact_s", largest first
     printed = [report.stdout.find(title) for title in REPORT_SECTIONS]
     assert -1 not in printed and printed == sorted(printed), dict(zip(REPORT_SECTIONS, printed))
     explained = section("Reading the report")
