@@ -183,7 +183,7 @@ def collector(
         int,
         typer.Option(
             min=1,
-            help="Finished requests kept in brief (~300 bytes each) for GET /v1/requests?since=…&slowest=N.",
+            help="Finished requests kept in brief (~350 bytes each) for GET /v1/requests?since=…&slowest=N.",
         ),
     ] = 100_000,
     dedup_capacity: Annotated[

@@ -8,8 +8,9 @@ leaves one ``Summary``: when it started (its earliest event's ``ts``), its ID, i
 end-to-end time as the outermost view saw them (``contract.VIEWS``: the client's, else the
 gateway's, else the engine's, and which one), and the rule book's outcome and scope
 (``rules.describe_request``). Memory is bounded by count: the last ``capacity`` summaries
-(``--recent-requests``, 100,000 by default; ~300 bytes each with 20-character IDs, measured with
-tracemalloc, so ~30 MiB when full), oldest dropped first. Older requests are in the store, for ``hopline analyze --since``.
+(``--recent-requests``, 100,000 by default; ~350 bytes each with 32-character IDs, measured by
+``bench/bench_recent_requests.py``: 33 MiB when full), oldest dropped first. Older requests
+are in the store, for ``hopline analyze --since``.
 """
 
 from __future__ import annotations
