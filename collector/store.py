@@ -171,7 +171,8 @@ class EventStore:
         try:
             fd = self._current_fd()
         except OSError as exc:
-            raise StoreError(f"cannot open the event file: {exc.strerror or exc}") from None
+            where = f" {exc.filename}" if exc.filename else ""
+            raise StoreError(f"cannot open the event file{where}: {exc.strerror or exc}") from None
         before = self._size
         try:
             view = memoryview(data)
