@@ -33,6 +33,7 @@ import orjson
 import polars as pl
 from hopline.middleware.contract import EMITTER_STATS_HOP, ENGINE_ID_PREFIXES, STORAGE_COLUMNS, TS_MAX, iter_ndjson
 from hopline.middleware.records import translate_lines
+from hopline.middleware.times import TimeBound, to_epoch  # shared with the collector's ?since=
 
 SCHEMA: dict[str, pl.DataType] = {name: getattr(pl, dtype)() for name, dtype in STORAGE_COLUMNS.items()}
 _EVENT_SCHEMA = {name: dtype for name, dtype in SCHEMA.items() if name != "attrs"}
@@ -53,7 +54,6 @@ MAX_TS = TS_MAX  # the contract's bound (2100): Parquet rows are held to what va
 REQUIRED_COLUMNS = ("ts", "request_id", "hop")
 _DEFAULTS = {"v": 1, "attempt": 0}  # what an absent field means (DESIGN.md), as validation fills in
 
-TimeBound = float | int | str | datetime | None
 
 
 @dataclass
@@ -87,20 +87,6 @@ class ScanReport:
             "bad_files": self.bad_files,
             "errors": self.errors,
         }
-
-
-def to_epoch(value: TimeBound) -> float | None:
-    """``--since`` / ``--until`` as Unix seconds: a number, or ISO-8601 (UTC when no offset)."""
-    if value is None or isinstance(value, (int, float)):
-        return None if value is None else float(value)
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            value = datetime.fromisoformat(value)
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=UTC)
-    return value.timestamp()
 
 
 def is_ndjson(path: Path) -> bool:

@@ -178,8 +178,9 @@ def bench_soak(seconds: float, warmup_s: float) -> None:
 
     tmp = Path(tempfile.mkdtemp(prefix="hopline-soak-"))
     report = run_soak(
-        tmp / "data", seconds, warmup_s, 100, "--ttl", "60s", "--finished-cache", "10000", "--dedup-capacity", "100000"
-    )
+        tmp / "data", seconds, warmup_s, 100, "--ttl", "60s", "--finished-cache", "10000",
+        "--recent-requests", "10000", "--dedup-capacity", "100000",
+    )  # fmt: skip
     print(f"## soak: 100 requests/s, 10% never complete, TTL 60 s, {seconds:.0f} s")
     print(report.summary())
     print("RSS MiB every 30 s:", " ".join(f"{r / 2**20:.0f}" for t, r in report.rss[::15]))

@@ -1,12 +1,15 @@
 """The collector service: ``create_app(config) -> FastAPI``.
 
 Routes: ``POST /v1/events`` (ingest), ``GET /v1/requests/{id}`` (one request's joined
-timeline), ``GET /metrics`` (Prometheus text, or OpenMetrics with ``request_id`` exemplars when
-the ``Accept`` header asks for it, as Prometheus does with exemplar storage on), ``GET /healthz``.
+timeline), ``GET /v1/requests?since=…&until=…&slowest=N`` (recently finished requests in
+brief: ID, TTFT, e2e, outcome, scope; ``recent.py``), ``GET /metrics`` (Prometheus text, or
+OpenMetrics with ``request_id`` exemplars when the ``Accept`` header asks for it, as Prometheus
+does with exemplar storage on), ``GET /healthz`` (200, or 503 with the reason while events
+cannot be stored: ``store.EventStore.failure``).
 
-Auth: ``POST /v1/events`` needs ``token`` when set; the read endpoints need ``read_token`` or
-``token`` (unless ``open_reads``), since a timeline names a request's service, model, replica and
-timings; ``/healthz`` is always open.
+Auth: ``POST /v1/events`` needs ``token`` when set; the read endpoints (``/metrics``,
+``/v1/requests…``) need ``read_token`` or ``token`` (unless ``open_reads``), since a timeline
+names a request's service, model, replica and timings; ``/healthz`` is always open.
 
 One process, one event loop, which nothing may block: prometheus_client's multiprocess mode
 would drop exemplars. Decompressing and parsing a body runs on a parse thread, the store's
@@ -21,10 +24,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -45,11 +49,13 @@ from hopline.collector.ingest import (
     unauthorized,
 )
 from hopline.collector.join import Joiner
-from hopline.collector.metrics import Recorder, build_metrics
+from hopline.collector.metrics import ExpositionRegistry, Recorder, build_metrics
 from hopline.collector.otlp import install as install_otlp
+from hopline.collector.recent import MAX_LIMIT, QueryError, select
 from hopline.collector.store import EventStore, StoreError
 from hopline.collector.tail import Tailer
 from hopline.middleware.log import logger
+from hopline.middleware.times import to_epoch
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 from starlette.requests import ClientDisconnect
@@ -60,6 +66,7 @@ SWEEP_INTERVAL_S = 0.25
 # request, and CPython hands it over only every switch interval (5 ms by default), so one /healthz
 # could wait hundreds of handovers behind a large body. 0.5 ms keeps it answering promptly.
 SWITCH_INTERVAL_S = 0.0005
+STORE_PROBE_INTERVAL_S = 1.0  # how soon /healthz sees the store fail (or work again) with no events
 LAG_WINDOW_S = 10.0  # the event-loop lag gauge shows the largest delay of the last two windows
 
 
@@ -78,7 +85,7 @@ class Collector:
 
 def build_collector(config: CollectorConfig) -> Collector:
     """The collector's parts, wired (no threads or tasks started: the app's lifespan does that)."""
-    registry = CollectorRegistry()
+    registry = ExpositionRegistry()
     recorder = Recorder(build_metrics(registry), label_cap=config.label_cap, scope_cap=config.scope_cap)
     store = EventStore(config.data_dir, fsync=config.fsync, fsync_interval_s=config.fsync_interval_s)
     joiner = Joiner(
@@ -91,6 +98,7 @@ def build_collector(config: CollectorConfig) -> Collector:
         max_open_bytes=config.max_open_bytes,
         max_finished_bytes=config.max_finished_bytes,
         max_events=config.max_events_per_request,
+        recent=config.recent_requests,
     )
     if config.otlp_export:  # each finished request as a trace (otlp_export.py)
         from hopline.collector.otlp_export import finished_request_exporter
@@ -108,16 +116,21 @@ def build_collector(config: CollectorConfig) -> Collector:
 
 
 async def _housekeeping(c: Collector) -> None:
-    """Grace and TTL sweeps; the interval fsync; compaction and retention on a thread."""
+    """Grace and TTL sweeps; the store probe and the interval fsync on the writer thread; compaction
+    and retention on a thread."""
     loop = asyncio.get_running_loop()
     next_compaction = 0.0
     lag = LoopLag(c.recorder.m.event_loop_lag.set)
+    next_probe = 0.0
     while True:
         before = time.monotonic()
         await asyncio.sleep(SWEEP_INTERVAL_S)
         lag.observe(time.monotonic() - before - SWEEP_INTERVAL_S)
         try:
             c.joiner.sweep()
+            if time.monotonic() >= next_probe:  # /healthz follows the store without waiting for events
+                next_probe = time.monotonic() + STORE_PROBE_INTERVAL_S
+                await loop.run_in_executor(c.ingestor.writer, c.store.probe)
             if c.config.fsync == "interval":
                 await loop.run_in_executor(c.ingestor.writer, lambda: c.store.sync(force=False))
             if time.monotonic() >= next_compaction:
@@ -297,6 +310,24 @@ def create_app(config: CollectorConfig) -> FastAPI:
 
     install_otlp(app, c)  # POST /v1/traces (otlp.py)
 
+    @app.get("/v1/requests")
+    async def list_requests(request: Request) -> Response:
+        """Recently finished requests that started in [since, until]: the slowest N, or the newest."""
+        if _unauthorized(read_tokens, request.headers.get("authorization")):
+            return _error(401, "missing or wrong bearer token (read token or token)")
+        try:
+            query = requests_query(request.query_params)
+        except QueryError as exc:
+            return _error(400, str(exc))
+        snapshot = c.joiner.recent.snapshot()
+        try:  # on the scrape thread: filtering 100,000 summaries must not hold up ingest
+            answer = await asyncio.get_running_loop().run_in_executor(
+                c.scraper, functools.partial(select, snapshot, **query)
+            )
+        except QueryError as exc:
+            return _error(400, str(exc))
+        return _json({"capacity": c.joiner.recent.capacity, **answer})
+
     @app.get("/v1/requests/{request_id}")
     async def get_request(request: Request, request_id: str) -> Response:
         if unauthorized(read_tokens, request.headers.get("authorization")):
@@ -316,10 +347,47 @@ def create_app(config: CollectorConfig) -> FastAPI:
         return Response(data, media_type=content_type)
 
     @app.get("/healthz")
-    async def healthz() -> dict:
-        return {"open_requests": len(c.joiner.open), **c.joiner.counts}
+    async def healthz() -> Response:
+        """200 while events can be stored; 503 with the reason while they cannot (``store``)."""
+        failure = c.store.failure
+        body = {
+            "status": "ok" if failure is None else "unavailable",
+            "store": "ok" if failure is None else f"events cannot be stored: {failure}",
+            "open_requests": len(c.joiner.open),
+            **c.joiner.counts,
+        }
+        return _json(body, 200, None) if failure is None else _json(body, 503, {"Retry-After": "1"})
 
     return app
+
+
+QUERY_PARAMETERS = ("since", "until", "slowest", "by", "limit")
+
+
+def requests_query(params: Mapping[str, str]) -> dict[str, Any]:
+    """``GET /v1/requests``'s parameters as ``recent.select`` takes them; ``QueryError`` naming the
+    one that is wrong (an unknown one too: a misspelt ``slowest`` must not list the newest)."""
+    unknown = sorted(set(params) - set(QUERY_PARAMETERS))
+    if unknown:
+        raise QueryError(f"unknown parameter {unknown[0]!r}: give {', '.join(QUERY_PARAMETERS)}")
+    query: dict[str, Any] = {}
+    for name in ("since", "until"):
+        if name in params:
+            try:
+                query[name] = to_epoch(params[name])
+            except ValueError as exc:
+                raise QueryError(f"{name}: {exc}") from None
+    for name in ("slowest", "limit"):
+        if name in params:
+            text = params[name].strip()
+            if not text.isdigit() or not 1 <= int(text) <= MAX_LIMIT:
+                raise QueryError(f"{name} must be a whole number from 1 to {MAX_LIMIT}, got {params[name]!r}")
+            query[name] = int(text)
+    if "slowest" in query and "limit" in query:
+        raise QueryError("give slowest (the N slowest) or limit (the N newest), not both")
+    if "by" in params:
+        query["by"] = params["by"]
+    return query
 
 
 def _peer(request: Request) -> str | None:

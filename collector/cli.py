@@ -53,6 +53,7 @@ def collector_config(
     max_open: int = 100_000,
     max_open_bytes: int = 256 * 1024 * 1024,
     finished_cache: int = 10_000,
+    recent_requests: int = 100_000,
     dedup_capacity: int = 500_000,
     dedup_window: str = "10m",
     otlp_resource: Iterable[str] = (),
@@ -76,6 +77,7 @@ def collector_config(
         max_open_requests=max_open,
         max_open_bytes=max_open_bytes,
         completed_cache=finished_cache,
+        recent_requests=recent_requests,
         dedup_capacity=dedup_capacity,
         dedup_window_s=parse_duration(dedup_window),
         otlp_resource=dict(parse_resource_map(spec) for spec in otlp_resource),
@@ -177,6 +179,13 @@ def collector(
     finished_cache: Annotated[
         int, typer.Option(help="Finished requests kept for GET /v1/requests/{id}.")
     ] = 10_000,
+    recent_requests: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Finished requests kept in brief (~350 bytes each) for GET /v1/requests?since=…&slowest=N.",
+        ),
+    ] = 100_000,
     dedup_capacity: Annotated[
         int, typer.Option(help="Event keys per dedup generation (two are kept): retries within it are dropped.")
     ] = 500_000,
@@ -222,6 +231,7 @@ def collector(
             max_open=max_open,
             max_open_bytes=max_open_bytes,
             finished_cache=finished_cache,
+            recent_requests=recent_requests,
             dedup_capacity=dedup_capacity,
             dedup_window=dedup_window,
             otlp_resource=otlp_resource or (),

@@ -44,6 +44,8 @@ class CollectorConfig:
     max_events_per_request: int = 512  # a request with more is closed as incomplete (overflow)
     max_finished_bytes: int = 64 * 1024 * 1024  # estimated event memory of the finished LRU
     completed_cache: int = 10_000  # finished requests kept for GET /v1/requests/{id}
+    # finished requests kept in brief (~350 bytes each) for GET /v1/requests?since=…&slowest=N
+    recent_requests: int = 100_000
     dedup_capacity: int = 500_000  # eids remembered per generation (two generations are kept)
     dedup_window_s: float = 600.0  # a generation older than this is forgotten
     label_cap: int = 64  # distinct values per label (service, model, replica); overflow -> "other"

@@ -19,7 +19,8 @@ arrives: by ``max_open_bytes`` for open requests and ``finished_cache`` x ``max_
 
 A request's events are kept as the validated dicts (no second decode when it finishes; a
 dict costs ~750 bytes against ~300 for its NDJSON line, bounded by ``max_open``). Finished
-requests stay in a bounded LRU for ``GET /v1/requests/{id}``. Stages are computed with the
+requests stay in a bounded LRU for ``GET /v1/requests/{id}``, and in brief (``recent.py``: ID,
+TTFT, e2e, outcome, scope) in a longer bounded list for ``GET /v1/requests?since=…&slowest=N``. Stages are computed with the
 compiled stage table (``stages.py``: the contract's table, same results, a fifth of the cost).
 
 Engine load (requests in flight, KV-cache bytes held per replica) follows
@@ -34,6 +35,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from hopline.collector.metrics import Recorder
+from hopline.collector.recent import RecentRequests, summarize
 from hopline.collector.stages import compute_stages
 from hopline.collector.trace_join import TraceRouter
 from hopline.middleware.contract import (
@@ -131,6 +133,7 @@ class Joiner:
         max_open_bytes: int = 256 * 1024 * 1024,
         max_finished_bytes: int = 64 * 1024 * 1024,
         max_events: int = MAX_EVENTS_PER_REQUEST,
+        recent: int = 100_000,
     ) -> None:
         self.recorder = recorder
         self.grace_s = grace_s
@@ -151,6 +154,7 @@ class Joiner:
             "complete": 0, "expired": 0, "evicted": 0, "overflow": 0, "late_events": 0, "overflow_events": 0
         }
         self.traces = TraceRouter(max_traces=max_open)
+        self.recent = RecentRequests(recent)  # every finished request in brief (GET /v1/requests)
         # called with (request ID, events, stage values, rule-book description) per complete request
         self.on_finish: Callable[[str, list, dict, dict], None] | None = None
 
@@ -295,6 +299,7 @@ class Joiner:
         self._release_all(req)
         self.counts["complete"] += 1
         self._remember(rid, FinishedRequest(events, "complete", req.bytes))
+        self.recent.add(summarize(rid, events, values, described, "complete"))
         if self.on_finish is not None:
             self.on_finish(rid, events, values, described)
 
@@ -318,6 +323,7 @@ class Joiner:
         self.counts[why] += 1
         recorder.closed_incomplete(why)
         self._remember(rid, FinishedRequest(events, why, req.bytes))
+        self.recent.add(summarize(rid, events, compute_stages(events), described, why))
 
     def _release_all(self, req: OpenRequest) -> None:
         if req.engine:

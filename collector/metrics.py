@@ -9,12 +9,18 @@ per combination (``scope_cap`` distinct (service, model, replica) scopes; later 
 as (other, other, other)), so every family has at most its fixed labels' values x ``scope_cap``
 series, and it keeps the bound children per label tuple, because ``.labels(...)`` costs more than
 the observation itself.
+
+``ExpositionRegistry`` is the collector's registry: it leaves out prometheus_client's ``*_created``
+series (one per counter and histogram child: a timestamp no hopline panel or rule reads, which
+doubles the series count of every counter). prometheus_client's ``disable_created_metrics()``
+would do the same for every registry of the process, including a host application's, which
+expects its own to be untouched.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,10 +28,25 @@ from hopline.collector import metric_names as names
 from hopline.collector.histogram import ExemplarHistogram, HistogramChild
 from hopline.middleware.contract import TIME_STAGES
 from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.metrics_core import Metric
 
 OTHER = "other"
 ENGINE_CHILDREN_CACHE = 4096
 UNKNOWN = "unknown"
+
+
+CREATED_TYPES = frozenset({"counter", "histogram", "summary", "gaugehistogram"})
+
+
+class ExpositionRegistry(CollectorRegistry):
+    """A registry whose collection has no ``*_created`` samples (only this registry's)."""
+
+    def collect(self) -> Iterable[Metric]:
+        for family in super().collect():
+            if family.type in CREATED_TYPES:
+                created = family.name + "_created"
+                family.samples = [s for s in family.samples if s.name != created]
+            yield family
 
 
 @dataclass(frozen=True)

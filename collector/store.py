@@ -21,6 +21,13 @@ permissions) is rolled back to the previous end of file and raises ``StoreError`
 was not stored is acknowledged. A torn last line left by a crash mid-write (never acknowledged)
 is cut off when the file is opened again.
 
+Health (``failure``): the reason the last write or probe failed, None while storing works; the
+app's ``/healthz`` answers 503 with it. Before each write, and in ``probe`` (the housekeeping loop
+calls it every second, so health comes back without waiting for a sender), the open event file is
+checked to still be the file at its path: a data directory that was moved, deleted or replaced
+under a running collector would otherwise take acknowledged events into a file nobody reads.
+A stale file is closed and the path opened anew (recreating the directories), or the write fails.
+
 An hour that cannot be compacted never blocks the others nor retention: lines that are not
 valid events (compaction validates each line when Polars' reader fails) and, when compaction
 fails for any other reason than I/O, the hour's NDJSON files are moved aside to
@@ -43,6 +50,7 @@ import polars as pl
 from hopline.collector.compaction import PARQUET_NAME, compact_hour, fsync_dir, trim_partial_line
 
 NDJSON_NAME = "events.ndjson"
+PROBE_NAME = ".write-probe"
 QUARANTINE_DIR = "quarantine"
 HOUR = 3600
 
@@ -92,25 +100,34 @@ class EventStore:
         self._lock = threading.Lock()
         self._opened = False
         self._fd: int | None = None
+        self._path: Path | None = None  # the open event file's path (to see it replaced)
         self._size = 0
         self._hour = 0
         self._dirty = False
         self._last_sync = time.monotonic()
         self.appended_bytes = 0
+        self.failure: str | None = None  # why storing does not work now (None: it does)
 
     # -- writing --------------------------------------------------------------------------------
 
     def open(self) -> None:
         """Create the store (raises StoreError when the directory is unusable)."""
         try:
+            self._usable_root()
+        except StoreError as exc:
+            self.failure = str(exc)
+            raise
+        compacted = [h for h in self._hours() if (hour_dir(self.root, h) / PARQUET_NAME).exists()]
+        self._hour = max(compacted, default=0) + HOUR if compacted else 0
+        self._opened = True
+
+    def _usable_root(self) -> None:
+        try:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StoreError(f"cannot create {self.root}: {exc.strerror}") from None
         if not os.access(self.root, os.W_OK | os.X_OK):
             raise StoreError(f"data directory {self.root} is not writable")
-        compacted = [h for h in self._hours() if (hour_dir(self.root, h) / PARQUET_NAME).exists()]
-        self._hour = max(compacted, default=0) + HOUR if compacted else 0
-        self._opened = True
 
     def _hours(self, root: Path | None = None) -> list[int]:
         root = self.root if root is None else root
@@ -119,7 +136,7 @@ class EventStore:
 
     def _current_fd(self) -> int:
         hour = max(int(self.clock()) // HOUR * HOUR, self._hour)
-        if self._fd is not None and hour == self._hour:
+        if self._fd is not None and hour == self._hour and not self._stale():
             return self._fd
         self._close_fd()
         directory = hour_dir(self.root, hour)
@@ -129,7 +146,7 @@ class EventStore:
         if path.exists():
             trim_partial_line(path)
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        self._fd, self._hour, self._size = fd, hour, os.fstat(fd).st_size
+        self._fd, self._path, self._hour, self._size = fd, path, hour, os.fstat(fd).st_size
         if created and self.fsync != "none":
             for d in (directory, directory.parent, self.root):
                 fsync_dir(d)
@@ -140,31 +157,88 @@ class EventStore:
         if not data:
             return
         with self._lock:
-            if not self._opened:
-                self.open()
             try:
-                fd = self._current_fd()
-            except OSError as exc:
-                raise StoreError(f"cannot open the event file: {exc.strerror or exc}") from None
-            before = self._size
+                self._append(data)
+            except StoreError as exc:
+                self.failure = str(exc)
+                raise
+            self.failure = None
+
+    def _append(self, data: bytes) -> None:
+        """``append`` under the lock: the write, rolled back when it fails."""
+        if not self._opened:
+            self.open()
+        try:
+            fd = self._current_fd()
+        except OSError as exc:
+            where = f" {exc.filename}" if exc.filename else ""
+            raise StoreError(f"cannot open the event file{where}: {exc.strerror or exc}") from None
+        before = self._size
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            if self.fsync == "batch":
+                os.fdatasync(fd)
+            elif self.fsync == "interval":
+                self._dirty = True
+                if time.monotonic() - self._last_sync >= self.fsync_interval_s:
+                    self._sync()
+        except OSError as exc:
             try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-                if self.fsync == "batch":
-                    os.fdatasync(fd)
-                elif self.fsync == "interval":
-                    self._dirty = True
-                    if time.monotonic() - self._last_sync >= self.fsync_interval_s:
-                        self._sync()
-            except OSError as exc:
-                try:
-                    os.ftruncate(fd, before)
-                except OSError:
-                    pass
-                raise StoreError(f"cannot write events: {exc.strerror or exc}") from None
-            self._size = before + len(data)
-            self.appended_bytes += len(data)
+                os.ftruncate(fd, before)
+            except OSError:
+                pass
+            raise StoreError(f"cannot write events: {exc.strerror or exc}") from None
+        self._size = before + len(data)
+        self.appended_bytes += len(data)
+
+    def _stale(self) -> bool:
+        """True when the open event file is no longer the file at its path (moved, deleted, replaced)."""
+        try:
+            at_path = os.stat(self._path)
+        except OSError:
+            return True
+        opened = os.fstat(self._fd)
+        return (at_path.st_dev, at_path.st_ino) != (opened.st_dev, opened.st_ino)
+
+    def probe(self) -> str | None:
+        """Whether storing works now, without an event to store: returns (and keeps in ``failure``)
+        the reason it does not, or None. Closes a stale event file; after a failure, or when the
+        directory looks wrong, a small file is created, fsynced and removed in the data directory
+        (blocking: call it from the writer thread)."""
+        with self._lock:
+            try:
+                if self._fd is not None and self._stale():
+                    self._close_quietly()
+                    self.failure = f"the event file {self._path} was moved, deleted or replaced"
+                if self.failure is not None or not self.root.is_dir() or not os.access(self.root, os.W_OK):
+                    self._write_probe()
+            except StoreError as exc:
+                self.failure = str(exc)
+            else:
+                self.failure = None
+            return self.failure
+
+    def _write_probe(self) -> None:
+        self._usable_root()
+        path = self.root / PROBE_NAME
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.write(fd, b"probe\n")
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.unlink(path)
+        except OSError as exc:
+            raise StoreError(f"cannot write to {self.root}: {exc.strerror or exc}") from None
+
+    def _close_quietly(self) -> None:
+        try:
+            self._close_fd()
+        except OSError:
+            self._fd = None
 
     def _sync(self) -> None:
         if self._fd is not None and self._dirty:

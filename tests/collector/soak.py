@@ -6,8 +6,8 @@ the TTL). The collector's RSS is sampled every 2 s, /healthz's ``open_requests``
 latency of every POST (the sink's view of ingest) is kept for percentiles.
 
 What bounds memory (each reached within the warm-up here): open requests by the TTL (rate x
-incomplete share x TTL) and ``--max-open-bytes``; finished ones by ``--finished-cache``; dedup
-keys by two generations of ``--dedup-capacity``.
+incomplete share x TTL) and ``--max-open-bytes``; finished ones by ``--finished-cache`` (and
+their summaries by ``--recent-requests``); dedup keys by two generations of ``--dedup-capacity``.
 """
 
 from __future__ import annotations

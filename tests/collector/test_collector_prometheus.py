@@ -133,3 +133,25 @@ def test_quantiles_and_exemplars_through_prometheus(tmp_path):
             ids = {ex["labels"]["request_id"] for s in series for ex in s["exemplars"]}
             assert ids and ids <= {f"prom-{i}" for i in range(10)}
             assert all(abs(float(ex["value"]) - 0.12) < 1e-9 for s in series for ex in s["exemplars"])
+
+
+def test_metrics_have_no_created_series_and_a_host_registry_keeps_its_own(tmp_path):
+    """prometheus_client adds a ``*_created`` sample to every counter and histogram child (before:
+    hopline_requests_total_created, hopline_stage_seconds_created, ... on /metrics). The collector
+    leaves them out of its registry only: a host application's registry in the same process keeps
+    them (``disable_created_metrics()`` would have removed them process-wide)."""
+    from prometheus_client import CollectorRegistry, Counter, generate_latest
+
+    host = CollectorRegistry()
+    Counter("host_jobs", "a host application's counter", registry=host).inc()
+    with serve(CollectorConfig(data_dir=tmp_path / "data", grace_s=0)) as c:
+        events = request_events("created-1", time.time() - 5, 0.12, 0.25)
+        r = c.client.post("/v1/events", content=ndjson(events), headers={"Content-Type": "application/x-ndjson"})
+        assert r.json()["accepted"] == len(events)
+        text = c.client.get("/metrics").text
+        om = c.client.get("/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"}).text
+    for exposition in (text, om):
+        assert 'hopline_requests_total{' in exposition and "hopline_stage_seconds_bucket{" in exposition
+        created = [line for line in exposition.splitlines() if "_created" in line]
+        assert created == []
+    assert b"host_jobs_created " in generate_latest(host)

@@ -15,7 +15,7 @@ SOAK_S, WARMUP_S, TTL_S, RATE = 120.0, 45.0, 10, 100
 def test_rss_is_flat_after_warmup_and_open_requests_are_bounded(tmp_path):
     report = run_soak(
         tmp_path / "data", SOAK_S, WARMUP_S, RATE,
-        "--ttl", f"{TTL_S}s", "--finished-cache", "1000", "--dedup-capacity", "10000",
+        "--ttl", f"{TTL_S}s", "--finished-cache", "1000", "--recent-requests", "1000", "--dedup-capacity", "10000",
     )
     print(report.summary())
     assert set(report.statuses) == {200}
