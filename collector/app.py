@@ -313,7 +313,7 @@ def create_app(config: CollectorConfig) -> FastAPI:
     @app.get("/v1/requests")
     async def list_requests(request: Request) -> Response:
         """Recently finished requests that started in [since, until]: the slowest N, or the newest."""
-        if _unauthorized(read_tokens, request.headers.get("authorization")):
+        if unauthorized(read_tokens, request.headers.get("authorization")):
             return _error(401, "missing or wrong bearer token (read token or token)")
         try:
             query = requests_query(request.query_params)
