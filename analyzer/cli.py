@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -16,6 +17,7 @@ import orjson
 import polars as pl
 import typer
 from hopline.analyzer import attribution, io, report
+from hopline.analyzer.sql import TimelinesError, read_timelines
 from hopline.analyzer.timelines import timelines
 from hopline.middleware.cli import ClickException, UsageError
 from hopline.middleware.durations import parse_duration
@@ -107,8 +109,8 @@ def analyze_files(
 
 def analyze_command(
     paths: Annotated[
-        list[Path], typer.Argument(help="Event files or folders (NDJSON, Parquet, collector store).")
-    ],
+        list[Path] | None, typer.Argument(help="Event files or folders (NDJSON, Parquet, collector store).")
+    ] = None,
     since: Annotated[
         str | None,
         typer.Option(help="Only events at or after this time (ISO-8601, UTC by default, or Unix seconds)."),
@@ -138,6 +140,14 @@ def analyze_command(
         Path | None,
         typer.Option(help="Model config.json: adds KV-cache memory to the no_max_tokens evidence."),
     ] = None,
+    timelines_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--timelines",
+            help="Analyse a per-request table instead of events: Parquet exported from the `hopline sql` "
+            "view (a file or a folder of part files); --since/--until then apply to each request's start.",
+        ),
+    ] = None,
     otlp: Annotated[
         str | None,
         typer.Option(
@@ -158,40 +168,14 @@ def analyze_command(
         kv_bytes = kv_bytes_per_token(kv_config)
     except KVConfigError as exc:
         raise typer.BadParameter(str(exc), param_hint="--kv-config") from exc
-    try:
-        files = event_files(paths, since, until)
-    except (FileNotFoundError, ValueError) as exc:
-        raise UsageError(str(exc)) from exc
-
+    if (timelines_file is None) == (not paths):
+        raise UsageError("give event files (PATH…) or --timelines FILE" + (", not both" if paths else ""))
     err = Console(stderr=True)
-    try:
-        with Progress(
-            SpinnerColumn(),
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            console=err,
-            transient=True,
-            disable=not err.is_terminal,
-        ) as progress:
-            task = progress.add_task("reading events", total=len(files))
-            result, frame = analyze_files(
-                files,
-                since=since,
-                until=until,
-                window=window,
-                by=dims,
-                slo=slo_targets,
-                kv_bytes=kv_bytes,
-                on_file=lambda path: progress.update(task, advance=1, description=f"reading {path.name}"),
-                on_step=lambda step: progress.update(task, description=step),
-            )
-    except NoHopEvents as exc:
-        raise ClickException(str(exc)) from exc
-    except OSError as exc:  # a file that vanished or cannot be read
-        raise ClickException(f"cannot read events: {exc}") from exc
-    except Exception as exc:  # the command's edge: one line, never a traceback
-        raise internal_error(exc) from exc
+    options = {"window": window, "by": dims, "slo": slo_targets, "kv_bytes": kv_bytes}
+    if timelines_file is not None:
+        result, frame = timelines_analysis(timelines_file, since, until, **options)
+    else:
+        result, frame = events_analysis(paths, since, until, err, **options)
 
     if otlp is not None:
         from hopline.analyzer.otlp_out import export_timelines
@@ -214,6 +198,62 @@ def analyze_command(
         report.render(result, Console())
         if html is not None:
             Console().print(f"HTML report: {html}")
+
+
+def timelines_analysis(
+    path: Path, since: str | None, until: str | None, **options: Any
+) -> tuple[dict[str, Any], pl.DataFrame]:
+    """``--timelines FILE``: the statistics on a per-request table exported from ``hopline sql``."""
+    try:
+        frame = read_timelines(path)
+        lo, hi = io.to_epoch(since), io.to_epoch(until)
+        if lo is not None or hi is not None:
+            frame = frame.filter(pl.col("start").is_between(lo or 0.0, math.inf if hi is None else hi))
+    except (TimelinesError, ValueError) as exc:
+        raise UsageError(str(exc)) from exc
+    try:
+        kv_bytes = options["kv_bytes"]
+        stats = {k: v for k, v in options.items() if k != "kv_bytes"}
+        return report.analyze(frame, **stats, kv_bytes_per_token=kv_bytes), frame
+    except Exception as exc:  # the command's edge: one line, never a traceback
+        raise internal_error(exc) from exc
+
+
+def events_analysis(
+    paths: list[Path], since: str | None, until: str | None, err: Console, **options: Any
+) -> tuple[dict[str, Any], pl.DataFrame]:
+    """PATH…: read the events (with a progress bar on a terminal), build timelines, analyse them."""
+    try:
+        files = event_files(paths, since, until)
+    except (FileNotFoundError, ValueError) as exc:
+        raise UsageError(str(exc)) from exc
+
+    try:
+        with Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            console=err,
+            transient=True,
+            disable=not err.is_terminal,
+        ) as progress:
+            task = progress.add_task("reading events", total=len(files))
+            result, frame = analyze_files(
+                files,
+                since=since,
+                until=until,
+                **options,
+                on_file=lambda path: progress.update(task, advance=1, description=f"reading {path.name}"),
+                on_step=lambda step: progress.update(task, description=step),
+            )
+    except NoHopEvents as exc:
+        raise ClickException(str(exc)) from exc
+    except OSError as exc:  # a file that vanished or cannot be read
+        raise ClickException(f"cannot read events: {exc}") from exc
+    except Exception as exc:  # the command's edge: one line, never a traceback
+        raise internal_error(exc) from exc
+    return result, frame
 
 
 def internal_error(exc: Exception) -> Exception:

@@ -24,9 +24,11 @@ event's value under either rule. The pick key is the one ``timelines.pick_key`` 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import polars as pl
 import sqlglot
+import typer
 from hopline.analyzer.io import SCHEMA
 from hopline.analyzer.timelines import (
     ATTEMPT_SPAN_S,
@@ -44,6 +46,7 @@ from hopline.analyzer.timelines import (
     _source_hops,
     timelines,
 )
+from hopline.middleware.cli import UsageError
 from hopline.middleware.contract import (
     ATTRIBUTE_SOURCES,
     FINAL_HOPS,
@@ -372,3 +375,39 @@ def read_timelines(path: Path) -> pl.DataFrame:
         return frame.select(*casts, *extra)
     except (pl.exceptions.InvalidOperationError, pl.exceptions.ComputeError) as exc:
         raise TimelinesError(f"{path}: a column has the wrong type ({str(exc).splitlines()[0]})") from exc
+
+
+# --- ``hopline sql`` -------------------------------------------------------------------------------
+
+HELP = """Print the timelines view as SQL, to run where the events are (DuckDB, Spark, Trino, ClickHouse).
+
+One SELECT over a table of hop events in the collector's storage columns; one row per request with the columns of `hopline analyze`'s timelines (hop times, stages, scopes, tokens, outcome, missing hops). Export its result as Parquet and run the statistics on it with `hopline analyze --timelines FILE`.
+
+Example: [bold]hopline sql --dialect spark --source 'parquet.`s3://logs/hopline/events`'[/bold]
+
+DuckDB: [bold]duckdb -c "COPY ($(hopline sql --source "read_parquet('store/events/**/*.parquet')")) TO 't.parquet'"[/bold]
+"""
+
+
+def sql_command(
+    dialect: Annotated[
+        str, typer.Option(help=f"The engine's SQL dialect: {', '.join(DIALECTS)}.")
+    ] = "duckdb",
+    source: Annotated[
+        str,
+        typer.Option(
+            help="The events table: a name (logs.hop_events) or a table expression of the dialect, "
+            "e.g. read_parquet('events/**/*.parquet'), parquet.`/data/events`, file('e.parquet', Parquet)."
+        ),
+    ] = "events",
+) -> None:
+    try:
+        text = timelines_sql(dialect, source)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    typer.echo(text)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``hopline sql`` to the ``hopline`` command."""
+    app.command(name="sql", help=HELP)(sql_command)
