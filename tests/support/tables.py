@@ -21,7 +21,7 @@ def assert_same_timelines(got: pl.DataFrame, want: pl.DataFrame, abs_tol: float 
     with the requests that differ."""
     assert sorted(got["request_id"]) == sorted(want["request_id"]), "different requests"
     got, want = got.sort("request_id"), want.sort("request_id")
-    for name in COLUMNS:
+    for name in COLUMNS[1:]:  # request_id first: the key
         left, right = got.select("request_id", name), want.select("request_id", name)
         try:
             assert_frame_equal(left, right, abs_tol=abs_tol, rel_tol=0.0)
@@ -30,3 +30,17 @@ def assert_same_timelines(got: pl.DataFrame, want: pl.DataFrame, abs_tol: float 
                 pl.col(name).ne_missing(pl.col(f"{name}_polars"))
             )
             raise AssertionError(f"column {name} differs on {differ.height} requests: {differ.head(3).rows()}") from None
+
+
+def golden_events() -> pl.DataFrame:
+    """Every case of the golden fixture as one storage frame (support.golden.golden_log)."""
+    from support.golden import golden_log
+
+    return storage_frame(golden_log()[0])
+
+
+def synthetic_events(requests: int = 20_000, seed: int = 7) -> pl.DataFrame:
+    """A generated log with skewed clocks, 5% errors, retries, failover and duplicate events."""
+    from support.synth import generate, with_retries
+
+    return with_retries(generate(requests, seed=seed, clock_skew_s=30.0, error_rate=0.05), seed)
