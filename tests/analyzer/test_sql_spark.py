@@ -21,6 +21,7 @@ def spark():
         SparkSession.builder.master("local[2]")
         .appName("hopline-tests")
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "4")  # the default 200 costs seconds on a small log
         .config("spark.driver.memory", "1g")
         .getOrCreate()

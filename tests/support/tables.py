@@ -40,7 +40,14 @@ def golden_events() -> pl.DataFrame:
 
 
 def synthetic_events(requests: int = 20_000, seed: int = 7) -> pl.DataFrame:
-    """A generated log with skewed clocks, 5% errors, retries, failover and duplicate events."""
+    """A generated log with skewed clocks, 5% errors, retries, failover and duplicate events; on
+    half of the retried hops the retry lacks attributes its earlier attempt had (a reused
+    connection reports no ``connect_s``): the chosen event's null must win, never an earlier value."""
     from support.synth import generate, with_retries
 
-    return with_retries(generate(requests, seed=seed, clock_skew_s=30.0, error_rate=0.05), seed)
+    events = with_retries(generate(requests, seed=seed, clock_skew_s=30.0, error_rate=0.05), seed)
+    lacking = (pl.col("attempt") > 0) & (pl.col("ts").hash(seed) % 2 == 0)
+    return events.with_columns(
+        pl.when(~lacking).then(pl.col(name)).alias(name)
+        for name in ("connect_s", "queue_s", "output_tokens", "replica", "stream")
+    )
