@@ -297,6 +297,8 @@ def _duckdb_query() -> str:
     stand_in = _stand_in()
     stages = stage_columns()
     row_columns = [c.rsplit(" AS ", 1)[-1] for c in _row()]
+    # ``NULLIF(o.owner, '')``: ClickHouse's LEFT JOIN gives '' (not NULL) where nothing matched by
+    # default; a request ID is never empty, so '' is "no owner" in every dialect.
     return f"""
 WITH src AS (
   SELECT {read} FROM {SOURCE_MARK}

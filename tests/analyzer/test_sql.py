@@ -138,3 +138,17 @@ def test_analyze_timelines_rejects_a_table_that_is_not_one(tmp_path):
     assert both.returncode == 2 and "not both" in both.stderr
     neither = hopline("analyze")
     assert neither.returncode == 2 and "--timelines FILE" in neither.stderr
+
+
+def test_analyze_timelines_since_until_cut_by_request_start(tmp_path):
+    events = generate(2000, seed=5)
+    log = tmp_path / "events.parquet"
+    events.write_parquet(log)
+    table = run_duckdb(log, tmp_path / "timelines.parquet")
+    starts = read_timelines(table)["start"].sort()
+    middle = float(starts[1000])
+    proc = hopline("analyze", "--timelines", str(table), "--since", str(middle), "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["requests"] == int((starts >= middle).sum()) == 1000
+    proc = hopline("analyze", "--timelines", str(table), "--until", str(middle), "--json")
+    assert json.loads(proc.stdout)["requests"] == 1001
