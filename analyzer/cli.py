@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import shlex
 import sys
@@ -17,6 +18,7 @@ import orjson
 import polars as pl
 import typer
 from hopline.analyzer import attribution, io, report
+from hopline.analyzer.sql import TimelinesError, read_timelines
 from hopline.analyzer.timelines import timelines
 from hopline.middleware.cli import ClickException, UsageError
 from hopline.middleware.durations import parse_duration
@@ -108,8 +110,8 @@ def analyze_files(
 
 def analyze_command(
     paths: Annotated[
-        list[Path], typer.Argument(help="Event files or folders (NDJSON, Parquet, collector store).")
-    ],
+        list[Path] | None, typer.Argument(help="Event files or folders (NDJSON, Parquet, collector store).")
+    ] = None,
     since: Annotated[
         str | None,
         typer.Option(help="Only events at or after this time (ISO-8601, UTC by default, or Unix seconds)."),
@@ -143,6 +145,14 @@ def analyze_command(
         bool,
         typer.Option("--all", help=f"Also list minor findings (under {report.MINOR_SHARE:.0%} of users' time)."),
     ] = False,
+    timelines_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--timelines",
+            help="Analyse a per-request table instead of events: Parquet exported from the `hopline sql` "
+            "view (a file or a folder of part files); --since/--until then apply to each request's start.",
+        ),
+    ] = None,
     otlp: Annotated[
         str | None,
         typer.Option(
@@ -163,47 +173,22 @@ def analyze_command(
         kv_bytes = kv_bytes_per_token(kv_config)
     except KVConfigError as exc:
         raise typer.BadParameter(str(exc), param_hint="--kv-config") from exc
-    try:
-        files = event_files(paths, since, until)
-    except (FileNotFoundError, ValueError) as exc:
-        raise UsageError(str(exc)) from exc
-
+    if (timelines_file is None) == (not paths):
+        raise UsageError("give event files (PATH…) or --timelines FILE" + (", not both" if paths else ""))
     err = Console(stderr=True)
-    try:
-        with Progress(
-            SpinnerColumn(),
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            console=err,
-            transient=True,
-            disable=not err.is_terminal,
-        ) as progress:
-            task = progress.add_task("reading events", total=len(files))
-            result, frame = analyze_files(
-                files,
-                since=since,
-                until=until,
-                window=window,
-                by=dims,
-                slo=slo_targets,
-                kv_bytes=kv_bytes,
-                on_file=lambda path: progress.update(task, advance=1, description=f"reading {path.name}"),
-                on_step=lambda step: progress.update(task, description=step),
-            )
-    except NoHopEvents as exc:
-        raise ClickException(str(exc)) from exc
-    except OSError as exc:  # a file that vanished or cannot be read
-        raise ClickException(f"cannot read events: {exc}") from exc
-    except Exception as exc:  # the command's edge: one line, never a traceback
-        raise internal_error(exc) from exc
+    options = {"window": window, "by": dims, "slo": slo_targets, "kv_bytes": kv_bytes}
+    if timelines_file is not None:
+        result, frame = timelines_analysis(timelines_file, since, until, **options)
+    else:
+        result, frame = events_analysis(paths, since, until, err, **options)
 
     if otlp is not None:
         from hopline.analyzer.otlp_out import export_timelines
 
         sent = export_timelines(frame, otlp)
         err.print(f"hopline analyze: {sent} request(s) sent as traces to {otlp}", markup=False)
-    rerun = "hopline analyze " + " ".join(shlex.quote(str(p)) for p in paths)  # said beside minor findings
+    given = ["--timelines", str(timelines_file)] if timelines_file is not None else [str(p) for p in paths]
+    rerun = "hopline analyze " + " ".join(shlex.quote(arg) for arg in given)  # said beside minor findings
     if html is not None:
         from hopline.analyzer.html import render_html
 
@@ -220,6 +205,62 @@ def analyze_command(
         report.render(result, Console(), show_minor=show_all, command=rerun)
         if html is not None:
             Console().print(f"HTML report: {html}")
+
+
+def timelines_analysis(
+    path: Path, since: str | None, until: str | None, **options: Any
+) -> tuple[dict[str, Any], pl.DataFrame]:
+    """``--timelines FILE``: the statistics on a per-request table exported from ``hopline sql``."""
+    try:
+        frame = read_timelines(path)
+        lo, hi = io.to_epoch(since), io.to_epoch(until)
+        if lo is not None or hi is not None:
+            frame = frame.filter(pl.col("start").is_between(lo or 0.0, math.inf if hi is None else hi))
+    except (TimelinesError, ValueError) as exc:
+        raise UsageError(str(exc)) from exc
+    try:
+        kv_bytes = options["kv_bytes"]
+        stats = {k: v for k, v in options.items() if k != "kv_bytes"}
+        return report.analyze(frame, **stats, kv_bytes_per_token=kv_bytes), frame
+    except Exception as exc:  # the command's edge: one line, never a traceback
+        raise internal_error(exc) from exc
+
+
+def events_analysis(
+    paths: list[Path], since: str | None, until: str | None, err: Console, **options: Any
+) -> tuple[dict[str, Any], pl.DataFrame]:
+    """PATH…: read the events (with a progress bar on a terminal), build timelines, analyse them."""
+    try:
+        files = event_files(paths, since, until)
+    except (FileNotFoundError, ValueError) as exc:
+        raise UsageError(str(exc)) from exc
+
+    try:
+        with Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            console=err,
+            transient=True,
+            disable=not err.is_terminal,
+        ) as progress:
+            task = progress.add_task("reading events", total=len(files))
+            result, frame = analyze_files(
+                files,
+                since=since,
+                until=until,
+                **options,
+                on_file=lambda path: progress.update(task, advance=1, description=f"reading {path.name}"),
+                on_step=lambda step: progress.update(task, description=step),
+            )
+    except NoHopEvents as exc:
+        raise ClickException(str(exc)) from exc
+    except OSError as exc:  # a file that vanished or cannot be read
+        raise ClickException(f"cannot read events: {exc}") from exc
+    except Exception as exc:  # the command's edge: one line, never a traceback
+        raise internal_error(exc) from exc
+    return result, frame
 
 
 def internal_error(exc: Exception) -> Exception:

@@ -1,14 +1,18 @@
-"""Timelines + attribution on a large log: hopline vs DuckDB (vs pandas on a slice), one run.
+"""Timelines + attribution on a large log: hopline vs DuckDB vs Spark (vs pandas on a slice), one run.
 
     python bench/bench_analyzer.py --requests 5000000 --pandas-requests 1000000
     python bench/bench_analyzer.py --requests 20000 --pandas-requests 20000   # a quick check
+    python bench/bench_analyzer.py --requests 1000000 --pandas-requests 0 --engines hopline,duckdb,spark --per-request
 
 The query: hop events (globally shuffled Parquet, ``bench/gen_large.py``) -> one row per request
 with the contract's stages -> p50 / p90 / p99 of the 7 stages (connect, network, gateway,
 frontend, queue, prefill, decode) per replica.
 
 * ``hopline``: ``io.scan_events`` + ``timelines.timelines`` + a Polars quantile aggregation;
-* ``duckdb``: the same stage table compiled to SQL (2 threads, memory_limit);
+* ``duckdb``: the timelines view of ``hopline sql`` (hopline.analyzer.sql; 2 threads, memory_limit)
+  + ``quantile_cont``;
+* ``spark``: the same view rendered for Spark SQL, pyspark in local mode (``local[2]``) + ``percentile``;
+  its JVM start-up is reported apart from the query time, its memory is the process tree's (sampled);
 * ``pandas``: the same stage table on pandas Series (sort, drop_duplicates, pivot);
 * experiments: ``polars-narrow`` (only the inputs these 7 stages need), ``polars-narrow-hash``
   (the same grouped by a 64-bit hash of request_id), ``hopline-buckets`` (hopline's io +
@@ -16,7 +20,9 @@ frontend, queue, prefill, decode) per replica.
 
 Every engine runs in a fresh process (``--worker``); peak memory is that process's ru_maxrss
 (``os.wait4``), time is the query inside it, Parquet read included. All engines' tables must
-agree (``--rtol``); a mismatch fails the run.
+agree (``--rtol``); a mismatch fails the run. ``--per-request``: the engines that build the whole
+per-request table (hopline, duckdb, spark) return every stage and ratio of every request instead
+of the quantiles, compared request by request.
 """
 
 from __future__ import annotations
@@ -31,8 +37,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import polars as pl
-
-from hopline.middleware.contract import ATTRIBUTE_SOURCES, INPUTS, STAGES, Formula
+from hopline.analyzer.sql import timelines_sql
+from hopline.analyzer.timelines import RATIO_COLUMNS, STAGE_COLUMNS
+from hopline.middleware.contract import ATTRIBUTE_SOURCES, INPUTS, STAGES
 
 SEVEN = ("connect", "network", "gateway", "frontend", "queue", "prefill", "decode")
 QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
@@ -60,65 +67,26 @@ def run_hopline(path: Path) -> pl.DataFrame:
     from hopline.analyzer.timelines import timelines
 
     events, _ = scan_events([path])
+    if PER_REQUEST:
+        return timelines(events).select(PER_REQUEST_COLUMNS).collect()
     return quantiles_by_replica(timelines(events)).collect()
 
 
-# --- DuckDB: the stage table compiled to SQL -----------------------------------------------------
+# --- DuckDB and Spark: the timelines view compiled to SQL (hopline.analyzer.sql) ------------------
 
-# The contract's pick (highest attempt, earliest ts on a tie) as one number per event, as in
-# timelines.py: ts - attempt * 2**24 (exact in float64; cheaper for DuckDB than a struct key).
-_KEY = "k"
 DUCKDB_MEMORY = os.environ.get("HOPLINE_BENCH_DUCKDB_MEMORY", "8GB")
+SPARK_MEMORY = os.environ.get("HOPLINE_BENCH_SPARK_MEMORY", "6g")
+PER_REQUEST = os.environ.get("HOPLINE_BENCH_PER_REQUEST") == "1"  # --per-request, for the workers
+# --per-request: every engine returns these per request, compared request by request
+PER_REQUEST_COLUMNS = ["request_id", "replica", *STAGE_COLUMNS, *RATIO_COLUMNS]
+EXTRA: dict[str, float] = {}  # what a worker reports beyond its time (Spark's start-up)
 
 
-def _pick(column: str, hop: str) -> str:
-    return f"arg_min_null({column}, {_KEY}) FILTER (WHERE hop = '{hop}')"
-
-
-def _sql_formula(formula: Formula) -> str:
-    expr = " ".join(("+ " if sign > 0 else "- ") + f'"{name}"' for sign, name in formula.terms).removeprefix(
-        "+ "
-    )
-    conditions = [f'"{name}" IS NULL' for name in formula.when_null]
-    if formula.stream is not None:
-        conditions.append(f"stream IS {'TRUE' if formula.stream else 'FALSE'}")
-    return f"CASE WHEN {' AND '.join(conditions)} THEN {expr} END" if conditions else f"({expr})"
-
-
-def stage_sql(path: Path) -> str:
-    """The per-request pivot, the stage table and the quantiles, as one DuckDB query."""
-    inputs = []
-    for inp in INPUTS:
-        if inp.attr is None:
-            inputs.append(f'{_pick("ts", inp.hop)} AS "{inp.name}"')
-        else:
-            value = _pick(inp.attr, inp.hop)
-            if inp.default is not None:
-                value = f"CASE WHEN count(*) FILTER (WHERE hop = '{inp.hop}') > 0 THEN coalesce({value}, {inp.default}) END"
-            inputs.append(f'{value} AS "{inp.name}"')
-    stream = "coalesce(" + ", ".join(_pick("stream", h) for h in ATTRIBUTE_SOURCES["stream"]) + ") AS stream"
-    replica = (
-        f"coalesce(arg_min(replica, {_KEY}) FILTER (WHERE starts_with(hop, 'engine.')), "
-        f"{_pick('upstream', 'gateway.forwarded')}) AS replica"
-    )
-    stages = []
-    for stage in STAGES:
-        formulas = [_sql_formula(f) for f in stage.formulas]
-        stages.append(
-            f'{"coalesce(" + ", ".join(formulas) + ")" if len(formulas) > 1 else formulas[0]} AS "{stage.name}"'
-        )
-    quantiles = ", ".join(
-        f'quantile_cont("{s}", {q}) AS "{s}_{n}"' for s in SEVEN for n, q in QUANTILES.items()
-    )
-    return f"""
-        WITH per_request AS (
-            SELECT request_id, {", ".join(inputs)}, {stream}, {replica}
-            FROM (SELECT *, ts - attempt * 16777216.0 AS k FROM read_parquet('{path}')) GROUP BY request_id
-        ), staged AS (
-            SELECT replica, {", ".join(stages)} FROM per_request
-        )
-        SELECT replica, {quantiles} FROM staged GROUP BY replica ORDER BY replica
-    """
+def quantile_sql(view: str, percentile: str) -> str:
+    """p50 / p90 / p99 of the seven stages per replica over the per-request ``view``;
+    ``percentile``: the engine's exact, linearly interpolated quantile (quantile_cont, percentile)."""
+    columns = ", ".join(f"{percentile}({s}, {q}) AS {s}_{n}" for s in SEVEN for n, q in QUANTILES.items())
+    return f"SELECT replica, {columns} FROM ({view}) AS per_request GROUP BY replica ORDER BY replica"
 
 
 def run_duckdb(path: Path) -> pl.DataFrame:
@@ -127,7 +95,36 @@ def run_duckdb(path: Path) -> pl.DataFrame:
     con = duckdb.connect()
     con.execute("SET threads = 2")
     con.execute(f"SET memory_limit = '{DUCKDB_MEMORY}'")
-    return pl.from_arrow(con.sql(stage_sql(path)).to_arrow_table())  # type: ignore[return-value]
+    view = timelines_sql("duckdb", f"read_parquet('{path}')")
+    query = f"SELECT {', '.join(PER_REQUEST_COLUMNS)} FROM ({view}) AS v" if PER_REQUEST else quantile_sql(view, "quantile_cont")
+    return pl.from_arrow(con.sql(query).to_arrow_table())  # type: ignore[return-value]
+
+
+def run_spark(path: Path) -> pl.DataFrame:
+    """The view on Spark in local mode (2 cores, as DuckDB and Polars get); the result comes back
+    through a Parquet folder (``toArrow`` would pass a million rows through py4j)."""
+    import tempfile
+
+    from pyspark.sql import SparkSession
+
+    began = time.perf_counter()
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.memory", SPARK_MEMORY)
+        .config("spark.sql.shuffle.partitions", "16")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    EXTRA["startup_s"] = time.perf_counter() - began  # the JVM and the session: not the query
+    view = timelines_sql("spark", f"parquet.`{path}`")
+    query = f"SELECT {', '.join(PER_REQUEST_COLUMNS)} FROM ({view}) AS v" if PER_REQUEST else quantile_sql(view, "percentile")
+    with tempfile.TemporaryDirectory(dir=path.parent) as out:
+        spark.sql(query).write.mode("overwrite").parquet(out)
+        table = pl.read_parquet(f"{out}/*.parquet")
+    spark.stop()
+    return table
 
 
 # --- pandas: the stage table on Series ---------------------------------------------------------
@@ -294,6 +291,7 @@ def run_hopline_buckets(path: Path) -> pl.DataFrame:
 ENGINES: dict[str, Callable[[Path], pl.DataFrame]] = {
     "hopline": run_hopline,
     "duckdb": run_duckdb,
+    "spark": run_spark,
     "pandas": run_pandas,
     "polars-narrow": run_polars_narrow,
     "polars-narrow-hash": lambda path: run_polars_narrow(path, hashed=True),
@@ -307,9 +305,9 @@ ENGINES: dict[str, Callable[[Path], pl.DataFrame]] = {
 def worker(engine: str, path: Path, result: Path) -> None:
     began = time.perf_counter()
     table = ENGINES[engine](path)
-    seconds = time.perf_counter() - began
-    table.select(RESULT_COLUMNS).write_parquet(result)
-    print(json.dumps({"seconds": seconds}))
+    seconds = time.perf_counter() - began - EXTRA.get("startup_s", 0.0)
+    table.select(PER_REQUEST_COLUMNS if PER_REQUEST else RESULT_COLUMNS).write_parquet(result)
+    print(json.dumps({"seconds": seconds, **EXTRA}))
 
 
 def measure(engine: str, path: Path, result: Path, max_gib: float) -> dict[str, float]:
@@ -326,11 +324,23 @@ def measure(engine: str, path: Path, result: Path, max_gib: float) -> dict[str, 
         stdout=subprocess.PIPE,
     )
     watched, killed = psutil.Process(proc.pid), False
+    tree_peak, child_cpu = 0, {}  # Spark's JVM is a child the worker may never wait for: sampled
     while True:  # not proc.poll(): it would reap the child before wait4 reads its rusage
         try:
             if watched.status() == psutil.STATUS_ZOMBIE:
                 break
-            if not killed and watched.memory_info().rss > max_gib * 1024**3:
+            rss = watched.memory_info().rss
+            for child in watched.children(recursive=True):
+                try:
+                    rss += child.memory_info().rss
+                    times = child.cpu_times()
+                    child_cpu[child.pid] = times.user + times.system
+                except psutil.NoSuchProcess:
+                    pass
+            tree_peak = max(tree_peak, rss)
+            if not killed and rss > max_gib * 1024**3:
+                for child in watched.children(recursive=True):
+                    child.kill()
                 proc.kill()
                 killed = True
         except psutil.NoSuchProcess:
@@ -340,31 +350,32 @@ def measure(engine: str, path: Path, result: Path, max_gib: float) -> dict[str, 
     output = proc.stdout.read()
     _, status, usage = os.wait4(proc.pid, 0)
     code = os.waitstatus_to_exitcode(status)
-    peak = usage.ru_maxrss / 1024**2
+    peak = max(usage.ru_maxrss * 1024, tree_peak) / 1024**3
+    # the worker's own CPU plus its children's last sample (a JVM is not reaped by the worker, so
+    # wait4 does not count it; the last 0.2 s of a child may be missed)
+    cpu = usage.ru_utime + usage.ru_stime + sum(child_cpu.values())
     if killed:
-        return {
-            "seconds": float("nan"),
-            "cpu_s": usage.ru_utime + usage.ru_stime,
-            "peak_gib": peak,
-            "killed": 1.0,
-        }
+        return {"seconds": float("nan"), "cpu_s": cpu, "peak_gib": peak, "killed": 1.0}
     if code != 0:
         raise SystemExit(f"{engine} failed with exit code {code}")
-    return {
-        "seconds": json.loads(output)["seconds"],
-        "cpu_s": usage.ru_utime + usage.ru_stime,
-        "peak_gib": peak,
-    }
+    reported = json.loads(output)
+    return {"seconds": reported["seconds"], "cpu_s": cpu, "peak_gib": peak, "startup_s": reported.get("startup_s", 0.0)}
 
 
 def same(a: pl.DataFrame, b: pl.DataFrame, rtol: float) -> str | None:
-    """None when the tables agree within ``rtol`` (relative, plus 1 ns absolute), else why not."""
-    if a["replica"].to_list() != b["replica"].to_list():
-        return f"replicas differ: {a['replica'].to_list()} vs {b['replica'].to_list()}"
-    for name in RESULT_COLUMNS[1:]:
+    """None when the tables agree within ``rtol`` (relative, plus 1 ns absolute), else why not.
+    Per-request tables (``--per-request``) are compared request by request, every stage and ratio."""
+    if "request_id" in a.columns:
+        a, b = a.sort("request_id"), b.sort("request_id")
+        if not a["request_id"].equals(b["request_id"]):
+            return f"requests differ: {a.height:,} vs {b.height:,} rows"
+    if not a["replica"].equals(b["replica"]):
+        return f"replicas differ: {a['replica'].head(8).to_list()} vs {b['replica'].head(8).to_list()}"
+    for name in (PER_REQUEST_COLUMNS[2:] if "request_id" in a.columns else RESULT_COLUMNS[1:]):
         x, y = a[name], b[name]
-        if not ((x - y).abs() <= 1e-9 + rtol * y.abs()).all() or x.null_count() != y.null_count():
-            return f"{name} differs: {x.to_list()} vs {y.to_list()}"
+        close = ((x - y).abs() <= 1e-9 + rtol * y.abs()) | (x.is_null() & y.is_null())
+        if not close.fill_null(False).all():
+            return f"{name} differs on {(~close.fill_null(False)).sum():,} rows: {x.head(5).to_list()} vs {y.head(5).to_list()}"
     return None
 
 
@@ -407,7 +418,8 @@ def report(
             f"{median(engine, 'cpu_s'):>7.1f} {peak:>9.2f} "
             f"{median(engine, 'seconds') / median(reference, 'seconds'):>10.2f}x "
             f"{median(engine, 'cpu_s') / median(reference, 'cpu_s'):>9.2f}x {peak / ref_m:>9.2f}x  "
-            f"{'equal' if verdict is None else 'DIFFERENT: ' + verdict}",
+            f"{'equal' if verdict is None else 'DIFFERENT: ' + verdict}"
+            + (f"  (+ {median(engine, 'startup_s'):.1f} s start-up)" if median(engine, "startup_s") else ""),
             flush=True,
         )
     return failed
@@ -431,11 +443,16 @@ def main() -> None:
     parser.add_argument("--rtol", type=float, default=1e-9)
     parser.add_argument("--max-gib", type=float, default=12.0, help="kill an engine whose RSS passes this")
     parser.add_argument("--duckdb-memory", default=DUCKDB_MEMORY, help="DuckDB's memory_limit")
+    parser.add_argument("--spark-memory", default=SPARK_MEMORY, help="Spark's driver memory (local mode)")
+    parser.add_argument("--per-request", action="store_true",
+                        help="compare per-request stages and ratios (hopline, duckdb, spark) instead of quantiles")  # fmt: skip
     parser.add_argument("--worker", choices=sorted(ENGINES))
     parser.add_argument("--file", type=Path)
     parser.add_argument("--result", type=Path)
     args = parser.parse_args()
     os.environ["HOPLINE_BENCH_DUCKDB_MEMORY"] = args.duckdb_memory  # for the workers
+    os.environ["HOPLINE_BENCH_SPARK_MEMORY"] = args.spark_memory
+    os.environ["HOPLINE_BENCH_PER_REQUEST"] = "1" if args.per_request else "0"
     if args.worker:
         worker(args.worker, args.file, args.result)
         return

@@ -3,10 +3,8 @@ fixture (worked by hand) and against ``contract.compute_stages`` on generated lo
 
 from __future__ import annotations
 
-import numpy as np
 import polars as pl
 import pytest
-from hopline.analyzer.io import SCHEMA
 from hopline.analyzer.timelines import (
     ATTRIBUTE_COLUMNS,
     COLUMNS,
@@ -15,24 +13,22 @@ from hopline.analyzer.timelines import (
     STAGE_COLUMNS,
     timelines,
 )
-from hopline.middleware.rules import SCOPE_SOURCES, describe_request, is_stand_in
 from hopline.middleware.contract import (
     STAGE_NAMES,
     compute_stages,
     negative_stages,
     request_inputs,
-    validate_event,
 )
-from support.golden import GOLDEN
-from support.synth import generate
+from hopline.middleware.rules import SCOPE_SOURCES, describe_request
+from support.golden import GOLDEN, golden_log
+from support.synth import generate, with_retries
+from support.tables import storage_frame
 
 CASES = {c["name"]: c for c in GOLDEN["cases"]}
 
 
 def frame(events: list[dict]) -> pl.LazyFrame:
-    """Validated events as the analyzer's storage frame (unknown fields dropped: not needed here)."""
-    rows = [validate_event(e) for e in events]
-    return pl.DataFrame([{k: r.get(k) for k in SCHEMA} for r in rows], schema=SCHEMA).lazy()
+    return storage_frame(events).lazy()
 
 
 def requests_of(case):
@@ -47,15 +43,7 @@ SPEC_KEYS = sorted((name, rid) for name, c in CASES.items() for rid in requests_
 def golden_rows() -> dict[tuple[str, str], dict]:
     """Every case in one frame: real request IDs prefixed with the case name so cases cannot
     collide; trace stand-ins kept as they are (their trace is the case's own)."""
-    events, stand_ins = [], {}
-    for case in GOLDEN["cases"]:
-        for e in case["events"]:
-            rid = e["request_id"]
-            if is_stand_in(rid, e.get("trace_id")):
-                stand_ins[rid] = case["name"]
-            else:
-                rid = f"{case['name']}.{rid}"
-            events.append({**e, "request_id": rid})
+    events, stand_ins = golden_log()
     out = timelines(frame(events)).collect()
     assert out.columns == list(COLUMNS)
     assert out.height == len(SPEC_KEYS)
@@ -90,31 +78,12 @@ def test_every_stage_is_a_column():
     assert set(STAGE_NAMES) <= set(COLUMNS)
 
 
-def _with_retries(events: pl.DataFrame, seed: int) -> pl.DataFrame:
-    """Extra events for a third of the requests: a later attempt of some hops (other times and
-    attributes), an earlier attempt, and exact-time duplicates — what retries, failover and sink
-    retries leave in a log. The contract's pick (highest attempt, earliest ts) must win."""
-    rng = np.random.default_rng(seed)
-    chosen = events.filter(pl.col("request_id").hash(seed) % 3 == 0)
-    later = chosen.sample(fraction=0.5, seed=seed).with_columns(
-        attempt=pl.col("attempt") + 1,
-        ts=pl.col("ts") + pl.Series(rng.uniform(-0.5, 0.5, chosen.sample(fraction=0.5, seed=seed).height)),
-        queue_s=pl.col("queue_s") * 2,
-        connect_s=pl.col("connect_s") + 0.1,
-        output_tokens=pl.col("output_tokens") + 7,
-        replica=pl.lit("r9"),
-    )
-    earlier_tie = later.with_columns(ts=pl.col("ts") + 0.25, queue_s=pl.col("queue_s") + 1)
-    duplicates = chosen.sample(fraction=0.2, seed=seed + 1)
-    return pl.concat([events, later, earlier_tie, duplicates]).sample(fraction=1.0, shuffle=True, seed=seed)
-
-
 @pytest.mark.parametrize("seed", [0, 1])
 def test_timelines_match_the_contract_per_request(seed):
     """Every input, attribute, stage, ratio, outcome, scope and missing hop equals the contract's
     plain-Python evaluation on the same events, with skewed host clocks, shuffled order, errors,
     retries and duplicates."""
-    events = _with_retries(generate(400, seed=seed, clock_skew_s=30.0, error_rate=0.05), seed)
+    events = with_retries(generate(400, seed=seed, clock_skew_s=30.0, error_rate=0.05), seed)
     got = {r["request_id"]: r for r in timelines(events.lazy()).collect().iter_rows(named=True)}
     by_request: dict[str, list[dict]] = {}
     for row in events.drop("attrs").iter_rows(named=True):

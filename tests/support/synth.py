@@ -455,3 +455,22 @@ def write_ndjson(events: pl.DataFrame, path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     events.drop("attrs").write_ndjson(path)
     return path
+
+
+def with_retries(events: pl.DataFrame, seed: int) -> pl.DataFrame:
+    """Extra events for a third of the requests: a later attempt of some hops (other times and
+    attributes), an earlier attempt, and exact-time duplicates — what retries, failover and sink
+    retries leave in a log. The contract's pick (highest attempt, earliest ts) must win."""
+    rng = np.random.default_rng(seed)
+    chosen = events.filter(pl.col("request_id").hash(seed) % 3 == 0)
+    later = chosen.sample(fraction=0.5, seed=seed).with_columns(
+        attempt=pl.col("attempt") + 1,
+        ts=pl.col("ts") + pl.Series(rng.uniform(-0.5, 0.5, chosen.sample(fraction=0.5, seed=seed).height)),
+        queue_s=pl.col("queue_s") * 2,
+        connect_s=pl.col("connect_s") + 0.1,
+        output_tokens=pl.col("output_tokens") + 7,
+        replica=pl.lit("r9"),
+    )
+    earlier_tie = later.with_columns(ts=pl.col("ts") + 0.25, queue_s=pl.col("queue_s") + 1)
+    duplicates = chosen.sample(fraction=0.2, seed=seed + 1)
+    return pl.concat([events, later, earlier_tie, duplicates]).sample(fraction=1.0, shuffle=True, seed=seed)
