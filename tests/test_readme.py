@@ -46,6 +46,10 @@ NOT_HERE = {
     "vllm serve MODEL --otlp-traces-endpoint http://collector:9400/v1/traces": "vllm serve with a model from a hub",
     "pip install '.[dashboards]'": "pip install into the user's environment",
     "cd hopline-grafana && docker compose up": "docker (tests/dashboards/ checks the compose file and provisioning)",
+    "duckdb -c \"COPY ($(cat timelines.sql)) TO 'timelines.parquet' (FORMAT parquet)\"": "the duckdb CLI over a "
+    "compacted Parquet store (tests/analyzer/test_sql.py runs this view on DuckDB, and the next command on its output)",
+    "hopline analyze --timelines timelines.parquet": "needs the table the duckdb command above writes "
+    "(tests/analyzer/test_sql.py: analyze --timelines gives analyze's findings)",
 }
 PORTS = (9400, 8000, 8001)  # what the walkthrough without vLLM listens on, as written
 # The terminal report's section titles (analyzer/report.py): each must be printed and explained.
