@@ -75,12 +75,19 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
     parser.add_argument("--max-num-seqs", type=int, default=16)
     parser.add_argument("--py-spy", default=shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy"))
-    parser.add_argument("--keep", help="copy py-spy's raw profile to this file")
+    parser.add_argument("--keep", help="copy each run's raw py-spy profile to PREFIX.<current|baseline>.<time>")
+    parser.add_argument("--baseline", help="also run the hopline package found in this directory (DIR/hopline/...), "
+                        "e.g. an exported older commit: before/after in one run")
+    parser.add_argument("--rounds", type=int, default=1, help="runs of each (alternating order with --baseline)")
     return parser.parse_args()
 
 
-def start_vllm(root: Path, port: int, sink: Path, log: Path, max_num_seqs: int) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HOPLINE_", "VLLM_PLUGINS"))}
+def start_vllm(
+    root: Path, port: int, sink: Path, log: Path, max_num_seqs: int, baseline: str | None = None
+) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HOPLINE_", "VLLM_PLUGINS", "PYTHONPATH"))}
+    if baseline:
+        env["PYTHONPATH"] = baseline
     env.update(
         HOPLINE_SINK=f"file:{sink}", HOPLINE_SERVICE="vllm-bench", HOPLINE_REPLICA="r1",
         HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1",
@@ -170,13 +177,14 @@ async def load(port: int, prefix: str, requests: int, streams: int, tokens: int)
         return time.perf_counter() - t0, done, outputs
 
 
-def hopline_dirs(root: Path) -> list[str]:
-    """The directories the vLLM venv imports hopline's subpackages from (an editable install: this repo's folders)."""
-    code = "import hopline.middleware as m, os; print(os.path.dirname(os.path.realpath(m.__file__)))"
+def hopline_dirs(root: Path, baseline: str | None) -> list[str]:
+    """The directories the vLLM server imports hopline's subpackages from, as its frames name
+    them (an editable install: this checkout's top-level folders; ``baseline``: DIR/hopline/...)."""
+    if baseline:
+        return [os.path.join(os.path.abspath(baseline), "hopline") + os.sep]
+    code = "import hopline.middleware as m, os; print(os.path.dirname(m.__file__))"
     out = subprocess.run([str(root / "venv" / "bin" / "python"), "-c", code], capture_output=True, text=True, check=True)
-    middleware = out.stdout.strip()
-    parent = os.path.dirname(middleware)
-    # hopline.* subpackages map to the repository's top-level code folders
+    parent = os.path.dirname(out.stdout.strip().splitlines()[-1])
     return [os.path.join(parent, name) + os.sep for name in ("middleware", "collector", "analyzer", "dashboards")]
 
 
@@ -210,7 +218,7 @@ def share_of(profile: Path, hopline: list[str], stdlib: str) -> dict:
         if path.startswith(tuple(hopline)):
             mine += n
             wide += n
-            functions[f"{name} ({os.path.relpath(path, os.path.dirname(hopline[0].rstrip(os.sep)))})"] += n
+            functions[f"{name} ({os.path.basename(os.path.dirname(path))}/{os.path.basename(path)})"] += n
             continue
         # wider figure: innermost frames in the standard library, called from a hopline frame
         for frame in reversed(frames):
@@ -256,18 +264,18 @@ def check_events(sink: Path, outputs: dict[str, int], tokens: int) -> str:
     )
 
 
-def main() -> None:
-    args = parse_args()
-    root = Path(args.vllm_dir)
-    for need in (root / "venv" / "bin" / "python", root / "tiny" / "config.json", Path(args.py_spy)):
-        if not need.exists():
-            sys.exit(f"{need} is missing (vLLM: HOPLINE_VLLM_DIR={root} bash .ci/vllm-setup.sh; py-spy: pip install py-spy)")
+def measure(args: argparse.Namespace, root: Path, baseline: str | None) -> dict:
+    """One vLLM start, warm-up, sampled load; the share figures of that run.
+
+    ``baseline``: a directory whose ``hopline/`` package the server imports instead of this
+    checkout's (put first on its ``PYTHONPATH``), for a before/after comparison.
+    """
     tmp = Path(tempfile.mkdtemp(prefix="hopline-pyspy-"))
     sink, log, profile = tmp / "events.ndjson", tmp / "serve.log", tmp / "profile.txt"
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = start_vllm(root, port, sink, log, args.max_num_seqs)
+    proc = start_vllm(root, port, sink, log, args.max_num_seqs, baseline)
     try:
         ready = wait_ready(proc, port, log)
         asyncio.run(load(port, "warm", args.warmup, args.streams, args.tokens))
@@ -284,26 +292,51 @@ def main() -> None:
         stop_vllm(proc)
     if not profile.exists():
         sys.exit(f"py-spy wrote no profile: {spy_err.decode(errors='replace')[-2000:]}")
-    verdict = check_events(sink, outputs, args.tokens)
-    stdlib = os.path.dirname(os.__file__)  # this Python's stdlib; the vLLM venv runs the same python3.11
-    result = share_of(profile, hopline_dirs(root), stdlib)
+    result = share_of(profile, hopline_dirs(root, baseline), os.path.dirname(os.__file__))
+    result.update(ready=ready, wall=wall, tokens=tokens, verdict=check_events(sink, outputs, args.tokens))
     if args.keep:
-        shutil.copy(profile, args.keep)
+        shutil.copy(profile, f"{args.keep}.{'baseline' if baseline else 'current'}.{int(time.time())}")
     shutil.rmtree(tmp, ignore_errors=True)
+    return result
 
+
+def report(label: str, args: argparse.Namespace, result: dict) -> None:
     busy, mine, wide = result["busy"], result["hopline"], result["wide"]
     p = mine / busy if busy else 0.0
     se = math.sqrt(p * (1 - p) / busy) if busy else 0.0
-    print(f"vLLM ready after {ready:.0f} s; {args.requests} requests x {args.tokens} tokens, {args.streams} streams: "
-          f"{wall:.1f} s, {tokens / wall:.0f} tok/s; py-spy {args.rate} Hz")
-    print(verdict)
+    print(f"== {label}: vLLM ready after {result['ready']:.0f} s; {args.requests} requests x {args.tokens} tokens, "
+          f"{args.streams} streams: {result['wall']:.1f} s, {result['tokens'] / result['wall']:.0f} tok/s; "
+          f"py-spy {args.rate} Hz")
+    print(result["verdict"])
     print(f"busy samples: {busy} (idle leaves left out: {result['idle']})")
     print(f"hopline self samples: {mine} -> share {100 * p:.2f}% (+- {100 * se:.2f}% s.e.)")
     print(f"hopline + stdlib callees: {wide} -> {100 * wide / max(busy, 1):.2f}%")
     print("busy samples by thread: " + ", ".join(f"{t} {n}" for t, n in result["threads"].most_common(6)))
     print("top hopline functions (self samples):")
-    for name, n in result["functions"].most_common(15):
+    for name, n in result["functions"].most_common(12):
         print(f"  {n:6d}  {name}")
+
+
+def main() -> None:
+    args = parse_args()
+    root = Path(args.vllm_dir)
+    for need in (root / "venv" / "bin" / "python", root / "tiny" / "config.json", Path(args.py_spy)):
+        if not need.exists():
+            sys.exit(f"{need} is missing (vLLM: HOPLINE_VLLM_DIR={root} bash .ci/vllm-setup.sh; py-spy: pip install py-spy)")
+    runs = [None] if args.baseline is None else [args.baseline, None]
+    pooled: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for rnd in range(args.rounds):
+        for baseline in runs if rnd % 2 == 0 else runs[::-1]:
+            label = "baseline" if baseline else "current"
+            result = measure(args, root, baseline)
+            report(f"round {rnd + 1}, {label}", args, result)
+            pooled[label][0] += result["hopline"]
+            pooled[label][1] += result["busy"]
+    print("== pooled over rounds:")
+    for label, (mine, busy) in pooled.items():
+        p = mine / busy if busy else 0.0
+        se = math.sqrt(p * (1 - p) / busy) if busy else 0.0
+        print(f"{label}: hopline {mine} of {busy} busy samples = {100 * p:.2f}% (+- {100 * se:.2f}% s.e.)")
 
 
 if __name__ == "__main__":
