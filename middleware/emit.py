@@ -142,6 +142,11 @@ class Emitter:
         emitter._disabled = emitter._closed = True
         return emitter
 
+    @property
+    def closed(self) -> bool:
+        """``close()`` was called (or the emitter is disabled): events are dropped from now on."""
+        return self._closed
+
     def _new_reporter(self) -> None:
         """A fresh identity for ``emitter.stats`` (per process: a forked child is another emitter)."""
         self.instance = new_eid()
