@@ -98,8 +98,13 @@ def read_request_headers(scope: Scope) -> tuple[bytes | None, bytes | None]:
 def echo_request_id(message: Message, request_id: str) -> None:
     """Put exactly one ``x-request-id: request_id`` into an ``http.response.start`` message, so a
     caller can find its request (``hopline timeline ID``) from the response alone."""
-    headers = [(k, v) for k, v in message.get("headers") or () if k.lower() != REQUEST_ID_HEADER]
-    headers.append((REQUEST_ID_HEADER, request_id.encode()))
+    value = request_id.encode()
+    headers = message.get("headers") or ()
+    echoed = [v for k, v in headers if k.lower() == REQUEST_ID_HEADER]
+    if echoed == [value]:
+        return  # the app already answers with it (vLLM's --enable-request-id-headers): no copy
+    headers = [(k, v) for k, v in headers if k.lower() != REQUEST_ID_HEADER]
+    headers.append((REQUEST_ID_HEADER, value))
     message["headers"] = headers
 
 
