@@ -3,8 +3,8 @@
     HOPLINE_VLLM_DIR=$PWD/.vllm python bench/bench_vllm_pyspy.py              # 16 streams x 96 tokens, 320 requests
     python bench/bench_vllm_pyspy.py --requests 480 --rate 250 --keep /tmp/profile.txt
 
-Starts ``vllm serve`` (the CPU build and tiny model of ``.ci/vllm-setup.sh``, as
-tests/engines/test_vllm.py does) with ``--middleware hopline.middleware.engine.EngineMiddleware``,
+Starts ``vllm serve`` (the CPU build and tiny model of ``.ci/vllm-setup.sh``, with
+tests/engines/test_vllm.py's helpers) with ``--middleware hopline.middleware.engine.EngineMiddleware``,
 the stat logger plugin and ``HOPLINE_SINK=file:...``; warms it up; then ``py-spy record`` samples the
 API-server process (all its threads: the event loop and hopline's emitter thread alike) while
 ``--streams`` concurrent streaming chat requests of ``--tokens`` tokens each (``ignore_eos``, usage
@@ -51,8 +51,10 @@ import httpx
 import orjson
 
 REPO = Path(__file__).resolve().parent.parent
-VLLM_CLI = REPO / "tests" / "engines" / "vllm_cli.py"
-MODEL = "tiny"
+sys.path[:0] = [str(REPO / "tests" / "engines"), str(REPO / "tests")]  # the vLLM tests' server helpers
+
+from test_vllm import MODEL, start_server, stop_server, wait_ready
+
 # Innermost frames that mean "waiting", should py-spy count such a thread as running.
 IDLE_LEAVES = {
     ("select", "selectors.py"),
@@ -80,58 +82,6 @@ def parse_args() -> argparse.Namespace:
                         "e.g. an exported older commit: before/after in one run")
     parser.add_argument("--rounds", type=int, default=1, help="runs of each (alternating order with --baseline)")
     return parser.parse_args()
-
-
-def start_vllm(
-    root: Path, port: int, sink: Path, log: Path, max_num_seqs: int, baseline: str | None = None
-) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HOPLINE_", "VLLM_PLUGINS", "PYTHONPATH"))}
-    if baseline:
-        env["PYTHONPATH"] = baseline
-    env.update(
-        HOPLINE_SINK=f"file:{sink}", HOPLINE_SERVICE="vllm-bench", HOPLINE_REPLICA="r1",
-        HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1",
-        VLLM_CACHE_ROOT=str(root / "cache" / "vllm"), HF_HOME=str(root / "cache" / "hf"),
-        XDG_CACHE_HOME=str(root / "cache"),
-    )  # fmt: skip
-    cmd = [
-        str(root / "venv" / "bin" / "python"), str(VLLM_CLI), "serve", str(root / "tiny"),
-        "--host", "127.0.0.1", "--port", str(port), "--served-model-name", MODEL,
-        "--dtype", "float32", "--max-model-len", "512", "--max-num-seqs", str(max_num_seqs),
-        "--enforce-eager", "--kv-cache-memory-bytes", "64M", "--enable-request-id-headers",
-        "--middleware", "hopline.middleware.engine.EngineMiddleware",
-    ]  # fmt: skip
-    with open(log, "wb") as out:
-        return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def wait_ready(proc: subprocess.Popen, port: int, log: Path, timeout: float = 180) -> float:
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        if proc.poll() is not None:
-            sys.exit(f"vllm serve exited with {proc.returncode}:\n{log.read_text(errors='replace')[-3000:]}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return time.monotonic() - t0
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    sys.exit(f"vllm serve not ready after {timeout} s:\n{log.read_text(errors='replace')[-3000:]}")
-
-
-def stop_vllm(proc: subprocess.Popen) -> None:
-    """SIGTERM (hopline flushes at exit), then SIGKILL what is left of the process group."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait(timeout=10)
 
 
 async def one_stream(client: httpx.AsyncClient, port: int, request_id: str, tokens: int) -> tuple[int, int]:
@@ -275,7 +225,11 @@ def measure(args: argparse.Namespace, root: Path, baseline: str | None) -> dict:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = start_vllm(root, port, sink, log, args.max_num_seqs, baseline)
+    if baseline:
+        os.environ["PYTHONPATH"] = baseline  # start_server passes it on to vllm serve
+    else:
+        os.environ.pop("PYTHONPATH", None)
+    proc = start_server(root, port, sink, log, max_num_seqs=args.max_num_seqs)
     try:
         ready = wait_ready(proc, port, log)
         asyncio.run(load(port, "warm", args.warmup, args.streams, args.tokens))
@@ -289,7 +243,7 @@ def measure(args: argparse.Namespace, root: Path, baseline: str | None) -> dict:
         spy.send_signal(signal.SIGINT)
         _, spy_err = spy.communicate(timeout=60)
     finally:
-        stop_vllm(proc)
+        stop_server(proc)
     if not profile.exists():
         sys.exit(f"py-spy wrote no profile: {spy_err.decode(errors='replace')[-2000:]}")
     result = share_of(profile, hopline_dirs(root, baseline), os.path.dirname(os.__file__))

@@ -19,9 +19,11 @@ as they come; nothing is buffered on the response path. A request that carries
 stat logger reads (``hopline.middleware.attempts``), so its ``engine.stats`` event names the same attempt.
 
 Per request this costs one ``EngineExchange`` (slotted; its bound ``receive``/``send`` replace
-closures), three events, and per streamed chunk one ``perf_counter`` plus the byte comparisons of
-``StreamReader.take_plain``; only the chunks around the first token and the end are JSON-decoded
-(``bench/bench_asgi.py`` measures it against no middleware and OpenTelemetry's; figures in bench/README.md).
+closures), three events, and per streamed chunk after the first token one ``perf_counter`` and two
+list appends; the request body's attributes and the kept chunks are read on the emitter's worker
+(``Emitter.emit_later``; see ``hopline.middleware.asgi``). ``bench/bench_vllm_pyspy.py`` measures
+hopline's share of a real vLLM API server's CPU, ``bench/bench_asgi.py`` the cost against no
+middleware and OpenTelemetry's; figures in bench/README.md.
 """
 
 from __future__ import annotations

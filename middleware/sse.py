@@ -10,7 +10,8 @@ or completion ``text``. A role-only chunk (vLLM and OpenAI send one first), a us
 several events in one chunk come out the same. It keeps counts and timestamps, never text: a
 chunk's JSON is decoded, a few fields are read, and the object is dropped. Because it runs once per
 streamed chunk inside the engine's server, the stream's plain content chunk is learnt once and its
-repeats (same bytes around different text) are counted without decoding.
+repeats (same bytes around different text, or around an empty text: no output) are counted without
+decoding; ``feed_batch`` reads chunks a middleware kept, in one loop.
 
 ``request_summary`` / ``response_summary`` read the few attributes hopline records from a JSON
 request or a non-streaming response body, refusing bodies over ``MAX_JSON_BYTES``. Where the
