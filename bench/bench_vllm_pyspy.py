@@ -55,6 +55,8 @@ sys.path[:0] = [str(REPO / "tests" / "engines"), str(REPO / "tests")]  # the vLL
 
 from test_vllm import MODEL, start_server, stop_server, wait_ready
 
+FLOOR = Path(__file__).resolve().parent / "vllm_floor_middleware.py"
+
 # Innermost frames that mean "waiting", should py-spy count such a thread as running.
 IDLE_LEAVES = {
     ("select", "selectors.py"),
@@ -81,6 +83,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--baseline", help="also run the hopline package found in this directory (DIR/hopline/...), "
                         "e.g. an exported older commit: before/after in one run")
     parser.add_argument("--rounds", type=int, default=1, help="runs of each (alternating order with --baseline)")
+    parser.add_argument("--floor", action="store_true", help="also load bench/vllm_floor_middleware.py (a bare "
+                        "send wrapper, outermost) and report its share too: what wrapping send costs at all")
     return parser.parse_args()
 
 
@@ -225,11 +229,10 @@ def measure(args: argparse.Namespace, root: Path, baseline: str | None) -> dict:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    if baseline:
-        os.environ["PYTHONPATH"] = baseline  # start_server passes it on to vllm serve
-    else:
-        os.environ.pop("PYTHONPATH", None)
-    proc = start_server(root, port, sink, log, max_num_seqs=args.max_num_seqs)
+    path = ([baseline] if baseline else []) + ([str(FLOOR.parent)] if args.floor else [])
+    os.environ["PYTHONPATH"] = os.pathsep.join(path)  # start_server passes it on to vllm serve
+    extra = ("--middleware", "vllm_floor_middleware.FloorMiddleware") if args.floor else ()
+    proc = start_server(root, port, sink, log, max_num_seqs=args.max_num_seqs, extra_args=extra)
     try:
         ready = wait_ready(proc, port, log)
         asyncio.run(load(port, "warm", args.warmup, args.streams, args.tokens))
@@ -247,6 +250,7 @@ def measure(args: argparse.Namespace, root: Path, baseline: str | None) -> dict:
     if not profile.exists():
         sys.exit(f"py-spy wrote no profile: {spy_err.decode(errors='replace')[-2000:]}")
     result = share_of(profile, hopline_dirs(root, baseline), os.path.dirname(os.__file__))
+    result["floor"] = share_of(profile, [str(FLOOR)], os.path.dirname(os.__file__))["hopline"] if args.floor else None
     result.update(ready=ready, wall=wall, tokens=tokens, verdict=check_events(sink, outputs, args.tokens))
     if args.keep:
         shutil.copy(profile, f"{args.keep}.{'baseline' if baseline else 'current'}.{int(time.time())}")
@@ -265,6 +269,9 @@ def report(label: str, args: argparse.Namespace, result: dict) -> None:
     print(f"busy samples: {busy} (idle leaves left out: {result['idle']})")
     print(f"hopline self samples: {mine} -> share {100 * p:.2f}% (+- {100 * se:.2f}% s.e.)")
     print(f"hopline + stdlib callees: {wide} -> {100 * wide / max(busy, 1):.2f}%")
+    if result["floor"] is not None:
+        print(f"floor send wrapper (bench/vllm_floor_middleware.py) self samples: {result['floor']} -> "
+              f"{100 * result['floor'] / max(busy, 1):.2f}%")
     print("busy samples by thread: " + ", ".join(f"{t} {n}" for t, n in result["threads"].most_common(6)))
     print("top hopline functions (self samples):")
     for name, n in result["functions"].most_common(12):
@@ -282,7 +289,14 @@ def main() -> None:
     for rnd in range(args.rounds):
         for baseline in runs if rnd % 2 == 0 else runs[::-1]:
             label = "baseline" if baseline else "current"
-            result = measure(args, root, baseline)
+            for attempt in range(3):  # on this shared machine a server is sometimes stopped from outside
+                try:
+                    result = measure(args, root, baseline)
+                    break
+                except (httpx.HTTPError, RuntimeError) as exc:
+                    print(f"== round {rnd + 1}, {label}: run failed ({exc!r}); server log kept in /tmp; again")
+            else:
+                sys.exit("three failed runs in a row")
             report(f"round {rnd + 1}, {label}", args, result)
             pooled[label][0] += result["hopline"]
             pooled[label][1] += result["busy"]
