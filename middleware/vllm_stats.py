@@ -99,16 +99,14 @@ class HoplineStatLogger(StatLoggerBase):
         engine_idx: int = 0,
     ) -> None:
         """Called by vLLM once per engine step; does work only when requests finished."""
-        if iteration_stats is None:
+        if iteration_stats is None or (self._emitter is None and self._current() is None):
             return
-        emitter = self._emitter
-        if emitter is None or emitter.closed:  # not configured yet, or configure() replaced (closed) it
-            emitter = self._current()
-            if emitter is None:
-                return
         try:
             finished = iteration_stats.finished_requests
             if not finished:
+                return
+            # configure() replaced (closed) the emitter: follow it (checked only when there is work)
+            if self._emitter.closed and self._current() is None:  # type: ignore[union-attr]
                 return
             for stats in finished:
                 try:
