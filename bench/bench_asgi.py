@@ -18,7 +18,10 @@ so that the server and not the client is the bottleneck) is pinned to CPU1:
   middleware's own cost without serialization and I/O;
 * ``otel``: ``OpenTelemetryMiddleware`` with a ``TracerProvider`` and a ``BatchSpanProcessor``
   exporting to a no-op exporter (defaults: one span per send/receive);
-* ``otel_lean``: the same with ``exclude_spans=["receive", "send"]``.
+* ``otel_lean``: the same with ``exclude_spans=["receive", "send"]``;
+* ``hopline_base`` (with ``--baseline DIR``): ``hopline`` run from the hopline package in DIR
+  (``DIR/hopline/...``, e.g. an exported older commit, first on the server's ``PYTHONPATH``): before
+  and after side by side in one run.
 
 Rounds alternate the variant order (reversed on odd rounds). Per round and variant we measure
 server CPU per request (utime + stime from ``/proc/<pid>/stat``) and requests per second; ratios
@@ -102,7 +105,7 @@ def build_app(variant: str, events_path: str):
         from hopline.middleware.emit import Emitter
 
         return minimal_middleware(app, Emitter("null", replica="r1"))
-    if variant.startswith("hopline"):
+    if variant.startswith("hopline"):  # hopline_base: the same, imported from --baseline
         from hopline.middleware.emit import Emitter
         from hopline.middleware.engine import EngineMiddleware
 
@@ -311,6 +314,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--in-process", action="store_true", help="no server: the middleware's own cost")
+    parser.add_argument("--baseline", help="add variant hopline_base: hopline imported from DIR/hopline (before/after)")
     parser.add_argument("--serve", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--events", help=argparse.SUPPRESS)
@@ -320,6 +324,10 @@ def main() -> None:
         return
 
     variants = args.variants.split(",")
+    if args.baseline and args.in_process:
+        parser.error("--baseline needs the server mode (each variant its own process)")
+    if args.baseline and "hopline_base" not in variants:
+        variants.append("hopline_base")
     if args.in_process:
         in_process(variants, args.rounds, args.requests)
         return
@@ -328,6 +336,9 @@ def main() -> None:
     try:
         for variant in variants:
             port = free_port()
+            env = dict(os.environ)
+            if variant == "hopline_base":
+                env["PYTHONPATH"] = os.path.abspath(args.baseline)
             proc = subprocess.Popen(
                 [
                     sys.executable,
@@ -338,7 +349,8 @@ def main() -> None:
                     str(port),
                     "--events",
                     os.path.join(tmp, f"{variant}.ndjson"),
-                ]
+                ],
+                env=env,
             )
             servers[variant] = (proc, port)
         for variant, (proc, port) in servers.items():
@@ -364,11 +376,12 @@ def main() -> None:
         for proc, _ in servers.values():
             proc.wait(timeout=10)
 
-    if "hopline" in variants:
-        # the file sink rotates by size and hour: count the rotated files too
-        lines = sum(path.read_bytes().count(b"\n") for path in Path(tmp).glob("hopline.ndjson*"))
-        expected = 3 * (args.requests // 4 + args.rounds * args.requests)  # warm-up + rounds, 3 hops each
-        print(f"hopline events written: {lines} of {expected}")
+    for variant in ("hopline", "hopline_base"):
+        if variant in variants:
+            # the file sink rotates by size and hour: count the rotated files too
+            lines = sum(path.read_bytes().count(b"\n") for path in Path(tmp).glob(f"{variant}.ndjson*"))
+            expected = 3 * (args.requests // 4 + args.rounds * args.requests)  # warm-up + rounds, 3 hops each
+            print(f"{variant} events written: {lines} of {expected}")
     shutil.rmtree(tmp, ignore_errors=True)
     print(
         f"{args.rounds} rounds x {args.requests} requests, concurrency {args.concurrency}, "

@@ -9,8 +9,13 @@ wrong in the emitter's ``errors``.
 
 ``Exchange.send`` is a ready-made ``send`` wrapper (the engine passes it to the app as is): it
 observes the message and returns the server's own ``send(message)`` awaitable, so there is no extra
-coroutine per chunk; an ordinary content chunk of a stream costs one ``perf_counter`` and a few byte
-comparisons (``StreamReader.take_plain``), without a further Python call layer in between.
+coroutine per chunk. A stream's chunks are parsed on the request path only up to its first token
+(that event goes out at once); after it, a chunk costs one ``perf_counter`` and two list appends,
+and the kept chunks are read exactly (``StreamReader.feed_batch``) in one batch: on the emitter's
+worker when the stream ends (``Emitter.emit_later``, which also builds the final event there:
+``last_token``, or the error event of an error inside the 200 stream at that chunk's time), or on
+the spot every ``MAX_KEPT_CHUNKS`` chunks and at a client's disconnect, so a request holds at most
+that many chunk references and the results are those of reading every chunk as it came.
 """
 
 from __future__ import annotations
@@ -35,6 +40,9 @@ _CLOCK_OFFSET = clock.OFFSET  # clock.from_perf inlined: epoch seconds = OFFSET 
 REQUEST_ID_HEADER = b"x-request-id"
 ATTEMPT_HEADER = b"x-hopline-attempt"
 MAX_ATTEMPT = 1000
+# A stream's chunks kept (after its first token) before they are read on the spot: bounds a
+# request's memory to this many chunk references; the result is the same either way.
+MAX_KEPT_CHUNKS = 128
 
 
 def resolve_emitter(emitter: Emitter | None, owner: str) -> Emitter | None:
@@ -95,8 +103,13 @@ def read_request_headers(scope: Scope) -> tuple[bytes | None, bytes | None]:
 def echo_request_id(message: Message, request_id: str) -> None:
     """Put exactly one ``x-request-id: request_id`` into an ``http.response.start`` message, so a
     caller can find its request (``hopline timeline ID``) from the response alone."""
-    headers = [(k, v) for k, v in message.get("headers") or () if k.lower() != REQUEST_ID_HEADER]
-    headers.append((REQUEST_ID_HEADER, request_id.encode()))
+    value = request_id.encode()
+    headers = message.get("headers") or ()
+    echoed = [v for k, v in headers if k.lower() == REQUEST_ID_HEADER]
+    if echoed == [value]:
+        return  # the app already answers with it (vLLM's --enable-request-id-headers): no copy
+    headers = [(k, v) for k, v in headers if k.lower() != REQUEST_ID_HEADER]
+    headers.append((REQUEST_ID_HEADER, value))
     message["headers"] = headers
 
 
@@ -146,6 +159,8 @@ class Exchange:
         "_hop_rejected",
         "_json",
         "_json_size",
+        "_kept",
+        "_kept_at",
         "_reader",
         "_rejected",
         "attempt",
@@ -176,6 +191,10 @@ class Exchange:
         self._rejected = rejected
         self.status: int | None = None
         self._reader: StreamReader | None = None
+        # After a stream's first token: its chunks and their perf_counter readings, read in
+        # batches (see send); two flat lists, no tuple (nor anything the GC tracks) per chunk
+        self._kept: list[bytes] | None = None
+        self._kept_at: list[float] = []
         self._json: list[bytes] | None = None  # a non-streaming body, while under MAX_JSON_BYTES
         self._json_size = 0
         self.complete = False  # the final body message went out
@@ -195,19 +214,22 @@ class Exchange:
     def send(self, message: Message) -> Awaitable[None]:
         """The ``send`` to give the app: observe ``message``, then forward it to ``downstream``.
 
-        Errors in the observing are counted, never raised; the server's awaitable is returned
-        as is.
+        After a stream's first token an ordinary chunk is only kept, with its arrival time (one
+        ``perf_counter``, one list append): the kept chunks are read exactly, in order, in one
+        batch when the stream ends (on the emitter's worker thread, ``_end_stream``) or when
+        ``MAX_KEPT_CHUNKS`` have piled up (here, at once, which bounds a request's memory).
+        Errors in the observing are counted, never raised; the server's awaitable is returned as is.
         """
         try:
             if message["type"] == "http.response.body":
-                t = perf_counter()
-                reader = self._reader
-                if (
-                    reader is None
-                    or not message.get("more_body", False)
-                    or not reader.take_plain(message.get("body", b""), t)
-                ):
-                    self.on_body(message, t)
+                kept = self._kept
+                if kept is not None and message.get("more_body", False):
+                    kept.append(message.get("body", b""))
+                    self._kept_at.append(perf_counter())
+                    if len(kept) >= MAX_KEPT_CHUNKS:
+                        self._read_kept()
+                else:
+                    self.on_body(message, perf_counter())
             elif message["type"] == "http.response.start":
                 self.on_start(message, perf_counter())
         except Exception:  # noqa: BLE001 - never into the host
@@ -219,12 +241,14 @@ class Exchange:
         if self.final:
             return
         self.final = True
+        self._kept = None
+        self.emit(self._hop_error, t, **self._error_attrs(error, status))
+
+    def _error_attrs(self, error: str, status: int | None) -> dict[str, Any]:
+        """An error event's ``error`` and ``status`` (the response's when not given; none if unknown)."""
         if status is None:
             status = self.status
-        if status is None:
-            self.emit(self._hop_error, t, error=error)
-        else:
-            self.emit(self._hop_error, t, error=error, status=status)
+        return {"error": error} if status is None else {"error": error, "status": status}
 
     def on_start(self, message: Message, t: float) -> None:
         status = self.status = message.get("status", 200)
@@ -250,16 +274,24 @@ class Exchange:
         body = message.get("body")
         reader = self._reader
         if reader is not None:
+            kept = self._kept
+            if kept is not None:  # past the first token: keep, read in a batch (see send)
+                kept.append(body or b"")
+                self._kept_at.append(t)
+                if not more:
+                    self._end_stream(t, None)
+                elif len(kept) >= MAX_KEPT_CHUNKS:
+                    self._read_kept()
+                return
             if body and reader.feed(body, t):
                 self.emit(self._hop_first, t)
+                if more and reader.error is None:
+                    self._kept, self._kept_at = [], []
             if reader.error is not None:
                 self.fail(reader.error, t, reader.error_status or self.status)
             elif not more:
                 self.final = True
-                attrs = reader.summary()
-                if "max_gap_at" in attrs:
-                    attrs["max_gap_at"] += _CLOCK_OFFSET
-                self.emit(self._hop_last, t, **attrs)
+                self.emit(self._hop_last, t, **self._last_attrs(reader))
             return
         parts = self._json
         if parts is not None and body:
@@ -277,10 +309,66 @@ class Exchange:
             self.final = True
             self.emit(self._hop_last, t, **response_summary(body_bytes))
 
+    def _last_attrs(self, reader: StreamReader) -> dict[str, Any]:
+        """The ``*.last_token`` attributes of a finished stream."""
+        attrs = reader.summary()
+        if "max_gap_at" in attrs:
+            attrs["max_gap_at"] += _CLOCK_OFFSET
+        return attrs
+
+    def _read_kept(self) -> None:
+        """Read the kept chunks now (the cap, a disconnect): an error among them is emitted at once."""
+        kept, times = self._kept, self._kept_at
+        self._kept, self._kept_at = [], []
+        reader = self._reader
+        if kept and reader is not None:
+            error_at = reader.feed_batch(kept, times)
+            if error_at is not None:
+                self.fail(reader.error, error_at, reader.error_status or self.status)  # type: ignore[arg-type]
+
+    def _end_stream(self, t: float, outcome: tuple[str, int | None] | None) -> None:
+        """The stream ended at ``t`` (``outcome`` None: its last chunk went out; else the error
+        label and status ``finish`` found): its final event is built on the emitter's worker
+        (``_end_event``), which reads the kept chunks first. Nothing here touches them again."""
+        self.final = True
+        kept, times = self._kept or [], self._kept_at
+        self._kept, self._kept_at = None, []
+        self.emitter.emit_later(self._end_event, kept, times, t, outcome, self.attempt)
+
+    def _end_event(
+        self,
+        kept: list[bytes],
+        times: list[float],
+        t: float,
+        outcome: tuple[str, int | None] | None,
+        attempt: int,
+    ) -> tuple[str, str, float, dict[str, Any]]:
+        """(worker side) The kept chunks read exactly, then the stream's final event: the error
+        event inside the stream if one came (at its chunk's time), else ``last_token`` at ``t``
+        or ``outcome``'s error."""
+        reader = self._reader
+        assert reader is not None
+        error_at = reader.feed_batch(kept, times)
+        if error_at is not None:
+            hop, t = self._hop_error, error_at
+            attrs = self._error_attrs(reader.error, reader.error_status or self.status)  # type: ignore[arg-type]
+        elif outcome is None:
+            hop, attrs = self._hop_last, self._last_attrs(reader)
+        else:
+            hop, attrs = self._hop_error, self._error_attrs(*outcome)
+        attrs["attempt"] = attempt
+        if self.trace_id is not None:
+            attrs["trace_id"] = self.trace_id
+        return hop, self.request_id, _CLOCK_OFFSET + t, attrs
+
     def on_disconnect(self) -> None:
-        """The downstream client went away (``http.disconnect`` before the response finished)."""
+        """The downstream client went away (``http.disconnect`` before the response finished):
+        what was kept is read now, what is sent after it is not read."""
         if not self.complete:
             self.disconnected = True
+            if self._kept is not None:
+                self._read_kept()
+                self._kept = None
 
     def finish(self, exc: BaseException | None) -> None:
         """After the app returned or raised: report a request that never finished (never raises)."""
@@ -288,11 +376,15 @@ class Exchange:
             return
         try:
             if self.disconnected or isinstance(exc, OSError):
-                self.fail("disconnected")
+                outcome: tuple[str, int | None] = ("disconnected", None)
             elif exc is not None:
-                self.fail(_exception_label(exc), None, self.status if self.status is not None else 500)
+                outcome = (_exception_label(exc), self.status if self.status is not None else 500)
             else:
-                self.fail("incomplete")
+                outcome = ("incomplete", None)
+            if self._kept is not None:
+                self._end_stream(perf_counter(), outcome)  # an error among the kept chunks wins
+            else:
+                self.fail(outcome[0], None, outcome[1])
         except Exception:  # noqa: BLE001 - never into the host
             self.emitter.errors += 1
 

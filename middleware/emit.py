@@ -19,6 +19,13 @@ configured from the environment (``HOPLINE_SINK``, ``HOPLINE_SERVICE``, ``HOPLIN
 them and fall back to defaults. With neither, hopline emits nothing and says so once on stderr
 (it never writes to the host's stdout unless ``stdout`` is asked for).
 
+``Emitter.emit_later(build, *args)`` is for an event whose attributes are costly to read
+(a request body's JSON, a stream's remaining chunks): the request path queues ``build`` and its
+arguments, and the worker calls it when it drains the buffer, in order with the other events,
+where the same code runs many times in a row (warm) instead of once between the host's own code.
+At most ``DEFER_LIMIT`` such items wait at a time, which bounds the memory their arguments hold;
+beyond that (a slow sink), ``build`` runs at once on the caller's thread.
+
 Losing events is preferred to slowing the host: when the buffer is full (the sink is slower
 than the traffic, or the collector is down and a batch is being retried), the *oldest* buffered
 event makes room for the new one (as observability pipelines do: after an outage the most
@@ -45,6 +52,7 @@ import threading
 import time
 import weakref
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from hopline.middleware import clock
@@ -61,10 +69,14 @@ EXIT_TIMEOUT = 0.4
 EXIT_GRACE = 0.1
 STATS_INTERVAL = 10.0  # seconds between emitter.stats reports (when a counter changed)
 STATS_HEARTBEAT = 300.0  # ... and at least this often, so the collector knows the emitter lives
+# emit_later: the most deferred builds waiting in the buffer (each holds its arguments' memory)
+DEFER_LIMIT = 512
 
 # clock.now() inlined into emit (a Python call less: ~20% of emit's cost).
 _CLOCK_OFFSET = clock.OFFSET
 _perf = time.perf_counter
+# What an emit_later build returns: emit's (hop, request_id, ts, attrs)
+Built = tuple[str, str, float | None, dict[str, Any]]
 
 
 class Emitter:
@@ -139,6 +151,11 @@ class Emitter:
         emitter._disabled = emitter._closed = True
         return emitter
 
+    @property
+    def closed(self) -> bool:
+        """``close()`` was called (or the emitter is disabled): events are dropped from now on."""
+        return self._closed
+
     def _new_reporter(self) -> None:
         """A fresh identity for ``emitter.stats`` (per process: a forked child is another emitter)."""
         self.instance = new_eid()
@@ -169,6 +186,53 @@ class Emitter:
                 self._wake.set()
         except Exception:  # noqa: BLE001 - never into the host
             self.errors += 1
+
+    def emit_later(self, build: Callable[..., Built | None], *args: Any) -> None:
+        """Record one hop event whose attributes ``build(*args)`` reads, on the worker thread.
+
+        ``build`` returns ``(hop, request_id, ts, attrs)`` (what ``emit`` takes) or None (no
+        event). It runs when the worker drains the buffer, in order with the events around it;
+        while ``DEFER_LIMIT`` or more events wait (or the worker is not running yet), it runs
+        here and now instead. The caller must not touch what ``args`` hold afterwards. An
+        exception in ``build`` is counted in ``errors`` and costs that event only.
+        """
+        try:
+            buffer = self._buffer
+            queued = len(buffer)
+            if queued < DEFER_LIMIT and queued < self._limit:
+                buffer.append((build, args))  # a tuple: _drain builds it
+                if queued == self._wake_at:
+                    self._wake.set()
+                return
+            if self._disabled:
+                return
+            built = build(*args)
+            if built is not None:
+                hop, request_id, ts, attrs = built
+                self.emit(hop, request_id, ts, **attrs)
+        except Exception:  # noqa: BLE001 - never into the host
+            self.errors += 1
+
+    def _built(self, item: tuple[Callable[..., Built | None], tuple[Any, ...]]) -> dict[str, Any] | None:
+        """The event of an ``emit_later`` item (worker side), shaped as ``emit`` shapes it."""
+        build, args = item
+        try:
+            built = build(*args)
+        except Exception as exc:  # noqa: BLE001 - a bug costs this event, nothing more
+            self.errors += 1
+            warn_throttled("emit_later_build_failed", "emit_later_build_failed", error=repr(exc))
+            return None
+        if built is None:
+            return None
+        hop, request_id, ts, attrs = built
+        return {
+            "v": VERSION,
+            "ts": _CLOCK_OFFSET + _perf() if ts is None else ts,
+            "request_id": request_id,
+            "hop": hop,
+            **self.static,
+            **attrs,
+        }
 
     def _admit(self) -> bool:
         """The slow path of ``emit``: ``_limit`` is 0 until a worker runs in this process (first
@@ -238,6 +302,10 @@ class Emitter:
             batch = []
             while buffer and len(batch) < self.batch_size:
                 event = buffer.popleft()
+                if type(event) is tuple:  # emit_later: build it now
+                    event = self._built(event)
+                    if event is None:
+                        continue
                 if "eid" not in event:
                     event["eid"] = new_eid()
                 batch.append(event)
@@ -488,6 +556,18 @@ def get_emitter() -> Emitter:
             if _default is None:
                 _default = _from_environment()
     return _default
+
+
+def configured_emitter() -> Emitter | None:
+    """The process-wide emitter if hopline is configured (``configure()`` or ``HOPLINE_SINK``),
+    else None, without building a disabled one or saying anything: for code that must stay inert
+    until it is configured (vLLM's stat logger), checking again whenever it is called."""
+    current = _default
+    if current is None:
+        if not os.environ.get("HOPLINE_SINK", "").strip():
+            return None
+        current = get_emitter()
+    return None if current._disabled else current
 
 
 def _from_environment() -> Emitter:

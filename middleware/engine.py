@@ -19,16 +19,20 @@ as they come; nothing is buffered on the response path. A request that carries
 stat logger reads (``hopline.middleware.attempts``), so its ``engine.stats`` event names the same attempt.
 
 Per request this costs one ``EngineExchange`` (slotted; its bound ``receive``/``send`` replace
-closures), three events, and per streamed chunk one ``perf_counter`` plus the byte comparisons of
-``StreamReader.take_plain``; only the chunks around the first token and the end are JSON-decoded
-(``bench/bench_asgi.py`` measures it against no middleware and OpenTelemetry's; figures in bench/README.md).
+closures), three events, and per streamed chunk after the first token one ``perf_counter`` and two
+list appends; the request body's attributes and the kept chunks are read on the emitter's worker
+(``Emitter.emit_later``; see ``hopline.middleware.asgi``). ``bench/bench_vllm_pyspy.py`` measures
+hopline's share of a real vLLM API server's CPU, ``bench/bench_asgi.py`` the cost against no
+middleware and OpenTelemetry's; figures in bench/README.md.
 """
 
 from __future__ import annotations
 
 import os
 from time import perf_counter
+from typing import Any
 
+from hopline.middleware import clock
 from hopline.middleware.asgi import (
     ASGIApp,
     Exchange,
@@ -50,6 +54,9 @@ from hopline.middleware.sse import MAX_JSON_BYTES, request_summary
 
 DEFAULT_ROUTES = ("/v1/chat/completions", "/v1/completions")
 ROUTES_ENV = "HOPLINE_ENGINE_ROUTES"
+# Request bodies up to this size are read on the emitter's worker; larger ones at once (their
+# parse is dominated by their size, and the emitter's buffer should not hold them)
+MAX_DEFERRED_BODY = 64 << 10
 
 
 def routes_from_env() -> frozenset[str]:
@@ -89,11 +96,26 @@ class EngineExchange(Exchange):
         self._body_size = 0
 
     def emit_received(self, body: bytes | None) -> None:
+        """``engine.received``, its attributes read from the body on the emitter's worker
+        (``received_event``); a body over ``MAX_DEFERRED_BODY`` is read here, so that what waits
+        in the emitter's buffer stays small."""
         self.received = True
+        if body is not None and len(body) > MAX_DEFERRED_BODY:
+            hop, request_id, ts, attrs = self.received_event(body)
+            self.emitter.emit(hop, request_id, ts, **attrs)
+        else:
+            self.emitter.emit_later(self.received_event, body)
+
+    def received_event(self, body: bytes | None) -> tuple[str, str, float, dict[str, Any]]:
+        """The ``engine.received`` event of a request whose body (its first ``MAX_JSON_BYTES``) is ``body``."""
         attrs = request_summary(body) if body else {}
         if self.drop_model:
             attrs.pop("model", None)
-        self.emit("engine.received", self.entered, route=self.route, **attrs)
+        attrs["route"] = self.route
+        attrs["attempt"] = self.attempt
+        if self.trace_id is not None:
+            attrs["trace_id"] = self.trace_id
+        return "engine.received", self.request_id, clock.OFFSET + self.entered, attrs
 
     async def receive(self) -> Message:
         message = await self.upstream()

@@ -10,7 +10,8 @@ or completion ``text``. A role-only chunk (vLLM and OpenAI send one first), a us
 several events in one chunk come out the same. It keeps counts and timestamps, never text: a
 chunk's JSON is decoded, a few fields are read, and the object is dropped. Because it runs once per
 streamed chunk inside the engine's server, the stream's plain content chunk is learnt once and its
-repeats (same bytes around different text) are counted without decoding.
+repeats (same bytes around different text, or around an empty text: no output) are counted without
+decoding; ``feed_batch`` reads chunks a middleware kept, in one loop.
 
 ``request_summary`` / ``response_summary`` read the few attributes hopline records from a JSON
 request or a non-streaming response body, refusing bodies over ``MAX_JSON_BYTES``. Where the
@@ -71,7 +72,10 @@ def _output_in_choice(choice: Any) -> bool:
         return False
     delta = choice.get("delta")
     if isinstance(delta, dict):
-        return any(delta.get(name) for name in OUTPUT_DELTA_FIELDS)
+        for name in OUTPUT_DELTA_FIELDS:  # a loop, not any(genexpr): it runs for every parsed chunk
+            if delta.get(name):
+                return True
+        return False
     return bool(choice.get(OUTPUT_TEXT_FIELD))
 
 
@@ -120,8 +124,8 @@ class StreamReader:
         self._data: list[bytes] = []  # data lines of the event being read
         self._event = b""  # its `event:` field
         # The stream's plain-chunk template (see ``_learn``): the bytes before and after the
-        # content text, and their lengths
-        self._plain: tuple[bytes, bytes, int, int] | None = None
+        # content text, their lengths, and the chunk with an empty text
+        self._plain: tuple[bytes, bytes, int, int, bytes] | None = None
         self.first_at: float | None = None
         self.last_output_at: float | None = None
         self.output_chunks = 0
@@ -140,6 +144,25 @@ class StreamReader:
         """Parse one network chunk received at ``ts``; True when it carried the first output."""
         if self._plain is not None and self.take_plain(chunk, ts):
             return False
+        return self._feed_exact(chunk, ts)
+
+    def feed_batch(self, chunks: list[bytes], times: list[float]) -> float | None:
+        """``feed`` every chunk of ``chunks`` (arrived at ``times``) in order, up to the first error event.
+
+        Returns the arrival time of the chunk that brought an error (``error`` is then set and
+        the rest is not read), else None. The same result as feeding them one by one when they
+        arrived: a middleware keeps a stream's chunks after its first token and reads them here
+        in one loop, once per batch, rather than once per chunk between the server's own code.
+        """
+        take_plain, feed_exact = self.take_plain, self._feed_exact
+        for chunk, ts in zip(chunks, times):
+            if chunk and not take_plain(chunk, ts):
+                feed_exact(chunk, ts)
+                if self.error is not None:
+                    return ts
+        return None
+
+    def _feed_exact(self, chunk: bytes, ts: float) -> bool:
         if chunk == _DONE_EVENT and not (self._buf or self._data):
             self.done = True
             return False
@@ -166,7 +189,7 @@ class StreamReader:
         plain = self._plain
         if plain is None or self._buf or self._data:
             return False
-        head, tail, h, t = plain
+        head, tail, h, t, empty = plain
         n = len(chunk)
         if (
             n > h + t
@@ -183,7 +206,7 @@ class StreamReader:
                 self.max_gap_at = last
             self.last_output_at = ts
             return True
-        return False
+        return n == h + t and chunk == empty  # the same chunk with an empty text: no output, nothing to read
 
     def _learn(self, chunk: bytes) -> None:
         """Remember a plain chunk as the template for the rest of the stream.
@@ -201,7 +224,7 @@ class StreamReader:
         end = chunk.find(b'"', start)
         if end <= start or chunk.find(b"\\", start, end) >= 0:
             return
-        self._plain = (chunk[:start], chunk[end:], start, len(chunk) - end)
+        self._plain = (chunk[:start], chunk[end:], start, len(chunk) - end, chunk[:start] + chunk[end:])
 
     def _feed_lines(self, chunk: bytes, ts: float) -> None:
         if self._after_cr and chunk.startswith(b"\n"):

@@ -9,7 +9,9 @@ table can split the engine's TTFT into queue, prefill and frontend without compa
 vLLM loads it from the entry-point group ``vllm.stat_logger_plugins`` in ``AsyncLLM.__init__``
 (the API-server process, where ``hopline.middleware.engine.EngineMiddleware`` also runs; ``vllm
 serve`` has no flag for it; ``VLLM_PLUGINS``, when set, must name ``hopline``). It is inert
-unless ``HOPLINE_SINK`` is set. Configuration, as for every hopline emitter: ``HOPLINE_SINK``,
+until hopline is configured: ``HOPLINE_SINK``, or ``hopline.middleware.emit.configure()`` (also
+when that is called after vLLM built the logger: it follows the process-wide emitter). Configuration,
+as for every hopline emitter: ``HOPLINE_SINK``,
 ``HOPLINE_SERVICE``, ``HOPLINE_REPLICA``, ``HOPLINE_MODEL`` (default: vLLM's served model name).
 
 The request ID is ``FinishedRequestStats.request_id`` (vLLM >= 0.20): the caller's
@@ -24,13 +26,12 @@ plugin exists, even with ``--disable-log-stats`` (its console logger stays off).
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from hopline.middleware.attempts import ATTEMPTS, AttemptRegistry
 from hopline.middleware.contract import normalize_request_id
-from hopline.middleware.emit import Emitter, get_emitter
-from hopline.middleware.log import logger
+from hopline.middleware.emit import Emitter, configured_emitter
+from hopline.middleware.log import logger, warn_throttled
 
 try:
     from vllm.v1.metrics.loggers import StatLoggerBase
@@ -49,8 +50,8 @@ class HoplineStatLogger(StatLoggerBase):
     """Emits ``engine.stats`` from vLLM's per-request durations; never raises into vLLM.
 
     vLLM calls ``HoplineStatLogger(vllm_config, engine_index)``; ``emitter`` (tests, embedding)
-    replaces the one configured from ``HOPLINE_*`` and makes the logger active without
-    ``HOPLINE_SINK``; ``attempts`` is the registry the engine middleware notes failover attempts in
+    replaces the process-wide one (``configure()`` / ``HOPLINE_*``) and makes the logger active
+    without either; ``attempts`` is the registry the engine middleware notes failover attempts in
     (default: both use the process-wide ``ATTEMPTS``). ``skipped`` counts finished requests without
     a usable request ID, ``errors`` failures inside this logger (both caught and dropped).
     """
@@ -67,18 +68,28 @@ class HoplineStatLogger(StatLoggerBase):
         self.attempts = ATTEMPTS if attempts is None else attempts
         self.skipped = 0
         self.errors = 0
-        self._emitter: Emitter | None = None
+        self._given = emitter
+        self._served_model = _served_model_name(vllm_config)
+        self._emitter: Emitter | None = None  # the emitter in use (None: inert)
         self._model: str | None = None
-        if emitter is None and not os.environ.get("HOPLINE_SINK"):
-            return
+        self._current()
+
+    def _current(self) -> Emitter | None:
+        """The emitter to use now: the one given, else the process-wide one once hopline is
+        configured (``configure()`` or ``HOPLINE_SINK``), followed when ``configure()`` replaces it."""
         try:
-            self._emitter = emitter or get_emitter()
-            self.attempts.attach()
-            if "model" not in self._emitter.static:  # HOPLINE_MODEL unset: vLLM's name
-                self._model = _served_model_name(vllm_config)
-        except Exception as exc:  # never stop vLLM from starting
+            emitter = self._given if self._given is not None else configured_emitter()
+            if emitter is not self._emitter:
+                self._emitter = emitter
+                if emitter is not None:
+                    self.attempts.attach()
+                    # HOPLINE_MODEL unset: vLLM's served model name
+                    self._model = None if "model" in emitter.static else self._served_model
+            return emitter
+        except Exception as exc:  # noqa: BLE001 - never stop vLLM
             self.errors += 1
-            logger.warning("vllm_stat_logger_disabled", error=str(exc))
+            warn_throttled("vllm_stat_logger_disabled", "vllm_stat_logger_disabled", error=str(exc))
+            return None
 
     def record(
         self,
@@ -88,11 +99,14 @@ class HoplineStatLogger(StatLoggerBase):
         engine_idx: int = 0,
     ) -> None:
         """Called by vLLM once per engine step; does work only when requests finished."""
-        if self._emitter is None or iteration_stats is None:
+        if iteration_stats is None or (self._emitter is None and self._current() is None):
             return
         try:
             finished = iteration_stats.finished_requests
             if not finished:
+                return
+            # configure() replaced (closed) the emitter: follow it (checked only when there is work)
+            if self._emitter.closed and self._current() is None:  # type: ignore[union-attr]
                 return
             for stats in finished:
                 try:

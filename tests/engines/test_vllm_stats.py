@@ -18,7 +18,7 @@ import pytest
 from hopline.middleware.contract import validate_event
 from hopline.middleware.emit import Emitter
 from hopline.middleware.sinks import MemorySink
-from hopline.middleware import vllm_stats
+from hopline.middleware import emit
 from hopline.middleware.attempts import AttemptRegistry
 from hopline.middleware.vllm_stats import HoplineStatLogger
 
@@ -130,7 +130,8 @@ def test_first_served_model_name_and_hopline_model_wins() -> None:
 
 def test_inert_without_hopline_sink(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("HOPLINE_SINK", raising=False)
-    monkeypatch.setattr(vllm_stats, "get_emitter", lambda: pytest.fail("no sink configured: no emitter"))
+    monkeypatch.setattr(emit, "_default", None)
+    monkeypatch.setattr(emit, "get_emitter", lambda: pytest.fail("no sink configured: no emitter"))
 
     class Untouchable:
         @property
@@ -181,3 +182,27 @@ def test_attempt_noted_by_the_middleware(emitter: Emitter) -> None:
         ("req-3", 4),
         ("req-4", 1),
     ]
+
+
+def test_follows_the_emitter_set_by_configure_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No HOPLINE_SINK, only configure(): active, also when configure() comes after vLLM built the
+    logger, and it follows a later configure() to the new emitter."""
+    monkeypatch.delenv("HOPLINE_SINK", raising=False)
+    monkeypatch.setattr(emit, "_default", None)
+    early = HoplineStatLogger(VLLM_CONFIG, 0)  # vLLM builds it before the host configures hopline
+    early.record(None, IterationStats([finished("chatcmpl-req-before")]))  # inert: nothing configured yet
+    first = emit.configure(MemorySink(), service="engine-a")
+    late = HoplineStatLogger(VLLM_CONFIG, 0)
+    early.record(None, IterationStats([finished("chatcmpl-req-early")]))
+    late.record(None, IterationStats([finished("chatcmpl-req-late")]))
+    assert sorted(e["request_id"] for e in emitted(first)) == ["req-early", "req-late"]
+    assert {e["model"] for e in emitted(first)} == {"tiny"}
+    second = emit.configure(MemorySink(), service="engine-b", model="served-b")  # closes `first`
+    try:
+        early.record(None, IterationStats([finished("chatcmpl-req-again")]))
+        assert [(e["request_id"], e["service"], e["model"]) for e in emitted(second)] == [
+            ("req-again", "engine-b", "served-b")
+        ]
+        assert early.errors == late.errors == 0
+    finally:
+        second.close()

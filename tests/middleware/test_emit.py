@@ -6,6 +6,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -450,3 +451,36 @@ def test_an_unreachable_collector_does_not_hold_up_the_exit(mw) -> None:
         blackholed = f"http://127.0.0.1:{blackhole.getsockname()[1]}"
         assert _exit_seconds(blackholed) < 2.0
     assert _exit_seconds(mw.closed_port_url()) < 2.0
+
+
+def test_emit_later_builds_on_the_worker_in_order_and_bounds_what_waits(monkeypatch):
+    """Builds run when the buffer drains (not at the call), keep their place among plain events,
+    cost only their own event when they raise; past DEFER_LIMIT waiting they run at once."""
+    threads: list[str] = []
+
+    def build(n):
+        threads.append(threading.current_thread().name)
+        if n == 2:
+            raise ValueError("a bug in one build")
+        return "engine.received", f"r{n}", 1.0 + n, {"n": n}
+
+    emitter = Emitter(MemorySink(), flush_interval=60)
+    emitter.emit("engine.first_token", "r0", 1.0)  # starts the worker
+    for n in (1, 2, 3):
+        emitter.emit_later(build, n)
+    emitter.emit("engine.last_token", "r4", 5.0)
+    assert threads == []  # nothing read at the call
+    emitter.flush()
+    events = emitter.sink.events
+    assert [(e["hop"], e["request_id"], e["ts"]) for e in events] == [
+        ("engine.first_token", "r0", 1.0), ("engine.received", "r1", 2.0),
+        ("engine.received", "r3", 4.0), ("engine.last_token", "r4", 5.0),
+    ]
+    assert emitter.errors == 1 and events[1]["n"] == 1 and "eid" in events[1]
+    monkeypatch.setattr(emit_module, "DEFER_LIMIT", 2)
+    for n in range(5, 9):
+        emitter.emit_later(build, n)
+    assert len(threads) == 3 + 2  # two waited, the two over the limit were built at the call
+    emitter.flush()
+    assert sorted(e["request_id"] for e in emitter.sink.events[4:]) == ["r5", "r6", "r7", "r8"]
+    emitter.close()

@@ -216,3 +216,112 @@ def test_middleware_and_stat_logger_share_the_default_registry(mw):
     """vLLM constructs both itself, without arguments: they meet in the process-wide ATTEMPTS."""
     assert EngineMiddleware(mw.fake_engine_app(), emitter=mw.memory_emitter()).attempts is ATTEMPTS
     assert HoplineStatLogger(None, emitter=mw.memory_emitter()).attempts is ATTEMPTS
+
+
+def _sse(obj: dict) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def _delta(delta: dict, finish: str | None = None) -> bytes:
+    return _sse({"id": "chatcmpl-b", "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]})
+
+
+# After the role chunk and a first plain content chunk: plain chunks, chunks a byte template cannot
+# settle (a quote in the text, an empty text, a reasoning delta, two events in one message, an event
+# split over two messages) and a comment line; 8 of each kind of the 7 with output.
+MIXED = [
+    part
+    for i in range(8)
+    for part in (
+        _delta({"content": f" w{i}"}),
+        _delta({"content": f'say "{i}"'}),
+        _delta({"content": ""}),
+        _delta({"reasoning_content": f"r{i}"}),
+        _delta({"content": "a"}) + _delta({"content": "b"}),
+        _delta({"content": "split"})[:20],
+        _delta({"content": "split"})[20:],
+        b": keep-alive\n\n",
+    )
+]
+MIXED_OUTPUTS = 1 + 8 * 6  # the first content chunk, then per round: w, say, reasoning, a+b (2), split
+
+
+def _drive(middleware: EngineMiddleware, parts: list[bytes], pause_before: int | None = None) -> None:
+    """One streaming request through ``middleware`` on a fresh event loop, ``parts`` as body messages."""
+
+    async def app(scope, receive, send):
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+        for i, part in enumerate(parts):
+            if i == pause_before:
+                await asyncio.sleep(0.05)
+            await send({"type": "http.response.body", "body": part, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def receive():
+        return {"type": "http.request", "body": orjson.dumps(chat_body()), "more_body": False}
+
+    async def send(message):
+        pass
+
+    scope = {"type": "http", "path": "/v1/chat/completions", "headers": [(b"x-request-id", b"r-batch")]}
+    asyncio.run(EngineMiddleware(app, emitter=middleware.emitter)(scope, receive, send))
+
+
+def test_chunks_after_the_first_token_are_read_off_the_request_path_and_exactly(mw, monkeypatch):
+    """Only the chunks up to the first token are parsed on the event loop's thread; the rest are
+    kept and read on the emitter's worker, with the same counts, gap and finish as reading each."""
+    from hopline.middleware.sse import StreamReader
+
+    parsed_on: list[bool] = []  # per parsed event: inside the request's event loop?
+    dispatch = StreamReader._dispatch
+
+    def spy(self, *args):
+        parsed_on.append(asyncio._get_running_loop() is not None)
+        return dispatch(self, *args)
+
+    monkeypatch.setattr(StreamReader, "_dispatch", spy)
+    emitter = mw.memory_emitter()
+    head = [_delta({"role": "assistant", "content": ""}), _delta({"content": "first"})]
+    tail = [_delta({}, "length"), _sse({"id": "chatcmpl-b", "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 77}}),
+            b"data: [DONE]\n\n"]
+    parts = head + MIXED + tail
+    _drive(EngineMiddleware(None, emitter=emitter), parts, pause_before=len(head) + 17)
+    events = mw.wait_for(emitter, lambda ev: any(e["hop"] == "engine.last_token" for e in ev))
+    assert mw.hops_of(events) == ["engine.received", "engine.first_token", "engine.last_token"]
+    last = mw.one(events, "engine.last_token")
+    assert (last["output_chunks"], last["output_tokens"], last["finish_reason"]) == (MIXED_OUTPUTS, 77, "length")
+    # the 50 ms pause came before part 17 of MIXED (a "say" chunk, with output) after part 14 (a+b)
+    assert last["max_gap_s"] >= 0.05 and mw.one(events, "engine.first_token")["ts"] < last["max_gap_at"] < last["ts"] - 0.05
+    assert parsed_on[:2] == [True, True]  # the role chunk and the first content chunk: on the request path
+    assert len(parsed_on) > 2 + 8 * 3 and not any(parsed_on[2:])  # every later one after it, off the loop
+
+
+def test_an_error_event_after_many_chunks_is_exact_and_memory_stays_bounded(mw):
+    """Past MAX_KEPT_CHUNKS the kept chunks are read on the spot (a request holds at most that
+    many); an error event inside the 200 stream still ends it as engine.error at its own time."""
+    from hopline.middleware import asgi
+
+    emitter = mw.memory_emitter()
+    kept_sizes: list[int] = []
+    original = asgi.Exchange._read_kept
+
+    def spy(self):
+        kept_sizes.append(len(self._kept))
+        original(self)
+
+    head = [_delta({"role": "assistant", "content": ""}), _delta({"content": "first"})]
+    plain = [_delta({"content": f" w{i}"}) for i in range(3 * asgi.MAX_KEPT_CHUNKS)]
+    error = _sse({"error": {"message": "engine died SECRET", "type": "InternalServerError", "code": 500}})
+    parts = head + plain + [error] + plain[:10] + [b"data: [DONE]\n\n"]
+    asgi.Exchange._read_kept = spy
+    try:
+        _drive(EngineMiddleware(None, emitter=emitter), parts)
+    finally:
+        asgi.Exchange._read_kept = original
+    assert kept_sizes == [asgi.MAX_KEPT_CHUNKS] * 3  # read on the spot three times, each a full batch
+    events = mw.wait_for(emitter, lambda ev: any(e["hop"] == "engine.error" for e in ev))
+    assert mw.hops_of(events) == ["engine.received", "engine.first_token", "engine.error"]
+    failure = mw.one(events, "engine.error")
+    assert (failure["error"], failure["status"]) == ("stream_error:InternalServerError", 500)
+    assert "SECRET" not in orjson.dumps(events).decode()

@@ -1,0 +1,311 @@
+"""hopline's share of a real vLLM API server's CPU, measured with py-spy inside one process.
+
+    HOPLINE_VLLM_DIR=$PWD/.vllm python bench/bench_vllm_pyspy.py              # 16 streams x 96 tokens, 320 requests
+    python bench/bench_vllm_pyspy.py --requests 480 --rate 250 --keep /tmp/profile.txt
+
+Starts ``vllm serve`` (the CPU build and tiny model of ``.ci/vllm-setup.sh``, with
+tests/engines/test_vllm.py's helpers) with ``--middleware hopline.middleware.engine.EngineMiddleware``,
+the stat logger plugin and ``HOPLINE_SINK=file:...``; warms it up; then ``py-spy record`` samples the
+API-server process (all its threads: the event loop and hopline's emitter thread alike) while
+``--streams`` concurrent streaming chat requests of ``--tokens`` tokens each (``ignore_eos``, usage
+on) run until ``--requests`` have finished. A/B throughput between two vLLM starts is useless on a
+shared 2-core machine (identical servers differ 0.8-3.5x in tokens/s), so the measure is the share
+inside one process:
+
+* a sample is one thread's stack at one instant, as py-spy records it (raw, collapsed format);
+* busy samples: those py-spy records without ``--idle`` (it leaves out threads the OS reports as
+  not running), minus any whose innermost frame is a known blocking wait (``IDLE_LEAVES``: a
+  selector's ``select``, ``threading``'s ``wait``... — counted and printed, normally 0);
+* hopline's samples: busy samples whose innermost Python frame's file is under hopline's package
+  directories (as the vLLM venv imports them). That is hopline's self time, C calls it makes
+  included (orjson, ``perf_counter``, list appends show no frame of their own);
+* hopline's share = hopline's samples / busy samples. Printed with the counts, a binomial standard
+  error, the top hopline functions, and a second, wider figure: also samples whose innermost
+  frames are Python standard library code called from a hopline frame (``threading``'s ``Event.set``
+  from ``emit``, ...).
+
+The bench also checks what the middleware wrote: one ``engine.received``, ``engine.first_token``
+and ``engine.last_token`` per request, each ``last_token`` with ``output_tokens`` = ``--tokens``,
+``finish_reason`` ``length`` and ``output_chunks`` = ``--tokens`` (vLLM sends one SSE event per
+token here), and one ``engine.stats`` per request from the stat logger.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import glob
+import math
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import httpx
+import orjson
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO / "tests" / "engines"), str(REPO / "tests")]  # the vLLM tests' server helpers
+
+from test_vllm import MODEL, start_server, stop_server, wait_ready
+
+FLOOR = Path(__file__).resolve().parent / "vllm_floor_middleware.py"
+
+# Innermost frames that mean "waiting", should py-spy count such a thread as running.
+IDLE_LEAVES = {
+    ("select", "selectors.py"),
+    ("wait", "threading.py"),
+    ("_wait_for_tstate_lock", "threading.py"),
+    ("get", "queue.py"),
+    ("_worker", "thread.py"),
+    ("run_forever", "base_events.py"),
+}
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--vllm-dir", default=os.environ.get("HOPLINE_VLLM_DIR", str(REPO / ".vllm")),
+                        help="venv/ and tiny/ from .ci/vllm-setup.sh (default $HOPLINE_VLLM_DIR, else ./.vllm)")
+    parser.add_argument("--streams", type=int, default=16, help="concurrent streaming requests")
+    parser.add_argument("--tokens", type=int, default=96, help="max_tokens of each request (ignore_eos)")
+    parser.add_argument("--requests", type=int, default=320, help="requests sampled (after the warm-up)")
+    parser.add_argument("--warmup", type=int, default=32, help="requests before sampling starts")
+    parser.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
+    parser.add_argument("--max-num-seqs", type=int, default=16)
+    parser.add_argument("--py-spy", default=shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy"))
+    parser.add_argument("--keep", help="copy each run's raw py-spy profile to PREFIX.<current|baseline>.<time>")
+    parser.add_argument("--baseline", help="also run the hopline package found in this directory (DIR/hopline/...), "
+                        "e.g. an exported older commit: before/after in one run")
+    parser.add_argument("--rounds", type=int, default=1, help="runs of each (alternating order with --baseline)")
+    parser.add_argument("--floor", action="store_true", help="also load bench/vllm_floor_middleware.py (a bare "
+                        "send wrapper, outermost) and report its share too: what wrapping send costs at all")
+    return parser.parse_args()
+
+
+async def one_stream(client: httpx.AsyncClient, port: int, request_id: str, tokens: int) -> tuple[int, int]:
+    """One streaming chat request; (completion tokens from usage, SSE events carrying output)."""
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": f"Hello world, tell me about latency {request_id}"}],
+        "stream": True, "max_tokens": tokens, "ignore_eos": True, "stream_options": {"include_usage": True},
+    }  # fmt: skip
+    usage, outputs = None, 0
+    headers = {"X-Request-Id": request_id}
+    async with client.stream("POST", f"http://127.0.0.1:{port}/v1/chat/completions", json=body, headers=headers) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"{request_id}: HTTP {r.status_code} {await r.aread()!r}")
+        async for line in r.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = orjson.loads(line[6:])
+            usage = chunk.get("usage") or usage
+            outputs += any((c.get("delta") or {}).get("content") for c in chunk.get("choices") or ())
+    if usage is None or usage["completion_tokens"] != tokens:
+        raise RuntimeError(f"{request_id}: usage {usage}")
+    return usage["completion_tokens"], outputs
+
+
+async def load(port: int, prefix: str, requests: int, streams: int, tokens: int) -> tuple[float, int, dict[str, int]]:
+    """``requests`` streams, ``streams`` at a time; (wall seconds, completion tokens, output events per request)."""
+    next_index = iter(range(requests))
+    outputs: dict[str, int] = {}
+    done = 0
+
+    async def worker(client: httpx.AsyncClient) -> None:
+        nonlocal done
+        for i in next_index:
+            request_id = f"{prefix}-{i}"
+            completion, outputs[request_id] = await one_stream(client, port, request_id, tokens)
+            done += completion
+
+    limits = httpx.Limits(max_connections=streams, max_keepalive_connections=streams)
+    async with httpx.AsyncClient(timeout=300, limits=limits) as client:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker(client) for _ in range(streams)))
+        return time.perf_counter() - t0, done, outputs
+
+
+def hopline_dirs(root: Path, baseline: str | None) -> list[str]:
+    """The directories the vLLM server imports hopline's subpackages from, as its frames name
+    them (an editable install: this checkout's top-level folders; ``baseline``: DIR/hopline/...)."""
+    if baseline:
+        return [os.path.join(os.path.abspath(baseline), "hopline") + os.sep]
+    code = "import hopline.middleware as m, os; print(os.path.dirname(m.__file__))"
+    out = subprocess.run([str(root / "venv" / "bin" / "python"), "-c", code], capture_output=True, text=True, check=True)
+    parent = os.path.dirname(out.stdout.strip().splitlines()[-1])
+    return [os.path.join(parent, name) + os.sep for name in ("middleware", "collector", "analyzer", "dashboards")]
+
+
+def split_frame(frame: str) -> tuple[str, str]:
+    """py-spy's ``function (path:line)`` as (function, path)."""
+    name, _, rest = frame.partition(" (")
+    return name, rest.rsplit(":", 1)[0] if rest else ""
+
+
+def share_of(profile: Path, hopline: list[str], stdlib: str) -> dict:
+    """Count busy / hopline samples in a py-spy raw (collapsed) profile; see the module docstring."""
+    busy = idle = mine = wide = 0
+    functions: Counter[str] = Counter()
+    threads: Counter[str] = Counter()
+    for line in profile.read_text(errors="replace").splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        frames = stack.split(";")
+        thread = frames[0] if frames[0].startswith(("thread", "process")) else "?"
+        frames = [f for f in frames if " (" in f and not f.startswith(("thread (", "process "))]
+        if not frames:
+            continue
+        name, path = split_frame(frames[-1])
+        if (name.rpartition(".")[2], os.path.basename(path)) in IDLE_LEAVES:
+            idle += n
+            continue
+        busy += n
+        threads[thread] += n
+        if path.startswith(tuple(hopline)):
+            mine += n
+            wide += n
+            functions[f"{name} ({os.path.basename(os.path.dirname(path))}/{os.path.basename(path)})"] += n
+            continue
+        # wider figure: innermost frames in the standard library, called from a hopline frame
+        for frame in reversed(frames):
+            _, p = split_frame(frame)
+            if p.startswith(tuple(hopline)):
+                wide += n
+                break
+            if not p.startswith(stdlib) or "site-packages" in p:
+                break
+    return {"busy": busy, "idle": idle, "hopline": mine, "wide": wide, "functions": functions, "threads": threads}
+
+
+def check_events(sink: Path, outputs: dict[str, int], tokens: int) -> str:
+    """Every sampled request's engine hops and stats against what its client saw: a one-line verdict.
+
+    ``output_chunks`` must equal the SSE events with content the client counted (vLLM merges tokens
+    into one event when its API server lags, so it is not ``tokens``).
+    """
+    by_request: dict[str, dict[str, dict]] = defaultdict(dict)
+    for name in sorted(glob.glob(f"{sink}*")):
+        for line in Path(name).read_bytes().splitlines():
+            event = orjson.loads(line)
+            if event.get("request_id") in outputs:
+                by_request[event["request_id"]][event["hop"]] = event
+    bad = []
+    for request_id, seen in outputs.items():
+        hops = by_request.get(request_id, {})
+        last = hops.get("engine.last_token", {})
+        got = (last.get("output_tokens"), last.get("output_chunks"), last.get("finish_reason"))
+        ok = (
+            set(hops) == {"engine.received", "engine.first_token", "engine.last_token", "engine.stats"}
+            and got == (tokens, seen, "length")
+            and (seen < 2 or last.get("max_gap_s", -1) >= 0)
+        )
+        if not ok:
+            bad.append((request_id, sorted(hops), got, seen))
+    if bad:
+        return f"EVENTS WRONG for {len(bad)} of {len(outputs)} requests, e.g. {bad[:3]}"
+    return (
+        f"events checked: {len(outputs)} requests x (received, first_token, last_token, stats); last_token's "
+        f"output_tokens, finish_reason and output_chunks (= the client's count, {min(outputs.values())}-"
+        f"{max(outputs.values())}) exact"
+    )
+
+
+def measure(args: argparse.Namespace, root: Path, baseline: str | None) -> dict:
+    """One vLLM start, warm-up, sampled load; the share figures of that run.
+
+    ``baseline``: a directory whose ``hopline/`` package the server imports instead of this
+    checkout's (put first on its ``PYTHONPATH``), for a before/after comparison.
+    """
+    tmp = Path(tempfile.mkdtemp(prefix="hopline-pyspy-"))
+    sink, log, profile = tmp / "events.ndjson", tmp / "serve.log", tmp / "profile.txt"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    path = ([baseline] if baseline else []) + ([str(FLOOR.parent)] if args.floor else [])
+    os.environ["PYTHONPATH"] = os.pathsep.join(path)  # start_server passes it on to vllm serve
+    extra = ("--middleware", "vllm_floor_middleware.FloorMiddleware") if args.floor else ()
+    proc = start_server(root, port, sink, log, max_num_seqs=args.max_num_seqs, extra_args=extra)
+    try:
+        ready = wait_ready(proc, port, log)
+        asyncio.run(load(port, "warm", args.warmup, args.streams, args.tokens))
+        spy = subprocess.Popen(
+            [args.py_spy, "record", "--pid", str(proc.pid), "--rate", str(args.rate), "--format", "raw",
+             "--full-filenames", "--threads", "--gil", "--output", str(profile)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        time.sleep(1.0)  # py-spy attached
+        wall, tokens, outputs = asyncio.run(load(port, "bench", args.requests, args.streams, args.tokens))
+        spy.send_signal(signal.SIGINT)
+        _, spy_err = spy.communicate(timeout=60)
+    finally:
+        stop_server(proc)
+    if not profile.exists():
+        sys.exit(f"py-spy wrote no profile: {spy_err.decode(errors='replace')[-2000:]}")
+    result = share_of(profile, hopline_dirs(root, baseline), os.path.dirname(os.__file__))
+    result["floor"] = share_of(profile, [str(FLOOR)], os.path.dirname(os.__file__))["hopline"] if args.floor else None
+    result.update(ready=ready, wall=wall, tokens=tokens, verdict=check_events(sink, outputs, args.tokens))
+    if args.keep:
+        shutil.copy(profile, f"{args.keep}.{'baseline' if baseline else 'current'}.{int(time.time())}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    return result
+
+
+def report(label: str, args: argparse.Namespace, result: dict) -> None:
+    busy, mine, wide = result["busy"], result["hopline"], result["wide"]
+    p = mine / busy if busy else 0.0
+    se = math.sqrt(p * (1 - p) / busy) if busy else 0.0
+    print(f"== {label}: vLLM ready after {result['ready']:.0f} s; {args.requests} requests x {args.tokens} tokens, "
+          f"{args.streams} streams: {result['wall']:.1f} s, {result['tokens'] / result['wall']:.0f} tok/s; "
+          f"py-spy {args.rate} Hz")
+    print(result["verdict"])
+    print(f"busy samples: {busy} (idle leaves left out: {result['idle']})")
+    print(f"hopline self samples: {mine} -> share {100 * p:.2f}% (+- {100 * se:.2f}% s.e.)")
+    print(f"hopline + stdlib callees: {wide} -> {100 * wide / max(busy, 1):.2f}%")
+    if result["floor"] is not None:
+        print(f"floor send wrapper (bench/vllm_floor_middleware.py) self samples: {result['floor']} -> "
+              f"{100 * result['floor'] / max(busy, 1):.2f}%")
+    print("busy samples by thread: " + ", ".join(f"{t} {n}" for t, n in result["threads"].most_common(6)))
+    print("top hopline functions (self samples):")
+    for name, n in result["functions"].most_common(12):
+        print(f"  {n:6d}  {name}")
+
+
+def main() -> None:
+    args = parse_args()
+    root = Path(args.vllm_dir)
+    for need in (root / "venv" / "bin" / "python", root / "tiny" / "config.json", Path(args.py_spy)):
+        if not need.exists():
+            sys.exit(f"{need} is missing (vLLM: HOPLINE_VLLM_DIR={root} bash .ci/vllm-setup.sh; py-spy: pip install py-spy)")
+    runs = [None] if args.baseline is None else [args.baseline, None]
+    pooled: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for rnd in range(args.rounds):
+        for baseline in runs if rnd % 2 == 0 else runs[::-1]:
+            label = "baseline" if baseline else "current"
+            for attempt in range(3):  # on this shared machine a server is sometimes stopped from outside
+                try:
+                    result = measure(args, root, baseline)
+                    break
+                except (httpx.HTTPError, RuntimeError) as exc:
+                    print(f"== round {rnd + 1}, {label}: run failed ({exc!r}); server log kept in /tmp; again")
+            else:
+                sys.exit("three failed runs in a row")
+            report(f"round {rnd + 1}, {label}", args, result)
+            pooled[label][0] += result["hopline"]
+            pooled[label][1] += result["busy"]
+    print("== pooled over rounds:")
+    for label, (mine, busy) in pooled.items():
+        p = mine / busy if busy else 0.0
+        se = math.sqrt(p * (1 - p) / busy) if busy else 0.0
+        print(f"{label}: hopline {mine} of {busy} busy samples = {100 * p:.2f}% (+- {100 * se:.2f}% s.e.)")
+
+
+if __name__ == "__main__":
+    main()
