@@ -15,8 +15,7 @@ from typing import Annotated, Any
 import orjson
 import polars as pl
 import typer
-from hopline.analyzer import attribution, io, report
-from hopline.analyzer.timelines import timelines
+from hopline.analyzer import attribution, bounded, io, report
 from hopline.middleware.cli import ClickException, UsageError
 from hopline.middleware.durations import parse_duration
 from hopline.middleware.kv import KVConfigError, KVSpec
@@ -90,19 +89,26 @@ def analyze_files(
     kv_bytes: int | None = None,
     on_file: Callable[[Path], None] | None = None,
     on_step: Callable[[str], None] | None = None,
+    budget: bounded.Budget | None = None,
 ) -> tuple[dict[str, Any], pl.DataFrame]:
-    """The findings object for ``files`` and the per-request timelines it was computed from;
-    ``NoHopEvents`` when the files hold none (empty, garbage, JSON that is not hop events)."""
-    events, scan = io.scan_events(files, since=since, until=until, progress=on_file)
+    """The findings object for ``files`` and the per-request timelines it was computed from
+    (a sample of them for a log beyond ``budget``, see ``bounded``); ``NoHopEvents`` when the
+    files hold none (empty, garbage, JSON that is not hop events)."""
+    scanned, scan = io.scan_each(files, since=since, until=until, progress=on_file)
     if not scan.events:
         raise NoHopEvents(no_events_message(files, scan))
     if on_step is not None:
-        on_step("building timelines")
-    frame = timelines(events, scopes=tuple(d for d in by if d not in SCOPE_SOURCES)).collect()
-    if on_step is not None:
-        on_step("finding shifts and pitfalls")
-    result = report.analyze(frame, window=window, by=by, slo=slo, scan=scan, kv_bytes_per_token=kv_bytes)
-    return result, frame
+        on_step("building timelines, then finding shifts and pitfalls")
+    return bounded.analyze(
+        scanned,
+        scan,
+        scopes=tuple(d for d in by if d not in SCOPE_SOURCES),
+        budget=budget,
+        window=window,
+        by=by,
+        slo=slo,
+        kv_bytes_per_token=kv_bytes,
+    )
 
 
 def analyze_command(
@@ -146,10 +152,18 @@ def analyze_command(
             "traces URL, e.g. http://localhost:4318/v1/traces.",
         ),
     ] = None,
+    max_memory: Annotated[
+        str,
+        typer.Option(
+            help="Memory to stay within, e.g. 6GiB: a larger log is analysed a bucket of requests at a time "
+            "(temporary files under TMPDIR), its statistics on a seeded sample of requests.",
+        ),
+    ] = "6GiB",
 ) -> None:
     try:
         dims = parse_scopes(by)
         slo_targets = attribution.Slo.parse(slo) if slo else None
+        budget = bounded.Budget.of(bounded.parse_size(max_memory))
         if window != "auto" and parse_duration(window) <= 0:  # a bad --window fails before any file is read
             raise ValueError(f"--window must be longer than 0, got {window!r} (examples: 500ms, 10s, 1m)")
     except ValueError as exc:
@@ -185,6 +199,7 @@ def analyze_command(
                 kv_bytes=kv_bytes,
                 on_file=lambda path: progress.update(task, advance=1, description=f"reading {path.name}"),
                 on_step=lambda step: progress.update(task, description=step),
+                budget=budget,
             )
     except NoHopEvents as exc:
         raise ClickException(str(exc)) from exc
