@@ -41,9 +41,10 @@ BUCKET_FOLDER = re.compile(r"^bucket=(\d+)$")
 BUCKET_SEED = 5  # the bucket key's hash seed: independent of timelines' HASH_SEEDS (11, 12)
 SPLIT_SEED = 6  # for splitting a bucket that is too large again
 SAMPLE_SEED = 17
-# Measured peaks (ru_maxrss, polars 2.1): timelines() ≈ 130 bytes an event; report.analyze on a
-# collected timelines frame ≈ 2.2 KB a request. Both kept within half the budget.
-EVENT_BYTES = 130
+# Measured peaks (ru_maxrss, polars 2.1): timelines() on a bucket ≈ 500 bytes an event (7.4M
+# events: 3.2-3.8 GiB); report.analyze on a collected timelines frame ≈ 2.2 KB a request. Each
+# kept within half the budget.
+EVENT_BYTES = 500
 REQUEST_BYTES = 2_200
 DEFAULT_MAX_MEMORY = 6 * 1024**3
 _SIZE = re.compile(r"^\s*([0-9.]+(?:e[0-9]+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
@@ -114,11 +115,30 @@ def split(events: pl.LazyFrame, folder: Path, buckets: int, seed: int) -> list[p
     return [pl.scan_parquet(sorted(d.glob("*.parquet"))) for d in parts]
 
 
+def has_trace_ids(group: list[Scanned]) -> bool:
+    """Whether any event of ``group`` carries a ``trace_id`` (else ``TRACE_RULE`` has nothing to
+    resolve, and its join, which doubles the reading and stops streaming, is skipped). Parquet
+    files are asked directly (one column, null in logs without traces), not through the checks."""
+    for item in group:
+        source = pl.scan_parquet(item.path) if item.path.suffix == ".parquet" else item.events
+        if "trace_id" not in source.collect_schema():
+            continue
+        if source.select(pl.col("trace_id").is_not_null().any()).collect().item():
+            return True
+    return False
+
+
+def resolved(group: list[Scanned]) -> pl.LazyFrame:
+    """The group's events, trace stand-ins given their request's ID (``resolve_by_trace``)."""
+    events = pl.concat([s.events for s in group], how="vertical")
+    return resolve_by_trace(events) if has_trace_ids(group) else events
+
+
 def bucket_events(groups: list[list[Scanned]], work: Path, limit: int) -> Iterator[pl.LazyFrame]:
     """Each bucket's events (trace stand-ins resolved), at most about ``limit`` events each:
     an input group that holds more is split by a hash of ``request_id`` (into ``work``)."""
     for number, group in enumerate(groups):
-        events = resolve_by_trace(pl.concat([s.events for s in group], how="vertical"))
+        events = resolved(group)
         rows = sum(s.rows for s in group)
         if rows <= limit:
             yield events
@@ -136,15 +156,14 @@ def build_table(
     temporary folder by default)."""
     groups = input_buckets(scanned)
     if len(groups) <= 1 and sum(s.rows for s in scanned) <= budget.bucket_events:
-        events = resolve_by_trace(pl.concat([s.events for s in scanned], how="vertical"))
-        frame = timelines(events, scopes=scopes, resolve=False).collect()
+        frame = timelines(resolved(scanned), scopes=scopes, resolve=False).collect()
         return Table(frame.lazy(), frame.height)
     folder = Path(tempfile.mkdtemp(prefix="hopline-analyze-", dir=work_dir))
     try:
         parts = folder / "timelines"
         parts.mkdir()
         for number, events in enumerate(bucket_events(groups, folder, budget.bucket_events)):
-            timelines(events, scopes=scopes, resolve=False).sink_parquet(parts / f"part-{number:05d}.parquet")
+            timelines(events, scopes=scopes, resolve=False).collect().write_parquet(parts / f"part-{number:05d}.parquet")
         frame = pl.scan_parquet(sorted(parts.glob("*.parquet")))
         return Table(frame, frame.select(pl.len()).collect().item(), folder)
     except BaseException:

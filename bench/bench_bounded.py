@@ -1,8 +1,9 @@
 """The bounded analyzer on 5M-50M requests: hopline a bucket of requests at a time vs the best
 DuckDB query we could write, each in a fresh process, time, CPU and peak RSS.
 
-    python bench/gen_large.py --requests 5000000 --buckets 8      # -> /work/bench-data/store-5000000
-    python bench/bench_bounded.py --requests 5000000 --engines hopline,analyze,duckdb
+    python bench/gen_large.py --requests 50000000 --buckets 80    # -> /work/bench-data/store-50000000
+    python bench/bench_bounded.py --requests 50000000 --engines hopline,analyze,duckdb
+    python bench/bench_bounded.py --requests 20000000 --store /work/bench-data/store-50000000
 
 The log is a store bucketed by request (``gen_large.py --buckets``: ``bucket=K`` folders,
 ~7.4M events each at 12 events a request), as a collector's compaction could write it.
@@ -61,10 +62,18 @@ def replica_quantiles(table: pl.LazyFrame) -> pl.DataFrame:
     return out.sort("replica")
 
 
-def run_hopline(store: Path) -> pl.DataFrame:
+def store_files(store: Path, requests: int, chunk: int = 500_000) -> list[Path]:
+    """The store's files holding its first ``requests`` requests (``gen_large.py --buckets``
+    writes chunk ``c`` of ``chunk`` requests as ``bucket=K/cCCCCC.parquet``): a 50M store
+    serves as the 5M and 20M logs too, each a contiguous span of time."""
+    chunks = -(-requests // chunk)
+    return sorted(f for f in store.rglob("c*.parquet") if int(f.stem[1:]) < chunks)
+
+
+def run_hopline(files: list[Path]) -> pl.DataFrame:
     from hopline.analyzer import bounded, io
 
-    scanned, _ = io.scan_each([store])
+    scanned, _ = io.scan_each(files)
     table = bounded.build_table(scanned, (), bounded.Budget.of())
     try:
         return replica_quantiles(table.frame)
@@ -72,10 +81,10 @@ def run_hopline(store: Path) -> pl.DataFrame:
         table.close()
 
 
-def run_analyze(store: Path) -> pl.DataFrame:
-    from hopline.analyzer.cli import analyze_files, event_files
+def run_analyze(files: list[Path]) -> pl.DataFrame:
+    from hopline.analyzer.cli import analyze_files
 
-    result, _ = analyze_files(event_files([store]))
+    result, _ = analyze_files(files)
     print(json.dumps({"requests": result["requests"], "sample": result.get("sample"),
                       "findings": len(result["findings"])}), file=sys.stderr)  # fmt: skip
     return pl.DataFrame()
@@ -100,7 +109,7 @@ def needed(stages: tuple[str, ...]) -> set[str]:
     return seen
 
 
-def duckdb_sql(files: str) -> str:
+def duckdb_sql(files: list[Path]) -> str:
     """Per request (a 64-bit hash of its ID): the needed inputs, stream and replica; then the
     stages those need and their quantiles per replica."""
     names = needed(SEVEN)
@@ -136,7 +145,7 @@ def duckdb_sql(files: str) -> str:
         WITH ev AS (
             SELECT hash(request_id) AS rid, hop, ts, ts - attempt * {SPAN} AS k, replica, upstream, stream,
                    {", ".join(sorted({i.attr for i in inputs if i.attr}))}
-            FROM read_parquet('{files}') WHERE hop IN ({hop_list})
+            FROM read_parquet([{", ".join(f"'{f}'" for f in files)}]) WHERE hop IN ({hop_list})
         ), per_request AS (
             SELECT min(ts) AS t0, {", ".join(cols)}, coalesce({stream}) AS stream, {replica}
             FROM ev GROUP BY rid
@@ -153,7 +162,7 @@ _ENGINE_HOPS = ("engine.received", "engine.scheduled", "engine.first_token", "en
                 "engine.error")  # fmt: skip
 
 
-def run_duckdb(store: Path) -> pl.DataFrame:
+def run_duckdb(files: list[Path]) -> pl.DataFrame:
     import duckdb
 
     spill = tempfile.mkdtemp(prefix="duckdb-spill-", dir=os.environ.get("TMPDIR"))
@@ -163,7 +172,7 @@ def run_duckdb(store: Path) -> pl.DataFrame:
     con.execute(f"SET temp_directory = '{spill}'")
     con.execute("SET preserve_insertion_order = false")
     try:
-        return pl.from_arrow(con.sql(duckdb_sql(f"{store}/**/*.parquet")).to_arrow_table())  # type: ignore[return-value]
+        return pl.from_arrow(con.sql(duckdb_sql(files)).to_arrow_table())  # type: ignore[return-value]
     finally:
         con.close()
         subprocess.run(["rm", "-rf", spill], check=False)
@@ -175,21 +184,23 @@ ENGINES = {"hopline": run_hopline, "analyze": run_analyze, "duckdb": run_duckdb}
 # --- the harness ---------------------------------------------------------------------------------
 
 
-def worker(engine: str, store: Path, result: Path) -> None:
+def worker(engine: str, store: Path, requests: int, result: Path) -> None:
+    files = store_files(store, requests)
     began = time.perf_counter()
-    table = ENGINES[engine](store)
+    table = ENGINES[engine](files)
     seconds = time.perf_counter() - began
     if table.height:
         table.select(RESULT_COLUMNS).write_parquet(result)
     print(json.dumps({"seconds": seconds}))
 
 
-def measured(engine: str, store: Path, result: Path, max_gib: float) -> dict:
+def measured(engine: str, store: Path, requests: int, result: Path, max_gib: float) -> dict:
     """One engine in a fresh, niced process: its seconds (inside), CPU (user + system) and peak
     RSS (``ru_maxrss``, from ``wait4``: that process's own); killed past ``max_gib``."""
     import psutil
 
-    argv = [sys.executable, str(HERE), "--worker", engine, "--store", str(store), "--result", str(result)]
+    argv = [sys.executable, str(HERE), "--worker", engine, "--store", str(store), "--requests", str(requests),
+            "--result", str(result)]  # fmt: skip
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, preexec_fn=lambda: os.nice(10))
     watched, killed = psutil.Process(proc.pid), False
     while True:  # not proc.poll(): it would reap the child before wait4 reads its rusage
@@ -222,21 +233,21 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=Path("/work/bench-data"))
     parser.add_argument("--max-gib", type=float, default=10.0)
     parser.add_argument("--worker", choices=sorted(ENGINES))
-    parser.add_argument("--store", type=Path)
+    parser.add_argument("--store", type=Path, help="default: DATA/store-REQUESTS; a larger store's first REQUESTS")
     parser.add_argument("--result", type=Path)
     args = parser.parse_args()
+    store = args.store or args.data / f"store-{args.requests}"
     if args.worker:
-        worker(args.worker, args.store, args.result)
+        worker(args.worker, store, args.requests, args.result)
         return
-    store = args.data / f"store-{args.requests}"
-    files = sorted(store.rglob("*.parquet"))
+    files = store_files(store, args.requests)
     events = pl.scan_parquet(files).select(pl.len()).collect().item()
     size = sum(f.stat().st_size for f in files) / 1e9
     print(f"{args.requests:,} requests, {events:,} events, {size:.2f} GB Parquet in {len(files)} files", flush=True)
     tables, rows = {}, {}
     for engine in args.engines.split(","):
         result = args.data / f"result-bounded-{engine}.parquet"
-        rows[engine] = measured(engine, store, result, args.max_gib)
+        rows[engine] = measured(engine, store, args.requests, result, args.max_gib)
         if result.exists():
             tables[engine] = pl.read_parquet(result)
             result.unlink()
