@@ -31,7 +31,13 @@ from pathlib import Path
 
 import orjson
 import polars as pl
-from hopline.middleware.contract import EMITTER_STATS_HOP, ENGINE_ID_PREFIXES, STORAGE_COLUMNS, TS_MAX, iter_ndjson
+from hopline.middleware.contract import (
+    EMITTER_STATS_HOP,
+    ENGINE_ID_PREFIXES,
+    STORAGE_COLUMNS,
+    TS_MAX,
+    iter_ndjson,
+)
 from hopline.middleware.records import translate_lines
 
 SCHEMA: dict[str, pl.DataType] = {name: getattr(pl, dtype)() for name, dtype in STORAGE_COLUMNS.items()}

@@ -35,7 +35,6 @@ from pathlib import Path
 
 import polars as pl
 from bench_analyzer import QUANTILES, RESULT_COLUMNS, SEVEN, _sql_formula, same
-
 from hopline.middleware.contract import INPUTS, STAGES
 
 HERE = Path(__file__).resolve()
@@ -199,9 +198,9 @@ def measured(engine: str, store: Path, requests: int, result: Path, max_gib: flo
     RSS (``ru_maxrss``, from ``wait4``: that process's own); killed past ``max_gib``."""
     import psutil
 
-    argv = [sys.executable, str(HERE), "--worker", engine, "--store", str(store), "--requests", str(requests),
+    argv = ["nice", "-n", "10", sys.executable, str(HERE), "--worker", engine, "--store", str(store), "--requests", str(requests),
             "--result", str(result)]  # fmt: skip
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, preexec_fn=lambda: os.nice(10))
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE)  # nice execs: the pid is the worker's
     watched, killed = psutil.Process(proc.pid), False
     while True:  # not proc.poll(): it would reap the child before wait4 reads its rusage
         try:

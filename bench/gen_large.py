@@ -35,7 +35,6 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pyarrow.parquet as pq
-
 from hopline.middleware.contract import STORAGE_COLUMNS
 
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z

@@ -103,7 +103,7 @@ def test_bucket_count_and_the_rules_that_cross_buckets(log_dir, tmp_path, monkey
 
     monkeypatch.setattr(bounded, "split", counting)
     monkeypatch.setenv("TMPDIR", str(tmp_path))
-    result, frame = analyze_files(event_files([log_dir]), budget=SMALL)
+    _, frame = analyze_files(event_files([log_dir]), budget=SMALL)
     assert len(made) == 1 and not made[0].exists() and not list(tmp_path.iterdir())
     traced = frame.filter(pl.col("request_id") == "traced-1").row(0, named=True)
     assert traced["gateway_received"] is not None
