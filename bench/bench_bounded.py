@@ -183,8 +183,7 @@ ENGINES = {"hopline": run_hopline, "analyze": run_analyze, "duckdb": run_duckdb}
 # --- the harness ---------------------------------------------------------------------------------
 
 
-def worker(engine: str, store: Path, requests: int, result: Path) -> None:
-    files = store_files(store, requests)
+def worker(engine: str, files: list[Path], result: Path) -> None:
     began = time.perf_counter()
     table = ENGINES[engine](files)
     seconds = time.perf_counter() - began
@@ -193,13 +192,13 @@ def worker(engine: str, store: Path, requests: int, result: Path) -> None:
     print(json.dumps({"seconds": seconds}))
 
 
-def measured(engine: str, store: Path, requests: int, result: Path, max_gib: float) -> dict:
+def measured(engine: str, store: Path, requests: int, chunk: int, result: Path, max_gib: float) -> dict:
     """One engine in a fresh, niced process: its seconds (inside), CPU (user + system) and peak
     RSS (``ru_maxrss``, from ``wait4``: that process's own); killed past ``max_gib``."""
     import psutil
 
     argv = ["nice", "-n", "10", sys.executable, str(HERE), "--worker", engine, "--store", str(store), "--requests", str(requests),
-            "--result", str(result)]  # fmt: skip
+            "--chunk", str(chunk), "--result", str(result)]  # fmt: skip
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE)  # nice execs: the pid is the worker's
     watched, killed = psutil.Process(proc.pid), False
     while True:  # not proc.poll(): it would reap the child before wait4 reads its rusage
@@ -233,20 +232,21 @@ def main() -> None:
     parser.add_argument("--max-gib", type=float, default=10.0)
     parser.add_argument("--worker", choices=sorted(ENGINES))
     parser.add_argument("--store", type=Path, help="default: DATA/store-REQUESTS; a larger store's first REQUESTS")
+    parser.add_argument("--chunk", type=int, default=500_000, help="the store's requests per chunk file")
     parser.add_argument("--result", type=Path)
     args = parser.parse_args()
     store = args.store or args.data / f"store-{args.requests}"
+    files = store_files(store, args.requests, args.chunk)
     if args.worker:
-        worker(args.worker, store, args.requests, args.result)
+        worker(args.worker, files, args.result)
         return
-    files = store_files(store, args.requests)
     events = pl.scan_parquet(files).select(pl.len()).collect().item()
     size = sum(f.stat().st_size for f in files) / 1e9
     print(f"{args.requests:,} requests, {events:,} events, {size:.2f} GB Parquet in {len(files)} files", flush=True)
     tables, rows = {}, {}
     for engine in args.engines.split(","):
         result = args.data / f"result-bounded-{engine}.parquet"
-        rows[engine] = measured(engine, store, args.requests, result, args.max_gib)
+        rows[engine] = measured(engine, store, args.requests, args.chunk, result, args.max_gib)
         if result.exists():
             tables[engine] = pl.read_parquet(result)
             result.unlink()

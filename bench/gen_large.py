@@ -237,7 +237,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=5_000_000)
     parser.add_argument("--out", type=Path, default=None, help="default: /work/bench-data/events-N.parquet")
-    parser.add_argument("--chunk", type=int, default=250_000, help="requests generated at a time (--buckets: 500000 is faster, ~3 GB)")
+    parser.add_argument("--chunk", type=int, default=0, help="requests generated at a time (default 250000; --buckets: 500000, ~3 GB)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--buckets", type=int, default=0, help="write a store bucketed by request (OUT is a folder)")
     args = parser.parse_args()
@@ -245,10 +245,10 @@ def main() -> None:
     out = args.out or Path("/work/bench-data") / name
     out.parent.mkdir(parents=True, exist_ok=True)
     if args.buckets:
-        result = generate_bucketed(args.requests, out, args.buckets, args.chunk, args.seed)
+        result = generate_bucketed(args.requests, out, args.buckets, args.chunk or 500_000, args.seed)
         size = sum(f.stat().st_size for f in out.rglob("*.parquet")) / 1e6
     else:
-        result = generate(args.requests, out, args.chunk, args.seed)
+        result = generate(args.requests, out, args.chunk or 250_000, args.seed)
         size = out.stat().st_size / 1e6
     print(f"{out}: {result['requests']:,} requests, {result['events']:,} events, {size:,.0f} MB, "
           f"{result['seconds']:.1f} s")  # fmt: skip
