@@ -41,9 +41,10 @@ BUCKET_FOLDER = re.compile(r"^bucket=(\d+)$")
 BUCKET_SEED = 5  # the bucket key's hash seed: independent of timelines' HASH_SEEDS (11, 12)
 SPLIT_SEED = 6  # for splitting a bucket that is too large again
 SAMPLE_SEED = 17
-# Measured peaks (ru_maxrss, polars 2.1): timelines() on a bucket ≈ 500 bytes an event (7.4M
-# events: 3.2-3.8 GiB); report.analyze on a collected timelines frame ≈ 2.2 KB a request. Each
-# kept within half the budget.
+# Measured peaks (ru_maxrss, polars 2.1): timelines() on a bucket, Polars' in-memory engine,
+# ≈ 420-500 bytes an event (5.9M events: 2.45 GiB; the streaming engine buffers the group-by's
+# rows: 4.2 GiB for the same CPU); report.analyze on a collected timelines frame ≈ 2.2 KB a
+# request. Each kept within half the budget.
 EVENT_BYTES = 500
 REQUEST_BYTES = 2_200
 DEFAULT_MAX_MEMORY = 6 * 1024**3
@@ -120,12 +121,19 @@ def has_trace_ids(group: list[Scanned]) -> bool:
     resolve, and its join, which doubles the reading and stops streaming, is skipped). Parquet
     files are asked directly (one column, null in logs without traces), not through the checks."""
     for item in group:
-        source = pl.scan_parquet(item.path) if item.path.suffix == ".parquet" else item.events
-        if "trace_id" not in source.collect_schema():
-            continue
-        if source.select(pl.col("trace_id").is_not_null().any()).collect().item():
-            return True
+        try:
+            if _any_trace_id(pl.scan_parquet(item.path) if item.path.suffix == ".parquet" else item.events):
+                return True
+        except (pl.exceptions.PolarsError, OSError):  # a bad file: io reported it, its frame is empty
+            if _any_trace_id(item.events):
+                return True
     return False
+
+
+def _any_trace_id(events: pl.LazyFrame) -> bool:
+    if "trace_id" not in events.collect_schema():
+        return False
+    return bool(events.select(pl.col("trace_id").is_not_null().any()).collect().item())
 
 
 def resolved(group: list[Scanned]) -> pl.LazyFrame:
@@ -156,14 +164,15 @@ def build_table(
     temporary folder by default)."""
     groups = input_buckets(scanned)
     if len(groups) <= 1 and sum(s.rows for s in scanned) <= budget.bucket_events:
-        frame = timelines(resolved(scanned), scopes=scopes, resolve=False).collect()
+        frame = timelines(resolved(scanned), scopes=scopes, resolve=False).collect(engine="in-memory")
         return Table(frame.lazy(), frame.height)
     folder = Path(tempfile.mkdtemp(prefix="hopline-analyze-", dir=work_dir))
     try:
         parts = folder / "timelines"
         parts.mkdir()
         for number, events in enumerate(bucket_events(groups, folder, budget.bucket_events)):
-            timelines(events, scopes=scopes, resolve=False).collect().write_parquet(parts / f"part-{number:05d}.parquet")
+            frame = timelines(events, scopes=scopes, resolve=False).collect(engine="in-memory")
+            frame.write_parquet(parts / f"part-{number:05d}.parquet")
         frame = pl.scan_parquet(sorted(parts.glob("*.parquet")))
         return Table(frame, frame.select(pl.len()).collect().item(), folder)
     except BaseException:
