@@ -38,7 +38,7 @@ from bench_analyzer import QUANTILES, RESULT_COLUMNS, SEVEN, _sql_formula, same
 from hopline.middleware.contract import INPUTS, STAGES
 
 HERE = Path(__file__).resolve()
-DUCKDB_MEMORY = "6GB"
+DUCKDB_MEMORY = os.environ.get("HOPLINE_BENCH_DUCKDB_MEMORY", "6GB")
 SPAN = 16777216.0  # 2**24: the attempt's weight in the pick, as in timelines.py
 
 
@@ -234,7 +234,9 @@ def main() -> None:
     parser.add_argument("--store", type=Path, help="default: DATA/store-REQUESTS; a larger store's first REQUESTS")
     parser.add_argument("--chunk", type=int, default=500_000, help="the store's requests per chunk file")
     parser.add_argument("--result", type=Path)
+    parser.add_argument("--duckdb-memory", default=DUCKDB_MEMORY, help="DuckDB's memory_limit")
     args = parser.parse_args()
+    os.environ["HOPLINE_BENCH_DUCKDB_MEMORY"] = args.duckdb_memory  # for the workers
     store = args.store or args.data / f"store-{args.requests}"
     files = store_files(store, args.requests, args.chunk)
     if args.worker:
