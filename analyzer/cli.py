@@ -17,9 +17,8 @@ from typing import Annotated, Any
 import orjson
 import polars as pl
 import typer
-from hopline.analyzer import attribution, io, report
+from hopline.analyzer import attribution, bounded, io, report
 from hopline.analyzer.sql import TimelinesError, read_timelines
-from hopline.analyzer.timelines import timelines
 from hopline.middleware.cli import ClickException, UsageError
 from hopline.middleware.durations import parse_duration
 from hopline.middleware.kv import KVConfigError, KVSpec
@@ -93,19 +92,26 @@ def analyze_files(
     kv_bytes: int | None = None,
     on_file: Callable[[Path], None] | None = None,
     on_step: Callable[[str], None] | None = None,
+    budget: bounded.Budget | None = None,
 ) -> tuple[dict[str, Any], pl.DataFrame]:
-    """The findings object for ``files`` and the per-request timelines it was computed from;
-    ``NoHopEvents`` when the files hold none (empty, garbage, JSON that is not hop events)."""
-    events, scan = io.scan_events(files, since=since, until=until, progress=on_file)
+    """The findings object for ``files`` and the per-request timelines it was computed from
+    (a sample of them for a log beyond ``budget``, see ``bounded``); ``NoHopEvents`` when the
+    files hold none (empty, garbage, JSON that is not hop events)."""
+    scanned, scan = io.scan_each(files, since=since, until=until, progress=on_file)
     if not scan.events:
         raise NoHopEvents(no_events_message(files, scan))
     if on_step is not None:
-        on_step("building timelines")
-    frame = timelines(events, scopes=tuple(d for d in by if d not in SCOPE_SOURCES)).collect()
-    if on_step is not None:
-        on_step("finding shifts and pitfalls")
-    result = report.analyze(frame, window=window, by=by, slo=slo, scan=scan, kv_bytes_per_token=kv_bytes)
-    return result, frame
+        on_step("building timelines, then finding shifts and pitfalls")
+    return bounded.analyze(
+        scanned,
+        scan,
+        scopes=tuple(d for d in by if d not in SCOPE_SOURCES),
+        budget=budget,
+        window=window,
+        by=by,
+        slo=slo,
+        kv_bytes_per_token=kv_bytes,
+    )
 
 
 def analyze_command(
@@ -161,10 +167,18 @@ def analyze_command(
             "traces URL, e.g. http://localhost:4318/v1/traces.",
         ),
     ] = None,
+    max_memory: Annotated[
+        str,
+        typer.Option(
+            help="Memory to stay within, e.g. 6GiB: a larger log is analysed a bucket of requests at a time "
+            "(temporary files under TMPDIR), its statistics on a seeded sample of requests.",
+        ),
+    ] = "6GiB",
 ) -> None:
     try:
         dims = parse_scopes(by)
         slo_targets = attribution.Slo.parse(slo) if slo else None
+        budget = bounded.Budget.of(bounded.parse_size(max_memory))
         if window != "auto" and parse_duration(window) <= 0:  # a bad --window fails before any file is read
             raise ValueError(f"--window must be longer than 0, got {window!r} (examples: 500ms, 10s, 1m)")
     except ValueError as exc:
@@ -180,7 +194,7 @@ def analyze_command(
     if timelines_file is not None:
         result, frame = timelines_analysis(timelines_file, since, until, **options)
     else:
-        result, frame = events_analysis(paths, since, until, err, **options)
+        result, frame = events_analysis(paths, since, until, err, budget, **options)
 
     if otlp is not None:
         from hopline.analyzer.otlp_out import export_timelines
@@ -227,7 +241,12 @@ def timelines_analysis(
 
 
 def events_analysis(
-    paths: list[Path], since: str | None, until: str | None, err: Console, **options: Any
+    paths: list[Path],
+    since: str | None,
+    until: str | None,
+    err: Console,
+    budget: bounded.Budget,
+    **options: Any,
 ) -> tuple[dict[str, Any], pl.DataFrame]:
     """PATH…: read the events (with a progress bar on a terminal), build timelines, analyse them."""
     try:
@@ -253,6 +272,7 @@ def events_analysis(
                 **options,
                 on_file=lambda path: progress.update(task, advance=1, description=f"reading {path.name}"),
                 on_step=lambda step: progress.update(task, description=step),
+                budget=budget,
             )
     except NoHopEvents as exc:
         raise ClickException(str(exc)) from exc

@@ -31,7 +31,13 @@ from pathlib import Path
 
 import orjson
 import polars as pl
-from hopline.middleware.contract import EMITTER_STATS_HOP, ENGINE_ID_PREFIXES, STORAGE_COLUMNS, TS_MAX, iter_ndjson
+from hopline.middleware.contract import (
+    EMITTER_STATS_HOP,
+    ENGINE_ID_PREFIXES,
+    STORAGE_COLUMNS,
+    TS_MAX,
+    iter_ndjson,
+)
 from hopline.middleware.records import translate_lines
 from hopline.middleware.times import TimeBound, to_epoch  # shared with the collector's ?since=
 
@@ -302,6 +308,41 @@ def scan_parquet(path: Path, report: ScanReport) -> pl.LazyFrame:
     )
 
 
+@dataclass
+class Scanned:
+    """One event file: its events, lazily, and how many lines or rows it has (bad ones included)."""
+
+    path: Path
+    events: pl.LazyFrame
+    rows: int
+
+
+def scan_each(
+    paths: list[str | Path],
+    since: TimeBound = None,
+    until: TimeBound = None,
+    progress: Callable[[Path], None] | None = None,
+) -> tuple[list[Scanned], ScanReport]:
+    """Each event file under ``paths`` with its events as a lazy frame (``STORAGE_COLUMNS``,
+    ``since <= ts <= until``), and what was read: for readers that take files a group at a time
+    (``bounded``: one bucket of requests at a time)."""
+    lo, hi = to_epoch(since), to_epoch(until)
+    report = ScanReport()
+    scanned: list[Scanned] = []
+    for path in find_files(paths, lo, hi):
+        if progress is not None:
+            progress(path)
+        report.files.append(str(path))
+        before = report.lines
+        events = scan_parquet(path, report) if is_parquet(path) else read_ndjson(path, report).lazy()
+        if lo is not None:
+            events = events.filter(pl.col("ts") >= lo)
+        if hi is not None:
+            events = events.filter(pl.col("ts") <= hi)
+        scanned.append(Scanned(path, events, report.lines - before))
+    return scanned, report
+
+
 def scan_events(
     paths: list[str | Path],
     since: TimeBound = None,
@@ -313,20 +354,6 @@ def scan_events(
     ``since`` / ``until`` (Unix seconds, ISO-8601 or datetime) keep events with
     ``since <= ts <= until``. ``progress`` is called with each file before it is read.
     """
-    lo, hi = to_epoch(since), to_epoch(until)
-    report = ScanReport()
-    frames: list[pl.LazyFrame] = []
-    for path in find_files(paths, lo, hi):
-        if progress is not None:
-            progress(path)
-        report.files.append(str(path))
-        if is_parquet(path):
-            frames.append(scan_parquet(path, report))
-        else:
-            frames.append(read_ndjson(path, report).lazy())
-    events = pl.concat(frames, how="vertical") if frames else pl.LazyFrame(schema=SCHEMA)
-    if lo is not None:
-        events = events.filter(pl.col("ts") >= lo)
-    if hi is not None:
-        events = events.filter(pl.col("ts") <= hi)
-    return events, report
+    scanned, report = scan_each(paths, since, until, progress)
+    frames = [s.events for s in scanned]
+    return (pl.concat(frames, how="vertical") if frames else pl.LazyFrame(schema=SCHEMA)), report

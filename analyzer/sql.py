@@ -205,7 +205,7 @@ def _row() -> list[str]:
     return cols
 
 
-def _formula(formula: Formula, values: dict[str, str]) -> str:
+def formula_sql(formula: Formula, values: dict[str, str]) -> str:
     """One ``Formula``: the signed sum of its terms when its conditions hold, else null."""
     total = " ".join(("+ " if sign > 0 else "- ") + f"({values[name]})" for sign, name in formula.terms)
     conditions = [f"({values[name]}) IS NULL" for name in formula.when_null]
@@ -220,10 +220,10 @@ def stage_columns() -> dict[str, str]:
     inputs, earlier stages written out in full (no alias refers to another in one SELECT)."""
     values = {inp.name: f"CAST({inp.name} AS DOUBLE)" for inp in INPUTS}
     for stage in STAGES:
-        exprs = [_formula(f, values) for f in stage.formulas]
+        exprs = [formula_sql(f, values) for f in stage.formulas]
         values[stage.name] = f"COALESCE({', '.join(exprs)})" if len(exprs) > 1 else exprs[0]
     for ratio in RATIOS:
-        numerator = _formula(Formula(ratio.numerator), values)
+        numerator = formula_sql(Formula(ratio.numerator), values)
         values[ratio.name] = (
             f"CASE WHEN output_tokens >= 2 AND (n IS NULL OR n = 1) "
             f"THEN {numerator} / CAST(output_tokens - 1 AS DOUBLE) END"

@@ -381,7 +381,7 @@ def resolve_by_trace(events: pl.LazyFrame) -> pl.LazyFrame:
     return pl.concat([events.filter(~stand_in.fill_null(False)), placed])
 
 
-def timelines(events: pl.LazyFrame, scopes: tuple[str, ...] = ()) -> pl.LazyFrame:
+def timelines(events: pl.LazyFrame, scopes: tuple[str, ...] = (), resolve: bool = True) -> pl.LazyFrame:
     """One row per request (columns ``COLUMNS``, then one per extra scope): hop times, attributes,
     stages, ratios, status.
 
@@ -390,6 +390,8 @@ def timelines(events: pl.LazyFrame, scopes: tuple[str, ...] = ()) -> pl.LazyFram
     (stages); ``negative`` and ``missing`` are lists of stage / hop names. ``scopes``: attributes
     beyond the rule book's scope attributes to cut by (``--by tenant``), read like ``region``
     (rules.scope_sources) from their own column or from the JSON of unknown fields (``attrs``).
+    ``resolve=False`` when ``resolve_by_trace`` was applied already, to the whole log (a bucket of
+    it holds only some of a trace's owners, and could resolve a stand-in the whole log does not).
     """
     sources = scope_sources(scopes)
     extra = [name for name in sources if name not in SCOPE_SOURCES]
@@ -401,7 +403,7 @@ def timelines(events: pl.LazyFrame, scopes: tuple[str, ...] = ()) -> pl.LazyFram
     ]
     missing = [pl.lit(None, dtype=pl.String).alias(n) for n in extra if n not in schema and "attrs" not in schema]
     read = (
-        resolve_by_trace(events)
+        (resolve_by_trace(events) if resolve else events)
         .with_columns(pl.col("hop").cast(HOP_ENUM, strict=False))
         .filter(pl.col("hop").is_in(READ_HOPS))
         .with_columns(*pulled, *missing)

@@ -1,0 +1,242 @@
+"""Analysing a log of any size in bounded memory: timelines one bucket of requests at a time,
+statistics on the per-request table.
+
+``timelines()`` is one group-by over every event; its memory grows with the events it holds
+(≈ 130 bytes an event: 5M requests, 59M events, 7.6 GiB). Here the events are split into
+buckets by a hash of ``request_id`` — every event of a request lands in the same bucket — and
+each bucket's timelines are built alone and written once to a Parquet table in a work folder.
+The statistics (``report.analyze``, the same code as for a small log) then run on that table:
+all of it when it holds at most ``sample_requests`` requests, else on a seeded sample of
+requests (a fixed hash of ``request_id`` below a threshold: the same requests on every run),
+with the totals that are cheap to get exactly (requests, span, outcomes, negative stages,
+missing hops) computed over the whole table by streaming queries.
+
+Input already bucketed by request — files under folders named ``bucket=K`` whose writer put
+every event of a request in one such folder (``bench/gen_large.py --buckets``) — is read a
+bucket at a time as it is; any other input is bucketed in one streaming pass into the work
+folder. A bucket larger than ``bucket_events`` is split again the same way. ``TRACE_RULE``
+(a stand-in event takes its trace's only owner's request ID) is applied per input bucket
+before any split, so every request's events meet in one bucket: on unbucketed input that is
+the whole log, as in memory; on bucketed input, the writer must keep a trace's events in the
+bucket of its request.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+from hopline.analyzer import report
+from hopline.analyzer.io import Scanned, ScanReport
+from hopline.analyzer.shifts import iso_utc
+from hopline.analyzer.timelines import resolve_by_trace, timelines
+
+BUCKET_FOLDER = re.compile(r"^bucket=(\d+)$")
+BUCKET_SEED = 5  # the bucket key's hash seed: independent of timelines' HASH_SEEDS (11, 12)
+SPLIT_SEED = 6  # for splitting a bucket that is too large again
+SAMPLE_SEED = 17
+# Measured peaks (ru_maxrss, polars 2.1): timelines() on a bucket, Polars' in-memory engine,
+# ≈ 420-500 bytes an event (5.9M events: 2.45 GiB; the streaming engine buffers the group-by's
+# rows: 4.2 GiB for the same CPU); report.analyze on a collected timelines frame ≈ 2.2 KB a
+# request. Each kept within half the budget.
+EVENT_BYTES = 500
+REQUEST_BYTES = 2_200
+DEFAULT_MAX_MEMORY = 6 * 1024**3
+_SIZE = re.compile(r"^\s*([0-9.]+(?:e[0-9]+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+
+
+def parse_size(text: str) -> int:
+    """``--max-memory``: ``6GiB``, ``6G``, ``512MB``, ``2e9`` -> bytes (powers of 1024 for units)."""
+    match = _SIZE.match(text)
+    if match is None:
+        raise ValueError(f"not a size: {text!r} (examples: 6GiB, 512MiB)")
+    size = int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+    if size <= 0:
+        raise ValueError(f"--max-memory must be more than 0, got {text!r}")
+    return size
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How much a run may hold at once: events in one bucket, requests in the statistics' frame."""
+
+    bucket_events: int
+    sample_requests: int
+
+    @classmethod
+    def of(cls, max_bytes: int = DEFAULT_MAX_MEMORY) -> Budget:
+        return cls(max(1, max_bytes // 2 // EVENT_BYTES), max(1, max_bytes // 2 // REQUEST_BYTES))
+
+
+@dataclass
+class Table:
+    """The per-request timelines: collected (a log that fits one bucket) or a lazy scan of the
+    Parquet table the buckets were written to (removed with ``close``)."""
+
+    frame: pl.LazyFrame
+    requests: int
+    folder: Path | None = None
+
+    def close(self) -> None:
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def bucket_of(path: Path) -> int | None:
+    """The ``bucket=K`` folder a file lies in, if any."""
+    found = [int(m.group(1)) for part in path.parts if (m := BUCKET_FOLDER.match(part))]
+    return found[-1] if found else None
+
+
+def input_buckets(scanned: list[Scanned]) -> list[list[Scanned]]:
+    """The input's files grouped by request bucket: per ``bucket=K`` when every file lies in
+    one, else all files together (one group, bucketed here)."""
+    keys = [bucket_of(s.path) for s in scanned]
+    if not scanned or None in keys:
+        return [scanned] if scanned else []
+    groups: dict[int, list[Scanned]] = {}
+    for key, item in zip(keys, scanned):
+        groups.setdefault(key, []).append(item)  # type: ignore[arg-type]
+    return [groups[k] for k in sorted(groups)]
+
+
+def split(events: pl.LazyFrame, folder: Path, buckets: int, seed: int) -> list[pl.LazyFrame]:
+    """``events`` written as ``buckets`` Parquet partitions by a hash of ``request_id`` in one
+    streaming pass; each partition's events, lazily."""
+    key = (pl.col("request_id").hash(seed) % buckets).alias("bucket")
+    events.sink_parquet(pl.PartitionBy(folder, key=key, include_key=False), mkdir=True)
+    parts = sorted((d for d in folder.iterdir() if BUCKET_FOLDER.match(d.name)), key=lambda d: int(d.name[7:]))
+    return [pl.scan_parquet(sorted(d.glob("*.parquet"))) for d in parts]
+
+
+def has_trace_ids(group: list[Scanned]) -> bool:
+    """Whether any event of ``group`` carries a ``trace_id`` (else ``TRACE_RULE`` has nothing to
+    resolve, and its join, which doubles the reading and stops streaming, is skipped). Parquet
+    files are asked directly (one column, null in logs without traces), not through the checks."""
+    for item in group:
+        try:
+            if _any_trace_id(pl.scan_parquet(item.path) if item.path.suffix == ".parquet" else item.events):
+                return True
+        except (pl.exceptions.PolarsError, OSError):  # a bad file: io reported it, its frame is empty
+            if _any_trace_id(item.events):
+                return True
+    return False
+
+
+def _any_trace_id(events: pl.LazyFrame) -> bool:
+    if "trace_id" not in events.collect_schema():
+        return False
+    return bool(events.select(pl.col("trace_id").is_not_null().any()).collect().item())
+
+
+def resolved(group: list[Scanned]) -> pl.LazyFrame:
+    """The group's events, trace stand-ins given their request's ID (``resolve_by_trace``)."""
+    events = pl.concat([s.events for s in group], how="vertical")
+    return resolve_by_trace(events) if has_trace_ids(group) else events
+
+
+def bucket_events(groups: list[list[Scanned]], work: Path, limit: int) -> Iterator[pl.LazyFrame]:
+    """Each bucket's events (trace stand-ins resolved), at most about ``limit`` events each:
+    an input group that holds more is split by a hash of ``request_id`` (into ``work``)."""
+    for number, group in enumerate(groups):
+        events = resolved(group)
+        rows = sum(s.rows for s in group)
+        if rows <= limit:
+            yield events
+            continue
+        folder = work / f"events-{number:05d}"
+        yield from split(events, folder, math.ceil(rows / limit), SPLIT_SEED if len(groups) > 1 else BUCKET_SEED)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def build_table(
+    scanned: list[Scanned], scopes: tuple[str, ...], budget: Budget, work_dir: Path | None = None
+) -> Table:
+    """The per-request timelines of ``scanned``: in memory when the log is one bucket, else
+    written bucket by bucket to a Parquet table in a new folder under ``work_dir`` (the system's
+    temporary folder by default)."""
+    groups = input_buckets(scanned)
+    if len(groups) <= 1 and sum(s.rows for s in scanned) <= budget.bucket_events:
+        frame = timelines(resolved(scanned), scopes=scopes, resolve=False).collect(engine="in-memory")
+        return Table(frame.lazy(), frame.height)
+    folder = Path(tempfile.mkdtemp(prefix="hopline-analyze-", dir=work_dir))
+    try:
+        parts = folder / "timelines"
+        parts.mkdir()
+        for number, events in enumerate(bucket_events(groups, folder, budget.bucket_events)):
+            frame = timelines(events, scopes=scopes, resolve=False).collect(engine="in-memory")
+            frame.write_parquet(parts / f"part-{number:05d}.parquet")
+        frame = pl.scan_parquet(sorted(parts.glob("*.parquet")))
+        return Table(frame, frame.select(pl.len()).collect().item(), folder)
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+
+
+def sample(table: Table, requests: int) -> pl.LazyFrame:
+    """At most about ``requests`` of the table's requests, the same on every run: all of them
+    when the table is that small, else those whose seeded hash of ``request_id`` falls below
+    the sampled fraction of the hash range."""
+    if table.requests <= requests:
+        return table.frame
+    threshold = int(requests / table.requests * 2**64)
+    return table.frame.filter(pl.col("request_id").hash(SAMPLE_SEED) < pl.lit(threshold, dtype=pl.UInt64))
+
+
+def _counts(frame: pl.LazyFrame, column: str, explode: bool = False) -> dict[str, int]:
+    """Values of ``column`` (of its lists' items with ``explode``) and how often, most first."""
+    values = pl.col(column).explode().drop_nulls() if explode else pl.col(column).cast(pl.String)
+    counted = frame.select(values.alias("value")).group_by("value").len().sort("len", "value", descending=[True, False])
+    return {str(k): int(v) for k, v in counted.collect().iter_rows()}
+
+
+def exact_totals(table: Table) -> dict:
+    """What the findings object counts over every request, from the whole table (streaming)."""
+    frame = table.frame
+    row = frame.select(
+        pl.col("start").min().alias("start"),
+        pl.col("start").max().alias("end"),
+        pl.col("negative").list.len().gt(0).sum().alias("negative"),
+        pl.col("missing").list.len().gt(0).sum().alias("missing"),
+    ).collect().row(0, named=True)
+    start, end = row["start"], row["end"]
+    span = (end - start) if start is not None else 0.0
+    return {
+        "requests": table.requests,
+        "span": {"start": start and iso_utc(start), "end": end and iso_utc(end), "seconds": round(span, 3)},
+        "outcomes": _counts(frame, "outcome"),
+        "negative_stages": {"requests": int(row["negative"]), "by_stage": _counts(frame, "negative", explode=True)},
+        "missing_hops": {"requests": int(row["missing"]), "by_hop": _counts(frame, "missing", explode=True)},
+    }
+
+
+def analyze(
+    scanned: list[Scanned],
+    scan: ScanReport,
+    *,
+    scopes: tuple[str, ...] = (),
+    budget: Budget | None = None,
+    work_dir: Path | None = None,
+    **options,
+) -> tuple[dict, pl.DataFrame]:
+    """The findings object (``report.analyze``'s, ``options`` passed on) and the timelines it
+    was computed from (the sample, when the log has more than ``budget.sample_requests``
+    requests: then ``sample`` says how many of how many, and the totals are exact)."""
+    budget = budget or Budget.of()
+    table = build_table(scanned, scopes, budget, work_dir)
+    try:
+        frame = sample(table, budget.sample_requests).collect()
+        result = report.analyze(frame, scan=scan, **options)
+        if frame.height < table.requests:
+            result.update(exact_totals(table))
+            result["sample"] = {"requests": frame.height, "of": table.requests, "seed": SAMPLE_SEED}
+    finally:
+        table.close()
+    return result, frame
