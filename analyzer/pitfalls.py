@@ -7,7 +7,7 @@ a one-sentence ``summary``, ``impact_s`` (users' seconds at stake, for ordering)
 any other against the wait for the first output).
 
 * ``user_vs_engine_gap``: users wait far longer for the first token than the engine takes; which
-  of connect / network / gateway takes the difference.
+  of connect / network / gateway takes the difference. Its cost is the gap beyond ``gap_min_ms``.
 * ``new_connection_per_request``: a client that does not reuse connections pays connect + TLS on
   every request.
 * ``long_prefill_stall``: a very long prompt prefilled in one piece (no chunked prefill) stalls
@@ -23,6 +23,14 @@ from dataclasses import dataclass
 
 import polars as pl
 from hopline.analyzer.attribution import e2e
+from hopline.analyzer.shifts import iso_utc
+
+
+# A pitfall that a rise of this stage brings with it: when all of it falls in such a shift's scope
+# and after its onset, it is said as the shift's consequence (its ``with_pitfalls``), not as a
+# cause of its own. A prefill regression makes long prompts' prefills long enough to stall the
+# other streams of their replica, and "enable chunked prefill" would be the wrong advice.
+CAUSED_BY = {"long_prefill_stall": "prefill"}
 
 
 @dataclass(frozen=True)
@@ -91,7 +99,10 @@ def user_vs_engine_gap(tl: pl.DataFrame, cfg: PitfallConfig = PitfallConfig()) -
             user=pl.col("client_ttft").median(),
             engine=pl.col("engine_ttft").median(),
             gap=(pl.col("client_ttft") - pl.col("engine_ttft")).median(),
-            gap_total=(pl.col("client_ttft") - pl.col("engine_ttft")).sum(),
+            # the users' cost is the gap beyond the acceptable one: a few tens of ms of network and
+            # gateway are the price of any deployment, and on a busy client machine they would
+            # otherwise add up to outrank a real incident
+            excess=(pl.col("client_ttft") - pl.col("engine_ttft") - cfg.gap_min_ms / 1e3).clip(lower_bound=0).sum(),
             **{p: pl.col(p).fill_null(0).mean() for p in parts},
         ).row(0, named=True)
         if s["gap"] * 1e3 < cfg.gap_min_ms or s["user"] < cfg.gap_factor * s["engine"]:
@@ -108,6 +119,7 @@ def user_vs_engine_gap(tl: pl.DataFrame, cfg: PitfallConfig = PitfallConfig()) -
             "client_ttft_p50_ms": _ms(s["user"]),
             "engine_ttft_p50_ms": _ms(s["engine"]),
             "gap_p50_ms": _ms(s["gap"]),
+            "gap_over_acceptable_s": round(s["excess"], 3),
             **{f"{p}_mean_ms": _ms(s[p]) for p in parts},
             **{f"{p}_share_of_gap": round(shares[p], 3) for p in parts},
             "main": main,
@@ -115,7 +127,7 @@ def user_vs_engine_gap(tl: pl.DataFrame, cfg: PitfallConfig = PitfallConfig()) -
         hits.append(
             (
                 scope,
-                _finding("user_vs_engine_gap", scope, part.height, evidence, summary, s["gap_total"], main),
+                _finding("user_vs_engine_gap", scope, part.height, evidence, summary, s["excess"], main),
             )
         )
     return _narrow(hits, len(scoped))
@@ -254,17 +266,17 @@ def long_prefill_stall(tl: pl.DataFrame, cfg: PitfallConfig = PitfallConfig()) -
             f"on replica {replica} prefilled for up to {culprits['long_prefill'].max():.1f} s in one piece and stalled "
             f"{part.height} other requests' output (largest gap p50 {part['gap_s'].median():.1f} s); enable chunked prefill"
         )
-        findings.append(
-            _finding(
-                "long_prefill_stall",
-                {"replica": replica},
-                part.height,
-                evidence,
-                summary,
-                part["gap_s"].sum(),
-                "decode",  # the stalled requests' output gaps
-            )
+        finding = _finding(
+            "long_prefill_stall",
+            {"replica": replica},
+            part.height,
+            evidence,
+            summary,
+            part["gap_s"].sum(),
+            "decode",  # the stalled requests' output gaps
         )
+        finding["at"] = iso_utc(culprits["begin"].min())  # when the first long prefill began
+        findings.append(finding)
     return findings
 
 

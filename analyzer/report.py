@@ -12,12 +12,14 @@ kept out of ``findings``, in ``minor``: a report leads with what a user can act 
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import polars as pl
 import polars.selectors as cs
 from hopline.analyzer import attribution
 from hopline.analyzer.attribution import Slo, e2e, ttft
 from hopline.analyzer.io import ScanReport
-from hopline.analyzer.pitfalls import find_pitfalls
+from hopline.analyzer.pitfalls import CAUSED_BY, find_pitfalls
 from hopline.analyzer.shifts import find_shifts, iso_utc
 from hopline.middleware.contract import VIEWS
 from hopline.middleware.rules import LOOK, SCOPE_SOURCES, STAGE_ORDER, TTFT_PARTS
@@ -76,6 +78,39 @@ def is_minor(finding: dict) -> bool:
     return share is not None and share < MINOR_SHARE
 
 
+def _when(iso: str) -> float:
+    return datetime.fromisoformat(iso).timestamp()
+
+
+def fold_into_shifts(shifts: list[dict], pitfalls: list[dict], window_s: float) -> list[dict]:
+    """Pitfalls a shift brought with it (``pitfalls.CAUSED_BY``: the pitfall began after the rise
+    of that stage, within its scope and before it ended) move into that shift's ``with_pitfalls``
+    and its summary; the other pitfalls are returned."""
+    left = []
+    for pitfall in pitfalls:
+        stage, at = CAUSED_BY.get(pitfall["name"]), pitfall.get("at")
+        cause = next(
+            (
+                s
+                for s in sorted(shifts, key=lambda s: -abs(s["impact_s"]))
+                if stage is not None
+                and at is not None
+                and s["stage"] == stage
+                and s["after_ms"] > s["before_ms"]
+                and all(pitfall["scope"].get(k) == v for k, v in s["scope"].items())
+                and _when(at) >= _when(s["at"]) - window_s
+                and (s["until"] is None or _when(at) <= _when(s["until"]))
+            ),
+            None,
+        )
+        if cause is None:
+            left.append(pitfall)
+            continue
+        cause.setdefault("with_pitfalls", []).append(pitfall)
+        cause["summary"] += f"; with it, {pitfall['summary'].split('; ')[0]} ({pitfall['name']})"
+    return left
+
+
 def analyze(
     timelines: pl.DataFrame,
     *,
@@ -95,6 +130,7 @@ def analyze(
     stages = attribution.stage_table(overall) if n else {}
     shifts = [s.to_finding() for s in find_shifts(timelines, window_s, dims=by)] if n else []
     pitfalls = find_pitfalls(timelines, kv_bytes_per_token=kv_bytes_per_token) if n else []
+    pitfalls = fold_into_shifts(shifts, pitfalls, window_s)
     findings = sorted(shifts + pitfalls, key=lambda f: -abs(f.get("impact_s") or 0.0))
     totals = users_time(timelines) if n else {"first_output": 0.0, "e2e": 0.0}
     for f in findings:

@@ -248,6 +248,8 @@ class Scheduler:
             if head.aborted:
                 self.waiting.popleft()
                 continue
+            if head.queued > now:
+                break  # it arrived after this pass was planned: the next one takes it
             if self.kv_used + head.prompt_tokens + 1 > budget:
                 break  # first come, first served: the head waits for memory, so does everyone behind it
             self.waiting.popleft()
@@ -285,12 +287,23 @@ class Scheduler:
             r.finish_reason = "length" if r.target >= r.limit else "stop"
 
     async def run(self) -> None:
+        """Forward passes back to back on the GPU's own clock (vLLM's async scheduling: the CPU
+        plans step N+1 while the GPU runs step N). A pass lasts its modelled time whatever the
+        host's CPU does: when this loop wakes late (a busy machine), the pass still ended on time,
+        its tokens are stamped then and leave late, and that lateness is the API server's (it is
+        in the engine frontend and the network, where a starved CPU shows in production), not the
+        GPU's queue, prefill or decode."""
+        free_at = clock.now()  # when the GPU finished its last pass
         while True:
             if not self.running and not self.waiting:
                 self._wake.clear()
                 await self._wake.wait()
             cfg = self.config
-            self._admit(clock.now())
+            if self.running:
+                start = free_at
+            else:  # an idle GPU starts when the first waiting request arrived
+                start = max(free_at, min((r.queued for r in self.waiting), default=free_at))
+            self._admit(start)
             decoding, prefilled, prefill_tokens = self._plan()
             if not decoding and not prefilled and not prefill_tokens:
                 # nothing fits yet (only aborted or memory-blocked requests): wait for a change
@@ -298,14 +311,16 @@ class Scheduler:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), cfg.step_base_s)
                 self._reap()
+                free_at = max(free_at, clock.now())
                 continue
-            await asyncio.sleep(
+            end = start + (
                 cfg.step_base_s
                 + cfg.step_per_seq_s * (len(decoding) + len(prefilled))
                 + cfg.prefill_per_token_s * prefill_tokens
             )
+            await asyncio.sleep(max(0.0, end - clock.now()))
             self.steps += 1
-            end = clock.now()
+            free_at = end
             for r in decoding:
                 if not r.aborted:
                     self._emit_token(r, end)

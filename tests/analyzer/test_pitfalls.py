@@ -64,6 +64,18 @@ def test_user_vs_engine_gap_names_the_network_of_one_service():
     assert "network takes" in f["summary"]
 
 
+def test_user_vs_engine_gap_costs_only_the_gap_beyond_the_acceptable_one():
+    """Its ``impact_s`` is the users' time past ``gap_min_ms`` per request: the normal network of a
+    deployment is no incident, and counted whole it outranked real ones on a busy machine."""
+    tl = tl_for(StageShift("network", 25.0, at_s=0, scope={"service": "search-assist"}))
+    (f,) = pitfalls.user_vs_engine_gap(tl)
+    mine = tl.filter(pl.col("service") == "search-assist", pl.col("engine_ttft").is_not_null())
+    gap = mine["client_ttft"] - mine["engine_ttft"]
+    floor = pitfalls.PitfallConfig().gap_min_ms / 1e3
+    assert f["impact_s"] == pytest.approx((gap - floor).clip(lower_bound=0).sum(), abs=1e-3)
+    assert 0 < f["impact_s"] < gap.sum() - 0.5 * floor * mine.height
+
+
 def test_user_vs_engine_gap_everywhere_is_scope_all():
     tl = tl_for(StageShift("gateway", 60.0, at_s=0))
     (f,) = pitfalls.user_vs_engine_gap(tl)

@@ -6,7 +6,7 @@ import io
 
 import pytest
 from hopline.analyzer import report
-from support.synth import ColdConnections, StageShift, generate, on_localhost
+from support.synth import ColdConnections, LongPrompts, StageShift, generate, on_localhost
 from hopline.analyzer.timelines import timelines
 from rich.console import Console
 
@@ -105,3 +105,45 @@ def test_the_contract_page_states_the_threshold_the_report_applies():
 
     assert f"under {report.MINOR_SHARE:.0%} of their time" in docs.FINDINGS_TOP["minor"]
     assert f"< {report.MINOR_SHARE:g})" in docs.FINDINGS_TOP["minor"]
+
+
+def test_a_long_prefill_stall_after_a_prefill_rise_is_said_as_its_consequence():
+    """A prefill regression on r1 makes its long prompts' prefills long enough to stall the other
+    streams: one incident, said from the shift, with the pitfall in its ``with_pitfalls``."""
+    events = generate(
+        duration_s=300,
+        seed=8,
+        incidents=[StageShift("prefill", 4.0, at_s=120, scope={"replica": "r1"}), LongPrompts("r1", 3, after=0.6)],
+    )
+    result = report.analyze(timelines(events.lazy()).collect())
+    names = [f.get("name") for f in result["findings"] + result["minor"]]
+    assert "long_prefill_stall" not in names
+    first = result["findings"][0]
+    assert (first["kind"], first["stage"], first["scope"]) == ("shift", "prefill", {"replica": "r1"})
+    (stall,) = first["with_pitfalls"]
+    assert stall["name"] == "long_prefill_stall" and stall["scope"] == {"replica": "r1"}
+    assert "(long_prefill_stall)" in first["summary"]
+
+
+def test_a_pitfall_is_folded_only_into_a_rise_of_its_stage_in_its_scope_and_time():
+    def shift(**kw) -> dict:
+        base = {"kind": "shift", "stage": "prefill", "scope": {"replica": "r1"}, "at": "2026-12-01T10:05:00Z",
+                "until": None, "before_ms": 30.0, "after_ms": 120.0, "impact_s": 50.0, "summary": "s"}  # fmt: skip
+        return {**base, **kw}
+
+    def stall(at: str = "2026-12-01T10:06:00Z", replica: str = "r1") -> dict:
+        return {"kind": "pitfall", "name": "long_prefill_stall", "scope": {"replica": replica}, "at": at,
+                "summary": "1 long prompt …", "impact_s": 9.0}  # fmt: skip
+
+    fold = report.fold_into_shifts
+    assert fold([shift()], [stall()], 1.0) == []
+    assert fold([shift(scope={})], [stall()], 1.0) == []  # all traffic covers r1
+    for cause, pitfall in (
+        (shift(), stall(at="2026-12-01T10:04:00Z")),  # before the rise
+        (shift(), stall(replica="r2")),  # elsewhere
+        (shift(stage="decode"), stall()),  # another stage
+        (shift(after_ms=10.0), stall()),  # a fall
+        (shift(until="2026-12-01T10:05:30Z"), stall()),  # after it ended
+    ):
+        assert fold([cause], [pitfall], 1.0) == [pitfall]
+        assert "with_pitfalls" not in cause

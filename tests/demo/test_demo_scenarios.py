@@ -2,10 +2,10 @@
 kind, stage or pitfall name, scope and size), no process is left behind, and for the default
 scenario hopline's stages agree with the simulator's true intervals.
 
-``HOPLINE_TEST_CPU_HOGS=N`` runs every scenario beside N busy-loop processes (issue 11: a user's
-machine is rarely idle). It is 0 in CI: beside one hog on 2 cores the scenarios named their
-incident in one full CI run and not in the next (prefill-regression came out as its
-long-prompt pitfall), so the hog is not yet a gate.
+Every scenario runs beside a busy-loop process (``HOPLINE_TEST_CPU_HOGS=N`` for another count):
+a user's machine is rarely idle (issue 11). A run the demo itself says cannot be trusted (its
+load generator's event loop ran more than 50 ms late, p99: the machine was far busier than one
+hog makes it) is run once more; the findings of a trusted run must name the incident.
 """
 
 from __future__ import annotations
@@ -22,11 +22,13 @@ from typing import Any
 import polars as pl
 import pytest
 from hopline.demo.analysis import load_timelines
+from hopline.demo.orchestrate import TRUSTED_LAG_MS
 from hopline.demo.scenarios import SCENARIOS, matches
 from hopline.demo.wiring import WARMUP_PREFIX
 from support.cli import hopline
 from support.demo import PITFALL_SECONDS, SHIFT_SECONDS, first_finding, processes_of, run_demo
 
+UNTRUSTED_RERUNS = 1
 TOLERANCE_S = 0.025  # engine hops are stamped on the response path, the truth in the scheduler
 
 
@@ -60,10 +62,10 @@ EXPECTED = (
 
 @pytest.fixture(scope="module")
 def cpu_hogs() -> Iterator[list[subprocess.Popen]]:
-    """``HOPLINE_TEST_CPU_HOGS`` busy loops (none by default) while the module's demos run."""
+    """``HOPLINE_TEST_CPU_HOGS`` busy loops (one by default) while the module's demos run."""
     hogs = [
         subprocess.Popen([sys.executable, "-c", "while True: pass"])
-        for _ in range(int(os.environ.get("HOPLINE_TEST_CPU_HOGS", "0")))
+        for _ in range(int(os.environ.get("HOPLINE_TEST_CPU_HOGS", "1")))
     ]
     try:
         yield hogs
@@ -83,9 +85,20 @@ def demo_run(
 
     def run(expected: Expected) -> tuple[Path, dict]:
         if expected.scenario not in runs:
-            out = tmp_path_factory.mktemp(expected.scenario)
-            runs[expected.scenario] = out, run_demo(out, expected.scenario, expected.seconds)
-            assert all(hog.poll() is None for hog in cpu_hogs), "a CPU hog stopped before the run ended"
+            lags = []
+            for _ in range(UNTRUSTED_RERUNS + 1):
+                out = tmp_path_factory.mktemp(expected.scenario)
+                report = run_demo(out, expected.scenario, expected.seconds)
+                assert all(hog.poll() is None for hog in cpu_hogs), "a CPU hog stopped before the run ended"
+                facts = report["demo"]
+                assert facts["scenario"] == expected.scenario
+                assert facts["trusted"] == (facts["loop_lag_p99_ms"] <= TRUSTED_LAG_MS)
+                lags.append(facts["loop_lag_p99_ms"])
+                if facts["trusted"]:
+                    break
+            print(f"{expected.scenario}: load generator's loop lag p99 {lags} ms")
+            assert facts["trusted"], f"the machine was too busy for every run (loop lag p99 {lags} ms)"
+            runs[expected.scenario] = out, report
         return runs[expected.scenario]
 
     return run

@@ -50,6 +50,7 @@ class LongPrompts:
     replica: str
     count: int = 5
     prompt_tokens: int = 32_000
+    after: float = 0.2  # they start past this fraction of the log
 
 
 @dataclass(frozen=True)
@@ -175,7 +176,7 @@ def _requests(
     long_prompt = np.zeros(n, dtype=bool)
     for inc in incidents:
         if isinstance(inc, LongPrompts):
-            candidates = np.flatnonzero((cols["replica"] == inc.replica) & (t0 > t0[-1] * 0.2))
+            candidates = np.flatnonzero((cols["replica"] == inc.replica) & (t0 > t0[-1] * inc.after))
             chosen = rng.choice(candidates, size=min(inc.count, len(candidates)), replace=False)
             long_prompt[chosen] = True
             prompt[chosen] = inc.prompt_tokens
