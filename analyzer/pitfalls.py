@@ -60,6 +60,7 @@ def _finding(
         "evidence": {k: (round(v, 4) if isinstance(v, float) else v) for k, v in evidence.items()},
         "impact_s": round(float(impact_s), 3),
         "spent_in": spent_in,
+        "at": None,  # when it began, for the pitfalls that know (long_prefill_stall)
     }
 
 

@@ -190,6 +190,7 @@ class Shift:
                 }
                 for c in self.consequences
             ],
+            "with_pitfalls": [],  # pitfalls it brought with it (report.fold_into_shifts)
             "context": self.context,
         }
 

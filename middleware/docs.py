@@ -82,7 +82,7 @@ FINDINGS_SHIFT = {
     "for the first output (TTFT, or a non-streaming request's e2e)",
     "with": "shifts in the same scope that began with it, said as its consequences: stage, part, at, statistic, "
     "before_ms, after_ms, impact_s",
-    "with_pitfalls": "(only when there are some) pitfalls this rise brought with it, e.g. a long_prefill_stall "
+    "with_pitfalls": "pitfalls this rise brought with it, e.g. a long_prefill_stall "
     "after a prefill rise: whole pitfall findings, listed here instead of among the findings",
     "context": "what moved with it: other stages, load",
 }
@@ -93,7 +93,7 @@ FINDINGS_PITFALL = {
     "impact_s": "users' seconds at stake (for ordering)",
     "spent_in": "the stage those seconds are spent in (decode, connect, network or gateway)",
     "share_of_users_time": "as for a shift, with spent_in as its stage",
-    "at": "(long_prefill_stall) ISO-8601 UTC: when its first long prefill began",
+    "at": "ISO-8601 UTC: when it began (long_prefill_stall: its first long prefill), null for the others",
 }
 
 

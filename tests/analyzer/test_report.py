@@ -146,4 +146,4 @@ def test_a_pitfall_is_folded_only_into_a_rise_of_its_stage_in_its_scope_and_time
         (shift(until="2026-12-01T10:05:30Z"), stall()),  # after it ended
     ):
         assert fold([cause], [pitfall], 1.0) == [pitfall]
-        assert "with_pitfalls" not in cause
+        assert cause.get("with_pitfalls", []) == []
