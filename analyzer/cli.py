@@ -200,7 +200,9 @@ def analyze_command(
         from hopline.analyzer.otlp_out import export_timelines
 
         sent = export_timelines(frame, otlp)
-        err.print(f"hopline analyze: {sent} request(s) sent as traces to {otlp}", markup=False)
+        sample = result.get("sample")
+        of = f" (the sample the statistics used, of {sample['of']:,} requests)" if sample else ""
+        err.print(f"hopline analyze: {sent} request(s) sent as traces to {otlp}{of}", markup=False)
     given = ["--timelines", str(timelines_file)] if timelines_file is not None else [str(p) for p in paths]
     rerun = "hopline analyze " + " ".join(shlex.quote(arg) for arg in given)  # said beside minor findings
     if html is not None:

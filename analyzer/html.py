@@ -22,7 +22,7 @@ import plotly.graph_objects as go
 import polars as pl
 
 from hopline.analyzer.kv_in_flight import kv_in_flight
-from hopline.analyzer.report import MINOR_SHARE, minor_line
+from hopline.analyzer.report import MINOR_SHARE, minor_line, sample_line
 from hopline.middleware.contract import VIEWS
 from hopline.middleware.rules import LOOK, STAGE_ORDER, TTFT_PARTS, VIEW_LOOK
 
@@ -420,6 +420,9 @@ def render_html(
         if first is not None else ""
     )  # fmt: skip
     meta = f"{findings.get('requests', timelines.height):,} requests{span}; generated {generated}"
+    sampled = sample_line(findings)
+    if sampled:
+        meta += f". {sampled}"
     body = "".join(f"<section><h2>{html.escape(t)}</h2>{content}</section>" for t, content in sections)
     path.write_text(
         '<!DOCTYPE html><html><head><meta charset="utf-8"><title>hopline report</title>'

@@ -291,6 +291,19 @@ def minor_line(count: int, command: str) -> str:
     )
 
 
+def sample_line(result: dict) -> str | None:
+    """What a sampled analysis (``bounded``: a log past its memory budget) was computed from, said
+    beside the report: the statistics and findings come from the sample, the counts from all."""
+    sample = result.get("sample")
+    if not sample:
+        return None
+    return (
+        f"Statistics and findings from a seeded sample of {sample['requests']:,} of "
+        f"{plural(sample['of'], 'request')}; requests, outcomes, negative stages and missing hops "
+        "are counted over all of them."
+    )
+
+
 def render(
     result: dict, console: Console, *, show_minor: bool = False, command: str = "hopline analyze …"
 ) -> None:
@@ -302,6 +315,9 @@ def render(
         f"[bold]{plural(result['requests'], 'request')}[/] from {span['start']} to {span['end']} "
         f"({span['seconds']:,.0f} s, window {result['window_s']:g} s)"
     )
+    sampled = sample_line(result)
+    if sampled:
+        console.print(sampled, markup=False, highlight=False)
     minor = result.get("minor") or []
     if result["findings"]:
         console.print(_findings_table("Findings (largest effect on users' time first)", result["findings"]))

@@ -148,5 +148,12 @@ def test_cli_samples_a_log_beyond_its_budget(log_dir):
     for key in ("requests", "span", "outcomes", "negative_stages", "missing_hops", "scan"):
         assert first[key] == full[key], key
     assert first == second
+    sampled = f"from a seeded sample of {first['sample']['requests']:,} of {REQUESTS + 2:,} requests"
+    said = hopline("analyze", str(log_dir), "--max-memory", "3MiB", "--html", str(log_dir.parent / "r.html"))
+    assert said.returncode == 0, said.stderr
+    assert sampled in " ".join(said.stdout.split())  # the terminal says what its numbers are from
+    assert sampled in (log_dir.parent / "r.html").read_text()
+    unsampled = hopline("analyze", str(log_dir))
+    assert "seeded sample" not in unsampled.stdout
     bad = hopline("analyze", str(log_dir), "--max-memory", "lots")
     assert bad.returncode == 2 and "not a size: 'lots'" in bad.stderr
