@@ -24,7 +24,11 @@ Method, per scope (all traffic, each replica / service / model) and per stage:
    ``MAX_CELL_VALUES`` values: when exactly one cell of it moved (replica r2 × model m1) and the
    other cells of r2 did not, the finding names both (``{"replica": "r2", "model": "m1"}``).
    Only a hit is refined, and only along attributes with few values, so the search stays bounded.
-5. Detections of one stage in several scopes within a few windows are one change.
+5. Detections of one stage in several scopes within a few windows are one change. A change
+   whose onset shows at moments further apart from different scopes (a queue building up: 15 s,
+   ``onset_spread_s``, or the few windows if longer) is said once too: a shift is dropped when
+   another one of the same stage and direction holds it (its requests outside that one's scope
+   did not move), the scope with fewer requests staying when each holds the other.
 6. One incident per onset: the shifts of one scope that start within ``onset_windows`` are said
    from the one that explains the users' time (the largest; a client's pool wait is a
    consequence of any stage its connections are held for that rose with it), the others "with
@@ -54,6 +58,7 @@ from hopline.analyzer.attribution import TTFT_PARTS, e2e
 from hopline.middleware.rules import LOOK, STAGE_ORDER
 
 SHIFT_STAGES = TTFT_PARTS + ("decode",)
+RETURN_REMAINDER = 0.05  # a burst's end that leaves at most this share of its change is a return
 # How a stage is said in a sentence (the rule book's vocabulary), plus the part of ``connect``
 # that is the client's own pool wait (see CONNECT_PARTS).
 STAGE_WORDS = {name: LOOK[name].words for name in STAGE_ORDER} | {"pool_wait": "client pool wait"}
@@ -92,6 +97,7 @@ class ShiftConfig:
     unchanged_within: float = 0.15  # another stage within ±15% counts as unchanged
     notable_change: float = 0.2  # a covariate that moved 20% or more is mentioned
     onset_windows: float = 1.0  # shifts of one scope starting this close are one incident
+    onset_spread_s: float = 15.0  # one change's onset as seen from different scopes (a queue builds up)
 
 
 @dataclass
@@ -422,10 +428,17 @@ def _detect(
 
 def _returns(det: _Detection, nxt: _Detection, cfg: ShiftConfig) -> bool:
     """Whether ``nxt`` brings ``det``'s stage back to where it was before ``det``: within
-    ``min_factor``, or within ``min_abs_ms`` (from a near-zero baseline, 0.3 → 115 → 0.7 ms is a
-    return although 0.7 / 0.3 is not within any factor)."""
+    ``min_factor``, within ``min_abs_ms`` (from a near-zero baseline, 0.3 → 115 → 0.7 ms is a
+    return although 0.7 / 0.3 is not within any factor), or with at most ``RETURN_REMAINDER`` of
+    the change left (a real vLLM's flood: queue 0.0 → 4969 → 37 ms; 10x → 2x leaves 11%: a change
+    of its own)."""
     back = max(nxt.after_ms, 1e-9) / max(det.before_ms, 1e-9)
-    return max(back, 1 / back) < cfg.min_factor or abs(nxt.after_ms - det.before_ms) < cfg.min_abs_ms
+    left = abs(nxt.after_ms - det.before_ms)
+    return (
+        max(back, 1 / back) < cfg.min_factor
+        or left < cfg.min_abs_ms
+        or left <= RETURN_REMAINDER * abs(det.after_ms - det.before_ms)
+    )
 
 
 def _after(det: _Detection) -> pl.Expr:
@@ -640,9 +653,54 @@ def find_shifts(
                         _connect_part(sub_frames[_key(det.scope)], det),
                     )
                 )
+    spread = max(cfg.cluster_windows * window_s, cfg.onset_spread_s)
+    shifts = _fold_explained(shifts, frame, list(tested), spread, cfg)
     incidents = _incidents(shifts, cfg.onset_windows * window_s)
     _cap_reversals(incidents)
     return sorted(incidents, key=lambda s: (-abs(s.impact_s), s.at))
+
+
+def _in_scope(scope: dict[str, str]) -> pl.Expr:
+    return pl.all_horizontal([pl.col(k).cast(pl.String) == v for k, v in scope.items()] or [pl.lit(True)])
+
+
+def _explains(a: Shift, b: Shift, frame: pl.DataFrame, spread_s: float, cfg: ShiftConfig) -> bool:
+    """Whether ``a``'s change holds ``b``'s: the same stage moving the same way, onsets within
+    ``spread_s``, and ``b``'s requests outside ``a``'s scope did not move even half as much (in
+    log terms) at ``b``'s time, or are too few to tell (``b``'s scope lies inside ``a``'s)."""
+    if a.stage != b.stage or a.up != b.up or a.scope == b.scope or abs(a.at - b.at) > spread_s:
+        return False
+    rest = frame.filter(_in_scope(b.scope) & ~_in_scope(a.scope).fill_null(False))
+    after = rest.filter(_after(b)).height  # type: ignore[arg-type]  # a Shift has what _after reads
+    if min(rest.height - after, after) < cfg.min_side:
+        return True
+    moved = _moved_at(rest, b, cfg)  # type: ignore[arg-type]
+    return moved is not None and moved <= abs(math.log(max(b.factor, 1e-9))) / 2
+
+
+def _fold_explained(
+    shifts: list[Shift], frame: pl.DataFrame, order: list[str], spread_s: float, cfg: ShiftConfig
+) -> list[Shift]:
+    """Step 4 across onsets: one change seen from several scopes at moments a few windows apart
+    (a queue that builds up shows at 19:41:50 for service batch-eval, 19:41:59 on replica r2 and
+    19:42:03 for all traffic) is said once, in the scope that holds it: a shift another one
+    explains (``_explains``) is dropped, unless it explains that one too; then the one with fewer
+    requests stays, on a tie the one whose attribute is searched first (replica first)."""
+
+    def rank(shift: Shift) -> tuple[int, list[int]]:
+        size = frame.filter(_in_scope(shift.scope)).height
+        return size, sorted(order.index(k) if k in order else len(order) for k in shift.scope)
+
+    kept: list[Shift] = []
+    for b in shifts:
+        others = (a for a in shifts if a is not b)
+        if not any(
+            _explains(a, b, frame, spread_s, cfg)
+            and (not _explains(b, a, frame, spread_s, cfg) or rank(a) < rank(b))
+            for a in others
+        ):
+            kept.append(b)
+    return kept
 
 
 def _connect_part(frame: pl.DataFrame, det: _Detection) -> str | None:

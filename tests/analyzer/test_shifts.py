@@ -13,7 +13,7 @@ import numpy as np
 import polars as pl
 import pytest
 from hopline.analyzer.attribution import auto_window
-from hopline.analyzer.shifts import Shift, find_shifts, split_z, z_threshold
+from hopline.analyzer.shifts import Shift, ShiftConfig, _fold_explained, find_shifts, split_z, z_threshold
 from hopline.analyzer.timelines import timelines
 from support.synth import DEFAULT_START, ColdConnections, StageShift, generate
 
@@ -353,6 +353,22 @@ def test_a_burst_that_eases_a_little_on_the_way_still_ends_as_one_finding():
     assert [(f["at"], f["until"]) for f in queue] == [(iso(FLOOD[0]), iso(FLOOD[1]))], queue
 
 
+def test_a_flood_from_an_empty_queue_that_leaves_a_little_behind_is_one_finding():
+    """As on the real vLLM flood: no queue before (0.0 ms), ~5 s during the flood, ~37 ms after
+    (the steady users wait a little once it has drained). 37 / 0 is no factor and 37 ms is past
+    ``min_abs_ms``, yet 99% of the change is undone: one finding from the onset, with its end."""
+    events = generate(duration_s=480, rate=10.0, seed=45, replicas=("r1",))
+    tl = timelines(events.lazy()).collect()
+    t = pl.col("start") - DEFAULT_START
+    noise = pl.Series(np.exp(0.2 * np.random.default_rng(45).standard_normal(tl.height)))
+    tl = tl.with_columns(
+        queue=pl.when(t < FLOOD[0]).then(0.0).when(t < FLOOD[1]).then(5.0).otherwise(0.037) * noise
+    )
+    found = find_shifts(tl, auto_window(tl["start"].max() - tl["start"].min()))
+    queue = [s.to_finding() for s in found if s.stage == "queue"]
+    assert [(f["at"], f["until"]) for f in queue] == [(iso(FLOOD[0]), iso(FLOOD[1]))], queue
+
+
 def test_a_rise_after_an_earlier_improvement_is_not_taken_for_its_reversal():
     """Queue time halved at 60 s (an improvement), then rose 10x at 300 s: the rise goes far
     beyond undoing the improvement, so it keeps its own users' time and comes first."""
@@ -413,3 +429,42 @@ def test_a_cell_above_max_requests_is_subsampled_and_counts_its_requests():
     (shift,) = [s for s in found if s.scope == {"replica": "r2", "model": "m1"}]
     assert shift.stage == "queue" and 3.2 <= shift.factor <= 4.8
     assert 1300 <= shift.requests_after <= 1700
+
+
+# --- one change seen from several scopes at moments apart (a queue that builds up) ------------
+
+
+def pinned_batch(r1_after_s: float) -> pl.DataFrame:
+    """200 s of requests, 10 a second: batch-eval runs on r2 only, kite-chat on both replicas.
+    From 110 s r2's queue is ~1 s for every service on it; r1's goes to ``r1_after_s``."""
+    rng = np.random.default_rng(46)
+    n = 2000
+    start = np.sort(rng.uniform(0, 200, n))
+    service = rng.choice(["batch-eval", "kite-chat"], n)
+    replica = np.where(service == "batch-eval", "r2", rng.choice(["r1", "r2"], n))
+    queue = np.where(start < 110, 0.006, np.where(replica == "r2", 1.0, r1_after_s))
+    queue = queue * np.exp(0.2 * rng.standard_normal(n))
+    return pl.DataFrame({"start": start, "replica": replica, "service": service, "queue": queue})
+
+
+def seen(scope: dict[str, str], at: float, before_ms: float, after_ms: float) -> Shift:
+    return Shift("queue", scope, at, "p50", before_ms, after_ms, 20.0, 500, {})
+
+
+def test_one_change_seen_from_three_scopes_is_said_once_where_it_holds():
+    """As in a demo run beside a CPU hog: the queue building up on r2 was detected at 110 s for
+    service batch-eval (pinned to r2), at 119 s on r2 and at 123 s for all traffic, three
+    findings. r1 did not move and kite-chat's requests on r2 did: r2 holds the change."""
+    frame = pinned_batch(r1_after_s=0.006)
+    batch, r2 = seen({"service": "batch-eval"}, 110, 6, 1000), seen({"replica": "r2"}, 119, 6, 1000)
+    everyone = seen({}, 123, 7, 800)
+    assert _fold_explained([everyone, batch, r2], frame, ["replica", "service"], 15.0, ShiftConfig()) == [r2]
+    # the same shifts far apart in time are separate changes
+    late = seen({}, 1123, 7, 800)
+    assert _fold_explained([late, r2], frame, ["replica", "service"], 15.0, ShiftConfig()) == [late, r2]
+
+
+def test_a_change_on_every_replica_stays_a_change_of_all_traffic():
+    frame = pinned_batch(r1_after_s=0.5)  # r1's queue rose too: all traffic holds the change
+    r2, everyone = seen({"replica": "r2"}, 119, 6, 1000), seen({}, 123, 7, 800)
+    assert _fold_explained([everyone, r2], frame, ["replica", "service"], 15.0, ShiftConfig()) == [everyone]
