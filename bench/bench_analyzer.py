@@ -310,21 +310,22 @@ def worker(engine: str, path: Path, result: Path) -> None:
     print(json.dumps({"seconds": seconds, **EXTRA}))
 
 
-def measure(engine: str, path: Path, result: Path, max_gib: float) -> dict[str, float]:
-    """Run one engine in a fresh process: its query time, its CPU time (user + system, the whole
-    process: on a shared machine less noisy than wall time) and its peak RSS (ru_maxrss).
+def run_worker(argv: list[str], max_gib: float) -> tuple[bytes, int, float, float, bool]:
+    """Run ``argv`` (a bench worker) in a fresh process: its stdout, exit code, CPU seconds (user +
+    system, the whole process: on a shared machine less noisy than wall time), peak RSS in GiB
+    (``ru_maxrss`` from ``wait4``, or the sampled peak of its process tree when larger) and whether
+    it was killed.
 
-    A process whose RSS passes ``max_gib`` is killed (the machine is shared: an engine that
-    outgrows it must not take other processes down with it) and reported as such.
+    A process whose tree's RSS passes ``max_gib`` is killed (the machine is shared: an engine that
+    outgrows it must not take other processes down with it). Children are sampled every 0.2 s:
+    Spark's JVM is one the worker may never wait for, so ``wait4`` does not count it (its last 0.2 s
+    may be missed). ``argv`` may start with ``nice``, which execs: the pid is the worker's.
     """
     import psutil
 
-    proc = subprocess.Popen(
-        [sys.executable, str(HERE), "--worker", engine, "--file", str(path), "--result", str(result)],
-        stdout=subprocess.PIPE,
-    )
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE)
     watched, killed = psutil.Process(proc.pid), False
-    tree_peak, child_cpu = 0, {}  # Spark's JVM is a child the worker may never wait for: sampled
+    tree_peak, child_cpu = 0, {}
     while True:  # not proc.poll(): it would reap the child before wait4 reads its rusage
         try:
             if watched.status() == psutil.STATUS_ZOMBIE:
@@ -349,11 +350,15 @@ def measure(engine: str, path: Path, result: Path, max_gib: float) -> dict[str, 
     assert proc.stdout is not None
     output = proc.stdout.read()
     _, status, usage = os.wait4(proc.pid, 0)
-    code = os.waitstatus_to_exitcode(status)
     peak = max(usage.ru_maxrss * 1024, tree_peak) / 1024**3
-    # the worker's own CPU plus its children's last sample (a JVM is not reaped by the worker, so
-    # wait4 does not count it; the last 0.2 s of a child may be missed)
     cpu = usage.ru_utime + usage.ru_stime + sum(child_cpu.values())
+    return output, os.waitstatus_to_exitcode(status), cpu, peak, killed
+
+
+def measure(engine: str, path: Path, result: Path, max_gib: float) -> dict[str, float]:
+    """Run one engine in a fresh process (``run_worker``): its query time, CPU time and peak RSS."""
+    argv = [sys.executable, str(HERE), "--worker", engine, "--file", str(path), "--result", str(result)]
+    output, code, cpu, peak, killed = run_worker(argv, max_gib)
     if killed:
         return {"seconds": float("nan"), "cpu_s": cpu, "peak_gib": peak, "killed": 1.0}
     if code != 0:

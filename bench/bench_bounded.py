@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 import polars as pl
-from bench_analyzer import QUANTILES, RESULT_COLUMNS, SEVEN, same
+from bench_analyzer import QUANTILES, RESULT_COLUMNS, SEVEN, run_worker, same
 from hopline.analyzer.sql import formula_sql
 from hopline.middleware.contract import INPUTS, STAGES
 
@@ -204,35 +204,14 @@ def worker(engine: str, files: list[Path], result: Path) -> None:
 
 
 def measured(engine: str, store: Path, requests: int, chunk: int, result: Path, max_gib: float) -> dict:
-    """One engine in a fresh, niced process: its seconds (inside), CPU (user + system) and peak
-    RSS (``ru_maxrss``, from ``wait4``: that process's own); killed past ``max_gib``."""
-    import psutil
-
+    """One engine in a fresh, niced process (``bench_analyzer.run_worker``): its seconds (inside),
+    CPU (user + system) and peak RSS; killed past ``max_gib``."""
     argv = ["nice", "-n", "10", sys.executable, str(HERE), "--worker", engine, "--store", str(store), "--requests", str(requests),
             "--chunk", str(chunk), "--result", str(result)]  # fmt: skip
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE)  # nice execs: the pid is the worker's
-    watched, killed = psutil.Process(proc.pid), False
-    while True:  # not proc.poll(): it would reap the child before wait4 reads its rusage
-        try:
-            if watched.status() == psutil.STATUS_ZOMBIE:
-                break
-            if not killed and watched.memory_info().rss > max_gib * 1024**3:
-                proc.kill()
-                killed = True
-        except psutil.NoSuchProcess:
-            break
-        time.sleep(0.2)
-    assert proc.stdout is not None
-    output = proc.stdout.read()
-    _, status, usage = os.wait4(proc.pid, 0)
-    if not killed and os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"{engine} failed with exit code {os.waitstatus_to_exitcode(status)}")
-    return {
-        "seconds": float("nan") if killed else json.loads(output)["seconds"],
-        "cpu_s": usage.ru_utime + usage.ru_stime,
-        "peak_gib": usage.ru_maxrss / 1024**2,
-        "killed": killed,
-    }
+    output, code, cpu, peak, killed = run_worker(argv, max_gib)
+    if not killed and code != 0:
+        raise SystemExit(f"{engine} failed with exit code {code}")
+    return {"seconds": float("nan") if killed else json.loads(output)["seconds"], "cpu_s": cpu, "peak_gib": peak, "killed": killed}
 
 
 def main() -> None:
