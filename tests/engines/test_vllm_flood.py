@@ -15,6 +15,7 @@ import json
 import random
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
@@ -27,11 +28,15 @@ from hopline.middleware.client import instrument
 from hopline.middleware.emit import Emitter
 from test_vllm import MODEL, free_port, start_server, stop_server, tail, vllm_dir, wait_ready
 
-pytestmark = [pytest.mark.vllm, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(720)]
 
 MAX_NUM_SEQS = 4
 STEADY_USERS, FLOOD_USERS = 2, 12
-STEADY_S, FLOOD_S, AFTER_S = 40.0, 40.0, 30.0  # 50+ requests on each side of a change
+STEADY_S, FLOOD_S, AFTER_S = 40.0, 40.0, 30.0  # at least; and MIN_SIDE answers before and after
+# The analysis needs 50 requests on each side of a change (ShiftConfig.min_side): on a slow
+# machine 40 s of steady chat gave 35, and the onset was found 4.4 s late, where the 50th was.
+MIN_SIDE = 60
+MAX_PHASE_S = 150.0
 MAX_TOKENS = 64  # alike for both: decode time follows answer length, so a batch of longer
 # answers would raise it without anything getting slower
 THINK_S = 0.1  # a chat user's mean pause between answers; the batch job has none
@@ -49,9 +54,38 @@ BIGGER = {"hidden_size": 256, "intermediate_size": 1024, "num_hidden_layers": 16
 SERVE_ARGS = ("--load-format", "dummy", "--hf-overrides", json.dumps(BIGGER), "--stream-interval", "16")
 
 
-def user(client: httpx.Client, port: int, stop_at: float, max_tokens: int, pause_s: float, seed: int) -> int:
-    """One user calling until ``stop_at`` (monotonic), pausing a random time of mean ``pause_s``
-    between answers (users in lockstep would share every engine step); returns its answers."""
+class Answers:
+    """Answers finished so far, counted across the users' threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.count = 0
+
+    def add(self) -> None:
+        with self._lock:
+            self.count += 1
+
+
+def wait_for(answers: Answers, count: int, at_least_s: float) -> None:
+    """Until ``answers`` reach ``count`` and ``at_least_s`` have passed (at most ``MAX_PHASE_S``)."""
+    start = time.monotonic()
+    while (elapsed := time.monotonic() - start) < MAX_PHASE_S:
+        if elapsed >= at_least_s and answers.count >= count:
+            return
+        time.sleep(0.2)
+
+
+def user(
+    client: httpx.Client,
+    port: int,
+    stop: threading.Event,
+    max_tokens: int,
+    pause_s: float,
+    seed: int,
+    answers: Answers,
+) -> int:
+    """One user calling until ``stop`` is set, pausing a random time of mean ``pause_s`` between
+    answers (users in lockstep would share every engine step); returns its answers."""
     rng = random.Random(seed)
     body = {
         "model": MODEL,
@@ -62,12 +96,13 @@ def user(client: httpx.Client, port: int, stop_at: float, max_tokens: int, pause
         "stream_options": {"include_usage": True},
     }
     done = 0
-    while time.monotonic() < stop_at:
+    while not stop.is_set():
         with client.stream("POST", f"http://127.0.0.1:{port}/v1/chat/completions", json=body) as r:
             assert r.status_code == 200, r.read()
             usage = [orjson.loads(line[6:])["usage"] for line in r.iter_lines() if '"usage":{' in line]
         assert usage and usage[-1]["completion_tokens"] == max_tokens, usage
         done += 1
+        answers.add()
         time.sleep(rng.expovariate(1 / pause_s) if pause_s else 0.0)
     return done
 
@@ -85,17 +120,24 @@ def scenario(port: int, emitter: Emitter) -> dict[str, float]:
         instrument(httpx.Client(timeout=120, limits=limits), emitter=emitter, service="batch") as batch_c,
         ThreadPoolExecutor(STEADY_USERS + FLOOD_USERS) as pool,
     ):
-        end = time.monotonic() + STEADY_S + FLOOD_S + AFTER_S
-        steady = [pool.submit(user, chat_c, port, end, MAX_TOKENS, THINK_S, i) for i in range(STEADY_USERS)]
-        time.sleep(STEADY_S)
-        flood_start = time.time()
-        flood_stop = flood_start + FLOOD_S  # no batch call starts after this
-        flood_end_mono = time.monotonic() + FLOOD_S
-        flood = [
-            pool.submit(user, batch_c, port, flood_end_mono, MAX_TOKENS, 0.0, i) for i in range(FLOOD_USERS)
+        chat, steady_over, flood_over = Answers(), threading.Event(), threading.Event()
+        steady = [
+            pool.submit(user, chat_c, port, steady_over, MAX_TOKENS, THINK_S, i, chat)
+            for i in range(STEADY_USERS)
         ]
+        wait_for(chat, MIN_SIDE, STEADY_S)
+        flood_start = time.time()
+        flood = [
+            pool.submit(user, batch_c, port, flood_over, MAX_TOKENS, 0.0, i, Answers())
+            for i in range(FLOOD_USERS)
+        ]
+        time.sleep(FLOOD_S)
+        flood_over.set()
+        flood_stop = time.time()  # no batch call starts after this
         flooded = sum(f.result() for f in flood)
         flood_end = time.time()
+        wait_for(chat, chat.count + MIN_SIDE, AFTER_S)
+        steady_over.set()
         answered = sum(f.result() for f in steady)
     return {
         "flood_start": flood_start,
