@@ -371,12 +371,10 @@ def scan_each(
         report.files.append(str(path))
         before = report.lines
         if is_parquet(path):
-            present = check_parquet(path, report)
-            item = Scanned(path, None, 0, present, (lo, hi))
+            frame, present = None, check_parquet(path, report)
         else:
-            item = Scanned(path, read_ndjson(path, report).lazy(), 0, None, (lo, hi))
-        item.rows = report.lines - before
-        scanned.append(item)
+            frame, present = read_ndjson(path, report).lazy(), None
+        scanned.append(Scanned(path, frame, report.lines - before, present, (lo, hi)))
     return scanned, report
 
 

@@ -12,8 +12,6 @@ kept out of ``findings``, in ``minor``: a report leads with what a user can act 
 
 from __future__ import annotations
 
-from datetime import datetime
-
 import polars as pl
 import polars.selectors as cs
 from hopline.analyzer import attribution
@@ -23,6 +21,7 @@ from hopline.analyzer.pitfalls import CAUSED_BY, find_pitfalls
 from hopline.analyzer.shifts import find_shifts, iso_utc
 from hopline.middleware.contract import VIEWS
 from hopline.middleware.rules import LOOK, SCOPE_SOURCES, STAGE_ORDER, TTFT_PARTS
+from hopline.middleware.times import to_epoch
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -78,10 +77,6 @@ def is_minor(finding: dict) -> bool:
     return share is not None and share < MINOR_SHARE
 
 
-def _when(iso: str) -> float:
-    return datetime.fromisoformat(iso).timestamp()
-
-
 def fold_into_shifts(shifts: list[dict], pitfalls: list[dict], window_s: float) -> list[dict]:
     """Pitfalls a shift brought with it (``pitfalls.CAUSED_BY``: the pitfall began after the rise
     of that stage, within its scope and before it ended) move into that shift's ``with_pitfalls``
@@ -98,8 +93,8 @@ def fold_into_shifts(shifts: list[dict], pitfalls: list[dict], window_s: float) 
                 and s["stage"] == stage
                 and s["after_ms"] > s["before_ms"]
                 and all(pitfall["scope"].get(k) == v for k, v in s["scope"].items())
-                and _when(at) >= _when(s["at"]) - window_s
-                and (s["until"] is None or _when(at) <= _when(s["until"]))
+                and to_epoch(at) >= to_epoch(s["at"]) - window_s
+                and (s["until"] is None or to_epoch(at) <= to_epoch(s["until"]))
             ),
             None,
         )
