@@ -21,6 +21,7 @@ engine reports its own per-request durations in the response (vLLM's ``metrics``
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import orjson
@@ -29,6 +30,10 @@ MAX_JSON_BYTES = 1 << 20  # bodies above this are passed on untouched and not pa
 MAX_EVENT_BYTES = 1 << 20  # an SSE event (or a line without newline) above this is dropped
 _DONE = b"[DONE]"
 _DONE_EVENT = b"data: [DONE]\n\n"
+# The body of one JSON string, exactly as JSON allows it: any byte but a quote, a backslash or a
+# control character, and the escapes. A plain chunk's text whose quotes are all escaped is still
+# one string (code and JSON in an answer have many); this tells it without decoding.
+_JSON_STRING_BODY = re.compile(rb'(?:[^"\\\x00-\x1f]+|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*')
 
 
 # The first-token rule as data: a choice carries output when its ``delta`` has a non-empty one of
@@ -191,13 +196,12 @@ class StreamReader:
             return False
         head, tail, h, t, empty = plain
         n = len(chunk)
-        if (
-            n > h + t
-            and chunk[:h] == head
-            and chunk[n - t :] == tail
-            and 34 not in chunk[h : n - t]  # no '"' in the content text: it is one JSON string
-            and chunk[n - t - 1] != 92  # ...not ending in a backslash that would escape the quote
-        ):
+        if n > h + t and chunk[:h] == head and chunk[n - t :] == tail:
+            text = chunk[h : n - t]
+            # one JSON string: no '"' in it and not ending in a backslash that would escape the
+            # closing quote; else (an answer with quotes) every quote escaped, checked exactly
+            if (34 in text or text[-1] == 92) and _JSON_STRING_BODY.fullmatch(text) is None:
+                return False
             self.output_chunks += 1
             last = self.last_output_at
             gap = ts - last

@@ -218,6 +218,42 @@ def test_plain_chunk_fast_path_agrees_with_full_parse_once_learnt():
     assert split.output_chunks == 3 and split.malformed == 0
 
 
+def _learnt() -> StreamReader:
+    reader = StreamReader()
+    for i, chunk in enumerate([ROLE, chat({"content": "first"})]):
+        reader.feed(chunk, float(i))
+    return reader
+
+
+def test_take_plain_counts_a_text_with_quotes_and_backslashes_without_decoding():
+    """Answers with code or JSON in them are full of quotes: escaped, the text is still one JSON
+    string and the chunk still the plain one. A quote that ends the string early is not."""
+    reader = _learnt()
+    for i, text in enumerate(['say "hi"', "C:\\", 'x = {"a": "\\"}', "\\", '"', "é\n\t\u0001"]):
+        assert reader.take_plain(chat({"content": text}), 2.0 + i), text
+    assert reader.output_chunks == 7  # first + 6
+    injected = event({"id": "chatcmpl-x", "choices": [{"index": 0, "delta": {"content": "a", "role": "x"},
+                                                       "finish_reason": None}]})  # fmt: skip
+    for chunk in (
+        chat({"content": "a"}).replace(b'"a"', b'"a","k":"b"'),  # the string ends, a key follows
+        chat({"content": "a"}).replace(b'"a"', b'"a\\"'),  # a backslash that escapes the closing quote
+        chat({"content": "a"}).replace(b'"a"', b'"a\\\\\\"'),  # an escaped backslash, then the same
+        injected,
+    ):
+        assert not reader.take_plain(chunk, 9.0), chunk
+    assert reader.output_chunks == 7
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(st.text(max_size=40))
+def test_any_content_text_reads_the_same_by_template_and_by_json(text):
+    fast, slow = _learnt(), _learnt()
+    fast.feed(chat({"content": text}), 3.0)
+    slow.feed(b": force the line parser\n" + chat({"content": text}), 3.0)
+    state = lambda r: (r.output_chunks, r.max_gap_s, r.max_gap_at, r.malformed)  # noqa: E731
+    assert state(fast) == state(slow)
+
+
 def test_take_plain_counts_only_the_learnt_chunk_and_tracks_the_gap():
     reader = StreamReader()
     assert not reader.take_plain(chat({"content": "a"}), 0.5)  # nothing learnt yet
