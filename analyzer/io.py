@@ -49,7 +49,6 @@ _NDJSON_NAME = re.compile(r"\.(ndjson|jsonl)(\.gz)?$|\.(ndjson|jsonl)\.[0-9][0-9
 # engines' per-request record files read as NDJSON (middleware/records.py): SGLang's metrics export
 _RECORD_NAME = re.compile(r"sglang-request-metrics-[0-9_]+\.log$")
 _PARTITION = re.compile(r"^(date|hour)=(.+)$")
-_PREFIX_RE = "^(?:" + "|".join(re.escape(p) for p in ENGINE_ID_PREFIXES) + ")(.)"
 # What the storage types can hold: integer columns' ranges, and times Polars can turn into dates.
 _INT_RANGES = {
     name: (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
@@ -228,8 +227,15 @@ def read_ndjson(path: Path, report: ScanReport) -> pl.DataFrame:
 
 
 def _normalized_request_id() -> pl.Expr:
-    """``contract.normalize_request_id``'s prefix rule, vectorised (strip one engine prefix)."""
-    return pl.col("request_id").str.replace(_PREFIX_RE, "${1}")
+    """``contract.normalize_request_id``'s prefix rule, vectorised: strip the first engine prefix
+    the ID starts with, when something follows it. (Prefix tests and slices: a regex replace cost
+    as much CPU as reading the column, 0.4 CPU-s per 5.9M events.)"""
+    rid = pl.col("request_id")
+    stripped = rid
+    for prefix in reversed(ENGINE_ID_PREFIXES):  # the first prefix that applies wins, as in the loop
+        applies = rid.str.starts_with(prefix) & (rid.str.len_bytes() > len(prefix))
+        stripped = pl.when(applies).then(rid.str.strip_prefix(prefix)).otherwise(stripped)
+    return stripped
 
 
 def _castable(actual: pl.DataType, expected: pl.DataType) -> bool:

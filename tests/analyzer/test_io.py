@@ -9,6 +9,8 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from hopline.analyzer.io import MAX_ERRORS, SCHEMA, find_files, scan_events, to_epoch
 from hopline.middleware.contract import dumps
 from support.events import event
@@ -241,3 +243,24 @@ def test_a_scanned_parquet_file_holds_no_frame_until_its_events_are_asked_for(tm
     (item,), report = scan_each([path], since=T0 + 30)
     assert item.frame is None and item.present is not None and item.rows == 2 == report.lines
     assert item.events.collect()["request_id"].to_list() == ["b"]
+
+
+_PREFIXES = st.sampled_from(["", "chatcmpl-", "cmpl-", "chatcmpl-cmpl-"])
+_PREFIXED = st.tuples(_PREFIXES, st.text("chatmpl-xé\n", max_size=6))
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(st.lists(_PREFIXED.map("".join), min_size=1, max_size=40))
+def test_the_vectorised_prefix_rule_strips_as_the_contracts_loop(ids):
+    from hopline.analyzer.io import _normalized_request_id
+    from hopline.middleware.contract import ENGINE_ID_PREFIXES
+
+    def reference(value: str) -> str:  # normalize_request_id's prefix step, without its validation
+        for prefix in ENGINE_ID_PREFIXES:
+            if value.startswith(prefix) and len(value) > len(prefix):
+                return value[len(prefix) :]
+        return value
+
+    ids += ["chatcmpl-abc", "cmpl-abc", "chatcmpl-", "cmpl-", "chatcmpl-cmpl-x", "cmpl-chatcmpl-x", "chatcmpl-é"]
+    got = pl.DataFrame({"request_id": ids}).select(_normalized_request_id())["request_id"].to_list()
+    assert got == [reference(v) for v in ids]
