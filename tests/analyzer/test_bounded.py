@@ -15,7 +15,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from hopline.analyzer import bounded
+from hopline.analyzer import bounded, io
 from hopline.analyzer.cli import analyze_files, event_files
 from hopline.middleware.rules import trace_stand_in
 from support.cli import hopline
@@ -110,6 +110,25 @@ def test_bucket_count_and_the_rules_that_cross_buckets(log_dir, tmp_path, monkey
     assert frame.filter(pl.col("request_id").str.starts_with("trace:")).height == 0
     retried = frame.filter(pl.col("request_id") == "retried-1").row(0, named=True)
     assert retried["attempts"] == 2 and retried["client_ttft"] == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize("budget", [bounded.Budget.of(), SMALL], ids=["one-bucket", "buckets"])
+def test_a_table_of_some_columns_holds_those_of_the_whole_table(log_dir, budget):
+    """``build_table(columns=...)`` (Polars computes only the aggregations they need) gives the
+    whole table's values of those columns, in one piece and bucket by bucket; negative stages and
+    missing hops (lists made from a bit mask per row) included."""
+    scanned, _ = io.scan_each(event_files([log_dir]))
+    columns = ("request_id", "replica", "queue", "decode", "outcome", "negative", "missing")
+    whole = bounded.build_table(scanned, (), budget)
+    some = bounded.build_table(scanned, (), budget, columns=columns)
+    try:
+        got, want = some.frame.collect(), whole.frame.select(columns).collect()
+    finally:
+        whole.close()
+        some.close()
+    assert got.columns == list(columns)
+    assert _sorted(got).equals(_sorted(want))
+    assert want.filter(pl.col("missing").list.len() > 0).height > 0  # the lists are not all empty
 
 
 def test_bucketed_store_and_time_range(log_dir, tmp_path):

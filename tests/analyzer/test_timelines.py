@@ -3,6 +3,7 @@ fixture (worked by hand) and against ``contract.compute_stages`` on generated lo
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 import pytest
 from hopline.analyzer.timelines import (
@@ -11,6 +12,7 @@ from hopline.analyzer.timelines import (
     INPUT_NAMES,
     RATIO_COLUMNS,
     STAGE_COLUMNS,
+    names_where,
     timelines,
 )
 from hopline.middleware.contract import (
@@ -153,3 +155,21 @@ def test_missing_hops_and_outcomes():
     assert tl["inc"]["replica"] == "r1"
     assert tl["rej"]["outcome"] == "rejected" and tl["rej"]["missing"] == [] and tl["rej"]["status"] == 429
     assert tl["gone"]["outcome"] == "disconnected"
+
+
+@pytest.mark.parametrize("flags", [1, 5, 32, 33, 70])
+def test_names_where_lists_the_names_whose_flag_holds(flags):
+    """``names_where`` (negative stages, missing hops: a bit mask per row, a list per distinct
+    mask) gives each row the names of its true flags in order, null as false, across masks."""
+    rng = np.random.default_rng(flags)
+    values, true = [True, False, None], 0.5 / flags  # about 60% of the rows have no true flag
+    frame = pl.DataFrame(
+        {f"b{i}": pl.Series([values[j] for j in rng.choice(3, 400, p=[true, 0.9 - true, 0.1])], dtype=pl.Boolean)
+         for i in range(flags)}  # fmt: skip
+    )
+    names = [f"n{i}" for i in range(flags)]
+    expr = names_where([pl.col(f"b{i}") for i in range(flags)], names).alias("x")
+    want = [[names[i] for i in range(flags) if row[f"b{i}"]] for row in frame.iter_rows(named=True)]
+    assert frame.select(expr)["x"].to_list() == want
+    assert any(want) and not all(want)
+    assert frame.head(0).select(expr)["x"].to_list() == []
