@@ -31,6 +31,12 @@ from hopline.analyzer.shifts import iso_utc
 # cause of its own. A prefill regression makes long prompts' prefills long enough to stall the
 # other streams of their replica, and "enable chunked prefill" would be the wrong advice.
 CAUSED_BY = {"long_prefill_stall": "prefill"}
+# A rise of this stage that a pitfall brings with it: when most of the seconds users waited in it
+# after the rise (in the rise's scope) were spent behind the pitfall's cause, the rise is said as
+# the pitfall's consequence (its ``with_shifts``). Without chunked prefill a request that arrives
+# during a long prefill waits in the queue until it ends; "the queue grew" would send the user to
+# add replicas, when the fix is chunked prefill. ``queued_behind_long_prefills`` measures it.
+BRINGS = {"long_prefill_stall": "queue"}
 
 
 @dataclass(frozen=True)
@@ -46,6 +52,7 @@ class PitfallConfig:
     stall_slack_s: float = 0.05  # the gap may begin this much before / after the prefill
     long_output_quantile: float = 0.9  # "ran long": above this quantile of capped requests
     verbose_factor: float = 2.0  # a service's p50 output tokens / the others' on the model
+    brought_share: float = 0.5  # a queue rise is a stall's when this share of its wait was behind it
 
 
 def _finding(
@@ -61,6 +68,7 @@ def _finding(
         "impact_s": round(float(impact_s), 3),
         "spent_in": spent_in,
         "at": None,  # when it began, for the pitfalls that know (long_prefill_stall)
+        "with_shifts": [],  # shifts it brought with it (report.fold_into_pitfalls)
     }
 
 
@@ -180,19 +188,22 @@ def new_connection_per_request(tl: pl.DataFrame, cfg: PitfallConfig = PitfallCon
     return _narrow(hits, len(scoped))
 
 
-def long_prefill_stall(tl: pl.DataFrame, cfg: PitfallConfig = PitfallConfig()) -> list[dict]:
-    """Long prefills and the output gaps that line up with them, per replica, on the engine's
-    own clock (prefill interval = [engine_first - prefill, engine_first]; the stalled request's
-    ``engine_max_gap_at``), matched with an as-of join: skew-free by construction."""
-    base = tl.filter(
+def _engine_base(tl: pl.DataFrame) -> pl.DataFrame:
+    """The requests with a replica, a prefill and the engine's first token: what the engine's
+    clock places."""
+    return tl.filter(
         pl.col("replica").is_not_null()
         & pl.col("prefill").is_not_null()
         & pl.col("engine_first").is_not_null()
     )
-    if base.height == 0:
-        return []
-    long = (
-        base.with_columns(
+
+
+def long_prefills(tl: pl.DataFrame, cfg: PitfallConfig = PitfallConfig()) -> pl.DataFrame:
+    """The long prefills of ``tl``, on their replica's clock: replica, long_id, begin, end,
+    long_prefill, long_prompt; sorted by begin."""
+    return (
+        _engine_base(tl)
+        .with_columns(
             med_prompt=pl.col("prompt_tokens").median().over("replica"),
             med_prefill=pl.col("prefill").median().over("replica"),
         )
@@ -213,6 +224,16 @@ def long_prefill_stall(tl: pl.DataFrame, cfg: PitfallConfig = PitfallConfig()) -
         )
         .sort("begin")
     )
+
+
+def long_prefill_stall(tl: pl.DataFrame, cfg: PitfallConfig = PitfallConfig()) -> list[dict]:
+    """Long prefills and the output gaps that line up with them, per replica, on the engine's
+    own clock (prefill interval = [engine_first - prefill, engine_first]; the stalled request's
+    ``engine_max_gap_at``), matched with an as-of join: skew-free by construction."""
+    base = _engine_base(tl)
+    if base.height == 0:
+        return []
+    long = long_prefills(tl, cfg)
     if long.height == 0:
         return []
     gaps = (
@@ -279,6 +300,54 @@ def long_prefill_stall(tl: pl.DataFrame, cfg: PitfallConfig = PitfallConfig()) -
         finding["at"] = iso_utc(culprits["begin"].min())  # when the first long prefill began
         findings.append(finding)
     return findings
+
+
+def _busy_until(at: pl.DataFrame, t: str, busy: pl.DataFrame) -> pl.Series:
+    """For each row of ``at`` (in its order): the seconds of ``busy`` (disjoint intervals per
+    replica, ``before``: their busy seconds before each) on its replica up to time column ``t``."""
+    joined = (
+        at.with_row_index("_row")
+        .sort(t)
+        .join_asof(busy, left_on=t, right_on="begin", by="replica", strategy="backward", check_sortedness=False)
+        .sort("_row")
+    )
+    inside = (pl.col(t) - pl.col("begin")).clip(0.0, pl.col("end") - pl.col("begin"))
+    return joined.select((pl.col("before") + inside).fill_null(0.0)).to_series()
+
+
+def queued_behind_long_prefills(tl: pl.DataFrame, long: pl.DataFrame) -> pl.DataFrame:
+    """Per request of ``tl`` with a queue time on the engine's clock: replica, queue and
+    ``behind``, the seconds of that wait spent while one of ``long`` (``long_prefills`` of the
+    whole log) ran on its replica (their union: prefills in one batch count once). Without
+    chunked prefill a request that arrives during a long prefill waits for its end: ``behind``
+    ≈ ``queue``."""
+    rows = (
+        _engine_base(tl)
+        .filter(pl.col("queue").is_not_null())
+        .select("replica", "queue", q_end=pl.col("engine_first") - pl.col("prefill"))
+        .with_columns(q_begin=pl.col("q_end") - pl.col("queue"))
+    )
+    if rows.height == 0 or long.height == 0:
+        return rows.select("replica", "queue", behind=pl.lit(0.0))
+    busy = (
+        long.sort("replica", "begin")
+        .with_columns(
+            run=(pl.col("begin") > pl.col("end").cum_max().shift(1))
+            .fill_null(True)
+            .cum_sum()
+            .over("replica")
+        )
+        .group_by("replica", "run")
+        .agg(pl.col("begin").min(), pl.col("end").max())
+        .with_columns(
+            before=(pl.col("end") - pl.col("begin")).cum_sum().over("replica", order_by="begin")
+            - (pl.col("end") - pl.col("begin"))
+        )
+        .sort("begin")
+        .select("replica", "begin", "end", "before")
+    )
+    behind = _busy_until(rows, "q_end", busy) - _busy_until(rows, "q_begin", busy)
+    return rows.select("replica", "queue", behind=behind)
 
 
 def no_max_tokens(

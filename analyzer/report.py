@@ -17,8 +17,15 @@ import polars.selectors as cs
 from hopline.analyzer import attribution
 from hopline.analyzer.attribution import Slo, e2e, ttft
 from hopline.analyzer.io import ScanReport
-from hopline.analyzer.pitfalls import CAUSED_BY, find_pitfalls
-from hopline.analyzer.shifts import find_shifts, iso_utc
+from hopline.analyzer.pitfalls import (
+    BRINGS,
+    CAUSED_BY,
+    PitfallConfig,
+    find_pitfalls,
+    long_prefills,
+    queued_behind_long_prefills,
+)
+from hopline.analyzer.shifts import find_shifts, in_scope, iso_utc
 from hopline.middleware.contract import VIEWS
 from hopline.middleware.rules import LOOK, SCOPE_SOURCES, STAGE_ORDER, TTFT_PARTS
 from hopline.middleware.times import to_epoch
@@ -106,6 +113,42 @@ def fold_into_shifts(shifts: list[dict], pitfalls: list[dict], window_s: float) 
     return left
 
 
+def fold_into_pitfalls(
+    shifts: list[dict], pitfalls: list[dict], timelines: pl.DataFrame, cfg: PitfallConfig = PitfallConfig()
+) -> list[dict]:
+    """Rises a pitfall brought with it (``pitfalls.BRINGS``: at least ``cfg.brought_share`` of the
+    seconds the rise's requests, from its onset to its end, waited in that stage were spent behind
+    the pitfall's long prefills) move into that pitfall's ``with_shifts``, its summary and its
+    ``impact_s`` (stages add up); the other shifts are returned. The pitfall of the replica that
+    held most of those seconds takes it."""
+    left, long = [], None
+    for shift in shifts:
+        owners = [p for p in pitfalls if BRINGS.get(p["name"]) == shift["stage"] and "replica" in p["scope"]]
+        if not owners or shift["after_ms"] <= shift["before_ms"]:
+            left.append(shift)
+            continue
+        window = pl.col("start") >= to_epoch(shift["at"])
+        if shift["until"] is not None:
+            window &= pl.col("start") < to_epoch(shift["until"])
+        long = long_prefills(timelines, cfg) if long is None else long
+        rose = timelines.filter(in_scope(shift["scope"]).fill_null(False) & window)
+        waits = queued_behind_long_prefills(rose, long)
+        per_replica = waits.group_by("replica").agg(pl.col("behind").sum())
+        behind, queued = waits["behind"].sum(), waits["queue"].sum()
+        if per_replica.height == 0 or queued <= 0 or behind < cfg.brought_share * queued:
+            left.append(shift)
+            continue
+        replica = per_replica.sort("behind", descending=True)["replica"][0]
+        owner = next((p for p in owners if p["scope"]["replica"] == replica), None)
+        if owner is None:
+            left.append(shift)
+            continue
+        owner.setdefault("with_shifts", []).append(shift)
+        owner["impact_s"] = round(owner["impact_s"] + shift["impact_s"], 3)
+        owner["summary"] += f"; with it, {shift['summary'].split('; ')[0]} ({shift['stage']} shift)"
+    return left
+
+
 def analyze(
     timelines: pl.DataFrame,
     *,
@@ -126,6 +169,7 @@ def analyze(
     shifts = [s.to_finding() for s in find_shifts(timelines, window_s, dims=by)] if n else []
     pitfalls = find_pitfalls(timelines, kv_bytes_per_token=kv_bytes_per_token) if n else []
     pitfalls = fold_into_shifts(shifts, pitfalls, window_s)
+    shifts = fold_into_pitfalls(shifts, pitfalls, timelines)
     findings = sorted(shifts + pitfalls, key=lambda f: -abs(f.get("impact_s") or 0.0))
     totals = users_time(timelines) if n else {"first_output": 0.0, "e2e": 0.0}
     for f in findings:

@@ -94,6 +94,9 @@ FINDINGS_PITFALL = {
     "spent_in": "the stage those seconds are spent in (decode, connect, network or gateway)",
     "share_of_users_time": "as for a shift, with spent_in as its stage",
     "at": "ISO-8601 UTC: when it began (long_prefill_stall: its first long prefill), null for the others",
+    "with_shifts": "rises this pitfall brought with it, e.g. a queue rise behind the long prefills of a "
+    "long_prefill_stall (most of its queued seconds spent while one ran on the replica): whole shift "
+    "findings, listed here instead of among the findings; impact_s includes theirs",
 }
 
 

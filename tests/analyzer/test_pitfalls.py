@@ -150,3 +150,26 @@ def test_find_pitfalls_orders_by_impact():
     names = [f["name"] for f in found]
     assert {"new_connection_per_request", "verbose_outputs"} <= set(names)
     assert [f["impact_s"] for f in found] == sorted((f["impact_s"] for f in found), reverse=True)
+
+
+def test_queued_behind_long_prefills_counts_the_union_of_the_prefills_on_the_requests_replica():
+    # r1's long prefills: [10, 11] and [10.5, 11.5] (one batch: their union, [10, 11.5]), [13, 14];
+    # r2's: [10, 20]
+    long = pl.DataFrame(
+        {"replica": ["r1", "r1", "r1", "r2"], "begin": [10.0, 10.5, 13.0, 10.0], "end": [11.0, 11.5, 14.0, 20.0]}
+    )
+    waits = [("r1", 9.5, 12.0), ("r1", 11.2, 13.5), ("r1", 15.0, 16.0), ("r2", 9.0, 11.0), ("r1", 10.2, 10.4)]
+    tl = pl.DataFrame(
+        {
+            "request_id": [f"q{i}" for i in range(len(waits))],
+            "replica": [w[0] for w in waits],
+            "queue": [w[2] - w[1] for w in waits],
+            "prefill": [0.1] * len(waits),
+            "engine_first": [w[2] + 0.1 for w in waits],  # the queue ends where its prefill begins
+        }
+    )
+    got = pitfalls.queued_behind_long_prefills(tl, long)
+    assert got["replica"].to_list() == [w[0] for w in waits]
+    assert got["behind"].to_list() == pytest.approx([1.5, 0.3 + 0.5, 0.0, 1.0, 0.2])
+    assert got["queue"].to_list() == pytest.approx([w[2] - w[1] for w in waits])
+    assert pitfalls.queued_behind_long_prefills(tl, long.clear())["behind"].to_list() == [0.0] * len(waits)

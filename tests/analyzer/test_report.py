@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from dataclasses import replace
 
 import pytest
 from hopline.analyzer import report
@@ -123,6 +124,38 @@ def test_a_long_prefill_stall_after_a_prefill_rise_is_said_as_its_consequence():
     (stall,) = first["with_pitfalls"]
     assert stall["name"] == "long_prefill_stall" and stall["scope"] == {"replica": "r1"}
     assert "(long_prefill_stall)" in first["summary"]
+
+
+def test_a_queue_rise_behind_long_prefills_is_said_as_the_stalls_consequence():
+    """Without chunked prefill, requests reaching r1 during one of its long prefills wait for its
+    end: the queue rise that brings is the stall's (the fix is chunked prefill, not replicas), as
+    in the demo's huge-prompt scenario on a busy machine."""
+    stall_only = LongPrompts("r1", 80, prompt_tokens=14_000, after=0.4)
+    alone = report.analyze(timelines(generate(duration_s=300, seed=8, incidents=[stall_only]).lazy()).collect())
+    events = generate(duration_s=300, seed=8, incidents=[replace(stall_only, queue_behind=True)])
+    result = report.analyze(timelines(events.lazy()).collect())
+    everything = result["findings"] + result["minor"]
+    assert [f for f in everything if f["kind"] == "shift" and f["stage"] == "queue"] == []
+    first = result["findings"][0]
+    assert (first["kind"], first["name"], first["scope"]) == ("pitfall", "long_prefill_stall", {"replica": "r1"})
+    assert {"replica": "r1"} in [s["scope"] for s in first["with_shifts"] if s["stage"] == "queue"]
+    assert "(queue shift)" in first["summary"]
+    # the stall's own cost (its stalled outputs) plus the queue seconds it brought
+    (own,) = [f for f in alone["findings"] if f.get("name") == "long_prefill_stall"]
+    assert own["with_shifts"] == []
+    assert first["impact_s"] > own["impact_s"] * 1.05
+
+
+def test_a_queue_rise_of_its_own_stays_a_shift_beside_long_prefills():
+    """r1's queue quadruples (more load than it serves) while a few long prompts stall it: the
+    rise is not the stall's, most of its queued seconds were not spent behind a long prefill."""
+    incidents = [StageShift("queue", 4.0, at_s=120, scope={"replica": "r1"}),
+                 LongPrompts("r1", 5, prompt_tokens=14_000, after=0.3, queue_behind=True)]  # fmt: skip
+    result = report.analyze(timelines(generate(duration_s=300, seed=8, incidents=incidents).lazy()).collect())
+    first = result["findings"][0]
+    assert (first["kind"], first["stage"], first["scope"]) == ("shift", "queue", {"replica": "r1"})
+    (stall,) = [f for f in result["findings"] + result["minor"] if f.get("name") == "long_prefill_stall"]
+    assert stall["with_shifts"] == []
 
 
 def test_a_pitfall_is_folded_only_into_a_rise_of_its_stage_in_its_scope_and_time():

@@ -51,6 +51,7 @@ class LongPrompts:
     count: int = 5
     prompt_tokens: int = 32_000
     after: float = 0.2  # they start past this fraction of the log
+    queue_behind: bool = False  # requests that reach the replica's queue meanwhile wait for its end
 
 
 @dataclass(frozen=True)
@@ -235,6 +236,22 @@ def _stall(
     return gap_s, gap_at, extra
 
 
+def _wait_behind(c: dict[str, np.ndarray], scheduled: np.ndarray, replica: str) -> np.ndarray:
+    """The extra queue wait of requests scheduled on ``replica`` while one of its long prompts
+    prefills (no chunked prefill: they wait for its end), long prompts in time order, each one's
+    own start moved by the earlier ones."""
+    extra = np.zeros(len(scheduled))
+    on = c["replica"] == replica
+    for i in sorted(np.flatnonzero(c["long_prompt"] & on), key=lambda i: scheduled[i]):
+        begin = scheduled[i] + extra[i]
+        end = begin + c["prefill"][i]
+        at = scheduled + extra
+        hit = on & (at > begin) & (at < end)
+        hit[i] = False
+        extra[hit] += end - at[hit]
+    return extra
+
+
 def generate(
     n_requests: int | None = None,
     *,
@@ -279,6 +296,10 @@ def generate(
     gw_forwarded = gw_received + c["gateway"]
     eng_received = gw_forwarded + legs[1]
     scheduled = eng_received + c["frontend"] + c["queue"]
+    for inc in incidents:
+        if isinstance(inc, LongPrompts) and inc.queue_behind:
+            c["queue"] += _wait_behind(c, scheduled, inc.replica)
+            scheduled = eng_received + c["frontend"] + c["queue"]
     eng_first = scheduled + c["prefill"]
     eng_last_plain = eng_first + c["itl"] * np.maximum(c["output"] - 1, 0)
     gap_s, gap_at, stalled = _stall(rng, c, eng_first, eng_last_plain, scheduled)
