@@ -157,6 +157,11 @@ class SimRequest:
     scheduled: float | None = None
     first_token: float | None = None
     last_token: float | None = None
+    # when the stream handed the chunk with the first / last token to the server: on a busy host
+    # later than the token's pass ended (the scheduler's loop and then the stream's task wake late),
+    # a delay on the response path, where hopline stamps it
+    first_sent: float | None = None
+    last_sent: float | None = None
     prefill_left: int = 0
     generated: int = 0
     finish_reason: str | None = None
@@ -183,6 +188,8 @@ class SimRequest:
             "queue_s": self.scheduled - self.queued,
             "prefill_s": self.first_token - self.scheduled,
             "decode_s": self.last_token - self.first_token,
+            "first_sent_late_s": None if self.first_sent is None else self.first_sent - self.first_token,
+            "last_sent_late_s": None if self.last_sent is None else self.last_sent - self.last_token,
         }
 
 
@@ -376,27 +383,32 @@ class Engine:
         self.scheduler = Scheduler(config, replica=replica, on_finished=self._finished)
 
     def _finished(self, r: SimRequest) -> None:
-        truth = r.truth(self.replica)
+        """The engine's own stats, as the scheduler frees the sequence (vLLM's stat loggers)."""
+        assert r.scheduled is not None and r.first_token is not None and r.last_token is not None
         if self.emitter is not None:
             self.emitter.emit(
                 "engine.stats",
                 r.request_id,
                 attempt=r.attempt,
-                queue_s=truth["queue_s"],
-                prefill_s=truth["prefill_s"],
-                decode_s=truth["decode_s"],
+                queue_s=r.scheduled - r.queued,
+                prefill_s=r.first_token - r.scheduled,
+                decode_s=r.last_token - r.first_token,
                 prompt_tokens=r.prompt_tokens,
                 output_tokens=r.generated,
                 cached_tokens=r.cached_tokens,
                 finish_reason=r.finish_reason,
             )
-        if self.truth_file is not None:
-            self.truth_file.write(orjson.dumps(truth, option=orjson.OPT_APPEND_NEWLINE))
+
+    def _write_truth(self, r: SimRequest) -> None:
+        """A finished request's true intervals, once its response has left (so it knows when)."""
+        if self.truth_file is not None and r.finish_reason is not None:
+            self.truth_file.write(orjson.dumps(r.truth(self.replica), option=orjson.OPT_APPEND_NEWLINE))
             self.truth_file.flush()
 
     def close(self) -> None:
         if self.truth_file is not None:
             self.truth_file.close()
+            self.truth_file = None  # a stream that ends after the shutdown writes no truth
 
     async def chat_completions(self, request: Request) -> Response:
         received = clock.now()
@@ -478,6 +490,9 @@ class Engine:
                         }
                     )
                 text = "".join(WORDS[i % len(WORDS)] for i in range(sent, r.generated))
+                r.last_sent = clock.now()  # the server sends it as this generator yields it
+                if sent == 0:
+                    r.first_sent = r.last_sent
                 sent = r.generated
                 yield _sse(
                     {
@@ -503,6 +518,7 @@ class Engine:
         finally:
             if r.finish_reason is None:
                 r.aborted = True  # the client went away: stop generating for it
+            self._write_truth(r)
 
     async def _complete(self, r: SimRequest, meta: dict[str, Any]) -> Response:
         try:
@@ -511,6 +527,7 @@ class Engine:
         finally:
             if r.finish_reason is None:
                 r.aborted = True
+            self._write_truth(r)
         text = "".join(WORDS[i % len(WORDS)] for i in range(1, r.generated + 1))
         return JSONResponse(
             {
