@@ -13,7 +13,10 @@ Method, per scope (all traffic, each replica / service / model) and per stage:
    burst that ends is found with its end. When the end brings the stage back (within
    ``min_factor``, or within ``min_abs_ms``: 0.3 → 115 → 0.7 ms came back), the burst is one
    finding from its onset, with ``until``; an end that stops part way is a change of its own,
-   never ranked above the onset it undoes.
+   never ranked above the onset it undoes. A burst's edges are then placed from its requests
+   (the boundary with the fewest of them on the wrong side of it), since the segmentation's
+   floor of ``min_side`` requests a side, and the rank test's taste for even splits, would put
+   them where the stage had not moved yet. Values are ranked to the millisecond.
 3. It is reported only when it is significant after a Bonferroni correction for every scope ×
    stage × candidate tested, has at least ``min_side`` requests on each side, and is large for a
    user: the p50 (or, for stages that are mostly zero such as ``connect``, the p90) moved by
@@ -58,6 +61,7 @@ from hopline.analyzer.attribution import TTFT_PARTS, e2e
 from hopline.middleware.rules import LOOK, STAGE_ORDER
 
 SHIFT_STAGES = TTFT_PARTS + ("decode",)
+RANK_RESOLUTION_S = 1e-3  # values are ranked to the millisecond (min_abs_ms is 5)
 RETURN_REMAINDER = 0.05  # a burst's end that leaves at most this share of its change is a return
 # How a stage is said in a sentence (the rule book's vocabulary), plus the part of ``connect``
 # that is the client's own pool wait (see CONNECT_PARTS).
@@ -273,25 +277,30 @@ def _scope_words(scope: dict[str, str]) -> str:
 # --- statistics -------------------------------------------------------------------------------
 
 
-def _average_ranks(values: np.ndarray) -> np.ndarray:
-    """Ranks 1..n, ties sharing their average rank (as Mann-Whitney wants)."""
+def _average_ranks(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Ranks 1..n, ties sharing their average rank (as Mann-Whitney wants), and the size of each
+    group of equal values (for the variance's tie correction)."""
     order = np.argsort(values, kind="stable")
     sorted_vals = values[order]
     _, first, counts = np.unique(sorted_vals, return_index=True, return_counts=True)
     avg = first + (counts + 1) / 2.0  # average of ranks first+1 .. first+count
     ranks = np.empty(len(values))
     ranks[order] = np.repeat(avg, counts)
-    return ranks
+    return ranks, counts
 
 
 def split_z(values: np.ndarray, splits: np.ndarray) -> np.ndarray:
-    """Mann-Whitney z of "after > before" for each split index k (before = values[:k])."""
+    """Mann-Whitney z of "after > before" for each split index k (before = values[:k]), with the
+    variance corrected for ties."""
     n = len(values)
-    cum = np.concatenate(([0.0], np.cumsum(_average_ranks(values))))
+    ranks, counts = _average_ranks(values)
+    cum = np.concatenate(([0.0], np.cumsum(ranks)))
     k = splits.astype(np.float64)
     u_before = cum[splits] - k * (k + 1) / 2
     mean = k * (n - k) / 2
-    sd = np.sqrt(k * (n - k) * (n + 1) / 12.0)
+    tied = counts.astype(np.float64)
+    ties = float(np.sum(tied**3 - tied)) / (n * (n - 1)) if n > 1 else 0.0
+    sd = np.sqrt(np.maximum(k * (n - k) / 12.0 * ((n + 1) - ties), 1e-300))
     return (mean - u_before) / sd
 
 
@@ -320,6 +329,7 @@ class _Detection:
     after_n: int
     until: float | None = None  # the change reverted here (a transient incident)
     index: int = 0  # the first request after the change, in the scope's sorted requests
+    before_index: int = 0  # the first request of the segment before it
 
     @property
     def up(self) -> bool:
@@ -385,7 +395,9 @@ def _detect(
 ) -> list[_Detection]:
     """Changes of one stage in one scope; a change that reverts later is one detection with
     ``until`` (its before / after are the segments next to it, so a burst is not diluted)."""
-    cps = _change_points(t, x, boundaries, z_crit, cfg, 0, len(x))
+    # ranked at RANK_RESOLUTION_S: a trend among values no user tells apart (a queue of 0.035 ms
+    # easing to 0.011 after a flood) must not decide where a split falls
+    cps = _change_points(t, np.round(x / RANK_RESOLUTION_S), boundaries, z_crit, cfg, 0, len(x))
     edges = [0] + [k for k, _, _ in cps] + [len(x)]
     found: list[_Detection | None] = []
     first = 0  # index of the change point where the current run of same-direction steps began
@@ -398,12 +410,21 @@ def _detect(
             if effect is not None:
                 start = edges[first + 1]
                 found[-1] = _Detection(
-                    stage, scope, prev.at, *effect, max(prev.z, z, key=abs), edges[i + 2] - start, index=start
+                    stage,
+                    scope,
+                    prev.at,
+                    *effect,
+                    max(prev.z, z, key=abs),
+                    edges[i + 2] - start,
+                    index=start,
+                    before_index=edges[first],
                 )
                 continue
         effect = _effect(x[edges[i] : k], x[k : edges[i + 2]], z, cfg)
         found.append(
-            None if effect is None else _Detection(stage, scope, at, *effect, z, edges[i + 2] - k, index=k)
+            None
+            if effect is None
+            else _Detection(stage, scope, at, *effect, z, edges[i + 2] - k, index=k, before_index=edges[i])
         )
         first = i
     # A burst ends at the first later change that brings the stage back; the steps between (it
@@ -420,10 +441,92 @@ def _detect(
         if end is None:
             i += 1
             continue
-        det.until = real[end].at  # one finding from its onset; its end is not another
-        det.after_n = real[end].index - det.index
+        _settle_burst(t, x, boundaries, det, real[end], cfg)  # one finding from its onset, with its end
         i = end + 1
     return out
+
+
+def _settle_burst(
+    t: np.ndarray, x: np.ndarray, boundaries: np.ndarray, det: _Detection, end: _Detection, cfg: ShiftConfig
+) -> None:
+    """``det`` as the burst that ``end`` ends: its ``until``, and its onset and end placed where
+    the burst's requests part from those around it.
+
+    Binary segmentation keeps ``min_side`` requests on each side of a split. When a scope has
+    fewer than that in a burst (2-3 chat requests a window during a real vLLM's flood), a split
+    next to it can only fall at the ``min_side``-th request from the burst's other edge: the end
+    windows after the stage came back, or the onset windows before it moved. And where a burst
+    parts cleanly from its surroundings, every boundary in the gap between them splits the ranks
+    perfectly, and the rank test's |z| then prefers the more even split: a last queued request
+    (1.3 s against 0.0 after and 2.8 s in the flood) was left out of its burst.
+
+    Once the burst is known (significant, and back), each edge is the boundary between the
+    segments next to it with the fewest requests on the wrong side of it: a request belongs to the
+    burst when it is nearer the burst's level than the level around it, in log terms (values
+    floored at ``min_abs_ms``). The end is placed first (against the segment after ``end``), then the onset
+    (against the segment before ``det``); the before / after values are then the segments' own."""
+    q = 50 if det.statistic == "p50" else 90
+    ms = x * 1e3
+    hi = end.index + end.after_n
+    until = _edge(
+        t, ms, boundaries[(boundaries > det.at) & (boundaries <= t[hi - 1])], det.index, hi,
+        _level(ms[det.index : end.index], q), _level(ms[end.index : hi], q), cfg, burst_first=True,
+    )  # fmt: skip
+    det.until = end.at if until is None else until
+    stop = int(np.searchsorted(t, det.until))
+    around = boundaries[(boundaries > t[det.before_index]) & (boundaries < det.until)]
+    at = _edge(
+        t, ms, around, det.before_index, stop,
+        _level(ms[det.index : stop], q), _level(ms[det.before_index : det.index], q), cfg, burst_first=False,
+    )  # fmt: skip
+    if at is not None:
+        det.at, det.index = at, int(np.searchsorted(t, at))
+    det.before_ms = _level(ms[det.before_index : det.index], q)
+    det.after_ms = _level(ms[det.index : stop], q)
+    det.after_n = stop - det.index
+
+
+def _level(ms: np.ndarray, q: float) -> float:
+    return float(np.percentile(ms, q))
+
+
+def _edge(
+    t: np.ndarray,
+    ms: np.ndarray,
+    candidates: np.ndarray,
+    lo: int,
+    hi: int,
+    burst_ms: float,
+    around_ms: float,
+    cfg: ShiftConfig,
+    burst_first: bool,
+) -> float | None:
+    """The one of ``candidates`` that splits ms[lo:hi] into the burst and the rest around it
+    (``burst_first``: the burst before the split) with the fewest requests on the wrong side, and
+    some on each side. Of boundaries as good, the one nearest the burst: the burst is as short as
+    its requests allow, so a stray slow request before it cannot pull its onset earlier."""
+    ks = np.searchsorted(t[lo:hi], candidates)
+    keep = (ks > 0) & (ks < hi - lo)
+    if not keep.any():
+        return None
+    candidates, ks = candidates[keep], ks[keep]
+    floor = cfg.min_abs_ms
+    split = math.sqrt(max(burst_ms, floor) * max(around_ms, floor))  # the levels' midpoint, in log terms
+    part = ms[lo:hi]
+    in_burst = part > split if burst_ms > around_ms else part < split
+    seen = np.concatenate(([0], np.cumsum(in_burst)))  # burst-like requests before each index
+    before_k, after_k = seen[ks], seen[-1] - seen[ks]
+    if burst_first:  # the rest-like before the split, the burst-like after it
+        wrong = (ks - before_k) + after_k
+        return float(candidates[int(np.argmin(wrong))])
+    wrong = before_k + ((hi - lo - ks) - after_k)
+    return float(candidates[len(wrong) - 1 - int(np.argmin(wrong[::-1]))])
+
+
+def _near(value_ms: float, level_ms: float, cfg: ShiftConfig) -> bool:
+    """Whether ``value_ms`` is at ``level_ms`` for a user: within ``min_factor`` or ``min_abs_ms``."""
+    ratio = max(value_ms, 1e-9) / max(level_ms, 1e-9)
+    return max(ratio, 1 / ratio) < cfg.min_factor or abs(value_ms - level_ms) < cfg.min_abs_ms
 
 
 def _returns(det: _Detection, nxt: _Detection, cfg: ShiftConfig) -> bool:
@@ -432,12 +535,9 @@ def _returns(det: _Detection, nxt: _Detection, cfg: ShiftConfig) -> bool:
     return although 0.7 / 0.3 is not within any factor), or with at most ``RETURN_REMAINDER`` of
     the change left (a real vLLM's flood: queue 0.0 → 4969 → 37 ms; 10x → 2x leaves 11%: a change
     of its own)."""
-    back = max(nxt.after_ms, 1e-9) / max(det.before_ms, 1e-9)
     left = abs(nxt.after_ms - det.before_ms)
-    return (
-        max(back, 1 / back) < cfg.min_factor
-        or left < cfg.min_abs_ms
-        or left <= RETURN_REMAINDER * abs(det.after_ms - det.before_ms)
+    return _near(nxt.after_ms, det.before_ms, cfg) or left <= RETURN_REMAINDER * abs(
+        det.after_ms - det.before_ms
     )
 
 
@@ -660,7 +760,7 @@ def find_shifts(
     return sorted(incidents, key=lambda s: (-abs(s.impact_s), s.at))
 
 
-def _in_scope(scope: dict[str, str]) -> pl.Expr:
+def in_scope(scope: dict[str, str]) -> pl.Expr:
     return pl.all_horizontal([pl.col(k).cast(pl.String) == v for k, v in scope.items()] or [pl.lit(True)])
 
 
@@ -670,7 +770,7 @@ def _explains(a: Shift, b: Shift, frame: pl.DataFrame, spread_s: float, cfg: Shi
     log terms) at ``b``'s time, or are too few to tell (``b``'s scope lies inside ``a``'s)."""
     if a.stage != b.stage or a.up != b.up or a.scope == b.scope or abs(a.at - b.at) > spread_s:
         return False
-    rest = frame.filter(_in_scope(b.scope) & ~_in_scope(a.scope).fill_null(False))
+    rest = frame.filter(in_scope(b.scope) & ~in_scope(a.scope).fill_null(False))
     after = rest.filter(_after(b)).height  # type: ignore[arg-type]  # a Shift has what _after reads
     if min(rest.height - after, after) < cfg.min_side:
         return True
@@ -688,7 +788,7 @@ def _fold_explained(
     requests stays, on a tie the one whose attribute is searched first (replica first)."""
 
     def rank(shift: Shift) -> tuple[int, list[int]]:
-        size = frame.filter(_in_scope(shift.scope)).height
+        size = frame.filter(in_scope(shift.scope)).height
         return size, sorted(order.index(k) if k in order else len(order) for k in shift.scope)
 
     kept: list[Shift] = []

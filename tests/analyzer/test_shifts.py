@@ -29,11 +29,17 @@ def iso(offset_s: float) -> str:
 
 
 def test_rank_cusum_equals_mann_whitney_by_hand():
-    x = np.array([1.0, 2.0, 2.0, 5.0, 7.0, 9.0])
+    x = np.array([1.0, 3.0, 2.0, 5.0, 7.0, 9.0])
     z = split_z(x, np.array([3]))
-    # before {1,2,2}, after {5,7,9}: U(before > after) = 0 → z = (mean - 0) / sd
+    # before {1,3,2}, after {5,7,9}: U(before > after) = 0 → z = (mean - 0) / sd
     mean, sd = 3 * 3 / 2, np.sqrt(3 * 3 * 7 / 12)
     assert z[0] == pytest.approx(mean / sd)
+    # with ties ({2, 2}: t = 2) the variance is corrected: n1 n2 / 12 * ((n + 1) - sum(t^3 - t) / (n (n - 1)))
+    tied = np.array([1.0, 2.0, 2.0, 5.0, 7.0, 9.0])
+    assert split_z(tied, np.array([3]))[0] == pytest.approx(mean / np.sqrt(3 * 3 / 12 * (7 - 6 / 30)))
+    # a split inside the ties: U(before > after) = 0.5 (2 vs 2 counts half)
+    inside = (2 * 4 / 2 - 0.5) / np.sqrt(2 * 4 / 12 * (7 - 6 / 30))
+    assert split_z(tied, np.array([2]))[0] == pytest.approx(inside)
 
 
 def test_bonferroni_threshold():
@@ -468,3 +474,64 @@ def test_a_change_on_every_replica_stays_a_change_of_all_traffic():
     frame = pinned_batch(r1_after_s=0.5)  # r1's queue rose too: all traffic holds the change
     r2, everyone = seen({"replica": "r2"}, 119, 6, 1000), seen({}, 123, 7, 800)
     assert _fold_explained([everyone, r2], frame, ["replica", "service"], 15.0, ShiftConfig()) == [everyone]
+
+
+def test_a_burst_with_fewer_requests_than_min_side_ends_where_it_ended():
+    """A 14-second burst at 3 requests a second: 42 requests in it, fewer than ``min_side`` (50).
+    Binary segmentation can split its end off only at the 50th request after the onset, three
+    windows after the queue came back; the finding's edges are placed from the requests."""
+    found = find_shifts(
+        timelines(
+            generate(450, seed=2, rate=3.0, incidents=[StageShift("queue", 30.0, at_s=60, until_s=74)]).lazy()
+        ).collect(),
+        2.0,
+    )
+    queue = [s.to_finding() for s in found if s.stage == "queue"]
+    assert [(f["at"], f["until"]) for f in queue] == [(iso(60), iso(74))], queue
+    assert queue[0]["after_ms"] > 20 * queue[0]["before_ms"]  # the burst's own level, not diluted
+
+
+def test_a_floods_last_queued_request_is_in_it_and_a_trend_in_microseconds_is_no_end():
+    """As on a real vLLM's flood (2 chat requests a second after it): the queue is 0.01 ms before,
+    ~3 s in the flood, then one last chat request waited 1.3 s, and after it the queue is 0.035 ms
+    easing to 0.011 ms. Every boundary between the flood and the return splits the ranks perfectly,
+    and the rank test's |z| prefers the more even split, before that last request; the microseconds'
+    trend after it pulls the split the other way. Neither is where the queue came back."""
+    events = generate(duration_s=160, rate=4.0, seed=46, replicas=("r1",))
+    tl = timelines(events.lazy()).collect().sort("start")
+    t = (pl.col("start") - DEFAULT_START).alias("t")
+    rng = np.random.default_rng(46)
+    flood = pl.lit(2.5) + 1.5 * pl.Series(rng.random(tl.height))
+    # the last queued request: the last one before 100 s, alone in its window
+    last = tl.filter(pl.col("start") - DEFAULT_START < 100)["request_id"][-1]
+    after = 1e-5 * (1.1 + 2.5 * (-(t - 100) / 10).exp())  # 0.035 ms easing to 0.011 ms
+    tl = tl.with_columns(
+        queue=pl.when(t < 60)
+        .then(1e-5 * (1.1 + 0.1 * pl.Series(rng.random(tl.height))))
+        .when(pl.col("request_id") == last)
+        .then(1.3)
+        .when(t < 98)
+        .then(flood)
+        .otherwise(after)
+    ).filter((t < 98) | (t >= 100) | (pl.col("request_id") == last))  # none but it in [98, 100)
+    found = find_shifts(tl, 2.0)
+    queue = [s.to_finding() for s in found if s.stage == "queue"]
+    assert [(f["at"], f["until"]) for f in queue] == [(iso(60), iso(100))], queue
+
+
+def test_a_bursts_onset_is_not_pulled_early_by_stray_slow_requests_before_it():
+    """The real vLLM flood's engine frontend (ms): 20 before, 66 in the flood (from 39.99 s), and
+    before it a stray 406 and 44. Splitting at 36 or 38 s leaves 3 requests on the wrong side each;
+    the onset is the later, nearest the burst (it was 36: the first)."""
+    from hopline.analyzer.shifts import _edge
+
+    t = np.array([32.1, 33.15, 33.86, 34.86, 35.61, 36.74, 37.93, 38.85, 39.992, 39.996, 40.01, 40.3, 41.2])
+    ms = np.array([12.5, 15.4, 406.2, 25.5, 17.2, 44.0, 10.4, 13.8, 91.8, 676.5, 72.0, 68.4, 640.7])
+    candidates = np.array([32.0, 34.0, 36.0, 38.0, 40.0, 42.0])
+    at = _edge(t, ms, candidates, 0, len(t), 66.0, 20.0, ShiftConfig(), burst_first=False)
+    assert at == 38.0
+    # the end, likewise: of boundaries as good, the one nearest the burst (the earliest after it)
+    end_t = np.array([1.0, 1.5, 2.5, 3.5, 9.1, 9.7, 10.4, 11.2])
+    end_ms = np.array([3000.0, 2800.0, 4000.0, 1287.0, 0.01, 0.01, 0.01, 0.01])
+    until = _edge(end_t, end_ms, np.array([2.0, 4.0, 6.0, 8.0, 10.0]), 0, 8, 2800.0, 0.0, ShiftConfig(), True)
+    assert until == 4.0
