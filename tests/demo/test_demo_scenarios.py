@@ -5,7 +5,7 @@ scenario hopline's stages agree with the simulator's true intervals.
 Every scenario runs beside a busy-loop process (``HOPLINE_TEST_CPU_HOGS=N`` for another count):
 a user's machine is rarely idle (issue 11). A run the demo itself says cannot be trusted (its
 load generator's event loop ran more than 50 ms late, p99: the machine was far busier than one
-hog makes it) is run once more; the findings of a trusted run must name the incident.
+hog makes it) is run again, at most twice; the last run's findings must name the incident.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +29,8 @@ from hopline.demo.wiring import WARMUP_PREFIX
 from support.cli import hopline
 from support.demo import PITFALL_SECONDS, SHIFT_SECONDS, first_finding, processes_of, run_demo
 
-UNTRUSTED_RERUNS = 1
+UNTRUSTED_RERUNS = 2
+RERUN_PAUSE_S = 5.0
 TOLERANCE_S = 0.025  # engine hops are stamped on the response path, the truth in the scheduler
 
 
@@ -79,14 +81,18 @@ def cpu_hogs() -> Iterator[list[subprocess.Popen]]:
 def demo_run(
     tmp_path_factory: pytest.TempPathFactory, cpu_hogs: list[subprocess.Popen]
 ) -> Callable[[Expected], tuple[Path, dict]]:
-    """Run each scenario at most once per module, beside the CPU hog: (its output folder, its
-    findings JSON)."""
+    """Run each scenario once per module, beside the CPU hog, and again (at most
+    ``UNTRUSTED_RERUNS`` times) while the demo says its run cannot be trusted: (the last run's
+    output folder, its findings JSON). What a run must show is asserted by the tests, whatever
+    the machine: a busy machine only earns a scenario another run."""
     runs: dict[str, tuple[Path, dict]] = {}
 
     def run(expected: Expected) -> tuple[Path, dict]:
         if expected.scenario not in runs:
             lags = []
-            for _ in range(UNTRUSTED_RERUNS + 1):
+            for attempt in range(UNTRUSTED_RERUNS + 1):
+                if attempt:
+                    time.sleep(RERUN_PAUSE_S)  # the last run's processes gone, a burst of load maybe past
                 out = tmp_path_factory.mktemp(expected.scenario)
                 report = run_demo(out, expected.scenario, expected.seconds)
                 assert all(hog.poll() is None for hog in cpu_hogs), "a CPU hog stopped before the run ended"
@@ -97,7 +103,7 @@ def demo_run(
                 if facts["trusted"]:
                     break
             print(f"{expected.scenario}: load generator's loop lag p99 {lags} ms")
-            assert facts["trusted"], f"the machine was too busy for every run (loop lag p99 {lags} ms)"
+            report["demo"]["lags_of_runs_ms"] = lags
             runs[expected.scenario] = out, report
         return runs[expected.scenario]
 
@@ -114,7 +120,9 @@ def test_every_scenario_is_expected_as_the_scenario_states_it() -> None:
 def test_first_finding_names_the_incident(expected: Expected, demo_run) -> None:
     out, report = demo_run(expected)
     finding = first_finding(report)
-    assert matches(finding, expected.fields()), (finding, report["findings"][1:3])
+    lags = report["demo"]["lags_of_runs_ms"]
+    said = (f"loop lag p99 of the runs {lags} ms", finding, report["findings"][1:3])
+    assert matches(finding, expected.fields()), said
     if expected.min_factor is not None:
         assert finding["factor"] >= expected.min_factor, finding
     assert processes_of(out) == []
