@@ -32,7 +32,6 @@ are read (bounded); from the response only counts, usage and ``finish_reason``.
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 import time
 import weakref
@@ -50,7 +49,13 @@ except ImportError:  # pragma: no cover - depends on what is installed
 
 from hopline.middleware import clock
 from hopline.middleware.asgi import parse_attempt
-from hopline.middleware.contract import is_valid_trace_id, new_request_id, normalize_request_id, trace_id_of
+from hopline.middleware.contract import (
+    is_valid_trace_id,
+    new_eid,
+    new_request_id,
+    normalize_request_id,
+    trace_id_of,
+)
 from hopline.middleware.emit import Emitter, get_emitter
 from hopline.middleware.log import logger
 from hopline.middleware.sse import MAX_JSON_BYTES, StreamReader, error_summary, request_summary, response_summary
@@ -94,8 +99,8 @@ def _attempt_of(headers: httpx.Headers) -> int:
 
 def _traceparent(request_id: str) -> str:
     """A W3C traceparent; the trace ID is the request ID when that is 32 lowercase hex digits."""
-    trace_id = request_id if is_valid_trace_id(request_id) else os.urandom(16).hex()
-    return f"00-{trace_id}-{os.urandom(8).hex()}-01"
+    trace_id = request_id if is_valid_trace_id(request_id) else new_request_id()
+    return f"00-{trace_id}-{new_eid()}-01"
 
 
 def _body_of(request: httpx.Request) -> bytes | None:

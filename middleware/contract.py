@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import os
+import random
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -131,14 +132,25 @@ _REQUEST_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 ENGINE_ID_PREFIXES = ("chatcmpl-", "cmpl-")
 
 
+# IDs come from hopline's own generator, seeded from os.urandom and seeded again in a forked
+# child, not from os.urandom per ID: os.urandom releases the GIL around its getrandom() call, so
+# the emitter's thread, which makes an ID per event, had to win the GIL back from the host's busy
+# event loop for every event, and every such handoff costs the host's thread a switch (py-spy, the
+# asgi bench in one process: a third of that thread's samples waited in new_eid). Its own
+# instance, because services seed the global one (vLLM's --seed calls random.seed(0)): every
+# replica would make the same IDs. Unique, not secret: nothing trusts an ID for being unguessable.
+_ids = random.Random()
+os.register_at_fork(after_in_child=_ids.seed)
+
+
 def new_request_id() -> str:
-    """A fresh request ID: 32 random hex characters (as random as a UUID4, 8x cheaper to make)."""
-    return os.urandom(16).hex()
+    """A fresh request ID: 32 random hex characters (128 bits, as many as a UUID4's 122)."""
+    return f"{_ids.getrandbits(128):032x}"
 
 
 def new_eid() -> str:
     """A fresh event ID: a random 64-bit number as 16 hex characters."""
-    return os.urandom(8).hex()
+    return f"{_ids.getrandbits(64):016x}"
 
 
 def normalize_request_id(value: object) -> str | None:

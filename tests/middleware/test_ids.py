@@ -1,0 +1,56 @@
+"""Request and event IDs: their form, and that a host seeding ``random`` or forking cannot make
+two processes (or two calls) give the same ones. They come from hopline's own generator, not from
+``os.urandom`` per ID (see ``contract.new_eid``)."""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+
+from hopline.middleware.client import _traceparent
+from hopline.middleware.contract import is_valid_trace_id, new_eid, new_request_id, normalize_request_id
+
+
+def test_ids_have_their_form():
+    rids, eids = [new_request_id() for _ in range(2000)], [new_eid() for _ in range(2000)]
+    assert all(re.fullmatch(r"[0-9a-f]{32}", r) for r in rids)
+    assert all(re.fullmatch(r"[0-9a-f]{16}", e) for e in eids)
+    assert all(normalize_request_id(r) == r and is_valid_trace_id(r) for r in rids)
+    assert len(set(rids)) == len(rids) and len(set(eids)) == len(eids)
+    # every hex digit at every position: the leading zeros are kept, not dropped
+    assert all(len({r[i] for r in rids}) == 16 for i in range(32))
+
+
+def test_a_host_seeding_random_does_not_repeat_hoplines_ids():
+    # vLLM's --seed (default 0) calls random.seed(0) in every replica
+    random.seed(0)
+    first = [new_request_id(), new_eid()]
+    random.seed(0)
+    again = [new_request_id(), new_eid()]
+    assert first[0] != again[0] and first[1] != again[1]
+    seeded = random.Random(0)
+    assert first[0] != f"{seeded.getrandbits(128):032x}"
+
+
+def test_a_forked_child_makes_other_ids_than_its_parent():
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next IDs, to the parent
+        try:
+            os.write(write_end, f"{new_request_id()} {new_eid()}".encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end) as pipe:
+        child = pipe.read().split()
+    os.waitpid(pid, 0)
+    parent = [new_request_id(), new_eid()]  # what the child would have made without a new seed
+    assert len(child) == 2 and child[0] != parent[0] and child[1] != parent[1]
+
+
+def test_a_fresh_traceparent_is_valid_w3c():
+    header = _traceparent("not-a-trace-id")
+    version, trace_id, span_id, flags = header.split("-")
+    assert (version, flags) == ("00", "01")
+    assert is_valid_trace_id(trace_id) and re.fullmatch(r"[0-9a-f]{16}", span_id) and span_id != "0" * 16
