@@ -28,6 +28,13 @@ The bench also checks what the middleware wrote: one ``engine.received``, ``engi
 and ``engine.last_token`` per request, each ``last_token`` with ``output_tokens`` = ``--tokens``,
 ``finish_reason`` ``length`` and ``output_chunks`` = ``--tokens`` (vLLM sends one SSE event per
 token here), and one ``engine.stats`` per request from the stat logger.
+
+``--native`` adds native frames to the samples, so the time in CPython's cyclic garbage collector
+(``gc_collect_*``) is seen. A collection runs inside whatever Python frame made the allocation
+that triggered it, and a full one of vLLM's large heap lasts long: a frame that allocates (an
+exchange object, a bound method) then holds hundreds of samples on one line in one round. The
+report gives those samples apart: GC's share of all busy samples, GC samples inside hopline's
+frames, and hopline's share without GC (hopline's other samples / busy samples without GC).
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -67,6 +75,8 @@ IDLE_LEAVES = {
     ("run_forever", "base_events.py"),
 }
 
+GC_FRAMES = ("gc_collect",)  # CPython's collector: gc_collect_main, gc_collect_with_callback, ...
+
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -85,7 +95,23 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=1, help="runs of each (alternating order with --baseline)")
     parser.add_argument("--floor", action="store_true", help="also load bench/vllm_floor_middleware.py (a bare "
                         "send wrapper, outermost) and report its share too: what wrapping send costs at all")
+    parser.add_argument("--native", action="store_true", help="py-spy --native: also count the samples in "
+                        "CPython's garbage collector, and hopline's share without them")
     return parser.parse_args()
+
+
+async def sse_lines(response: httpx.Response) -> AsyncIterator[bytes]:
+    """The response's lines as SSE ends them (LF, CRLF or CR). Not ``aiter_lines``: it splits
+    like ``str.splitlines``, also at U+2028, U+0085 and the like, which the random model's text has
+    (a JSON event cut in two)."""
+    rest = b""
+    async for data in response.aiter_bytes():
+        lines = (rest + data).replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
+        rest = lines.pop()
+        for line in lines:
+            yield line
+    if rest:
+        yield rest
 
 
 async def one_stream(client: httpx.AsyncClient, port: int, request_id: str, tokens: int) -> tuple[int, int]:
@@ -100,8 +126,8 @@ async def one_stream(client: httpx.AsyncClient, port: int, request_id: str, toke
     async with client.stream("POST", f"http://127.0.0.1:{port}/v1/chat/completions", json=body, headers=headers) as r:
         if r.status_code != 200:
             raise RuntimeError(f"{request_id}: HTTP {r.status_code} {await r.aread()!r}")
-        async for line in r.aiter_lines():
-            if not line.startswith("data: {"):
+        async for line in sse_lines(r):
+            if not line.startswith(b"data: {"):
                 continue
             chunk = orjson.loads(line[6:])
             usage = chunk.get("usage") or usage
@@ -150,7 +176,7 @@ def split_frame(frame: str) -> tuple[str, str]:
 
 def share_of(profile: Path, hopline: list[str], stdlib: str) -> dict:
     """Count busy / hopline samples in a py-spy raw (collapsed) profile; see the module docstring."""
-    busy = idle = mine = wide = 0
+    busy = idle = mine = wide = gc = gc_mine = 0
     functions: Counter[str] = Counter()
     threads: Counter[str] = Counter()
     for line in profile.read_text(errors="replace").splitlines():
@@ -160,7 +186,9 @@ def share_of(profile: Path, hopline: list[str], stdlib: str) -> dict:
         n = int(count)
         frames = stack.split(";")
         thread = frames[0] if frames[0].startswith(("thread", "process")) else "?"
-        frames = [f for f in frames if " (" in f and not f.startswith(("thread (", "process "))]
+        in_gc = any(f.startswith(GC_FRAMES) for f in frames)  # only with --native
+        # Python frames: "name (path:line)"; native ones (--native) are "name (lib.so)"
+        frames = [f for f in frames if ":" in f.partition(" (")[2] and not f.startswith(("thread (", "process "))]
         if not frames:
             continue
         name, path = split_frame(frames[-1])
@@ -168,9 +196,11 @@ def share_of(profile: Path, hopline: list[str], stdlib: str) -> dict:
             idle += n
             continue
         busy += n
+        gc += n * in_gc
         threads[thread] += n
         if path.startswith(tuple(hopline)):
             mine += n
+            gc_mine += n * in_gc
             wide += n
             functions[f"{name} ({os.path.basename(os.path.dirname(path))}/{os.path.basename(path)})"] += n
             continue
@@ -182,7 +212,10 @@ def share_of(profile: Path, hopline: list[str], stdlib: str) -> dict:
                 break
             if not p.startswith(stdlib) or "site-packages" in p:
                 break
-    return {"busy": busy, "idle": idle, "hopline": mine, "wide": wide, "functions": functions, "threads": threads}
+    return {
+        "busy": busy, "idle": idle, "hopline": mine, "wide": wide, "gc": gc, "gc_hopline": gc_mine,
+        "functions": functions, "threads": threads,
+    }  # fmt: skip
 
 
 def check_events(sink: Path, outputs: dict[str, int], tokens: int) -> str:
@@ -238,7 +271,7 @@ def measure(args: argparse.Namespace, root: Path, baseline: str | None) -> dict:
         asyncio.run(load(port, "warm", args.warmup, args.streams, args.tokens))
         spy = subprocess.Popen(
             [args.py_spy, "record", "--pid", str(proc.pid), "--rate", str(args.rate), "--format", "raw",
-             "--full-filenames", "--threads", "--gil", "--output", str(profile)],
+             "--full-filenames", "--threads", "--gil", "--output", str(profile), *(["--native"] if args.native else [])],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         )  # fmt: skip
         time.sleep(1.0)  # py-spy attached
@@ -269,6 +302,11 @@ def report(label: str, args: argparse.Namespace, result: dict) -> None:
     print(f"busy samples: {busy} (idle leaves left out: {result['idle']})")
     print(f"hopline self samples: {mine} -> share {100 * p:.2f}% (+- {100 * se:.2f}% s.e.)")
     print(f"hopline + stdlib callees: {wide} -> {100 * wide / max(busy, 1):.2f}%")
+    if args.native:
+        gc, gc_mine = result["gc"], result["gc_hopline"]
+        print(f"garbage collection: {gc} samples ({100 * gc / max(busy, 1):.2f}% of busy), {gc_mine} of them in "
+              f"hopline's frames; hopline without GC: {mine - gc_mine} of {busy - gc} -> "
+              f"{100 * (mine - gc_mine) / max(busy - gc, 1):.2f}%")
     if result["floor"] is not None:
         print(f"floor send wrapper (bench/vllm_floor_middleware.py) self samples: {result['floor']} -> "
               f"{100 * result['floor'] / max(busy, 1):.2f}%")
@@ -285,7 +323,7 @@ def main() -> None:
         if not need.exists():
             sys.exit(f"{need} is missing (vLLM: HOPLINE_VLLM_DIR={root} bash .ci/vllm-setup.sh; py-spy: pip install py-spy)")
     runs = [None] if args.baseline is None else [args.baseline, None]
-    pooled: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    pooled: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])  # hopline, busy, gc, gc in hopline
     for rnd in range(args.rounds):
         for baseline in runs if rnd % 2 == 0 else runs[::-1]:
             label = "baseline" if baseline else "current"
@@ -298,13 +336,16 @@ def main() -> None:
             else:
                 sys.exit("three failed runs in a row")
             report(f"round {rnd + 1}, {label}", args, result)
-            pooled[label][0] += result["hopline"]
-            pooled[label][1] += result["busy"]
+            for i, key in enumerate(("hopline", "busy", "gc", "gc_hopline")):
+                pooled[label][i] += result[key]
     print("== pooled over rounds:")
-    for label, (mine, busy) in pooled.items():
+    for label, (mine, busy, gc, gc_mine) in pooled.items():
         p = mine / busy if busy else 0.0
         se = math.sqrt(p * (1 - p) / busy) if busy else 0.0
         print(f"{label}: hopline {mine} of {busy} busy samples = {100 * p:.2f}% (+- {100 * se:.2f}% s.e.)")
+        if args.native:
+            print(f"{label}: without GC, hopline {mine - gc_mine} of {busy - gc} = "
+                  f"{100 * (mine - gc_mine) / max(busy - gc, 1):.2f}%; GC {gc} samples, {gc_mine} in hopline's frames")
 
 
 if __name__ == "__main__":
