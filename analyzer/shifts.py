@@ -61,6 +61,7 @@ from hopline.analyzer.attribution import TTFT_PARTS, e2e
 from hopline.middleware.rules import LOOK, STAGE_ORDER
 
 SHIFT_STAGES = TTFT_PARTS + ("decode",)
+STATISTICS = {"p50": 50, "p90": 90}  # a shift's statistic (the p50, else the p90) as a percentile
 RANK_RESOLUTION_S = 1e-3  # values are ranked to the millisecond (min_abs_ms is 5)
 RETURN_REMAINDER = 0.05  # a burst's end that leaves at most this share of its change is a return
 # How a stage is said in a sentence (the rule book's vocabulary), plus the part of ``connect``
@@ -376,7 +377,7 @@ def _effect(
     before: np.ndarray, after: np.ndarray, z: float, cfg: ShiftConfig
 ) -> tuple[str, float, float] | None:
     """(statistic, before ms, after ms) when the p50 — else the p90 — moved enough for a user."""
-    for statistic, q in (("p50", 50), ("p90", 90)):
+    for statistic, q in STATISTICS.items():
         b, a = np.percentile(before, q) * 1e3, np.percentile(after, q) * 1e3
         lo, hi = min(a, b), max(a, b)
         if hi - lo >= cfg.min_abs_ms and (lo <= 0 or hi / lo >= cfg.min_factor) and (a > b) == (z > 0):
@@ -465,7 +466,7 @@ def _settle_burst(
     burst when it is nearer the burst's level than the level around it, in log terms (values
     floored at ``min_abs_ms``). The end is placed first (against the segment after ``end``), then the onset
     (against the segment before ``det``); the before / after values are then the segments' own."""
-    q = 50 if det.statistic == "p50" else 90
+    q = STATISTICS[det.statistic]
     ms = x * 1e3
     hi = end.index + end.after_n
     until = _edge(
@@ -550,7 +551,7 @@ def _moved_at(frame: pl.DataFrame, det: _Detection, cfg: ShiftConfig) -> float |
     """|log(after / before)| of ``det``'s statistic, at ``det``'s time, in another scope's
     requests (``inf`` for a move from or to zero); None when that scope has no requests on one
     side: a value that was not there cannot show that it stayed put."""
-    q = 0.5 if det.statistic == "p50" else 0.9
+    q = STATISTICS[det.statistic] / 100
     before = frame.filter(pl.col("start") < det.at)[det.stage].quantile(q, "linear")
     after = frame.filter(_after(det))[det.stage].quantile(q, "linear")
     if before is None or after is None:

@@ -168,8 +168,16 @@ class SimRequest:
     aborted: bool = False
     outbox: asyncio.Queue[float | None] = field(default_factory=asyncio.Queue)
 
-    def truth(self, replica: str) -> dict[str, Any]:
+    def intervals(self) -> dict[str, float]:
+        """queue_s, prefill_s, decode_s: the engine's own stage durations (engine.stats, truth)."""
         assert self.scheduled is not None and self.first_token is not None and self.last_token is not None
+        return {
+            "queue_s": self.scheduled - self.queued,
+            "prefill_s": self.first_token - self.scheduled,
+            "decode_s": self.last_token - self.first_token,
+        }
+
+    def truth(self, replica: str) -> dict[str, Any]:
         return {
             "request_id": self.request_id,
             "attempt": self.attempt,
@@ -185,9 +193,7 @@ class SimRequest:
             "scheduled": self.scheduled,
             "first_token": self.first_token,
             "last_token": self.last_token,
-            "queue_s": self.scheduled - self.queued,
-            "prefill_s": self.first_token - self.scheduled,
-            "decode_s": self.last_token - self.first_token,
+            **self.intervals(),
             "first_sent_late_s": None if self.first_sent is None else self.first_sent - self.first_token,
             "last_sent_late_s": None if self.last_sent is None else self.last_sent - self.last_token,
         }
@@ -384,15 +390,12 @@ class Engine:
 
     def _finished(self, r: SimRequest) -> None:
         """The engine's own stats, as the scheduler frees the sequence (vLLM's stat loggers)."""
-        assert r.scheduled is not None and r.first_token is not None and r.last_token is not None
         if self.emitter is not None:
             self.emitter.emit(
                 "engine.stats",
                 r.request_id,
                 attempt=r.attempt,
-                queue_s=r.scheduled - r.queued,
-                prefill_s=r.first_token - r.scheduled,
-                decode_s=r.last_token - r.first_token,
+                **r.intervals(),
                 prompt_tokens=r.prompt_tokens,
                 output_tokens=r.generated,
                 cached_tokens=r.cached_tokens,
