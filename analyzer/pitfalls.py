@@ -233,7 +233,7 @@ def long_prefill_stall(tl: pl.DataFrame, cfg: PitfallConfig = PitfallConfig()) -
     base = _engine_base(tl)
     if base.height == 0:
         return []
-    long = long_prefills(tl, cfg)
+    long = long_prefills(base, cfg)  # base is already what long_prefills filters to
     if long.height == 0:
         return []
     gaps = (
