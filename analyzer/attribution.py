@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import polars as pl
 from hopline.middleware.contract import STAGES, TIME_STAGES, TTFT_STAGES
-from hopline.middleware.rules import TTFT_PARTS as RULES_TTFT_PARTS
-from hopline.middleware.durations import parse_duration
+from hopline.middleware.contract.rules import TTFT_PARTS as RULES_TTFT_PARTS
+from hopline.middleware.contract.durations import parse_duration
 
 VIEW_STAGES = tuple(s.name for s in STAGES if s.kind == "view")
 # What TTFT is made of when the split is unavailable (DESIGN.md fallbacks) — candidates to dominate.

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from hopline.middleware.cli import UsageError
-from hopline.middleware.durations import parse_duration
-from hopline.middleware.kv import KVConfigError, KVSpec, dtype_bytes
+from hopline.middleware.contract.exits import UsageError
+from hopline.middleware.contract.durations import parse_duration
+from hopline.middleware.contract.kv import KVConfigError, KVSpec, dtype_bytes
 from rich.console import Console
 from rich.table import Table
 

@@ -19,10 +19,10 @@ import polars as pl
 import typer
 from hopline.analyzer import attribution, bounded, io, report
 from hopline.analyzer.sql import TimelinesError, read_timelines
-from hopline.middleware.cli import ClickException, UsageError
-from hopline.middleware.durations import parse_duration
-from hopline.middleware.kv import KVConfigError, KVSpec
-from hopline.middleware.rules import SCOPE_SOURCES, scope_sources
+from hopline.middleware.contract.exits import ClickException, UsageError
+from hopline.middleware.contract.durations import parse_duration
+from hopline.middleware.contract.kv import KVConfigError, KVSpec
+from hopline.middleware.contract.rules import SCOPE_SOURCES, scope_sources
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
 

@@ -24,7 +24,7 @@ import polars as pl
 from hopline.analyzer.kv_in_flight import kv_in_flight
 from hopline.analyzer.report import MINOR_SHARE, minor_line, sample_line
 from hopline.middleware.contract import VIEWS
-from hopline.middleware.rules import LOOK, STAGE_ORDER, TTFT_PARTS, VIEW_LOOK
+from hopline.middleware.contract.rules import LOOK, STAGE_ORDER, TTFT_PARTS, VIEW_LOOK
 
 # The TTFT terms and the fallbacks that stand in for some of them (decode is charted apart:
 # it is usually ten times the rest and would flatten every other stage); colours from the rule book.

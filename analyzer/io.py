@@ -38,15 +38,15 @@ from hopline.middleware.contract import (
     TS_MAX,
     iter_ndjson,
 )
-from hopline.middleware.records import translate_lines
-from hopline.middleware.times import TimeBound, to_epoch  # shared with the collector's ?since=
+from hopline.middleware.contract.records import translate_lines
+from hopline.middleware.contract.times import TimeBound, to_epoch  # shared with the collector's ?since=
 
 SCHEMA: dict[str, pl.DataType] = {name: getattr(pl, dtype)() for name, dtype in STORAGE_COLUMNS.items()}
 _EVENT_SCHEMA = {name: dtype for name, dtype in SCHEMA.items() if name != "attrs"}
 _KNOWN = frozenset(_EVENT_SCHEMA)
 MAX_ERRORS = 10
 _NDJSON_NAME = re.compile(r"\.(ndjson|jsonl)(\.gz)?$|\.(ndjson|jsonl)\.[0-9][0-9.]*(\.gz)?$")
-# engines' per-request record files read as NDJSON (middleware/records.py): SGLang's metrics export
+# engines' per-request record files read as NDJSON (middleware/contract/records.py): SGLang's metrics export
 _RECORD_NAME = re.compile(r"sglang-request-metrics-[0-9_]+\.log$")
 _PARTITION = re.compile(r"^(date|hour)=(.+)$")
 # What the storage types can hold: integer columns' ranges, and times Polars can turn into dates.
@@ -196,7 +196,7 @@ def read_ndjson(path: Path, report: ScanReport) -> pl.DataFrame:
         data, problem = _gunzip(data)
         if problem is not None:
             report.bad_file(path, problem)
-    data, record_errors = translate_lines(data)  # engines' own per-request records (middleware/records.py)
+    data, record_errors = translate_lines(data)  # engines' own per-request records (middleware/contract/records.py)
     for error in record_errors:
         report.bad(str(path), error)
     events: list[dict] = []

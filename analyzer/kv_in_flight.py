@@ -1,7 +1,7 @@
 """Each replica's KV-cache footprint over time, from per-request timelines.
 
 A request holds its tokens from ``engine.received`` until ``engine.last_token`` (a step function);
-the bytes per token come from ``hopline.middleware.kv``.
+the bytes per token come from ``hopline.middleware.contract.kv``.
 """
 
 from __future__ import annotations

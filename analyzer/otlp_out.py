@@ -7,7 +7,7 @@ The rows are the timelines' (``timelines.COLUMNS``: stages, attributes, scope, `
 from __future__ import annotations
 
 import polars as pl
-from hopline.middleware.trace_export import RequestTraceExporter
+from hopline.middleware.contract.trace_export import RequestTraceExporter
 
 
 def export_timelines(frame: pl.DataFrame, url: str) -> int:

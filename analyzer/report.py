@@ -27,8 +27,8 @@ from hopline.analyzer.pitfalls import (
 )
 from hopline.analyzer.shifts import find_shifts, in_scope, iso_utc
 from hopline.middleware.contract import VIEWS
-from hopline.middleware.rules import LOOK, SCOPE_SOURCES, STAGE_ORDER, TTFT_PARTS
-from hopline.middleware.times import to_epoch
+from hopline.middleware.contract.rules import LOOK, SCOPE_SOURCES, STAGE_ORDER, TTFT_PARTS
+from hopline.middleware.contract.times import to_epoch
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text

@@ -58,7 +58,7 @@ from datetime import UTC, datetime
 import numpy as np
 import polars as pl
 from hopline.analyzer.attribution import TTFT_PARTS, e2e
-from hopline.middleware.rules import LOOK, STAGE_ORDER
+from hopline.middleware.contract.rules import LOOK, STAGE_ORDER
 
 SHIFT_STAGES = TTFT_PARTS + ("decode",)
 STATISTICS = {"p50": 50, "p90": 90}  # a shift's statistic (the p50, else the p90) as a percentile

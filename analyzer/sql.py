@@ -46,7 +46,7 @@ from hopline.analyzer.timelines import (
     _source_hops,
     timelines,
 )
-from hopline.middleware.cli import UsageError
+from hopline.middleware.contract.exits import UsageError
 from hopline.middleware.contract import (
     ATTRIBUTE_SOURCES,
     FINAL_HOPS,
@@ -57,7 +57,7 @@ from hopline.middleware.contract import (
     Formula,
     component,
 )
-from hopline.middleware.rules import (
+from hopline.middleware.contract.rules import (
     CANCEL_ERRORS,
     CANCEL_STATUSES,
     COMPONENTS,

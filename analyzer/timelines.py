@@ -40,7 +40,7 @@ from hopline.middleware.contract import (
     Formula,
     component,
 )
-from hopline.middleware.rules import (
+from hopline.middleware.contract.rules import (
     CANCEL_ERRORS,
     CANCEL_STATUSES,
     COMPONENTS,

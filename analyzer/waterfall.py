@@ -22,7 +22,7 @@ from rich.text import Text
 
 from hopline.analyzer.io import scan_events
 from hopline.analyzer.timelines import resolve_by_trace, timelines
-from hopline.middleware.rules import LOOK, STAGE_ORDER
+from hopline.middleware.contract.rules import LOOK, STAGE_ORDER
 from hopline.middleware.contract import (
     ATTRIBUTE_TYPES,
     ERROR_HOPS,

@@ -55,7 +55,7 @@ from hopline.collector.recent import MAX_LIMIT, QueryError, select
 from hopline.collector.store import EventStore, StoreError
 from hopline.collector.tail import Tailer
 from hopline.middleware.log import logger
-from hopline.middleware.times import to_epoch
+from hopline.middleware.contract.times import to_epoch
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 from starlette.requests import ClientDisconnect

@@ -18,9 +18,9 @@ import uvicorn
 from hopline.collector.app import create_app
 from hopline.collector.config import CollectorConfig
 from hopline.collector.kv_cache import parse_model_config
-from hopline.middleware.cli import ClickException, UsageError, run
-from hopline.middleware.durations import parse_duration
-from hopline.middleware.spans import parse_resource_map
+from hopline.middleware.contract.exits import ClickException, UsageError, run
+from hopline.middleware.contract.durations import parse_duration
+from hopline.middleware.contract.spans import parse_resource_map
 
 EXAMPLE = """
 Example:

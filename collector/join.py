@@ -8,7 +8,7 @@ finished after ``grace_s`` more seconds, so late hops (``engine.stats`` comes af
 ``engine.last_token``) still count. Events may arrive in any order: a new, higher attempt
 re-opens a request that looked complete. A request that stays incomplete expires ``ttl_s``
 after its last event (sliding; long generations keep it alive) and is counted by its first
-missing hop. Outcome, scope and missing hops come from the rule book (``middleware/rules.py``).
+missing hop. Outcome, scope and missing hops come from the rule book (``middleware/contract/rules.py``).
 At most ``max_open`` requests are open, holding at most ``max_open_bytes`` of
 events (estimated per event from its NDJSON size, ``event_bytes``): beyond either, the least
 recently active one is evicted and counted the same way. A request that reaches
@@ -47,7 +47,7 @@ from hopline.middleware.contract import (
     component,
     negative_stages,
 )
-from hopline.middleware.rules import describe_request
+from hopline.middleware.contract.rules import describe_request
 
 FINAL_HOP_SET = frozenset(h for hops in FINAL_HOPS.values() for h in hops)
 # hop -> (component, is a final hop): one dict lookup per event on the hot path

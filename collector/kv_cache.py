@@ -1,14 +1,14 @@
 """``--model-config NAME=PATH`` / ``NAME=layers,kv_heads,head_dim,kv_dtype`` -> KV bytes per token.
 
 The arithmetic (2 x layers x KV heads x head dim x bytes per value, and reading a Hugging Face
-``config.json``) is ``hopline.middleware.kv.KVSpec``; this module only parses the command-line form.
+``config.json``) is ``hopline.middleware.contract.kv.KVSpec``; this module only parses the command-line form.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from hopline.middleware.kv import KVConfigError, KVSpec
+from hopline.middleware.contract.kv import KVConfigError, KVSpec
 
 
 def parse_model_config(spec: str) -> tuple[str, int]:

@@ -2,7 +2,7 @@
 
 Decoding is the maintained ``opentelemetry-proto`` package's (protobuf, or OTLP/JSON through
 protobuf's ``json_format`` after the spec's hex trace and span IDs are turned into the base64
-that proto3 JSON expects). Each span goes through the span mapping (``middleware/spans.py``);
+that proto3 JSON expects). Each span goes through the span mapping (``middleware/contract/spans.py``);
 the events it yields take the very path of ``POST /v1/events`` (validate, dedup, durable store,
 join), with the same bearer token, body limits and gzip rules.
 
@@ -32,7 +32,7 @@ from google.rpc import status_pb2
 from hopline.collector.ingest import JSON_TYPES, IngestError, gunzip, media_type, read_body, unauthorized
 from hopline.collector.store import StoreError
 from hopline.middleware.log import logger
-from hopline.middleware.spans import resource_scope, span_events
+from hopline.middleware.contract.spans import resource_scope, span_events
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTracePartialSuccess,
     ExportTraceServiceRequest,

@@ -12,8 +12,8 @@ from typing import Any
 
 from hopline.middleware.contract import is_valid_trace_id
 from hopline.middleware.log import logger
-from hopline.middleware.rules import COMPONENTS
-from hopline.middleware.trace_export import RequestTraceExporter
+from hopline.middleware.contract.rules import COMPONENTS
+from hopline.middleware.contract.trace_export import RequestTraceExporter
 
 FIRST_HOPS = tuple(f"{c}.{h}" for c, h in zip(COMPONENTS, ("sent", "received", "received")))
 

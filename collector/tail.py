@@ -25,7 +25,7 @@ import orjson
 from hopline.collector.ingest import IngestError
 from hopline.collector.store import StoreError
 from hopline.middleware.log import logger
-from hopline.middleware.records import translate_lines
+from hopline.middleware.contract.records import translate_lines
 
 CHUNK_BYTES = 4 * 1024 * 1024  # read at most this much of one file per step
 

@@ -17,7 +17,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
-from hopline.middleware.rules import TRACE_RULE, is_stand_in
+from hopline.middleware.contract.rules import TRACE_RULE, is_stand_in
 
 
 class TraceRouter:

@@ -11,7 +11,7 @@ from grafana_foundation_sdk.builders.dashboard import Dashboard
 
 from hopline.collector import metric_names as m
 from hopline.middleware.contract import TTFT_STAGES, VIEWS
-from hopline.middleware.rules import LOOK, TTFT_PARTS
+from hopline.middleware.contract.rules import LOOK, TTFT_PARTS
 
 from . import panels as p
 from . import promql as q

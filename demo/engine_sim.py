@@ -7,7 +7,7 @@ hopline measures have the causes they have in production:
 * **continuous batching**: each step is one forward pass over the running batch; requests join
   and leave between steps, at most ``max_num_seqs`` of them;
 * **a KV-cache budget**: the GPU memory left after the weights over the model's KV bytes per token
-  (``hopline.middleware.kv``); a request waits in the queue until its prompt fits;
+  (``hopline.middleware.contract.kv``); a request waits in the queue until its prompt fits;
 * **prefill** costs time per prompt token not already in the prefix cache; with chunked prefill a
   step takes at most ``max_num_batched_tokens`` tokens, without it a long prompt is prefilled in one
   long step during which every other stream stalls;
@@ -46,7 +46,7 @@ from typing import Any
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from hopline.middleware.kv import KVSpec, dtype_bytes
+from hopline.middleware.contract.kv import KVSpec, dtype_bytes
 from hopline.middleware import clock
 
 GIB = 1024**3

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hopline.middleware import docs
+from hopline.middleware.contract import docs
 
 DOC = Path(__file__).parents[1] / "docs" / "contract.md"
 
 
 def test_the_committed_page_is_the_generated_one():
     assert DOC.read_text() == docs.render(), (
-        "docs/contract.md is stale: run `python -m hopline.middleware.docs > docs/contract.md`"
+        "docs/contract.md is stale: run `python -m hopline.middleware.contract.docs > docs/contract.md`"
     )
 
 

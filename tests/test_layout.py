@@ -130,6 +130,68 @@ def test_middleware_imports_no_extras_package_at_import_time() -> None:
     assert found == []
 
 
+# --- the shared vocabulary in its own room ------------------------------------------------------
+# middleware/ holds two kinds of code: what runs inside the user's process (client, gateway,
+# engine, emit, sinks, ...) and the vocabulary every part shares (middleware/contract/). The
+# collector, the analyzer and the dashboards use the vocabulary, never the host-side code; the
+# vocabulary imports nothing of the host side; and no part goes through the command assembler.
+VOCABULARY = "hopline.middleware.contract"
+SHARED_WITH_THE_HOST = {"hopline.middleware.log"}  # hopline's own logger, used by the collector too
+ASSEMBLER = "hopline.middleware.cli"
+
+
+def _under(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def host_side_imports(path: Path, root: Path = REPO) -> list[str]:
+    """What ``path`` (outside middleware/) imports of middleware/ beyond the vocabulary."""
+    return [
+        f"{path.relative_to(root)}:{line}: {target}"
+        for line, target in imported(path, root)
+        if _under(target, "hopline.middleware")
+        and target != "hopline.middleware"
+        and not any(_under(target, m) for m in (VOCABULARY, *SHARED_WITH_THE_HOST))
+    ]
+
+
+@pytest.mark.parametrize("part", ("collector", "analyzer", "dashboards"))
+def test_other_parts_use_only_the_shared_vocabulary_of_middleware(part: str) -> None:
+    found = [v for path in sorted((REPO / part).rglob("*.py")) for v in host_side_imports(path)]
+    assert found == []
+
+
+def test_the_vocabulary_imports_no_host_side_code() -> None:
+    found = [
+        f"{path.relative_to(REPO)}:{line}: {target}"
+        for path in sorted((REPO / "middleware" / "contract").rglob("*.py"))
+        for line, target in imported(path)
+        if _under(target, "hopline.middleware") and target != "hopline.middleware" and not _under(target, VOCABULARY)
+    ]
+    assert found == []
+
+
+def test_no_part_imports_the_command_assembler() -> None:
+    """Parts raise typer/click exceptions themselves (``contract.exits``); only the ``hopline``
+    console script (pyproject) names the assembler."""
+    found = [
+        f"{path.relative_to(REPO)}:{line}: {target}"
+        for path in modules()
+        if module_name(path) != ASSEMBLER
+        for line, target in imported(path)
+        if _under(target, ASSEMBLER)
+    ]
+    assert found == []
+
+
+def test_the_vocabulary_checks_see_what_they_must(tmp_path: Path) -> None:
+    path = tmp_path / "analyzer" / "probe.py"
+    path.parent.mkdir(parents=True)
+    path.write_text("from hopline.middleware.client import instrument\nfrom hopline.middleware.contract import rules\n")
+    flagged = {v.split(": ")[1] for v in host_side_imports(path, root=tmp_path)}
+    assert flagged == {"hopline.middleware.client", "hopline.middleware.client.instrument"}
+
+
 # --- the checker itself: it sees what it must ---------------------------------------------------
 
 

@@ -19,7 +19,8 @@ import sys
 from pathlib import Path
 
 import orjson
-from hopline.middleware import contract, docs, rules
+from hopline.middleware import contract
+from hopline.middleware.contract import docs, rules
 from support.cli import hopline
 from support.servers import env_without_hopline
 from support.synth import StageShift, generate, write_ndjson

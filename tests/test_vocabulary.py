@@ -4,7 +4,7 @@ a renderer whose keys differ from the contract's stages fails here."""
 from __future__ import annotations
 
 from hopline.middleware.contract import TIME_STAGES, VIEWS
-from hopline.middleware.rules import LOOK, STAGE_ORDER, TTFT_PARTS, VIEW_LOOK
+from hopline.middleware.contract.rules import LOOK, STAGE_ORDER, TTFT_PARTS, VIEW_LOOK
 
 
 def test_vocabulary_names_every_stage_once():

@@ -17,7 +17,7 @@ import polars as pl
 import pytest
 from hopline.analyzer import bounded, io
 from hopline.analyzer.cli import analyze_files, event_files
-from hopline.middleware.rules import trace_stand_in
+from hopline.middleware.contract.rules import trace_stand_in
 from support.cli import hopline
 from support.events import event
 from support.synth import ColdConnections, LongPrompts, NoMaxTokens, StageShift, generate, write_ndjson

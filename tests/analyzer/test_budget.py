@@ -6,7 +6,7 @@ import json
 
 import pytest
 from hopline.analyzer.budget import compute_budget, human_bytes
-from hopline.middleware.kv import KVSpec
+from hopline.middleware.contract.kv import KVSpec
 from support.cli import hopline
 
 KIB, MIB, GIB = 1024, 1024**2, 1024**3

@@ -21,7 +21,7 @@ from hopline.middleware.contract import (
     negative_stages,
     request_inputs,
 )
-from hopline.middleware.rules import SCOPE_SOURCES, describe_request
+from hopline.middleware.contract.rules import SCOPE_SOURCES, describe_request
 from support.golden import GOLDEN, golden_log
 from support.synth import generate, with_retries
 from support.tables import storage_frame

@@ -9,7 +9,7 @@ import sys
 import pytest
 from hopline.collector.config import CollectorConfig
 from hopline.collector.kv_cache import parse_model_config
-from hopline.middleware.durations import parse_duration
+from hopline.middleware.contract.durations import parse_duration
 from support.servers import env_without_hopline
 
 

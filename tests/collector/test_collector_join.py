@@ -9,7 +9,7 @@ from hopline.collector.config import CollectorConfig
 from hopline.collector.join import Joiner
 from hopline.collector.metrics import Recorder, build_metrics
 from hopline.middleware.contract import validate_event
-from hopline.middleware.rules import SCOPE_SOURCES, group_requests
+from hopline.middleware.contract.rules import SCOPE_SOURCES, group_requests
 from prometheus_client import CollectorRegistry
 from support.collector import serve
 from support.events import event, ndjson

@@ -1,4 +1,4 @@
-"""Engines' per-request records as hop events (middleware/records.py): SGLang's metrics export and
+"""Engines' per-request records as hop events (middleware/contract/records.py): SGLang's metrics export and
 TensorRT-LLM's ``/perf_metrics``, read by ``hopline analyze`` (analyzer/io.py) and the collector's
 ``--tail`` (collector/tail.py).
 
@@ -22,7 +22,7 @@ from hopline.analyzer.io import scan_events
 from hopline.analyzer.timelines import timelines
 from hopline.collector.tail import Tailer
 from hopline.middleware.contract import compute_stages, iter_ndjson, validate_event
-from hopline.middleware.records import (
+from hopline.middleware.contract.records import (
     SGLANG,
     TRTLLM,
     RecordError,
@@ -174,7 +174,7 @@ def test_trtllm_record_without_offset_is_refused_with_the_reason():
     assert translated == b'{"ts": 1.0}' and errors == [
         (
             "line 1: tensorrt-llm record 17: no hopline_clock_offset_s (its times are a monotonic clock; "
-            "save records with `python -m hopline.middleware.records poll-trtllm`)"
+            "save records with `python -m hopline.middleware.contract.records poll-trtllm`)"
         )
     ]
 

@@ -6,7 +6,7 @@ import pytest
 
 from hopline.middleware.contract import STAGE_NAMES, compute_stages, negative_stages, validate_event
 from support.golden import GOLDEN
-from hopline.middleware.rules import group_requests
+from hopline.middleware.contract.rules import group_requests
 
 CASES = {c["name"]: c for c in GOLDEN["cases"]}
 
@@ -74,9 +74,9 @@ def test_ttft_is_the_sum_of_its_stages(name):
     assert total == pytest.approx(got["client_ttft"], abs=GOLDEN["tolerance_s"])
 
 
-# --- the request rules (middleware/rules.py) ---------------------------------------------------
+# --- the request rules (middleware/contract/rules.py) ---------------------------------------------------
 
-from hopline.middleware.rules import SCOPE_SOURCES, describe_request  # noqa: E402
+from hopline.middleware.contract.rules import SCOPE_SOURCES, describe_request  # noqa: E402
 
 
 def test_fixture_covers_the_request_rules():

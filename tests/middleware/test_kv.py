@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from hopline.middleware.kv import KVConfigError, KVSpec, dtype_bytes
+from hopline.middleware.contract.kv import KVConfigError, KVSpec, dtype_bytes
 
 KIB, MIB = 1024, 1024**2
 

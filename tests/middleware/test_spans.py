@@ -1,4 +1,4 @@
-"""The span mapping (middleware/spans.py): one fixture span per source, built from that project's code.
+"""The span mapping (middleware/contract/spans.py): one fixture span per source, built from that project's code.
 
 Pinned versions the fixtures follow (what each span looks like, read from the source):
 
@@ -25,8 +25,8 @@ import json
 
 import pytest
 from hopline.middleware.contract import compute_stages, validate_event
-from hopline.middleware.rules import group_requests
-from hopline.middleware.spans import SPAN_SOURCES, resource_scope, span_events
+from hopline.middleware.contract.rules import group_requests
+from hopline.middleware.contract.spans import SPAN_SOURCES, resource_scope, span_events
 
 T0 = 1_767_225_600_000_000_000  # 2026-01-01T00:00:00Z in ns
 MS = 1_000_000
@@ -282,7 +282,7 @@ def test_every_source_names_the_version_it_was_read_from():
 
 
 def test_resource_map_option_parses_or_says_what_is_wrong():
-    from hopline.middleware.spans import parse_resource_map
+    from hopline.middleware.contract.spans import parse_resource_map
 
     assert parse_resource_map("replica=k8s.pod.name, host.name") == ("replica", ("k8s.pod.name", "host.name"))
     for bad in ("replica", "zone=k8s.zone", "model="):

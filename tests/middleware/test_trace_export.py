@@ -1,4 +1,4 @@
-"""OTLP out (middleware/trace_export.py), through ``hopline analyze --otlp`` and the collector's
+"""OTLP out (middleware/contract/trace_export.py), through ``hopline analyze --otlp`` and the collector's
 ``--otlp-export``: the SDK's exporter posts to a real HTTP receiver on 127.0.0.1, which decodes the
 bodies with opentelemetry-proto. One trace per finished request (the request's own when its trace
 ID is known), a root with one child per stage, and the children's durations equal the stages.
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 from hopline.middleware.contract import compute_stages, dumps, validate_event
-from hopline.middleware.rules import STAGE_ORDER, describe_request, group_requests
-from hopline.middleware.trace_export import ROOT_NAME
+from hopline.middleware.contract.rules import STAGE_ORDER, describe_request, group_requests
+from hopline.middleware.contract.trace_export import ROOT_NAME
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from hopline.middleware.rules import is_stand_in
+from hopline.middleware.contract.rules import is_stand_in
 
 GOLDEN_PATH = Path(__file__).parents[1] / "golden_stages.json"
 GOLDEN: dict[str, Any] = json.loads(GOLDEN_PATH.read_text())

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hopline.middleware.contract import is_valid_trace_id
-from hopline.middleware.rules import LOOK, STAGE_ORDER
+from hopline.middleware.contract.rules import LOOK, STAGE_ORDER
 
 # The outer view first: the request's length as the user saw it.
 E2E_VIEWS = ("client_e2e", "gateway_e2e", "engine_e2e")

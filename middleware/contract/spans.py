@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hopline.middleware.contract import is_valid_trace_id, normalize_request_id
-from hopline.middleware.rules import trace_stand_in
+from hopline.middleware.contract.rules import trace_stand_in
 
 # --- the table's vocabulary ------------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """docs/contract.md, generated from the contract and the rule book so it cannot drift.
 
-``python -m hopline.middleware.docs > docs/contract.md`` writes it; a test regenerates it and
+``python -m hopline.middleware.contract.docs > docs/contract.md`` writes it; a test regenerates it and
 fails when the file differs, and checks that every key the analyzer's JSON holds is documented
 here. The tables below are the contract's own data; only the sentences are written by hand.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 
 from hopline.middleware import contract as c
-from hopline.middleware import rules as r
+from hopline.middleware.contract import rules as r
 
 HOP_MEANINGS = {
     "client.sent": "the request entered the client's transport (before pool wait, connect and TLS)",
@@ -124,8 +124,8 @@ def render() -> str:
     out = [
         "# The hop event contract, the request rules and the findings JSON",
         "",
-        "Generated from `middleware/contract.py` and `middleware/rules.py` by "
-        "`python -m hopline.middleware.docs`; do not edit by hand (a test regenerates it).",
+        "Generated from `middleware/contract/events.py` and `middleware/contract/rules.py` by "
+        "`python -m hopline.middleware.contract.docs`; do not edit by hand (a test regenerates it).",
         "Other emitters and scripts are written against this page.",
         "",
         f"## Events (contract v{c.VERSION})",

@@ -203,7 +203,7 @@ def record_events(record: Mapping[str, Any], fmt: RecordFormat) -> list[dict[str
         if found is None:
             raise RecordError(
                 f"{fmt.name} record {rid}: no {fmt.clock} (its times are a monotonic clock; save records "
-                "with `python -m hopline.middleware.records poll-trtllm`)"
+                "with `python -m hopline.middleware.contract.records poll-trtllm`)"
             )
         offset = found
     events: dict[str, dict[str, Any]] = {}
@@ -296,10 +296,10 @@ def poll_trtllm(url: str, out_path: str, *, interval_s: float = 5.0, rounds: int
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m hopline.middleware.records poll-trtllm http://engine:8000 --out records.ndjson``"""
+    """``python -m hopline.middleware.contract.records poll-trtllm http://engine:8000 --out records.ndjson``"""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m hopline.middleware.records", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m hopline.middleware.contract.records", description=main.__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     poll = sub.add_parser("poll-trtllm", help="save trtllm-serve's /perf_metrics records for hopline")
     poll.add_argument("url")
