@@ -34,7 +34,7 @@ from pathlib import Path
 import polars as pl
 from hopline.analyzer import report
 from hopline.analyzer.io import Scanned, ScanReport
-from hopline.analyzer.shifts import iso_utc
+from hopline.analyzer.findings.model import iso_utc
 from hopline.analyzer.timelines import resolve_by_trace, timelines
 
 BUCKET_FOLDER = re.compile(r"^bucket=(\d+)$")

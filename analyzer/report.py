@@ -17,18 +17,11 @@ import polars.selectors as cs
 from hopline.analyzer import attribution
 from hopline.analyzer.attribution import Slo, e2e, ttft
 from hopline.analyzer.io import ScanReport
-from hopline.analyzer.pitfalls import (
-    BRINGS,
-    CAUSED_BY,
-    PitfallConfig,
-    find_pitfalls,
-    long_prefills,
-    queued_behind_long_prefills,
-)
-from hopline.analyzer.shifts import find_shifts, in_scope, iso_utc
+from hopline.analyzer.findings import Context, find
+from hopline.analyzer.findings.model import iso_utc
+from hopline.analyzer.findings.rank import MINOR_SHARE
 from hopline.middleware.contract import VIEWS
 from hopline.middleware.contract.rules import LOOK, SCOPE_SOURCES, STAGE_ORDER, TTFT_PARTS
-from hopline.middleware.contract.times import to_epoch
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -55,100 +48,6 @@ def scopes_to_search(timelines: pl.DataFrame, by: tuple[str, ...]) -> tuple[str,
     return tuple(d for d in by if d in timelines.columns) + tuple(auto)
 
 
-# --- minor findings ---------------------------------------------------------------------------
-# One rule: a finding is minor when the users' time it costs (|impact_s|) is under MINOR_SHARE of
-# the users' total time of the same kind: their waits for the first output (TTFT; a non-streaming
-# request's whole answer) for a finding about a TTFT part, their end-to-end time for one about
-# decode. 1% is below what any user can feel in a percentile and far below every incident the demo
-# injects (4-47% of the run's waits), yet above the residue of a healthy log: a new connection
-# per request on localhost "adding 0 ms", a five-second blip of a few requests.
-MINOR_SHARE = 0.01
-
-
-def users_time(timelines: pl.DataFrame) -> dict[str, float]:
-    """The users' total seconds a finding's cost is compared with: ``first_output`` and ``e2e``."""
-    first_output, total = timelines.select(pl.coalesce(ttft(), e2e()).sum(), e2e().sum()).row(0)
-    return {"first_output": float(first_output or 0.0), "e2e": float(total or 0.0)}
-
-
-def share_of_users_time(finding: dict, totals: dict[str, float]) -> float | None:
-    """|impact_s| over the users' time of its kind (decode: e2e, a TTFT part: first output)."""
-    stage = finding.get("stage") if finding.get("kind") == "shift" else finding.get("spent_in")
-    total = totals["e2e" if stage == "decode" else "first_output"]
-    return abs(finding.get("impact_s") or 0.0) / total if total > 0 else None
-
-
-def is_minor(finding: dict) -> bool:
-    """It costs users almost nothing: under ``MINOR_SHARE`` of their time (see above)."""
-    share = finding.get("share_of_users_time")
-    return share is not None and share < MINOR_SHARE
-
-
-def fold_into_shifts(shifts: list[dict], pitfalls: list[dict], window_s: float) -> list[dict]:
-    """Pitfalls a shift brought with it (``pitfalls.CAUSED_BY``: the pitfall began after the rise
-    of that stage, within its scope and before it ended) move into that shift's ``with_pitfalls``
-    and its summary; the other pitfalls are returned."""
-    left = []
-    for pitfall in pitfalls:
-        stage, at = CAUSED_BY.get(pitfall["name"]), pitfall.get("at")
-        cause = next(
-            (
-                s
-                for s in sorted(shifts, key=lambda s: -abs(s["impact_s"]))
-                if stage is not None
-                and at is not None
-                and s["stage"] == stage
-                and s["after_ms"] > s["before_ms"]
-                and all(pitfall["scope"].get(k) == v for k, v in s["scope"].items())
-                and to_epoch(at) >= to_epoch(s["at"]) - window_s
-                and (s["until"] is None or to_epoch(at) <= to_epoch(s["until"]))
-            ),
-            None,
-        )
-        if cause is None:
-            left.append(pitfall)
-            continue
-        cause.setdefault("with_pitfalls", []).append(pitfall)
-        cause["summary"] += f"; with it, {pitfall['summary'].split('; ')[0]} ({pitfall['name']})"
-    return left
-
-
-def fold_into_pitfalls(
-    shifts: list[dict], pitfalls: list[dict], timelines: pl.DataFrame, cfg: PitfallConfig = PitfallConfig()
-) -> list[dict]:
-    """Rises a pitfall brought with it (``pitfalls.BRINGS``: at least ``cfg.brought_share`` of the
-    seconds the rise's requests, from its onset to its end, waited in that stage were spent behind
-    the pitfall's long prefills) move into that pitfall's ``with_shifts``, its summary and its
-    ``impact_s`` (stages add up); the other shifts are returned. The pitfall of the replica that
-    held most of those seconds takes it."""
-    left, long = [], None
-    for shift in shifts:
-        owners = [p for p in pitfalls if BRINGS.get(p["name"]) == shift["stage"] and "replica" in p["scope"]]
-        if not owners or shift["after_ms"] <= shift["before_ms"]:
-            left.append(shift)
-            continue
-        window = pl.col("start") >= to_epoch(shift["at"])
-        if shift["until"] is not None:
-            window &= pl.col("start") < to_epoch(shift["until"])
-        long = long_prefills(timelines, cfg) if long is None else long
-        rose = timelines.filter(in_scope(shift["scope"]).fill_null(False) & window)
-        waits = queued_behind_long_prefills(rose, long)
-        per_replica = waits.group_by("replica").agg(pl.col("behind").sum())
-        behind, queued = waits["behind"].sum(), waits["queue"].sum()
-        if per_replica.height == 0 or queued <= 0 or behind < cfg.brought_share * queued:
-            left.append(shift)
-            continue
-        replica = per_replica.sort("behind", descending=True)["replica"][0]
-        owner = next((p for p in owners if p["scope"]["replica"] == replica), None)
-        if owner is None:
-            left.append(shift)
-            continue
-        owner.setdefault("with_shifts", []).append(shift)
-        owner["impact_s"] = round(owner["impact_s"] + shift["impact_s"], 3)
-        owner["summary"] += f"; with it, {shift['summary'].split('; ')[0]} ({shift['stage']} shift)"
-    return left
-
-
 def analyze(
     timelines: pl.DataFrame,
     *,
@@ -166,15 +65,8 @@ def analyze(
     window_s = attribution.choose_window(window, span or 0.0)
     overall = attribution.stage_stats(timelines.lazy()).collect().row(0, named=True) if n else {}
     stages = attribution.stage_table(overall) if n else {}
-    shifts = [s.to_finding() for s in find_shifts(timelines, window_s, dims=by)] if n else []
-    pitfalls = find_pitfalls(timelines, kv_bytes_per_token=kv_bytes_per_token) if n else []
-    pitfalls = fold_into_shifts(shifts, pitfalls, window_s)
-    shifts = fold_into_pitfalls(shifts, pitfalls, timelines)
-    findings = sorted(shifts + pitfalls, key=lambda f: -abs(f.get("impact_s") or 0.0))
-    totals = users_time(timelines) if n else {"first_output": 0.0, "e2e": 0.0}
-    for f in findings:
-        share = share_of_users_time(f, totals)
-        f["share_of_users_time"] = None if share is None else round(share, 4)
+    ctx = Context(window_s=window_s, scopes=by, kv_bytes_per_token=kv_bytes_per_token)
+    decided = find(timelines, ctx)
     negative = (
         timelines.select(pl.col("negative").explode().drop_nulls())["negative"]
         if n
@@ -189,8 +81,7 @@ def analyze(
         "requests": n,
         "window_s": window_s,
         "stages": stages,
-        "findings": [f for f in findings if not is_minor(f)],
-        "minor": [f for f in findings if is_minor(f)],
+        **decided.to_json(),
         "split_requests": overall.get("split_requests", 0) if n else 0,
         "dominant": attribution.dominant(stages, overall.get("split_requests", 0)) if n else None,
         "span": {

@@ -220,14 +220,16 @@ def test_every_section_of_the_terminal_report_is_explained(tmp_path):
     where = [explained.find(f"**{title.split(' (')[0]}") for title in REPORT_SECTIONS]
     assert -1 not in where and where == sorted(where), dict(zip(REPORT_SECTIONS, where))
     said = re.search(r"A \*\*pitfall\*\* is one of (.*?)\.\n", explained, re.DOTALL).group(1)
-    found = re.findall(r'_finding\(\s*"(\w+)"', (REPO / "analyzer" / "pitfalls.py").read_text())
+    from hopline.analyzer.findings import REGISTRY
+
+    found = [d.name for d in REGISTRY if d.kind == "pitfall"]
     assert re.findall(r"`(\w+)`", said) == found  # every pitfall the analyzer can report, in its order
 
 
 def test_why_a_shift_is_sometimes_p90_gives_the_analyzers_own_thresholds():
-    """The README's reason is shifts._effect's: p50 first, else p90, each held to ShiftConfig's
+    """The README's reason is findings.shifts.stats._effect's: p50 first, else p90, each held to ShiftConfig's
     min_factor and min_abs_ms."""
-    from hopline.analyzer.shifts import ShiftConfig
+    from hopline.analyzer.findings.shifts.stats import ShiftConfig
 
     cfg = ShiftConfig()
     why = (

@@ -23,11 +23,11 @@ def test_terminal_and_html_renderers_cover_exactly_the_stages():
 
 
 def test_shift_sentences_use_the_vocabulary():
-    from hopline.analyzer import shifts
+    from hopline.analyzer.findings.shifts import stats, words
 
-    assert set(STAGE_ORDER) <= set(shifts.STAGE_WORDS)
-    assert {n: shifts.STAGE_WORDS[n] for n in STAGE_ORDER} == {n: LOOK[n].words for n in STAGE_ORDER}
-    assert set(shifts.SHIFT_STAGES) <= set(STAGE_ORDER)
+    assert set(STAGE_ORDER) <= set(words.STAGE_WORDS)
+    assert {n: words.STAGE_WORDS[n] for n in STAGE_ORDER} == {n: LOOK[n].words for n in STAGE_ORDER}
+    assert set(stats.SHIFT_STAGES) <= set(STAGE_ORDER)
 
 
 def test_dashboard_stack_uses_the_vocabulary():

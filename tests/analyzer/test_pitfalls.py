@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import polars as pl
 import pytest
-from hopline.analyzer import pitfalls
+from hopline.analyzer.findings import REGISTRY, Context, detect_all, find
+from hopline.analyzer.findings.long_prefill_stall import LongPrefillStall, queued_behind_long_prefills
+from hopline.analyzer.findings.new_connection_per_request import NewConnectionPerRequest
+from hopline.analyzer.findings.no_max_tokens import NoMaxTokens as NoMaxTokensCheck
+from hopline.analyzer.findings.user_vs_engine_gap import UserVsEngineGap
+from hopline.analyzer.findings.verbose_outputs import VerboseOutputs
 from hopline.analyzer.timelines import timelines
 from support.synth import (
     ColdConnections,
@@ -27,28 +32,28 @@ def healthy() -> pl.DataFrame:
     return tl_for()
 
 
-CHECKS = [
-    pitfalls.user_vs_engine_gap,
-    pitfalls.new_connection_per_request,
-    pitfalls.long_prefill_stall,
-    pitfalls.no_max_tokens,
-    pitfalls.verbose_outputs,
-]
+PITFALLS = tuple(d for d in REGISTRY if d.kind == "pitfall")
 
 
-@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
+def run(detector, tl: pl.DataFrame, kv_bytes_per_token: int | None = None) -> list[dict]:
+    """``detector``'s findings on ``tl`` as the JSON says them ([] when it cannot run on it)."""
+    ctx = Context(window_s=10.0, kv_bytes_per_token=kv_bytes_per_token)
+    return [f.to_json() for f in detector.detect(tl, ctx)] if detector.runs_on(tl) else []
+
+
+@pytest.mark.parametrize("check", PITFALLS, ids=lambda d: d.name)
 def test_not_triggered_on_a_healthy_log(check, healthy):
-    assert check(healthy) == []
+    assert run(check, healthy) == []
 
 
 def test_healthy_logs_from_other_seeds_have_no_pitfalls():
     for seed in (1001, 1002, 1003):
-        assert pitfalls.find_pitfalls(tl_for(seed=seed, clock_skew_s=20.0)) == []
+        assert detect_all(tl_for(seed=seed, clock_skew_s=20.0), Context(window_s=10.0), PITFALLS) == []
 
 
 def test_user_vs_engine_gap_names_the_network_of_one_service():
     tl = tl_for(StageShift("network", 25.0, at_s=0, scope={"service": "search-assist"}))
-    (f,) = pitfalls.user_vs_engine_gap(tl)
+    (f,) = run(UserVsEngineGap(), tl)
     assert (f["kind"], f["name"], f["scope"]) == (
         "pitfall",
         "user_vs_engine_gap",
@@ -68,23 +73,23 @@ def test_user_vs_engine_gap_costs_only_the_gap_beyond_the_acceptable_one():
     """Its ``impact_s`` is the users' time past ``gap_min_ms`` per request: the normal network of a
     deployment is no incident, and counted whole it outranked real ones on a busy machine."""
     tl = tl_for(StageShift("network", 25.0, at_s=0, scope={"service": "search-assist"}))
-    (f,) = pitfalls.user_vs_engine_gap(tl)
+    (f,) = run(UserVsEngineGap(), tl)
     mine = tl.filter(pl.col("service") == "search-assist", pl.col("engine_ttft").is_not_null())
     gap = mine["client_ttft"] - mine["engine_ttft"]
-    floor = pitfalls.PitfallConfig().gap_min_ms / 1e3
+    floor = UserVsEngineGap().gap_min_ms / 1e3
     assert f["impact_s"] == pytest.approx((gap - floor).clip(lower_bound=0).sum(), abs=1e-3)
     assert 0 < f["impact_s"] < gap.sum() - 0.5 * floor * mine.height
 
 
 def test_user_vs_engine_gap_everywhere_is_scope_all():
     tl = tl_for(StageShift("gateway", 60.0, at_s=0))
-    (f,) = pitfalls.user_vs_engine_gap(tl)
+    (f,) = run(UserVsEngineGap(), tl)
     assert f["scope"] == {} and f["evidence"]["main"] == "gateway"
 
 
 def test_new_connection_per_request():
     tl = tl_for(ColdConnections("kite-chat"))
-    (f,) = pitfalls.new_connection_per_request(tl)
+    (f,) = run(NewConnectionPerRequest(), tl)
     assert f["scope"] == {"service": "kite-chat"}
     assert f["evidence"]["new_connection_share"] == 1.0
     assert f["affected_requests"] == tl.filter(pl.col("service") == "kite-chat").height
@@ -95,7 +100,7 @@ def test_new_connection_per_request():
 def test_long_prefill_stall_matches_the_requests_that_were_decoding():
     # engine clocks 40 s off: the match uses only the engine's own timestamps
     tl = tl_for(LongPrompts("r1", count=3), clock_skew_s=40.0)
-    (f,) = pitfalls.long_prefill_stall(tl)
+    (f,) = run(LongPrefillStall(), tl)
     assert f["scope"] == {"replica": "r1"}
     ev = f["evidence"]
     assert ev["long_prompts"] == 3 and ev["prompt_tokens_max"] == 32_000
@@ -113,25 +118,25 @@ def test_long_prefill_stall_matches_the_requests_that_were_decoding():
 def test_long_prompts_with_chunked_prefill_do_not_stall():
     """Long prompts alone (no overlapping output gap) are not the pitfall."""
     tl = tl_for(LongPrompts("r1", count=3)).with_columns(engine_max_gap_s=pl.col("client_itl") * 2)
-    assert pitfalls.long_prefill_stall(tl) == []
+    assert run(LongPrefillStall(), tl) == []
 
 
 def test_no_max_tokens_with_kv_memory():
     tl = tl_for(NoMaxTokens("kite-chat", share=0.3))
-    (f,) = pitfalls.no_max_tokens(tl, kv_bytes_per_token=131_072)
+    (f,) = run(NoMaxTokensCheck(), tl, kv_bytes_per_token=131_072)
     assert f["scope"] == {"service": "kite-chat"}
     ev = f["evidence"]
     assert ev["ran_long"] == f["affected_requests"] > 50
     assert ev["output_tokens_p50"] > ev["capped_output_tokens_p90"]
     assert ev["kv_gb_seconds"] == pytest.approx(ev["kv_token_seconds"] * 131_072 / 1e9, rel=1e-3)
     # without a model description the finding stands, without the KV bytes
-    (plain,) = pitfalls.no_max_tokens(tl)
+    (plain,) = run(NoMaxTokensCheck(), tl)
     assert "kv_gb_seconds" not in plain["evidence"]
 
 
 def test_verbose_outputs():
     tl = tl_for(VerboseService("search-assist", factor=3.0))
-    (f,) = pitfalls.verbose_outputs(tl)
+    (f,) = run(VerboseOutputs(), tl)
     assert f["scope"] == {"service": "search-assist"}
     assert 2.5 < f["evidence"]["ratio"] < 3.5
     assert f["evidence"]["model"] == "llama-3.1-8b"
@@ -141,15 +146,16 @@ def test_services_on_different_models_are_not_compared():
     tl = tl_for(
         VerboseService("search-assist", factor=3.0), models={"kite-chat": "small", "search-assist": "large"}
     )
-    assert pitfalls.verbose_outputs(tl) == []
+    assert run(VerboseOutputs(), tl) == []
 
 
-def test_find_pitfalls_orders_by_impact():
+def test_decided_pitfalls_are_ordered_by_impact():
     tl = tl_for(ColdConnections("kite-chat"), VerboseService("search-assist"))
-    found = pitfalls.find_pitfalls(tl)
-    names = [f["name"] for f in found]
+    decided = find(tl, Context(window_s=10.0), PITFALLS)
+    names = [f.name for f in decided.findings + decided.minor]
     assert {"new_connection_per_request", "verbose_outputs"} <= set(names)
-    assert [f["impact_s"] for f in found] == sorted((f["impact_s"] for f in found), reverse=True)
+    for found in (decided.findings, decided.minor):
+        assert [f.cost_s for f in found] == sorted((f.cost_s for f in found), reverse=True)
 
 
 def test_queued_behind_long_prefills_counts_the_union_of_the_prefills_on_the_requests_replica():
@@ -168,8 +174,8 @@ def test_queued_behind_long_prefills_counts_the_union_of_the_prefills_on_the_req
             "engine_first": [w[2] + 0.1 for w in waits],  # the queue ends where its prefill begins
         }
     )
-    got = pitfalls.queued_behind_long_prefills(tl, long)
+    got = queued_behind_long_prefills(tl, long)
     assert got["replica"].to_list() == [w[0] for w in waits]
     assert got["behind"].to_list() == pytest.approx([1.5, 0.3 + 0.5, 0.0, 1.0, 0.2])
     assert got["queue"].to_list() == pytest.approx([w[2] - w[1] for w in waits])
-    assert pitfalls.queued_behind_long_prefills(tl, long.clear())["behind"].to_list() == [0.0] * len(waits)
+    assert queued_behind_long_prefills(tl, long.clear())["behind"].to_list() == [0.0] * len(waits)

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import io
 from dataclasses import replace
+from datetime import UTC, datetime
 
 import pytest
 from hopline.analyzer import report
+from hopline.analyzer.findings import Context, Pitfall, Shift
+from hopline.analyzer.findings.rank import caused_by_shifts
 from support.synth import ColdConnections, LongPrompts, StageShift, generate, on_localhost
 from hopline.analyzer.timelines import timelines
 from rich.console import Console
@@ -159,24 +162,29 @@ def test_a_queue_rise_of_its_own_stays_a_shift_beside_long_prefills():
 
 
 def test_a_pitfall_is_folded_only_into_a_rise_of_its_stage_in_its_scope_and_time():
-    def shift(**kw) -> dict:
-        base = {"kind": "shift", "stage": "prefill", "scope": {"replica": "r1"}, "at": "2026-12-01T10:05:00Z",
-                "until": None, "before_ms": 30.0, "after_ms": 120.0, "impact_s": 50.0, "summary": "s"}  # fmt: skip
-        return {**base, **kw}
+    ten_five = datetime(2026, 12, 1, 10, 5, tzinfo=UTC).timestamp()
 
-    def stall(at: str = "2026-12-01T10:06:00Z", replica: str = "r1") -> dict:
-        return {"kind": "pitfall", "name": "long_prefill_stall", "scope": {"replica": replica}, "at": at,
-                "summary": "1 long prompt …", "impact_s": 9.0}  # fmt: skip
+    def shift(**kw) -> Shift:
+        base = {"stage": "prefill", "scope": {"replica": "r1"}, "at": ten_five, "until": None, "before_ms": 30.0,
+                "after_ms": 120.0, "impact_s": 50.0, "summary": "s", "statistic": "p50", "z": 9.0,
+                "affected_requests": 100, "factor": 4.0}  # fmt: skip
+        return Shift(**{**base, **kw})
 
-    fold = report.fold_into_shifts
-    assert fold([shift()], [stall()], 1.0) == []
-    assert fold([shift(scope={})], [stall()], 1.0) == []  # all traffic covers r1
-    for cause, pitfall in (
-        (shift(), stall(at="2026-12-01T10:04:00Z")),  # before the rise
+    def stall(at: float = ten_five + 60, replica: str = "r1") -> Pitfall:
+        return Pitfall(name="long_prefill_stall", summary="1 long prompt …", scope={"replica": replica},
+                       affected_requests=3, evidence={}, impact_s=9.0, spent_in="decode", at=at)  # fmt: skip
+
+    ctx = Context(window_s=1.0)
+    (cause,), left = caused_by_shifts([shift()], [stall()], ctx)
+    assert left == [] and cause.with_pitfalls == (stall(),)
+    assert caused_by_shifts([shift(scope={})], [stall()], ctx)[1] == []  # all traffic covers r1
+    for rise, pitfall in (
+        (shift(), stall(at=ten_five - 60)),  # before the rise
         (shift(), stall(replica="r2")),  # elsewhere
         (shift(stage="decode"), stall()),  # another stage
         (shift(after_ms=10.0), stall()),  # a fall
-        (shift(until="2026-12-01T10:05:30Z"), stall()),  # after it ended
+        (shift(until=ten_five + 30), stall()),  # after it ended
     ):
-        assert fold([cause], [pitfall], 1.0) == [pitfall]
-        assert cause.get("with_pitfalls", []) == []
+        (cause,), left = caused_by_shifts([rise], [pitfall], ctx)
+        assert left == [pitfall]
+        assert cause.with_pitfalls == ()

@@ -13,12 +13,15 @@ import numpy as np
 import polars as pl
 import pytest
 from hopline.analyzer.attribution import auto_window
-from hopline.analyzer.shifts import Shift, ShiftConfig, _fold_explained, find_shifts, split_z, z_threshold
+from hopline.analyzer.findings.shifts.detector import find_shifts
+from hopline.analyzer.findings.shifts.incidents import Change
+from hopline.analyzer.findings.shifts.scopes import fold_explained
+from hopline.analyzer.findings.shifts.stats import ShiftConfig, split_z, z_threshold
 from hopline.analyzer.timelines import timelines
 from support.synth import DEFAULT_START, ColdConnections, StageShift, generate
 
 
-def analyse(n: int, seed: int, incidents=(), rate: float = 20.0, **kw) -> tuple[list[Shift], float]:
+def analyse(n: int, seed: int, incidents=(), rate: float = 20.0, **kw) -> tuple[list[Change], float]:
     tl = timelines(generate(n, seed=seed, rate=rate, incidents=incidents, **kw).lazy()).collect()
     window = auto_window(tl["start"].max() - tl["start"].min())
     return find_shifts(tl, window), window
@@ -54,7 +57,7 @@ def test_queue_tripled_on_one_replica_is_reported_there_with_its_load():
         incidents=[StageShift("queue", 3.0, at_s=240, scope={"replica": "r2"}, arrivals=1.45)],
     )
     assert len(found) == 1
-    f = found[0].to_finding()
+    f = found[0].finding().to_json()
     assert (f["kind"], f["stage"], f["scope"], f["statistic"]) == ("shift", "queue", {"replica": "r2"}, "p50")
     assert f["at"] == iso(240)  # 240 s is a window boundary: the first window after the change
     assert 2.6 <= f["factor"] <= 3.4
@@ -68,7 +71,7 @@ def test_queue_tripled_on_one_replica_is_reported_there_with_its_load():
 def test_all_replicas_moving_is_scope_all_traffic():
     found, _ = analyse(12_000, seed=22, incidents=[StageShift("prefill", 2.0, at_s=300)])
     assert [(s.stage, s.scope) for s in found] == [("prefill", {})]
-    assert found[0].to_finding()["at"] == iso(300)
+    assert found[0].finding().to_json()["at"] == iso(300)
 
 
 def test_network_change_on_one_service():
@@ -88,7 +91,7 @@ def test_a_burst_that_recovers_is_one_finding_with_until():
     )
     assert window == 1.0  # a one-minute log is read in one-second windows
     assert len(found) == 1
-    f = found[0].to_finding()
+    f = found[0].finding().to_json()
     assert (f["stage"], f["scope"], f["at"], f["until"]) == ("queue", {"replica": "r2"}, iso(20), iso(40))
     # said as times ("at ... until ..."), never "from 10:00:20 to 10:00:40", which reads as values
     assert f["summary"].startswith("queue time tripled at 10:00:20 until 10:00:40 on replica r2 (p50 ")
@@ -117,7 +120,7 @@ def test_skewed_clocks_and_shuffled_order_change_nothing():
     incident = [StageShift("queue", 3.0, at_s=240, scope={"replica": "r2"})]
     calm, _ = analyse(8000, seed=27, incidents=incident, clock_skew_s=0.0, shuffle=False)
     skewed, _ = analyse(8000, seed=27, incidents=incident, clock_skew_s=45.0, shuffle=True)
-    assert [s.to_finding()["summary"] for s in calm] == [s.to_finding()["summary"] for s in skewed]
+    assert [s.finding().to_json()["summary"] for s in calm] == [s.finding().to_json()["summary"] for s in skewed]
     assert len(calm) == 1
 
 
@@ -145,7 +148,7 @@ def test_too_few_requests_is_no_finding():
 
 def test_findings_contract_fields():
     found, _ = analyse(6000, seed=29, incidents=[StageShift("prefill", 2.5, at_s=150)])
-    f = found[0].to_finding()
+    f = found[0].finding().to_json()
     assert {"kind", "summary", "stage", "at", "scope", "statistic", "before_ms", "after_ms", "factor"} <= set(
         f
     )
@@ -157,7 +160,7 @@ def test_a_stage_that_was_zero():
     """connect is 0 on reused connections: a client that stops reusing them shows up from zero."""
     found, _ = analyse(8000, seed=30, incidents=[ColdConnections("kite-chat", at_s=200)])
     assert len(found) == 1
-    f = found[0].to_finding()
+    f = found[0].finding().to_json()
     assert (f["stage"], f["scope"], f["at"]) == ("connect", {"service": "kite-chat"}, iso(200))
     assert f["before_ms"] == 0.0 and f["after_ms"] > 30 and f["factor"] is None
     assert f["part"] == "connect"  # new connections (TCP + TLS), not a wait for the pool
@@ -176,7 +179,7 @@ def test_a_rise_in_steps_is_one_shift_from_before_the_first_step_to_after_the_la
             StageShift("queue", 4.0, at_s=420, scope={"replica": "r2"}),
         ],
     )
-    queue = [s.to_finding() for s in found if s.stage == "queue"]
+    queue = [s.finding().to_json() for s in found if s.stage == "queue"]
     assert len(queue) == 1, queue
     f = queue[0]
     assert f["scope"] == {"replica": "r2"}
@@ -243,7 +246,7 @@ def with_pool_wait(events: pl.DataFrame, wait_s: float, seed: int = 0) -> pl.Dat
     return pl.concat([events.filter(pl.col("hop") != "client.sent"), waited])
 
 
-def flood(pool_wait_s: float | None = None, queue_factor: float = 5.0) -> tuple[list[Shift], float]:
+def flood(pool_wait_s: float | None = None, queue_factor: float = 5.0) -> tuple[list[Change], float]:
     """A batch job floods the only replica from ``FLOOD[0]`` to ``FLOOD[1]``: twice the arrivals,
     queue time ``queue_factor`` times; with ``pool_wait_s``, the client also waits for its pool."""
     events = generate(
@@ -274,7 +277,7 @@ def test_a_flood_that_ends_is_one_finding_from_its_onset_named_by_the_queue():
     a cause of its own, and the flood's end (pool wait back to ~0.6 ms: 2x, but 0.3 ms) is not a
     finding that could outrank the onset."""
     found, _ = flood(pool_wait_s=0.3)
-    first = found[0].to_finding()
+    first = found[0].finding().to_json()
     assert (first["stage"], first["scope"], first["statistic"]) == ("queue", {}, "p50"), [
         s.summary() for s in found
     ]
@@ -295,7 +298,7 @@ def test_a_client_pool_wait_alone_is_named_as_one():
     for a pooled connection, whose cure (a bigger pool, fewer concurrent calls) is not
     keep-alive, and gives its two values, not a factor of 1000."""
     found, _ = flood(pool_wait_s=0.3, queue_factor=1.0)
-    f = found[0].to_finding()
+    f = found[0].finding().to_json()
     assert (f["stage"], f["part"], f["at"], f["until"]) == (
         "connect",
         "pool_wait",
@@ -332,7 +335,7 @@ def test_a_burst_that_ends_part_way_never_outranks_its_onset():
     )
     tl = timelines(events.lazy()).collect()
     found = find_shifts(tl, auto_window(tl["start"].max() - tl["start"].min()))
-    queue = [s.to_finding() for s in found if s.stage == "queue"]
+    queue = [s.finding().to_json() for s in found if s.stage == "queue"]
     assert [(f["at"], f["factor"] > 1) for f in queue] == [(iso(FLOOD[0]), True), (iso(FLOOD[1]), False)], (
         queue
     )
@@ -355,7 +358,7 @@ def test_a_burst_that_eases_a_little_on_the_way_still_ends_as_one_finding():
     )
     tl = timelines(events.lazy()).collect()
     found = find_shifts(tl, auto_window(tl["start"].max() - tl["start"].min()))
-    queue = [s.to_finding() for s in found if s.stage == "queue"]
+    queue = [s.finding().to_json() for s in found if s.stage == "queue"]
     assert [(f["at"], f["until"]) for f in queue] == [(iso(FLOOD[0]), iso(FLOOD[1]))], queue
 
 
@@ -371,7 +374,7 @@ def test_a_flood_from_an_empty_queue_that_leaves_a_little_behind_is_one_finding(
         queue=pl.when(t < FLOOD[0]).then(0.0).when(t < FLOOD[1]).then(5.0).otherwise(0.037) * noise
     )
     found = find_shifts(tl, auto_window(tl["start"].max() - tl["start"].min()))
-    queue = [s.to_finding() for s in found if s.stage == "queue"]
+    queue = [s.finding().to_json() for s in found if s.stage == "queue"]
     assert [(f["at"], f["until"]) for f in queue] == [(iso(FLOOD[0]), iso(FLOOD[1]))], queue
 
 
@@ -388,7 +391,7 @@ def test_a_rise_after_an_earlier_improvement_is_not_taken_for_its_reversal():
     tl = timelines(events.lazy()).collect()
     found = find_shifts(tl, auto_window(tl["start"].max() - tl["start"].min()))
     queue = [s for s in found if s.stage == "queue"]
-    assert [(s.to_finding()["at"], s.up) for s in queue] == [(iso(300), True), (iso(60), False)]
+    assert [(s.finding().to_json()["at"], s.up) for s in queue] == [(iso(300), True), (iso(60), False)]
     assert queue[0].impact_s == pytest.approx(queue[0].own_impact_s)
 
 
@@ -427,7 +430,7 @@ def test_a_change_on_a_whole_replica_is_not_narrowed_to_a_model():
 def test_a_cell_above_max_requests_is_subsampled_and_counts_its_requests():
     """Past ``max_requests`` a cell is tested on a seeded subsample (as every scope is), and the
     finding still counts the cell's requests after the change: ~1,500 (a quarter of 20/s x 300 s)."""
-    from hopline.analyzer.shifts import ShiftConfig
+    from hopline.analyzer.findings.shifts.stats import ShiftConfig
 
     incident = StageShift("queue", 4.0, at_s=300, scope={"replica": "r2", "model": "m1"})
     tl = timelines(generate(duration_s=600, seed=31, incidents=[incident], **TWO_MODELS).lazy()).collect()
@@ -453,8 +456,8 @@ def pinned_batch(r1_after_s: float) -> pl.DataFrame:
     return pl.DataFrame({"start": start, "replica": replica, "service": service, "queue": queue})
 
 
-def seen(scope: dict[str, str], at: float, before_ms: float, after_ms: float) -> Shift:
-    return Shift("queue", scope, at, "p50", before_ms, after_ms, 20.0, 500, {})
+def seen(scope: dict[str, str], at: float, before_ms: float, after_ms: float) -> Change:
+    return Change("queue", scope, at, "p50", before_ms, after_ms, 20.0, 500, {})
 
 
 def test_one_change_seen_from_three_scopes_is_said_once_where_it_holds():
@@ -464,16 +467,16 @@ def test_one_change_seen_from_three_scopes_is_said_once_where_it_holds():
     frame = pinned_batch(r1_after_s=0.006)
     batch, r2 = seen({"service": "batch-eval"}, 110, 6, 1000), seen({"replica": "r2"}, 119, 6, 1000)
     everyone = seen({}, 123, 7, 800)
-    assert _fold_explained([everyone, batch, r2], frame, ["replica", "service"], 15.0, ShiftConfig()) == [r2]
+    assert fold_explained([everyone, batch, r2], frame, ["replica", "service"], 15.0, ShiftConfig()) == [r2]
     # the same shifts far apart in time are separate changes
     late = seen({}, 1123, 7, 800)
-    assert _fold_explained([late, r2], frame, ["replica", "service"], 15.0, ShiftConfig()) == [late, r2]
+    assert fold_explained([late, r2], frame, ["replica", "service"], 15.0, ShiftConfig()) == [late, r2]
 
 
 def test_a_change_on_every_replica_stays_a_change_of_all_traffic():
     frame = pinned_batch(r1_after_s=0.5)  # r1's queue rose too: all traffic holds the change
     r2, everyone = seen({"replica": "r2"}, 119, 6, 1000), seen({}, 123, 7, 800)
-    assert _fold_explained([everyone, r2], frame, ["replica", "service"], 15.0, ShiftConfig()) == [everyone]
+    assert fold_explained([everyone, r2], frame, ["replica", "service"], 15.0, ShiftConfig()) == [everyone]
 
 
 def test_a_burst_with_fewer_requests_than_min_side_ends_where_it_ended():
@@ -486,7 +489,7 @@ def test_a_burst_with_fewer_requests_than_min_side_ends_where_it_ended():
         ).collect(),
         2.0,
     )
-    queue = [s.to_finding() for s in found if s.stage == "queue"]
+    queue = [s.finding().to_json() for s in found if s.stage == "queue"]
     assert [(f["at"], f["until"]) for f in queue] == [(iso(60), iso(74))], queue
     assert queue[0]["after_ms"] > 20 * queue[0]["before_ms"]  # the burst's own level, not diluted
 
@@ -515,7 +518,7 @@ def test_a_floods_last_queued_request_is_in_it_and_a_trend_in_microseconds_is_no
         .otherwise(after)
     ).filter((t < 98) | (t >= 100) | (pl.col("request_id") == last))  # none but it in [98, 100)
     found = find_shifts(tl, 2.0)
-    queue = [s.to_finding() for s in found if s.stage == "queue"]
+    queue = [s.finding().to_json() for s in found if s.stage == "queue"]
     assert [(f["at"], f["until"]) for f in queue] == [(iso(60), iso(100))], queue
 
 
@@ -523,15 +526,15 @@ def test_a_bursts_onset_is_not_pulled_early_by_stray_slow_requests_before_it():
     """The real vLLM flood's engine frontend (ms): 20 before, 66 in the flood (from 39.99 s), and
     before it a stray 406 and 44. Splitting at 36 or 38 s leaves 3 requests on the wrong side each;
     the onset is the later, nearest the burst (it was 36: the first)."""
-    from hopline.analyzer.shifts import _edge
+    from hopline.analyzer.findings.shifts.stats import edge
 
     t = np.array([32.1, 33.15, 33.86, 34.86, 35.61, 36.74, 37.93, 38.85, 39.992, 39.996, 40.01, 40.3, 41.2])
     ms = np.array([12.5, 15.4, 406.2, 25.5, 17.2, 44.0, 10.4, 13.8, 91.8, 676.5, 72.0, 68.4, 640.7])
     candidates = np.array([32.0, 34.0, 36.0, 38.0, 40.0, 42.0])
-    at = _edge(t, ms, candidates, 0, len(t), 66.0, 20.0, ShiftConfig(), burst_first=False)
+    at = edge(t, ms, candidates, 0, len(t), 66.0, 20.0, ShiftConfig(), burst_first=False)
     assert at == 38.0
     # the end, likewise: of boundaries as good, the one nearest the burst (the earliest after it)
     end_t = np.array([1.0, 1.5, 2.5, 3.5, 9.1, 9.7, 10.4, 11.2])
     end_ms = np.array([3000.0, 2800.0, 4000.0, 1287.0, 0.01, 0.01, 0.01, 0.01])
-    until = _edge(end_t, end_ms, np.array([2.0, 4.0, 6.0, 8.0, 10.0]), 0, 8, 2800.0, 0.0, ShiftConfig(), True)
+    until = edge(end_t, end_ms, np.array([2.0, 4.0, 6.0, 8.0, 10.0]), 0, 8, 2800.0, 0.0, ShiftConfig(), True)
     assert until == 4.0

@@ -1,0 +1,50 @@
+"""The shift detector: when did a stage's time change, where, by how much — said in one sentence.
+
+"queue time tripled at 10:05 on replica r2 (p50 60 → 185 ms); prefill and decode unchanged;
+arrivals on r2 up 45%"
+
+Method, per scope (all traffic, each replica / service / model) and per stage:
+
+1. Candidate change times are window boundaries (the findings' ``at`` is the start of the first
+   window after the change).
+2. For every candidate at once, a Mann-Whitney U statistic of the requests before vs after it,
+   from one cumulative sum of ranks (the rank-CUSUM; O(n log n) for all splits). The split with
+   the largest |z| is a change point; each side is searched again (binary segmentation), so a
+   burst that ends is found with its end. When the end brings the stage back (within
+   ``min_factor``, or within ``min_abs_ms``: 0.3 → 115 → 0.7 ms came back), the burst is one
+   finding from its onset, with ``until``; an end that stops part way is a change of its own,
+   never ranked above the onset it undoes. A burst's edges are then placed from its requests
+   (the boundary with the fewest of them on the wrong side of it), since the segmentation's
+   floor of ``min_side`` requests a side, and the rank test's taste for even splits, would put
+   them where the stage had not moved yet. Values are ranked to the millisecond.
+3. It is reported only when it is significant after a Bonferroni correction for every scope ×
+   stage × candidate tested, has at least ``min_side`` requests on each side, and is large for a
+   user: the p50 (or, for stages that are mostly zero such as ``connect``, the p90) moved by
+   ``min_factor`` or more and by ``min_abs_ms`` or more.
+4. The narrowest scope wins: when some replicas (services, models) moved and the others, seen on
+   both sides of the change, did not, the finding names those; else the scope is ``{}``. A
+   single-attribute scope is then refined by the same rule along one more attribute with at most
+   ``MAX_CELL_VALUES`` values: when exactly one cell of it moved (replica r2 × model m1) and the
+   other cells of r2 did not, the finding names both (``{"replica": "r2", "model": "m1"}``).
+   Only a hit is refined, and only along attributes with few values, so the search stays bounded.
+5. Detections of one stage in several scopes within a few windows are one change. A change
+   whose onset shows at moments further apart from different scopes (a queue building up: 15 s,
+   ``onset_spread_s``, or the few windows if longer) is said once too: a shift is dropped when
+   another one of the same stage and direction holds it (its requests outside that one's scope
+   did not move), the scope with fewer requests staying when each holds the other.
+6. One incident per onset: the shifts of one scope that start within ``onset_windows`` are said
+   from the one that explains the users' time (the largest; a client's pool wait is a
+   consequence of any stage its connections are held for that rose with it), the others "with
+   it"; ``impact_s`` is the sum (stages add up). A ``connect`` shift names the part that moved:
+   the client's pool wait or new connections (TCP + TLS), since their cures differ.
+7. What moved with it: other stages' p50, arrival rate, concurrency, prompt length and cache hits,
+   before vs after, in the same scope. A ratio within ``PERCENT_RANGE`` is said as a percentage,
+   any other change (from a near-zero baseline) as its two values; a headline factor beyond
+   ``SPOKEN_FACTOR`` likewise.
+
+Findings are ordered by the users' time they cost (``impact_s``), the onset first on a tie.
+The statistic is rank-based, so a few very slow requests cannot fake a shift, and skewed clocks
+cannot either (stages never mix hosts' clocks). ``stats`` holds steps 1-3, ``scopes`` 4-5, ``incidents`` 6, ``context`` and ``words`` 7, ``detector``
+the run. ``tests/analyzer/test_shifts.py`` measures the
+false-positive rate on stationary logs with seeds the thresholds were not tuned on.
+"""

@@ -1,0 +1,142 @@
+"""The shift detector: every stage in every scope, through the method of ``findings.shifts``."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+from hopline.analyzer.findings.detector import Context, Detector
+from hopline.analyzer.findings.model import Shift
+from hopline.analyzer.findings.shifts.context import connect_part, context_of
+from hopline.analyzer.findings.shifts.incidents import Change, cap_reversals, clusters, incidents
+from hopline.analyzer.findings.shifts.scopes import cell, fold_explained, key, narrowest
+from hopline.analyzer.findings.shifts.stats import SHIFT_STAGES, Detection, ShiftConfig, detect, z_threshold
+
+
+@dataclass(frozen=True)
+class Search:
+    """What one run searches: the candidate change times, the scopes (all traffic first, then
+    each value of each attribute with enough requests), the frame of each scope, the critical z."""
+
+    frame: pl.DataFrame  # the requests with a start, sorted by it
+    stages: list[str]
+    boundaries: np.ndarray
+    scopes: list[dict[str, str]]
+    tested: dict[str, list[str]]  # attribute -> its values searched
+    frames: dict[str, pl.DataFrame]  # scope key -> its requests
+    z_crit: float
+
+
+def _search(frame: pl.DataFrame, window_s: float, dims: tuple[str, ...], cfg: ShiftConfig) -> Search:
+    stages = [s for s in SHIFT_STAGES if frame[s].null_count() < frame.height]
+    t_min, t_max = frame["start"].min(), frame["start"].max()
+    boundaries = np.arange(math.floor(t_min / window_s) + 1, math.floor(t_max / window_s) + 1) * window_s
+    scopes: list[dict[str, str]] = [{}]
+    tested: dict[str, list[str]] = {}
+    for dim in dims:
+        counts = (
+            frame.group_by(dim).len().filter(pl.col(dim).is_not_null() & (pl.col("len") >= 2 * cfg.min_side))
+        )
+        values = sorted(counts[dim].cast(pl.String).to_list())
+        if len(values) >= 2:
+            tested[dim] = values
+            scopes += [{dim: v} for v in values]
+    z_crit = z_threshold(cfg.alpha, len(scopes) * len(stages) * max(len(boundaries), 1))
+    return Search(frame, stages, boundaries, scopes, tested, {}, z_crit)
+
+
+def _detections(search: Search, cfg: ShiftConfig, seed: int) -> dict[str, list[Detection]]:
+    """Every stage's detections in every scope (a seeded subsample of a scope beyond
+    ``max_requests``); fills ``search.frames``."""
+    rng = np.random.default_rng(seed)
+    found: dict[str, list[Detection]] = {s: [] for s in search.stages}
+    for scope in search.scopes:
+        sub = search.frame
+        for dim, value in scope.items():
+            sub = sub.filter(pl.col(dim).cast(pl.String) == value)
+        search.frames[key(scope)] = sub
+        scale = 1.0
+        if sub.height > cfg.max_requests:
+            scale = sub.height / cfg.max_requests
+            sub = sub[np.sort(rng.choice(sub.height, cfg.max_requests, replace=False))]
+        starts = sub["start"].to_numpy()
+        for stage in search.stages:
+            values = sub[stage].to_numpy()
+            keep = ~np.isnan(values)
+            for det in detect(starts[keep], values[keep], search.boundaries, search.z_crit, cfg, stage, scope):
+                det.after_n = round(det.after_n * scale)  # requests, not sampled ones
+                found[stage].append(det)
+    return found
+
+
+def _changes(search: Search, found: dict[str, list[Detection]], window_s: float, cfg: ShiftConfig) -> list[Change]:
+    """Each stage's detections clustered by time, each cluster in its narrowest scope (a cell of
+    two attributes where one moved), with what moved with it."""
+    changes = []
+    within_s = cfg.cluster_windows * window_s
+    for dets in found.values():
+        for group in clusters(dets, within_s):
+            for hit in narrowest(group, search.tested, search.frames, cfg):
+                det = cell(hit, search.tested, search.frames, search.boundaries, search.z_crit, cfg, within_s)
+                frame = search.frames[key(det.scope)]
+                changes.append(
+                    Change(
+                        det.stage,
+                        det.scope,
+                        det.at,
+                        det.statistic,
+                        det.before_ms,
+                        det.after_ms,
+                        det.z,
+                        det.after_n,
+                        context_of(frame, det, search.stages, cfg),
+                        det.until,
+                        connect_part(frame, det),
+                    )
+                )
+    return changes
+
+
+def find_shifts(
+    timelines: pl.DataFrame,
+    window_s: float,
+    dims: tuple[str, ...] = ("replica", "service", "model"),
+    config: ShiftConfig = ShiftConfig(),
+    seed: int = 0,
+) -> list[Change]:
+    """Shifts in ``timelines`` (collected), each in its narrowest scope, largest impact first.
+
+    ``window_s`` sets the candidate change times (window boundaries); ``dims`` the scopes
+    searched besides all traffic; ``seed`` the subsample of scopes above ``max_requests``.
+    """
+    cfg = config
+    frame = timelines.filter(pl.col("start").is_not_null()).sort("start")
+    if frame.height < 2 * cfg.min_side:
+        return []
+    search = _search(frame, window_s, dims, cfg)
+    changes = _changes(search, _detections(search, cfg, seed), window_s, cfg)
+    spread = max(cfg.cluster_windows * window_s, cfg.onset_spread_s)
+    changes = fold_explained(changes, frame, list(search.tested), spread, cfg)
+    leads = incidents(changes, cfg.onset_windows * window_s)
+    cap_reversals(leads)
+    return sorted(leads, key=lambda s: (-abs(s.impact_s), s.at))
+
+
+@dataclass(frozen=True)
+class StageShifts(Detector):
+    """A stage's p50 (else p90) moved, in its narrowest scope: ``find_shifts``."""
+
+    name = "stage_shift"
+    kind = "shift"
+    needs = ("start",)
+    config: ShiftConfig = ShiftConfig()
+
+    @property
+    def min_requests(self) -> int:  # type: ignore[override]
+        return 2 * self.config.min_side  # find_shifts needs this many, on the two sides of a change
+
+    def detect(self, frame: pl.DataFrame, ctx: Context) -> list[Shift]:
+        found = find_shifts(frame, ctx.window_s, dims=ctx.scopes, config=self.config, seed=ctx.seed)
+        return [change.finding() for change in found]

@@ -1,0 +1,144 @@
+"""One incident per onset (step 6 of the method in ``findings.shifts``): the change that
+explains the users' time heads it, the others are its consequences; a reversal never outranks
+the change it undoes."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from hopline.analyzer.findings.model import Consequence, Shift
+from hopline.analyzer.findings.shifts.stats import SHIFT_STAGES, Detection
+from hopline.analyzer.findings.shifts.words import summary
+
+# Stages a connection is held for once taken from the pool: when one of them rose at the same
+# moment, a pool wait is their consequence (connections busy = calls x time each is held).
+HELD_STAGES = tuple(s for s in SHIFT_STAGES if s != "connect")
+
+
+@dataclass
+class Change:
+    stage: str
+    scope: dict[str, str]
+    at: float  # Unix seconds: the first window boundary after the change
+    statistic: str
+    before_ms: float
+    after_ms: float
+    z: float
+    requests_after: int
+    context: dict = field(default_factory=dict)
+    until: float | None = None  # Unix seconds: where the change reverted, if it did
+    part: str | None = None  # for ``connect``: which of its parts moved (``CONNECT_PARTS``)
+    consequences: list[Change] = field(default_factory=list)  # shifts that started with this one
+    impact_cap_s: float | None = None  # this change undoes part of an earlier one: never more
+
+    @property
+    def factor(self) -> float:
+        return self.after_ms / self.before_ms if self.before_ms > 0 else math.inf
+
+    @property
+    def up(self) -> bool:
+        return self.after_ms > self.before_ms
+
+    @property
+    def own_impact_s(self) -> float:
+        """Users' time this stage's change added (or saved): (after - before) x requests it affected."""
+        return (self.after_ms - self.before_ms) / 1e3 * self.requests_after
+
+    @property
+    def impact_s(self) -> float:
+        """Users' time the incident cost: this change and its consequences (stages add up)."""
+        total = self.own_impact_s + sum(c.own_impact_s for c in self.consequences)
+        if self.impact_cap_s is not None and abs(total) > self.impact_cap_s:
+            total = math.copysign(self.impact_cap_s, total)
+        return total
+
+    def summary(self) -> str:
+        """Its sentence (``words.summary``)."""
+        return summary(self)
+
+    def finding(self) -> Shift:
+        """The typed finding, said in its own words."""
+        return Shift(
+            summary=self.summary(),
+            stage=self.stage,
+            scope=self.scope,
+            at=self.at,
+            statistic=self.statistic,
+            before_ms=self.before_ms,
+            after_ms=self.after_ms,
+            z=self.z,
+            affected_requests=self.requests_after,
+            impact_s=self.impact_s,
+            factor=self.factor if math.isfinite(self.factor) else None,
+            part=self.part,
+            until=self.until,
+            with_=tuple(
+                Consequence(c.stage, c.part, c.at, c.statistic, c.before_ms, c.after_ms, c.own_impact_s)
+                for c in self.consequences
+            ),
+            context=self.context,
+        )
+
+
+def _holds_connections(shift: Change, others: list[Change]) -> bool:
+    """A pool wait that rose while a stage a connection is held for rose too: its consequence."""
+    return (
+        shift.part == "pool_wait"
+        and shift.up
+        and any(o.stage in HELD_STAGES and o.up for o in others if o is not shift)
+    )
+
+
+def incidents(shifts: list[Change], within_s: float) -> list[Change]:
+    """Shifts of one scope starting within ``within_s`` of each other are one incident, said from
+    the change that explains the users' time: the largest one, except that a client's pool
+    wait follows from the stages its connections are held for. The others are its consequences
+    (``with``), no longer stages that merely moved or stayed put in its context."""
+    groups: list[list[Change]] = []
+    for shift in sorted(shifts, key=lambda s: s.at):
+        group = next(
+            (g for g in groups if g[0].scope == shift.scope and shift.at - g[0].at <= within_s), None
+        )
+        if group is None:
+            groups.append([shift])
+        else:
+            group.append(shift)
+    leads = []
+    for group in groups:
+        lead = min(group, key=lambda s: (_holds_connections(s, group), -abs(s.own_impact_s)))
+        lead.consequences = sorted((s for s in group if s is not lead), key=lambda s: -abs(s.own_impact_s))
+        said = {s.stage for s in lead.consequences}
+        lead.context["unchanged"] = [s for s in lead.context.get("unchanged", []) if s not in said]
+        lead.context["moved"] = {k: v for k, v in lead.context.get("moved", {}).items() if k not in said}
+        leads.append(lead)
+    return leads
+
+
+def cap_reversals(shifts: list[Change]) -> None:
+    """A change that undoes part of an earlier one in the same stage and scope (a burst's end that
+    did not come all the way back: it moves the other way, and no further than the earlier one
+    moved) never outranks the change it undoes."""
+    for shift in sorted(shifts, key=lambda s: s.at):
+        undone = [
+            s
+            for s in shifts
+            if s.stage == shift.stage
+            and s.scope == shift.scope
+            and s.at < shift.at
+            and s.up != shift.up
+            and abs(shift.after_ms - shift.before_ms) <= abs(s.after_ms - s.before_ms)
+        ]
+        if undone:
+            shift.impact_cap_s = abs(max(undone, key=lambda s: s.at).impact_s)
+
+
+def clusters(dets: list[Detection], within_s: float) -> list[list[Detection]]:
+    """Detections of one stage grouped by time: one change seen from several scopes."""
+    groups: list[list[Detection]] = []
+    for det in sorted(dets, key=lambda d: d.at):
+        if groups and det.at - groups[-1][0].at <= within_s:
+            groups[-1].append(det)
+        else:
+            groups.append([det])
+    return groups

@@ -1,0 +1,141 @@
+"""Where a change lives: the narrowest scope (step 4 of the method in ``findings.shifts``), one
+cell of two attributes, and one change seen from several scopes said once (step 5)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import polars as pl
+from hopline.analyzer.findings.shifts.incidents import Change
+from hopline.analyzer.findings.shifts.stats import Detection, ShiftConfig, after_change, detect, moved_at
+
+MAX_CELL_VALUES = 8  # a second scope attribute refines a hit only when it has at most this many values
+
+
+def narrowest(
+    found: list[Detection], tested: dict[str, list[str]], frames: dict[str, pl.DataFrame], cfg: ShiftConfig
+) -> list[Detection]:
+    """For one stage: the scopes the change lives in (see module docstring, step 4).
+
+    A dimension explains the change when some of its values moved and the others, seen on both
+    sides of it, did not move even half as much (in log terms) at the same time.
+    """
+    overall = [d for d in found if not d.scope]
+    best: list[Detection] = []
+    for dim, values in tested.items():
+        hits = [d for d in found if dim in d.scope]
+        hit_values = {d.scope[dim] for d in hits}
+        if not hits or len(hit_values) == len(values):
+            continue
+        weakest = min(abs(math.log(d.factor_estimate)) for d in hits)
+        others = [moved_at(frames[key({dim: v})], hits[0], cfg) for v in values if v not in hit_values]
+        if any(r is None or r > weakest / 2 for r in others):
+            continue
+        if not best or max(d.z**2 for d in hits) > max(d.z**2 for d in best):
+            best = hits
+    if best and (not overall or all(d.up == overall[0].up for d in best)):
+        return best
+    if overall:
+        return overall
+    by_dim = [[d for d in found if dim in d.scope] for dim in tested]
+    return next((hits for hits in by_dim if hits), [])
+
+
+def cell(
+    det: Detection,
+    tested: dict[str, list[str]],
+    frames: dict[str, pl.DataFrame],
+    boundaries: np.ndarray,
+    z_crit: float,
+    cfg: ShiftConfig,
+    within_s: float,
+) -> Detection:
+    """``det`` (one attribute's value) confined to one cell of a second attribute when exactly one
+    cell moved and the others, seen on both sides, did not move even half as much: the rule of
+    ``narrowest`` one level down. The cell's own detection at the change (as significant as any)
+    replaces ``det``; its frame lands in ``frames``. Else ``det`` itself."""
+    if len(det.scope) != 1:
+        return det
+    ((dim, value),) = det.scope.items()
+    scope_frame = frames[key(det.scope)]
+    weakest = abs(math.log(det.factor_estimate))
+    for other, values in tested.items():
+        if other == dim or len(values) > MAX_CELL_VALUES:
+            continue
+        cells = {v: scope_frame.filter(pl.col(other).cast(pl.String) == v) for v in values}
+        cells = {v: f for v, f in cells.items() if f.height >= 2 * cfg.min_side}
+        if len(cells) < 2:
+            continue  # the scope has one value of it (model follows service, say): nothing to refine
+        moved = {v: moved_at(f, det, cfg) for v, f in cells.items()}
+        if any(r is None for r in moved.values()):
+            continue
+        hit = [v for v, r in moved.items() if r > weakest / 2]
+        if len(hit) != 1:
+            continue
+        order = list(tested)  # the scope's attributes in the order they are searched (replica first)
+        scope = dict(sorted({dim: value, other: hit[0]}.items(), key=lambda kv: order.index(kv[0])))
+        frame = cells[hit[0]]
+        tested_frame = frame  # a seeded subsample beyond ``max_requests``, as for every scope
+        if frame.height > cfg.max_requests:
+            tested_frame = frame.sample(cfg.max_requests, seed=0).sort("start")
+        t, x = tested_frame["start"].to_numpy(), tested_frame[det.stage].to_numpy()
+        keep = ~np.isnan(x)
+        near = [
+            d
+            for d in detect(t[keep], x[keep], boundaries, z_crit, cfg, det.stage, scope)
+            if d.up == det.up and abs(d.at - det.at) <= within_s
+        ]
+        if near:
+            frames[key(scope)] = frame
+            best = min(near, key=lambda d: abs(d.at - det.at))
+            best.after_n = round(best.after_n * frame.height / tested_frame.height)  # requests, not sampled
+            return best
+    return det
+
+
+def in_scope(scope: dict[str, str]) -> pl.Expr:
+    return pl.all_horizontal([pl.col(k).cast(pl.String) == v for k, v in scope.items()] or [pl.lit(True)])
+
+
+def explains(a: Change, b: Change, frame: pl.DataFrame, spread_s: float, cfg: ShiftConfig) -> bool:
+    """Whether ``a``'s change holds ``b``'s: the same stage moving the same way, onsets within
+    ``spread_s``, and ``b``'s requests outside ``a``'s scope did not move even half as much (in
+    log terms) at ``b``'s time, or are too few to tell (``b``'s scope lies inside ``a``'s)."""
+    if a.stage != b.stage or a.up != b.up or a.scope == b.scope or abs(a.at - b.at) > spread_s:
+        return False
+    rest = frame.filter(in_scope(b.scope) & ~in_scope(a.scope).fill_null(False))
+    after = rest.filter(after_change(b)).height  # type: ignore[arg-type]  # a Change has what after reads
+    if min(rest.height - after, after) < cfg.min_side:
+        return True
+    moved = moved_at(rest, b, cfg)  # type: ignore[arg-type]
+    return moved is not None and moved <= abs(math.log(max(b.factor, 1e-9))) / 2
+
+
+def fold_explained(
+    shifts: list[Change], frame: pl.DataFrame, order: list[str], spread_s: float, cfg: ShiftConfig
+) -> list[Change]:
+    """Step 4 across onsets: one change seen from several scopes at moments a few windows apart
+    (a queue that builds up shows at 19:41:50 for service batch-eval, 19:41:59 on replica r2 and
+    19:42:03 for all traffic) is said once, in the scope that holds it: a shift another one
+    explains (``explains``) is dropped, unless it explains that one too; then the one with fewer
+    requests stays, on a tie the one whose attribute is searched first (replica first)."""
+
+    def rank(shift: Change) -> tuple[int, list[int]]:
+        size = frame.filter(in_scope(shift.scope)).height
+        return size, sorted(order.index(k) if k in order else len(order) for k in shift.scope)
+
+    kept: list[Change] = []
+    for b in shifts:
+        others = (a for a in shifts if a is not b)
+        if not any(
+            explains(a, b, frame, spread_s, cfg)
+            and (not explains(b, a, frame, spread_s, cfg) or rank(a) < rank(b))
+            for a in others
+        ):
+            kept.append(b)
+    return kept
+
+
+def key(scope: dict[str, str]) -> str:
+    return repr(sorted(scope.items()))

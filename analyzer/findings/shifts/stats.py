@@ -1,0 +1,322 @@
+"""The statistics of a shift: a rank test at every window boundary, binary segmentation, and
+the edges of a burst (steps 1-3 of the method in ``findings.shifts``)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+from hopline.analyzer.attribution import TTFT_PARTS
+
+SHIFT_STAGES = TTFT_PARTS + ("decode",)
+
+
+STATISTICS = {"p50": 50, "p90": 90}  # a shift's statistic (the p50, else the p90) as a percentile
+
+
+RANK_RESOLUTION_S = 1e-3  # values are ranked to the millisecond (min_abs_ms is 5)
+
+
+RETURN_REMAINDER = 0.05  # a burst's end that leaves at most this share of its change is a return
+
+
+@dataclass(frozen=True)
+class ShiftConfig:
+    """Thresholds. Tuned on stationary and injected logs of seeds 0-9 only."""
+
+    min_factor: float = 1.5  # p50 (or p90) after / before, or its inverse
+    min_abs_ms: float = 5.0  # and at least this many ms apart
+    min_side: int = 50  # requests on each side of the split
+    alpha: float = 1e-3  # family-wise, Bonferroni over scopes x stages x candidate splits
+    max_depth: int = 3  # binary segmentation: up to 2**4 - 1 change points per scope and stage
+    cluster_windows: float = 3.0  # detections in different scopes this close are one change
+    max_requests: int = 200_000  # per scope; a seeded subsample beyond (plenty for a rank test)
+    unchanged_within: float = 0.15  # another stage within ±15% counts as unchanged
+    notable_change: float = 0.2  # a covariate that moved 20% or more is mentioned
+    onset_windows: float = 1.0  # shifts of one scope starting this close are one incident
+    onset_spread_s: float = 15.0  # one change's onset as seen from different scopes (a queue builds up)
+
+
+def _average_ranks(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Ranks 1..n, ties sharing their average rank (as Mann-Whitney wants), and the size of each
+    group of equal values (for the variance's tie correction)."""
+    order = np.argsort(values, kind="stable")
+    sorted_vals = values[order]
+    _, first, counts = np.unique(sorted_vals, return_index=True, return_counts=True)
+    avg = first + (counts + 1) / 2.0  # average of ranks first+1 .. first+count
+    ranks = np.empty(len(values))
+    ranks[order] = np.repeat(avg, counts)
+    return ranks, counts
+
+
+def split_z(values: np.ndarray, splits: np.ndarray) -> np.ndarray:
+    """Mann-Whitney z of "after > before" for each split index k (before = values[:k]), with the
+    variance corrected for ties."""
+    n = len(values)
+    ranks, counts = _average_ranks(values)
+    cum = np.concatenate(([0.0], np.cumsum(ranks)))
+    k = splits.astype(np.float64)
+    u_before = cum[splits] - k * (k + 1) / 2
+    mean = k * (n - k) / 2
+    tied = counts.astype(np.float64)
+    ties = float(np.sum(tied**3 - tied)) / (n * (n - 1)) if n > 1 else 0.0
+    sd = np.sqrt(np.maximum(k * (n - k) / 12.0 * ((n + 1) - ties), 1e-300))
+    return (mean - u_before) / sd
+
+
+def z_threshold(alpha: float, tests: int) -> float:
+    """Two-sided normal critical value for ``alpha / tests`` (bisection on erfc)."""
+    target = alpha / max(tests, 1)
+    lo, hi = 0.0, 40.0
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        if math.erfc(mid / math.sqrt(2)) > target:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+@dataclass
+class Detection:
+    stage: str
+    scope: dict[str, str]
+    at: float
+    statistic: str
+    before_ms: float
+    after_ms: float
+    z: float
+    after_n: int
+    until: float | None = None  # the change reverted here (a transient incident)
+    index: int = 0  # the first request after the change, in the scope's sorted requests
+    before_index: int = 0  # the first request of the segment before it
+
+    @property
+    def up(self) -> bool:
+        return self.after_ms > self.before_ms
+
+    @property
+    def factor_estimate(self) -> float:
+        return max(self.after_ms, 1e-9) / max(self.before_ms, 1e-9)
+
+
+def _change_points(
+    t: np.ndarray,
+    x: np.ndarray,
+    boundaries: np.ndarray,
+    z_crit: float,
+    cfg: ShiftConfig,
+    lo: int,
+    hi: int,
+    depth: int = 0,
+) -> list[tuple[int, float, float]]:
+    """Binary segmentation: ``(index, boundary, z)`` of every significant split of x[lo:hi]."""
+    n = hi - lo
+    if n < 2 * cfg.min_side or depth > cfg.max_depth:
+        return []
+    inside = boundaries[(boundaries > t[lo]) & (boundaries <= t[hi - 1])]
+    ks = np.searchsorted(t[lo:hi], inside)  # requests before each boundary
+    ok = (ks >= cfg.min_side) & (ks <= n - cfg.min_side)
+    if not ok.any():
+        return []
+    ks, inside = ks[ok], inside[ok]
+    z = split_z(x[lo:hi], ks)
+    best = int(np.argmax(np.abs(z)))
+    if abs(z[best]) < z_crit:
+        return []
+    k = lo + int(ks[best])
+    return (
+        _change_points(t, x, boundaries, z_crit, cfg, lo, k, depth + 1)
+        + [(k, float(inside[best]), float(z[best]))]
+        + _change_points(t, x, boundaries, z_crit, cfg, k, hi, depth + 1)
+    )
+
+
+def _effect(
+    before: np.ndarray, after: np.ndarray, z: float, cfg: ShiftConfig
+) -> tuple[str, float, float] | None:
+    """(statistic, before ms, after ms) when the p50 — else the p90 — moved enough for a user."""
+    for statistic, q in STATISTICS.items():
+        b, a = np.percentile(before, q) * 1e3, np.percentile(after, q) * 1e3
+        lo, hi = min(a, b), max(a, b)
+        if hi - lo >= cfg.min_abs_ms and (lo <= 0 or hi / lo >= cfg.min_factor) and (a > b) == (z > 0):
+            return statistic, float(b), float(a)
+    return None
+
+
+def detect(
+    t: np.ndarray,
+    x: np.ndarray,
+    boundaries: np.ndarray,
+    z_crit: float,
+    cfg: ShiftConfig,
+    stage: str,
+    scope: dict[str, str],
+) -> list[Detection]:
+    """Changes of one stage in one scope; a change that reverts later is one detection with
+    ``until`` (its before / after are the segments next to it, so a burst is not diluted)."""
+    # ranked at RANK_RESOLUTION_S: a trend among values no user tells apart (a queue of 0.035 ms
+    # easing to 0.011 after a flood) must not decide where a split falls
+    cps = _change_points(t, np.round(x / RANK_RESOLUTION_S), boundaries, z_crit, cfg, 0, len(x))
+    edges = [0] + [k for k, _, _ in cps] + [len(x)]
+    found: list[Detection | None] = []
+    first = 0  # index of the change point where the current run of same-direction steps began
+    for i, (k, at, z) in enumerate(cps):
+        prev = found[-1] if found else None
+        if prev is not None and (z > 0) == prev.up:
+            # the same stage moving the same way again right after: a change in steps (a ramp) is
+            # one change, from the segment before its first step to the segment after its last
+            effect = _effect(x[edges[first] : edges[first + 1]], x[k : edges[i + 2]], z, cfg)
+            if effect is not None:
+                start = edges[first + 1]
+                found[-1] = Detection(
+                    stage,
+                    scope,
+                    prev.at,
+                    *effect,
+                    max(prev.z, z, key=abs),
+                    edges[i + 2] - start,
+                    index=start,
+                    before_index=edges[first],
+                )
+                continue
+        effect = _effect(x[edges[i] : k], x[k : edges[i + 2]], z, cfg)
+        found.append(
+            None
+            if effect is None
+            else Detection(stage, scope, at, *effect, z, edges[i + 2] - k, index=k, before_index=edges[i])
+        )
+        first = i
+    # A burst ends at the first later change that brings the stage back; the steps between (it
+    # eased or rose again on the way, or moved too little for a user: None) are part of it.
+    real = [det for det in found if det is not None]
+    out: list[Detection] = []
+    i = 0
+    while i < len(real):
+        det = real[i]
+        end = next(
+            (j for j in range(i + 1, len(real)) if real[j].up != det.up and _returns(det, real[j], cfg)), None
+        )
+        out.append(det)
+        if end is None:
+            i += 1
+            continue
+        _settle_burst(t, x, boundaries, det, real[end], cfg)  # one finding from its onset, with its end
+        i = end + 1
+    return out
+
+
+def _settle_burst(
+    t: np.ndarray, x: np.ndarray, boundaries: np.ndarray, det: Detection, end: Detection, cfg: ShiftConfig
+) -> None:
+    """``det`` as the burst that ``end`` ends: its ``until``, and its onset and end placed where
+    the burst's requests part from those around it.
+
+    Binary segmentation keeps ``min_side`` requests on each side of a split. When a scope has
+    fewer than that in a burst (2-3 chat requests a window during a real vLLM's flood), a split
+    next to it can only fall at the ``min_side``-th request from the burst's other edge: the end
+    windows after the stage came back, or the onset windows before it moved. And where a burst
+    parts cleanly from its surroundings, every boundary in the gap between them splits the ranks
+    perfectly, and the rank test's |z| then prefers the more even split: a last queued request
+    (1.3 s against 0.0 after and 2.8 s in the flood) was left out of its burst.
+
+    Once the burst is known (significant, and back), each edge is the boundary between the
+    segments next to it with the fewest requests on the wrong side of it: a request belongs to the
+    burst when it is nearer the burst's level than the level around it, in log terms (values
+    floored at ``min_abs_ms``). The end is placed first (against the segment after ``end``), then the onset
+    (against the segment before ``det``); the before / after values are then the segments' own."""
+    q = STATISTICS[det.statistic]
+    ms = x * 1e3
+    hi = end.index + end.after_n
+    until = edge(
+        t, ms, boundaries[(boundaries > det.at) & (boundaries <= t[hi - 1])], det.index, hi,
+        _level(ms[det.index : end.index], q), _level(ms[end.index : hi], q), cfg, burst_first=True,
+    )  # fmt: skip
+    det.until = end.at if until is None else until
+    stop = int(np.searchsorted(t, det.until))
+    around = boundaries[(boundaries > t[det.before_index]) & (boundaries < det.until)]
+    at = edge(
+        t, ms, around, det.before_index, stop,
+        _level(ms[det.index : stop], q), _level(ms[det.before_index : det.index], q), cfg, burst_first=False,
+    )  # fmt: skip
+    if at is not None:
+        det.at, det.index = at, int(np.searchsorted(t, at))
+    det.before_ms = _level(ms[det.before_index : det.index], q)
+    det.after_ms = _level(ms[det.index : stop], q)
+    det.after_n = stop - det.index
+
+
+def _level(ms: np.ndarray, q: float) -> float:
+    return float(np.percentile(ms, q))
+
+
+def edge(
+    t: np.ndarray,
+    ms: np.ndarray,
+    candidates: np.ndarray,
+    lo: int,
+    hi: int,
+    burst_ms: float,
+    around_ms: float,
+    cfg: ShiftConfig,
+    burst_first: bool,
+) -> float | None:
+    """The one of ``candidates`` that splits ms[lo:hi] into the burst and the rest around it
+    (``burst_first``: the burst before the split) with the fewest requests on the wrong side, and
+    some on each side. Of boundaries as good, the one nearest the burst: the burst is as short as
+    its requests allow, so a stray slow request before it cannot pull its onset earlier."""
+    ks = np.searchsorted(t[lo:hi], candidates)
+    keep = (ks > 0) & (ks < hi - lo)
+    if not keep.any():
+        return None
+    candidates, ks = candidates[keep], ks[keep]
+    floor = cfg.min_abs_ms
+    split = math.sqrt(max(burst_ms, floor) * max(around_ms, floor))  # the levels' midpoint, in log terms
+    part = ms[lo:hi]
+    in_burst = part > split if burst_ms > around_ms else part < split
+    seen = np.concatenate(([0], np.cumsum(in_burst)))  # burst-like requests before each index
+    before_k, after_k = seen[ks], seen[-1] - seen[ks]
+    if burst_first:  # the rest-like before the split, the burst-like after it
+        wrong = (ks - before_k) + after_k
+        return float(candidates[int(np.argmin(wrong))])
+    wrong = before_k + ((hi - lo - ks) - after_k)
+    return float(candidates[len(wrong) - 1 - int(np.argmin(wrong[::-1]))])
+
+
+def _near(value_ms: float, level_ms: float, cfg: ShiftConfig) -> bool:
+    """Whether ``value_ms`` is at ``level_ms`` for a user: within ``min_factor`` or ``min_abs_ms``."""
+    ratio = max(value_ms, 1e-9) / max(level_ms, 1e-9)
+    return max(ratio, 1 / ratio) < cfg.min_factor or abs(value_ms - level_ms) < cfg.min_abs_ms
+
+
+def _returns(det: Detection, nxt: Detection, cfg: ShiftConfig) -> bool:
+    """Whether ``nxt`` brings ``det``'s stage back to where it was before ``det``: within
+    ``min_factor``, within ``min_abs_ms`` (from a near-zero baseline, 0.3 → 115 → 0.7 ms is a
+    return although 0.7 / 0.3 is not within any factor), or with at most ``RETURN_REMAINDER`` of
+    the change left (a real vLLM's flood: queue 0.0 → 4969 → 37 ms; 10x → 2x leaves 11%: a change
+    of its own)."""
+    left = abs(nxt.after_ms - det.before_ms)
+    return _near(nxt.after_ms, det.before_ms, cfg) or left <= RETURN_REMAINDER * abs(
+        det.after_ms - det.before_ms
+    )
+
+
+def after_change(det: Detection) -> pl.Expr:
+    after = pl.col("start") >= det.at
+    return after if det.until is None else after & (pl.col("start") < det.until)
+
+
+def moved_at(frame: pl.DataFrame, det: Detection, cfg: ShiftConfig) -> float | None:
+    """|log(after / before)| of ``det``'s statistic, at ``det``'s time, in another scope's
+    requests (``inf`` for a move from or to zero); None when that scope has no requests on one
+    side: a value that was not there cannot show that it stayed put."""
+    q = STATISTICS[det.statistic] / 100
+    before = frame.filter(pl.col("start") < det.at)[det.stage].quantile(q, "linear")
+    after = frame.filter(after_change(det))[det.stage].quantile(q, "linear")
+    if before is None or after is None:
+        return None
+    if before <= 0 or after <= 0:
+        return 0.0 if abs(after - before) * 1e3 < cfg.min_abs_ms else math.inf
+    return abs(math.log(after / before))

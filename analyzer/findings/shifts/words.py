@@ -1,0 +1,130 @@
+"""How a shift is said: "queue time tripled at 10:05 on replica r2 (p50 60 → 185 ms); prefill
+and decode unchanged; arrivals on r2 up 45%" (the shift detector owns its wording)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+from hopline.middleware.contract.rules import LOOK, STAGE_ORDER
+
+if TYPE_CHECKING:
+    from hopline.analyzer.findings.shifts.incidents import Change
+
+# How a stage is said in a sentence (the rule book's vocabulary), plus the part of ``connect``
+# that is the client's own pool wait (see CONNECT_PARTS).
+STAGE_WORDS = {name: LOOK[name].words for name in STAGE_ORDER} | {"pool_wait": "client pool wait"}
+
+
+PART_MEANING = {"pool_wait": "the client waited for a connection from its pool"}
+
+
+# name: (words, format of one value); a covariate is said as a percentage or as before → after.
+COVARIATE_WORDS = {
+    "arrivals_per_s": ("arrivals", "{:.1f}/s"),
+    "concurrency": ("concurrency", "{:.1f}"),
+    "prompt_tokens_p50": ("prompt length", "{:.0f} tokens"),
+    "cache_hit_ratio": ("cache hits", "{:.0%}"),
+}
+
+
+SPOKEN_FACTOR = 10.0  # beyond 10x either way a change reads better as its two values
+
+
+PERCENT_RANGE = (0.5, 2.0)  # a co-mover's ratio said as a percentage; outside it, as two values
+
+
+def clock(ts: float) -> str:
+    moment = datetime.fromtimestamp(round(ts), tz=UTC)
+    return moment.strftime("%H:%M" if moment.second == 0 else "%H:%M:%S")
+
+
+def ms(value: float) -> str:
+    return f"{value:.0f}" if value >= 10 else f"{value:.1f}"
+
+
+def headline_words(before_ms: float, after_ms: float, statistic: str) -> tuple[str, str]:
+    """("tripled", "(p50 40 → 120 ms)"), or the two values when no factor reads well:
+    ("rose from 0.3 to 115 ms", "(p50)") — a factor from a near-zero baseline says nothing."""
+    direction = "rose" if after_ms > before_ms else "fell"
+    if before_ms <= 0:
+        return f"rose from zero to {ms(after_ms)} ms", f"({statistic})"
+    factor = after_ms / before_ms
+    if after_ms <= 0 or not 1 / SPOKEN_FACTOR <= factor <= SPOKEN_FACTOR:
+        return f"{direction} from {ms(before_ms)} to {ms(after_ms)} ms", f"({statistic})"
+    return _factor_words(factor), f"({statistic} {ms(before_ms)} → {ms(after_ms)} ms)"
+
+
+def _factor_words(factor: float) -> str:
+    for target, word in ((2, "doubled"), (3, "tripled"), (4, "quadrupled")):
+        if abs(factor / target - 1) <= 0.08:
+            return word
+    if abs(factor * 2 - 1) <= 0.08:
+        return "halved"
+    return f"rose {factor:.1f}×" if factor > 1 else f"fell {1 / factor:.1f}×"
+
+
+def change_words(before: float, after: float, show: Callable[[float], str]) -> str:
+    """ "up 45%" while the ratio is within ``PERCENT_RANGE``, else "0.3 ms → 115 ms": a percentage
+    from a near-zero baseline ("up 5372911%") tells a reader nothing."""
+    if before > 0 and PERCENT_RANGE[0] <= after / before <= PERCENT_RANGE[1]:
+        change = after / before - 1
+        return f"up {change * 100:.0f}%" if change >= 0 else f"down {-change * 100:.0f}%"
+    return f"{show(before)} → {show(after)}"
+
+
+def ms_words(value: float) -> str:
+    return f"{ms(value)} ms"
+
+
+def short(name: str) -> str:
+    return STAGE_WORDS.get(name, name).replace(" time", "")
+
+
+def join(names: list[str]) -> str:
+    words = [short(n) for n in names]
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
+def scope_value(scope: dict[str, str]) -> str:
+    return ", ".join(scope.values())
+
+
+def scope_words(scope: dict[str, str]) -> str:
+    """``replica r2``; a cell of two attributes ``replica r2 for model m1``."""
+    return " for ".join(f"{k} {v}" for k, v in scope.items())
+
+
+def label(shift: Change) -> str:
+    """How the stage (or, for ``connect``, the part of it) that moved is said."""
+    return STAGE_WORDS.get(shift.part or shift.stage, shift.stage)
+
+
+def summary(shift: Change) -> str:
+    """The shift's one sentence: what moved, when, where, by how much, and what moved with it."""
+    where = scope_words(shift.scope)
+    change, values = headline_words(shift.before_ms, shift.after_ms, shift.statistic)
+    text = (
+        f"{label(shift)} {change} at {clock(shift.at)}"
+        f"{'' if shift.until is None else ' until ' + clock(shift.until)}"
+        f"{' on ' + where if where else ''} {values}"
+    )
+    if shift.part in PART_MEANING:
+        text += f": {PART_MEANING[shift.part]}"
+    if shift.consequences:
+        text += "; with it, " + ", ".join(
+            f"{short(c.part or c.stage)} {c.statistic} {ms(c.before_ms)} → {ms(c.after_ms)} ms"
+            for c in shift.consequences
+        )
+    unchanged = shift.context.get("unchanged", [])
+    if unchanged:
+        text += f"; {join(unchanged)} unchanged"
+    for name, moved in shift.context.get("moved", {}).items():
+        text += f"; {short(name)} {change_words(moved['before_ms'], moved['after_ms'], ms_words)}"
+    before, after = shift.context.get("before", {}), shift.context.get("after", {})
+    for name in shift.context.get("moved_with", {}):
+        said, unit = COVARIATE_WORDS[name]
+        on = f" on {scope_value(shift.scope)}" if shift.scope else ""
+        text += f"; {said}{on} {change_words(before[name], after[name], unit.format)}"
+    return text
