@@ -37,10 +37,16 @@ def _epoch(value: Any) -> Any:
 # A time: Unix seconds in Python, ISO-8601 UTC to the second in the JSON (and its schema).
 Time = Annotated[float, BeforeValidator(_epoch), PlainSerializer(iso_utc, return_type=str)]
 Scope = dict[str, str]
+Evidence = dict[str, float | int | str | None]
 
 
 def _round(value: float | None, digits: int) -> float | None:
     return None if value is None else round(value, digits)
+
+
+def _doc(text: str) -> Field:
+    """A key's meaning: in the schema's ``description`` and in docs/findings.md."""
+    return Field(description=text)
 
 
 @with_config(ConfigDict(extra="forbid"))
@@ -48,13 +54,13 @@ def _round(value: float | None, digits: int) -> float | None:
 class Consequence:
     """A shift of the same scope that began with a ``Shift``: said as its consequence (``with``)."""
 
-    stage: str
-    part: str | None
-    at: Time
-    statistic: str
-    before_ms: float
-    after_ms: float
-    impact_s: float  # its own users' seconds
+    stage: Annotated[str, _doc("the stage that moved with it")]
+    part: Annotated[str | None, _doc("for connect: which part moved, else null")]
+    at: Annotated[Time, _doc("ISO-8601 UTC to the second: when it began")]
+    statistic: Annotated[str, _doc("p50 or p90")]
+    before_ms: Annotated[float, _doc("before, ms")]
+    after_ms: Annotated[float, _doc("after, ms")]
+    impact_s: Annotated[float, _doc("its own users' seconds at stake")]
 
     def to_json(self) -> dict:
         return {
@@ -73,29 +79,58 @@ def _with(phrase: str, other: str) -> str:
     return f"; with it, {phrase.split('; ')[0]} ({other})"
 
 
-@with_config(ConfigDict(extra="forbid"))
-@dataclass(frozen=True)
-class Shift:
-    """A stage's statistic moved at ``at`` (until ``until``, when it came back) in ``scope``."""
+SHARE_DOC = (
+    "abs(impact_s) over the users' total time: their e2e for a finding spent in decode, else their wait "
+    "for the first output (TTFT, or a non-streaming request's e2e); on top-level findings only"
+)
 
-    summary: str  # the shift detector's own sentence (``sentence`` adds its relations)
-    stage: str
-    scope: Scope
-    at: Time  # the first window boundary after the change
-    statistic: str  # p50, else p90
-    before_ms: float
-    after_ms: float
-    z: float
-    affected_requests: int
-    impact_s: float  # users' seconds its incident cost (it and its ``with``)
-    factor: float | None  # after / before; None from a zero baseline
-    part: str | None = None  # for ``connect``: which of its parts moved
-    until: Time | None = None
-    with_: Annotated[tuple[Consequence, ...], Field(alias="with")] = ()
-    context: dict[str, Any] = field(default_factory=dict)  # what moved with it
-    with_pitfalls: tuple[Pitfall, ...] = ()  # pitfalls this rise brought (``rank``)
-    share_of_users_time: float | None = None  # decided by ``rank``, for top-level findings
-    kind: Literal["shift"] = "shift"
+
+@with_config(ConfigDict(extra="forbid"))
+@dataclass(frozen=True, kw_only=True)
+class Shift:
+    """A stage's statistic moved at ``at`` (until ``until``, when it came back) in ``scope``.
+    Fields in the order of the JSON's keys."""
+
+    kind: Annotated[Literal["shift"], _doc("shift")] = "shift"
+    summary: Annotated[str, _doc("one sentence (with the pitfalls it brought, said after it)")]
+    stage: Annotated[str, _doc("the stage that moved")]
+    part: Annotated[
+        str | None,
+        _doc("for connect: which part moved (pool_wait: the client's own pool; connect: new connections), else null"),
+    ] = None
+    at: Annotated[Time, _doc("ISO-8601 UTC to the second: the start of the first window after the change")]
+    until: Annotated[Time | None, _doc("when a burst ended (null: it lasted to the end of the log)")] = None
+    scope: Annotated[
+        Scope,
+        _doc(
+            "the narrowest scope the change is confined to ({} for all traffic; two attributes, e.g. "
+            "{replica, model}, when it is confined to one cell of them)"
+        ),
+    ]
+    statistic: Annotated[str, _doc("p50 or p90: the quantile that moved most clearly")]
+    before_ms: Annotated[float, _doc("before, ms")]
+    after_ms: Annotated[float, _doc("after, ms")]
+    factor: Annotated[float | None, _doc("after / before (null from a zero baseline)")]
+    z: Annotated[float, _doc("the rank test's z score")]
+    affected_requests: Annotated[int, _doc("requests after the change in the scope")]
+    impact_s: Annotated[float, _doc("users' seconds at stake (for ordering; the sum over the shifts it heads)")]
+    with_: Annotated[
+        tuple[Consequence, ...],
+        Field(
+            alias="with",
+            description="shifts in the same scope that began with it, said as its consequences: stage, part, "
+            "at, statistic, before_ms, after_ms, impact_s",
+        ),
+    ] = ()
+    with_pitfalls: Annotated[
+        tuple[Pitfall, ...],
+        _doc(
+            "pitfalls this rise brought with it, e.g. a long_prefill_stall after a prefill rise: whole "
+            "pitfall findings, listed here instead of among the findings"
+        ),
+    ] = ()
+    context: Annotated[dict[str, Any], _doc("what moved with it: other stages, load")] = field(default_factory=dict)
+    share_of_users_time: Annotated[float | None, _doc(SHARE_DOC)] = None
 
     @property
     def up(self) -> bool:
@@ -142,25 +177,34 @@ class Shift:
         return out
 
 
-Evidence = dict[str, float | int | str | None]
-
-
 @with_config(ConfigDict(extra="forbid"))
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Pitfall:
-    """A known way serving goes wrong, seen in ``scope``, with the numbers behind it."""
+    """A known way serving goes wrong, seen in ``scope``, with the numbers behind it. Fields in
+    the order of the JSON's keys."""
 
-    name: str  # the detector's name
-    summary: str  # the detector's own sentence (``sentence`` adds its relations)
-    scope: Scope
-    affected_requests: int
-    evidence: Evidence
-    impact_s: float  # its own users' seconds at stake, rounded to the ms
-    spent_in: str  # the stage those seconds are spent in (decode, connect, network or gateway)
-    at: Time | None = None  # when it began, for the pitfalls that know
-    with_shifts: tuple[Shift, ...] = ()  # rises this pitfall brought (``rank``)
-    share_of_users_time: float | None = None  # decided by ``rank``, for top-level findings
-    kind: Literal["pitfall"] = "pitfall"
+    kind: Annotated[Literal["pitfall"], _doc("pitfall")] = "pitfall"
+    summary: Annotated[str, _doc("one sentence (with the rises it brought, said after it)")]
+    name: Annotated[str, _doc("the detector that found it")]
+    scope: Annotated[Scope, _doc("where it was seen")]
+    affected_requests: Annotated[int, _doc("requests it concerns")]
+    evidence: Annotated[Evidence, _doc("the numbers behind it")]
+    impact_s: Annotated[
+        float, _doc("users' seconds at stake (for ordering), with those of the rises it brought (with_shifts)")
+    ]
+    spent_in: Annotated[str, _doc("the stage those seconds are spent in (decode, connect, network or gateway)")]
+    at: Annotated[
+        Time | None, _doc("ISO-8601 UTC: when it began (long_prefill_stall: its first long prefill), null for the others")
+    ] = None
+    with_shifts: Annotated[
+        tuple[Shift, ...],
+        _doc(
+            "rises this pitfall brought with it, e.g. a queue rise behind the long prefills of a "
+            "long_prefill_stall (most of its queued seconds spent while one ran on the replica): whole shift "
+            "findings, listed here instead of among the findings; impact_s includes theirs"
+        ),
+    ] = ()
+    share_of_users_time: Annotated[float | None, _doc(SHARE_DOC + "; spent_in is its stage")] = None
 
     @property
     def cost_s(self) -> float:

@@ -1,8 +1,9 @@
 """docs/contract.md, generated from the contract and the rule book so it cannot drift.
 
 ``python -m hopline.middleware.contract.docs > docs/contract.md`` writes it; a test regenerates it and
-fails when the file differs, and checks that every key the analyzer's JSON holds is documented
-here. The tables below are the contract's own data; only the sentences are written by hand.
+fails when the file differs. The tables below are the contract's own data; only the sentences are
+written by hand. The findings JSON is documented on the analyzer's side (docs/findings.md, from
+``hopline.analyzer.findings.docs``): middleware never imports the analyzer.
 """
 
 from __future__ import annotations
@@ -42,64 +43,6 @@ CORE_MEANINGS = {
     "replica": "the emitting instance",
     "model": "the model asked for / served",
 }
-# The analyzer's JSON (``hopline analyze --json``): every key it prints, and what it means.
-FINDINGS_TOP = {
-    "requests": "requests in the log (after --since / --until)",
-    "window_s": "the window width used for shifts and series",
-    "stages": "stage name -> statistics over all requests that have the stage (below)",
-    "split_requests": "requests whose TTFT parts add up to their TTFT: the common set of every share_of_ttft",
-    "findings": "shifts and pitfalls, the largest effect on users' time first (minor ones excluded)",
-    "minor": "findings that cost users under 1% of their time (share_of_users_time < 0.01), same order and "
-    "shape; the terminal and HTML reports list them with --all",
-    "dominant": "the TTFT part with the largest share, null when fewer than 20 requests have a complete split",
-    "span": "start, end (ISO-8601 UTC) and seconds of the log",
-    "outcomes": "outcome -> requests (the rule book's outcomes)",
-    "negative_stages": "requests with a stage below zero, and counts by stage (a clock or instrumentation problem)",
-    "missing_hops": "requests missing an expected hop, and counts by hop",
-    "by_scope": "scope attribute -> one entry per value: requests, split_requests, dominant, stages",
-    "windows": "per window: request count and p50 / p90 / p99 of each stage, TTFT and e2e",
-    "goodput": "with --slo: requests meeting every target, per second, and the culprit stage of the misses",
-    "scan": "files and lines read, bad lines and why",
-}
-FINDINGS_STAGE = {
-    "p50_ms": "median, ms", "p90_ms": "90th percentile, ms", "p99_ms": "99th percentile, ms",
-    "share_of_ttft": "share of TTFT over the complete splits (TTFT parts only)",
-    "share_of_e2e": "mean stage over mean end-to-end time of the same requests",
-    "mean_ms": "mean, ms", "count": "requests with a value",
-}
-FINDINGS_SHIFT = {
-    "kind": "shift", "summary": "one sentence", "stage": "the stage that moved",
-    "part": "for connect: which part moved (pool_wait: the client's own pool; connect: new connections), else null",
-    "at": "ISO-8601 UTC to the second: the start of the first window after the change",
-    "until": "when a burst ended (null: it lasted to the end of the log)",
-    "scope": "the narrowest scope the change is confined to ({} for all traffic; two attributes, e.g. "
-    "{replica, model}, when it is confined to one cell of them)",
-    "statistic": "p50 or p90: the quantile that moved most clearly", "before_ms": "before, ms",
-    "after_ms": "after, ms", "factor": "after / before", "z": "the rank test's z score",
-    "affected_requests": "requests after the change in the scope",
-    "impact_s": "users' seconds at stake (for ordering; the sum over the shifts it heads)",
-    "share_of_users_time": "abs(impact_s) over the users' total time: their e2e for decode, else their wait "
-    "for the first output (TTFT, or a non-streaming request's e2e)",
-    "with": "shifts in the same scope that began with it, said as its consequences: stage, part, at, statistic, "
-    "before_ms, after_ms, impact_s",
-    "with_pitfalls": "pitfalls this rise brought with it, e.g. a long_prefill_stall "
-    "after a prefill rise: whole pitfall findings, listed here instead of among the findings",
-    "context": "what moved with it: other stages, load",
-}
-FINDINGS_PITFALL = {
-    "kind": "pitfall", "summary": "one sentence",
-    "name": "user_vs_engine_gap, new_connection_per_request, long_prefill_stall, no_max_tokens or verbose_outputs",
-    "scope": "where it was seen", "affected_requests": "requests it concerns", "evidence": "the numbers behind it",
-    "impact_s": "users' seconds at stake (for ordering)",
-    "spent_in": "the stage those seconds are spent in (decode, connect, network or gateway)",
-    "share_of_users_time": "as for a shift, with spent_in as its stage",
-    "at": "ISO-8601 UTC: when it began (long_prefill_stall: its first long prefill), null for the others",
-    "with_shifts": "rises this pitfall brought with it, e.g. a queue rise behind the long prefills of a "
-    "long_prefill_stall (most of its queued seconds spent while one ran on the replica): whole shift "
-    "findings, listed here instead of among the findings; impact_s includes theirs",
-}
-
-
 def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
@@ -201,14 +144,14 @@ def render() -> str:
         ("stage", "label", "colour", "part of TTFT", "measured by", "stands in for"),
         [(f"`{x.name}`", x.label, x.colour, "yes" if x.ttft_part else "", x.view, ", ".join(x.stands_for)) for x in r.STAGE_LOOKS],
     )
-    out += ["## The findings JSON (`hopline analyze --json`)", ""]
-    out += _table(("key", "meaning"), [(f"`{k}`", v) for k, v in FINDINGS_TOP.items()])
-    out += ["Each entry of `stages`:", ""]
-    out += _table(("key", "meaning"), [(f"`{k}`", v) for k, v in FINDINGS_STAGE.items()])
-    out += ["A shift finding:", ""]
-    out += _table(("key", "meaning"), [(f"`{k}`", v) for k, v in FINDINGS_SHIFT.items()])
-    out += ["A pitfall finding:", ""]
-    out += _table(("key", "meaning"), [(f"`{k}`", v) for k, v in FINDINGS_PITFALL.items()])
+    out += [
+        "## The findings JSON (`hopline analyze --json`)",
+        "",
+        "Every key of the analyzer's JSON, the findings' types and the detectors are in [findings.md](findings.md)",
+        "and its schema in [findings.schema.json](findings.schema.json), generated on the analyzer's side",
+        "(`python -m hopline.analyzer.findings.docs`) from the detector registry and the findings' types.",
+        "",
+    ]
     return "\n".join(out).rstrip() + "\n"
 
 

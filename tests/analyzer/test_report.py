@@ -105,7 +105,7 @@ def test_the_terminal_says_minor_findings_in_one_line_and_lists_them_with_all(co
 
 
 def test_the_contract_page_states_the_threshold_the_report_applies():
-    from hopline.middleware.contract import docs
+    from hopline.analyzer.findings import docs
 
     assert f"under {report.MINOR_SHARE:.0%} of their time" in docs.FINDINGS_TOP["minor"]
     assert f"< {report.MINOR_SHARE:g})" in docs.FINDINGS_TOP["minor"]

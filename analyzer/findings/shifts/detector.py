@@ -1,4 +1,7 @@
-"""The shift detector: every stage in every scope, through the method of ``findings.shifts``."""
+"""``stage_shift``: a stage's p50 (else p90) moved, found by a rank test at every window
+boundary, in its narrowest scope, one incident per onset (the method: ``findings.shifts``).
+
+``find_shifts`` runs every stage in every scope; ``StageShifts`` is it as a registered detector."""
 
 from __future__ import annotations
 
