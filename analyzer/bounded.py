@@ -238,8 +238,8 @@ def analyze(
     budget: Budget | None = None,
     work_dir: Path | None = None,
     **options,
-) -> tuple[dict, pl.DataFrame]:
-    """The findings object (``report.analyze``'s, ``options`` passed on) and the timelines it
+) -> tuple[report.Analysis, pl.DataFrame]:
+    """The analysis (``report.analysis``'s, ``options`` passed on) and the timelines it
     was computed from (the sample, when the log has more than ``budget.sample_requests``
     requests: then ``sample`` says how many of how many, and the totals are exact)."""
     budget = budget or Budget.of()
@@ -248,10 +248,10 @@ def analyze(
         # the exact totals first, while nothing else is held: their peak and the statistics' do not add
         totals = exact_totals(table) if table.requests > budget.sample_requests else None
         frame = sample(table, budget.sample_requests).collect()
-        result = report.analyze(frame, scan=scan, **options)
+        result = report.analysis(frame, scan=scan, **options)
         if totals is not None:
-            result.update(totals)
-            result["sample"] = {"requests": frame.height, "of": table.requests, "seed": SAMPLE_SEED}
+            result.facts.update(totals)
+            result.facts["sample"] = {"requests": frame.height, "of": table.requests, "seed": SAMPLE_SEED}
     finally:
         table.close()
     return result, frame

@@ -11,6 +11,7 @@ import os
 import shlex
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -93,8 +94,8 @@ def analyze_files(
     on_file: Callable[[Path], None] | None = None,
     on_step: Callable[[str], None] | None = None,
     budget: bounded.Budget | None = None,
-) -> tuple[dict[str, Any], pl.DataFrame]:
-    """The findings object for ``files`` and the per-request timelines it was computed from
+) -> tuple[report.Analysis, pl.DataFrame]:
+    """The analysis of ``files`` and the per-request timelines it was computed from
     (a sample of them for a log beyond ``budget``, see ``bounded``); ``NoHopEvents`` when the
     files hold none (empty, garbage, JSON that is not hop events)."""
     scanned, scan = io.scan_each(files, since=since, until=until, progress=on_file)
@@ -175,6 +176,26 @@ def analyze_command(
         ),
     ] = "6GiB",
 ) -> None:
+    dims, slo_targets, budget, kv_bytes = checked_options(by, slo, max_memory, window, kv_config)
+    if (timelines_file is None) == (not paths):
+        raise UsageError("give event files (PATH…) or --timelines FILE" + (", not both" if paths else ""))
+    err = Console(stderr=True)
+    options = {"window": window, "by": dims, "slo": slo_targets, "kv_bytes": kv_bytes}
+    if timelines_file is not None:
+        result, frame = timelines_analysis(timelines_file, since, until, **options)
+    else:
+        result, frame = events_analysis(paths, since, until, err, budget, **options)
+    given = ["--timelines", str(timelines_file)] if timelines_file is not None else [str(p) for p in paths]
+    rerun = "hopline analyze " + " ".join(shlex.quote(arg) for arg in given)  # said beside minor findings
+    outputs = Outputs(json_out, html, otlp, show_all, kv_bytes, rerun)
+    write_outputs(result, frame, outputs, err)
+
+
+def checked_options(
+    by: str, slo: str | None, max_memory: str, window: str, kv_config: Path | None
+) -> tuple[tuple[str, ...], attribution.Slo | None, bounded.Budget, int | None]:
+    """The options checked before any file is read: scopes, SLO targets, memory budget, KV bytes
+    per token (a bad one is a one-line usage error)."""
     try:
         dims = parse_scopes(by)
         slo_targets = attribution.Slo.parse(slo) if slo else None
@@ -187,45 +208,52 @@ def analyze_command(
         kv_bytes = kv_bytes_per_token(kv_config)
     except KVConfigError as exc:
         raise typer.BadParameter(str(exc), param_hint="--kv-config") from exc
-    if (timelines_file is None) == (not paths):
-        raise UsageError("give event files (PATH…) or --timelines FILE" + (", not both" if paths else ""))
-    err = Console(stderr=True)
-    options = {"window": window, "by": dims, "slo": slo_targets, "kv_bytes": kv_bytes}
-    if timelines_file is not None:
-        result, frame = timelines_analysis(timelines_file, since, until, **options)
-    else:
-        result, frame = events_analysis(paths, since, until, err, budget, **options)
+    return dims, slo_targets, budget, kv_bytes
 
-    if otlp is not None:
+
+@dataclass(frozen=True)
+class Outputs:
+    """Where an analysis goes: JSON on stdout or the terminal report, an HTML file, OTLP traces."""
+
+    json_out: bool
+    html: Path | None
+    otlp: str | None
+    show_all: bool
+    kv_bytes: int | None
+    rerun: str  # the command that lists the minor findings (said beside them)
+
+
+def write_outputs(result: report.Analysis, frame: pl.DataFrame, out: Outputs, err: Console) -> None:
+    """Each output renders the same analysis; none changes it."""
+    if out.otlp is not None:
         from hopline.analyzer.otlp_out import export_timelines
 
-        sent = export_timelines(frame, otlp)
-        sample = result.get("sample")
+        sent = export_timelines(frame, out.otlp)
+        sample = result.facts.get("sample")
         of = f" (the sample the statistics used, of {sample['of']:,} requests)" if sample else ""
-        err.print(f"hopline analyze: {sent} request(s) sent as traces to {otlp}{of}", markup=False)
-    given = ["--timelines", str(timelines_file)] if timelines_file is not None else [str(p) for p in paths]
-    rerun = "hopline analyze " + " ".join(shlex.quote(arg) for arg in given)  # said beside minor findings
-    if html is not None:
+        err.print(f"hopline analyze: {sent} request(s) sent as traces to {out.otlp}{of}", markup=False)
+    if out.html is not None:
         from hopline.analyzer.html import render_html
 
         try:
-            render_html(result, frame, html, kv_bytes_per_token=kv_bytes, show_minor=show_all, command=rerun)
+            render_html(result, frame, out.html, kv_bytes_per_token=out.kv_bytes, show_minor=out.show_all,
+                        command=out.rerun)  # fmt: skip
         except OSError as exc:
-            raise ClickException(f"cannot write {html}: {exc.strerror or exc}") from exc
+            raise ClickException(f"cannot write {out.html}: {exc.strerror or exc}") from exc
         except Exception as exc:
             raise internal_error(exc) from exc
-    if json_out:
-        sys.stdout.buffer.write(orjson.dumps(result, option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE))
+    if out.json_out:
+        sys.stdout.buffer.write(orjson.dumps(result.to_json(), option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE))
         sys.stdout.flush()
     else:
-        report.render(result, Console(), show_minor=show_all, command=rerun)
-        if html is not None:
-            Console().print(f"HTML report: {html}")
+        report.render(result, Console(), show_minor=out.show_all, command=out.rerun)
+        if out.html is not None:
+            Console().print(f"HTML report: {out.html}")
 
 
 def timelines_analysis(
     path: Path, since: str | None, until: str | None, **options: Any
-) -> tuple[dict[str, Any], pl.DataFrame]:
+) -> tuple[report.Analysis, pl.DataFrame]:
     """``--timelines FILE``: the statistics on a per-request table exported from ``hopline sql``."""
     try:
         frame = read_timelines(path)
@@ -237,7 +265,7 @@ def timelines_analysis(
     try:
         kv_bytes = options["kv_bytes"]
         stats = {k: v for k, v in options.items() if k != "kv_bytes"}
-        return report.analyze(frame, **stats, kv_bytes_per_token=kv_bytes), frame
+        return report.analysis(frame, **stats, kv_bytes_per_token=kv_bytes), frame
     except Exception as exc:  # the command's edge: one line, never a traceback
         raise internal_error(exc) from exc
 
@@ -249,7 +277,7 @@ def events_analysis(
     err: Console,
     budget: bounded.Budget,
     **options: Any,
-) -> tuple[dict[str, Any], pl.DataFrame]:
+) -> tuple[report.Analysis, pl.DataFrame]:
     """PATH…: read the events (with a progress bar on a terminal), build timelines, analyse them."""
     try:
         files = event_files(paths, since, until)

@@ -22,7 +22,9 @@ import plotly.graph_objects as go
 import polars as pl
 
 from hopline.analyzer.kv_in_flight import kv_in_flight
-from hopline.analyzer.report import MINOR_SHARE, minor_line, sample_line
+from hopline.analyzer.findings import Finding, Findings, Pitfall, Shift
+from hopline.analyzer.findings.model import iso_utc, to_second
+from hopline.analyzer.report import MINOR_SHARE, Analysis, minor_line, sample_line
 from hopline.middleware.contract import VIEWS
 from hopline.middleware.contract.rules import LOOK, STAGE_ORDER, TTFT_PARTS, VIEW_LOOK
 
@@ -104,15 +106,15 @@ def _layout(fig: go.Figure, title: str, y_title: str, height: int = 420) -> go.F
     return fig
 
 
-def _shift_labels(findings: Mapping[str, Any]) -> list[tuple[datetime, str]]:
-    """(time, label) of each shift, numbered as in the findings list."""
+def _shift_labels(findings: Findings) -> list[tuple[datetime, str]]:
+    """(time, label) of each shift, numbered as in the findings list (at the second the JSON says)."""
     out = []
-    for i, f in enumerate(findings.get("findings", []), 1):
-        if f.get("kind") != "shift" or not f.get("at"):
+    for i, f in enumerate(findings.findings, 1):
+        if not isinstance(f, Shift):
             continue
-        at = datetime.fromisoformat(str(f["at"]).replace("Z", "+00:00")).replace(tzinfo=None)
-        label = LOOK[f["stage"]].label if f.get("stage") in LOOK else str(f.get("stage"))
-        factor = f" ×{f['factor']:.1f}" if f.get("factor") else ""
+        at = datetime.fromtimestamp(to_second(f.at), UTC).replace(tzinfo=None)
+        label = LOOK[f.stage].label if f.stage in LOOK else f.stage
+        factor = f" ×{round(f.factor, 3):.1f}" if f.factor else ""
         out.append((at, f"{i}. {label}{factor}"))
     return sorted(out)
 
@@ -132,7 +134,7 @@ def lay_out_labels(marks: list[tuple[float, str]], width_px: float = MARKER_MIN_
     return lanes
 
 
-def mark_shifts(fig: go.Figure, findings: Mapping[str, Any], x_range: tuple[datetime, datetime]) -> go.Figure:
+def mark_shifts(fig: go.Figure, findings: Findings, x_range: tuple[datetime, datetime]) -> go.Figure:
     """A dashed line where each shift begins, labelled with its number, stage and factor; labels
     that would collide go to another row, so none overlaps another."""
     labels = _shift_labels(findings)
@@ -264,15 +266,16 @@ def _scope_words(scope: Mapping[str, Any] | None) -> str:
     return ", ".join(f"{_words(str(k))} {v}" for k, v in (scope or {}).items()) or "all traffic"
 
 
-def _shift_rows(f: Mapping[str, Any]) -> list[tuple[str, str]]:
+def _shift_rows(f: Shift) -> list[tuple[str, str]]:
+    before, after = _value(round(f.before_ms, 3), "_ms"), _value(round(f.after_ms, 3), "_ms")
     rows = [
-        ("stage", _words(str(f.get("stage")))),
-        ("where", _scope_words(f.get("scope"))),
-        ("from", str(f.get("at", "–")) + (f" until {f['until']}" if f.get("until") else "")),
-        (f"{f.get('statistic', 'p50')} before → after", f"{_value(f.get('before_ms'), '_ms')} → {_value(f.get('after_ms'), '_ms')}"),
-        ("requests since", _value(f.get("affected_requests"))),
+        ("stage", _words(f.stage)),
+        ("where", _scope_words(f.scope)),
+        ("from", iso_utc(f.at) + (f" until {iso_utc(f.until)}" if f.until else "")),
+        (f"{f.statistic} before → after", f"{before} → {after}"),
+        ("requests since", _value(f.affected_requests)),
     ]
-    context = f.get("context") or {}
+    context = f.context
     before, after = context.get("before") or {}, context.get("after") or {}
     for key, value in context.items():
         if key in ("before", "after", "covariates") or value in ({}, [], None):
@@ -286,36 +289,32 @@ def _shift_rows(f: Mapping[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
-def _pitfall_rows(f: Mapping[str, Any]) -> list[tuple[str, str]]:
-    rows = [("where", _scope_words(f.get("scope"))), ("requests", _value(f.get("affected_requests")))]
-    rows += [(_words(str(k)), _value(v, str(k))) for k, v in (f.get("evidence") or {}).items()]
+def _pitfall_rows(f: Pitfall) -> list[tuple[str, str]]:
+    rows = [("where", _scope_words(f.scope)), ("requests", _value(f.affected_requests))]
+    rows += [(_words(str(k)), _value(v, str(k))) for k, v in f.evidence.items()]
     return rows
 
 
-def _finding_items(findings: list[Mapping[str, Any]]) -> list[str]:
+def _finding_items(findings: tuple[Finding, ...]) -> list[str]:
     """Each finding as its sentence, with the evidence behind it in a small table of words and
     rounded numbers (never raw JSON)."""
     items = []
     for f in findings:
-        kind = str(f.get("kind", ""))
-        rows = _shift_rows(f) if kind == "shift" else _pitfall_rows(f)
-        if f.get("impact_s") is not None:
-            rows.append(("users' time at stake", f"{abs(float(f['impact_s'])):,.1f} s"))
+        rows = _shift_rows(f) if isinstance(f, Shift) else _pitfall_rows(f)
+        rows.append(("users' time at stake", f"{abs(f.cost_s):,.1f} s"))
         table = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
         items.append(
-            f'<li class="finding {html.escape(kind)}"><p><b>{html.escape(kind)}</b> '
-            f'{html.escape(str(f.get("summary", "")))}</p><table class="evidence">{table}</table></li>'
+            f'<li class="finding {html.escape(f.kind)}"><p><b>{html.escape(f.kind)}</b> '
+            f'{html.escape(f.sentence)}</p><table class="evidence">{table}</table></li>'
         )
     return items
 
 
-def _findings_html(
-    findings: Mapping[str, Any], show_minor: bool = False, command: str = "hopline analyze …"
-) -> str:
+def _findings_html(findings: Findings, show_minor: bool = False, command: str = "hopline analyze …") -> str:
     """The main findings; the minor ones as one line saying how to list them, or listed after the
     main ones with ``show_minor`` (numbered on)."""
-    main = _finding_items(findings.get("findings", []))
-    minor = findings.get("minor") or []
+    main = _finding_items(findings.findings)
+    minor = findings.minor
     if main:
         out = '<ol class="findings">' + "".join(main) + "</ol>"
     elif minor:
@@ -373,7 +372,7 @@ def kv_chart(timelines: pl.DataFrame, bytes_per_token: int, window_s: int) -> go
 
 
 def render_html(
-    findings: dict[str, Any],
+    analysis: Analysis,
     timelines: pl.DataFrame,
     path: str | Path,
     kv_bytes_per_token: int | None = None,
@@ -383,15 +382,16 @@ def render_html(
 ) -> Path:
     """Write the report to ``path`` and return it.
 
-    ``findings`` is the findings-contract dict (DESIGN.md), ``timelines`` the collected output
+    ``analysis`` is ``report.analysis``'s (typed findings and the facts), ``timelines`` the collected output
     of ``timelines()`` (one row per request). With ``kv_bytes_per_token`` (``kv.KVSpec``) the
     report adds each replica's KV cache in flight over time. Minor findings are one line naming
     ``command`` (how to list them), or listed with ``show_minor`` (``--all``).
     """
     path = Path(path)
+    findings, facts = analysis.findings, analysis.facts
     sections: list[tuple[str, str]] = [("Findings", _findings_html(findings, show_minor, command))]
-    if findings.get("stages"):
-        sections.append(("Stages over all requests", _stages_html(findings["stages"])))
+    if facts.get("stages"):
+        sections.append(("Stages over all requests", _stages_html(facts["stages"])))
     if timelines.height:
         agg = _aggregates(timelines)
         window = int(agg["meta"]["window_s"][0])
@@ -419,8 +419,8 @@ def render_html(
         f" from {datetime.fromtimestamp(first, UTC):%Y-%m-%d %H:%M:%S} to {datetime.fromtimestamp(last, UTC):%H:%M:%S} UTC"
         if first is not None else ""
     )  # fmt: skip
-    meta = f"{findings.get('requests', timelines.height):,} requests{span}; generated {generated}"
-    sampled = sample_line(findings)
+    meta = f"{facts.get('requests', timelines.height):,} requests{span}; generated {generated}"
+    sampled = sample_line(facts)
     if sampled:
         meta += f". {sampled}"
     body = "".join(f"<section><h2>{html.escape(t)}</h2>{content}</section>" for t, content in sections)

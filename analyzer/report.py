@@ -1,23 +1,27 @@
 """The analysis as one object (the findings contract of DESIGN.md) and as a terminal report.
 
-``analyze`` takes collected timelines and returns the JSON-ready dict ``hopline analyze --json``
-prints; ``render`` draws the same dict with rich tables. Keys beyond the contract
+``analysis`` takes collected timelines and returns an ``Analysis``: the findings, detected and
+decided by ``findings`` (typed; ranking, relations and ``minor`` decided there, once), and the
+facts around them. ``render`` only draws it with rich tables; ``Analysis.to_json`` (``analyze``)
+is the object ``hopline analyze --json`` prints. Keys beyond the contract
 (``by_scope``, ``windows``, ``goodput``, ``negative_stages``, ``missing_hops``, ``outcomes``,
 ``scan``, ``span``, ``dominant``, ``minor``; ``impact_s``, ``share_of_users_time`` and ``context``
 on findings) are additive.
 
-Findings that cost users almost nothing (``is_minor``: under ``MINOR_SHARE`` of their time) are
-kept out of ``findings``, in ``minor``: a report leads with what a user can act on.
+Findings that cost users almost nothing (``findings.rank.is_minor``: under ``MINOR_SHARE`` of
+their time) are kept out of ``findings``, in ``minor``: a report leads with what a user can act on.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import polars as pl
 import polars.selectors as cs
 from hopline.analyzer import attribution
 from hopline.analyzer.attribution import Slo, e2e, ttft
 from hopline.analyzer.io import ScanReport
-from hopline.analyzer.findings import Context, find
+from hopline.analyzer.findings import Context, Finding, Findings, find
 from hopline.analyzer.findings.model import iso_utc
 from hopline.analyzer.findings.rank import MINOR_SHARE
 from hopline.middleware.contract import VIEWS
@@ -48,7 +52,30 @@ def scopes_to_search(timelines: pl.DataFrame, by: tuple[str, ...]) -> tuple[str,
     return tuple(d for d in by if d in timelines.columns) + tuple(auto)
 
 
-def analyze(
+@dataclass(frozen=True)
+class Analysis:
+    """One analysis: the decided findings (typed) and the facts around them (every other key of
+    the findings object: stages, span, outcomes, windows, …, in the JSON's order). Outputs read it;
+    ``to_json`` is the object ``hopline analyze --json`` prints."""
+
+    findings: Findings
+    facts: dict
+
+    def to_json(self) -> dict:
+        out: dict = {}
+        for key, value in self.facts.items():
+            out[key] = value
+            if key == "stages":  # the findings follow the stages, as DESIGN.md shows the object
+                out.update(self.findings.to_json())
+        return out
+
+
+def analyze(timelines: pl.DataFrame, **options) -> dict:
+    """``analysis`` (``options`` passed on) as the JSON-ready findings object."""
+    return analysis(timelines, **options).to_json()
+
+
+def analysis(
     timelines: pl.DataFrame,
     *,
     window: str | None = None,
@@ -56,7 +83,7 @@ def analyze(
     slo: Slo | None = None,
     scan: ScanReport | None = None,
     kv_bytes_per_token: int | None = None,
-) -> dict:
+) -> Analysis:
     """Stages, findings (shifts and pitfalls, largest effect on users' time first) and context."""
     n = timelines.height
     by = scopes_to_search(timelines, by)
@@ -81,7 +108,6 @@ def analyze(
         "requests": n,
         "window_s": window_s,
         "stages": stages,
-        **decided.to_json(),
         "split_requests": overall.get("split_requests", 0) if n else 0,
         "dominant": attribution.dominant(stages, overall.get("split_requests", 0)) if n else None,
         "span": {
@@ -112,7 +138,7 @@ def analyze(
         result["goodput"] = attribution.goodput(timelines.lazy(), slo)
     if scan is not None:
         result["scan"] = scan.to_dict()
-    return result
+    return Analysis(decided, result)
 
 
 # --- terminal ---------------------------------------------------------------------------------
@@ -204,12 +230,12 @@ def _scope_table(dim: str, rows: list[dict]) -> Table:
     return table
 
 
-def _findings_table(title: str, findings: list[dict], first: int = 1) -> Table:
+def _findings_table(title: str, findings: tuple[Finding, ...], first: int = 1) -> Table:
     table = Table(title=title, title_justify="left", header_style="bold")
     for name in ("#", "kind", "finding", "requests"):
         table.add_column(name, justify="right" if name in ("#", "requests") else "left")
     for i, f in enumerate(findings, first):
-        table.add_row(str(i), f["kind"], Text(f["summary"]), f"{f.get('affected_requests', 0):,}")
+        table.add_row(str(i), f.kind, Text(f.sentence), f"{f.affected_requests:,}")
     return table
 
 
@@ -221,10 +247,10 @@ def minor_line(count: int, command: str) -> str:
     )
 
 
-def sample_line(result: dict) -> str | None:
+def sample_line(facts: dict) -> str | None:
     """What a sampled analysis (``bounded``: a log past its memory budget) was computed from, said
     beside the report: the statistics and findings come from the sample, the counts from all."""
-    sample = result.get("sample")
+    sample = facts.get("sample")
     if not sample:
         return None
     return (
@@ -234,12 +260,28 @@ def sample_line(result: dict) -> str | None:
     )
 
 
+def _render_findings(findings: Findings, console: Console, show_minor: bool, command: str) -> None:
+    """The findings table; the minor ones as one line (``command`` is how to see them), or a
+    table of their own with ``show_minor`` (``--all``)."""
+    if findings.findings:
+        console.print(_findings_table("Findings (largest effect on users' time first)", findings.findings))
+    else:
+        quiet = f"No shift or pitfall costs users {MINOR_SHARE:.0%} of their time or more."
+        console.print(f"[green]{quiet if findings.minor else 'No shifts or pitfalls found.'}[/]")
+    if findings.minor and show_minor:
+        title = f"Minor findings (each under {MINOR_SHARE:.0%} of users' time)"
+        console.print(_findings_table(title, findings.minor, first=len(findings.findings) + 1))
+    elif findings.minor:
+        console.print(minor_line(len(findings.minor), command), markup=False, highlight=False)
+
+
 def render(
-    result: dict, console: Console, *, show_minor: bool = False, command: str = "hopline analyze …"
+    analysis: Analysis, console: Console, *, show_minor: bool = False, command: str = "hopline analyze …"
 ) -> None:
     """The analysis for a person: what to look at first, then the numbers behind it. Minor
     findings are one line (``command`` is how to see them), or a table of their own with
     ``show_minor`` (``--all``)."""
+    result = analysis.facts
     span = result["span"]
     console.print(
         f"[bold]{plural(result['requests'], 'request')}[/] from {span['start']} to {span['end']} "
@@ -248,17 +290,7 @@ def render(
     sampled = sample_line(result)
     if sampled:
         console.print(sampled, markup=False, highlight=False)
-    minor = result.get("minor") or []
-    if result["findings"]:
-        console.print(_findings_table("Findings (largest effect on users' time first)", result["findings"]))
-    else:
-        quiet = f"No shift or pitfall costs users {MINOR_SHARE:.0%} of their time or more."
-        console.print(f"[green]{quiet if minor else 'No shifts or pitfalls found.'}[/]")
-    if minor and show_minor:
-        title = f"Minor findings (each under {MINOR_SHARE:.0%} of users' time)"
-        console.print(_findings_table(title, minor, first=len(result["findings"]) + 1))
-    elif minor:
-        console.print(minor_line(len(minor), command), markup=False, highlight=False)
+    _render_findings(analysis.findings, console, show_minor, command)
     views = _views_table(result["stages"])
     if views is not None:
         console.print(views)

@@ -9,7 +9,7 @@ from typing import Any
 import polars as pl
 from hopline.demo.engine_sim import EngineConfig
 from hopline.analyzer.io import ScanReport, find_files, scan_events
-from hopline.analyzer.report import analyze, render
+from hopline.analyzer.report import Analysis, analysis, render
 from hopline.analyzer.timelines import timelines
 from rich.console import Console
 
@@ -20,14 +20,14 @@ def load_timelines(run_dir: Path) -> tuple[pl.DataFrame, ScanReport]:
     return timelines(events).collect(), scan
 
 
-def analyze_run(run_dir: Path) -> tuple[dict[str, Any], pl.DataFrame]:
-    """The findings report (docs/contract.md) and the timelines it was computed from: exactly what
-    ``hopline analyze RUN_DIR`` prints, so the kept folder can be analysed again as it is."""
+def analyze_run(run_dir: Path) -> tuple[Analysis, pl.DataFrame]:
+    """The analysis (its JSON: docs/findings.md) and the timelines it was computed from: exactly
+    what ``hopline analyze RUN_DIR`` prints, so the kept folder can be analysed again as it is."""
     frame, scan = load_timelines(run_dir)
-    return analyze(frame, scan=scan), frame
+    return analysis(frame, scan=scan), frame
 
 
-def render_html(report: dict[str, Any], frame: pl.DataFrame, path: Path) -> Path:
+def render_html(report: Analysis, frame: pl.DataFrame, path: Path) -> Path:
     """The HTML report, with the simulated model's KV cache in flight per replica."""
     from hopline.analyzer.html import render_html as render
 
@@ -64,7 +64,7 @@ def write_dashboards(out: Path, collector_url: str) -> list[Path]:
     return list(write(out, collector_url=collector_url))
 
 
-def print_report(report: dict[str, Any], console: Console, folder: Path | None = None) -> None:
+def print_report(report: Analysis, console: Console, folder: Path | None = None) -> None:
     """The analyzer's terminal report (as ``hopline analyze`` prints it), below the live display;
     its minor findings are listed by ``hopline analyze FOLDER --all`` when the folder is kept."""
     console.print()

@@ -66,7 +66,7 @@ def demo(
     else:
         from hopline.demo.analysis import print_report
 
-        print_report(report, console, run.folder)
+        print_report(run.analysis, console, run.folder)
         findings = report.get("findings") or []
         named = bool(findings) and matches(findings[0], chosen.expect)
         console.print(

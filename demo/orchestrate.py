@@ -25,7 +25,7 @@ import time
 from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import trustme
@@ -37,6 +37,9 @@ from hopline.demo.wiring import make_emitter
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from hopline.analyzer.report import Analysis
 
 DEMO = "hopline.demo"
 WARMUP_S = 4.0  # unrecorded traffic before the run (see wiring.WARMUP_PREFIX)
@@ -305,6 +308,7 @@ class DemoRun:
     example_request: str | None
     loop_lag_p99_ms: float
     folder: Path | None  # None: the run's temporary folder was deleted
+    analysis: Analysis | None = None  # the report as typed findings, for the terminal
 
     @property
     def trusted(self) -> bool:
@@ -335,13 +339,15 @@ def run_demo(
                 lag_ms = _run_async(drive(scenario, stack, seconds, console, seed))
             finally:
                 stop_stack(stack)
-        report, frame = analyze_run(run_dir)
+        analysis, frame = analyze_run(run_dir)
+        report = analysis.to_json()
         if html is not None:
-            render_html(report, frame, html)
+            render_html(analysis, frame, html)
         if out is not None:
             (run_dir / "report.json").write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
             write_dashboards(run_dir / "dashboards", stack.collector_url)
-        return DemoRun(report, example_request(report, frame), lag_ms, run_dir if out is not None else None)
+        folder = run_dir if out is not None else None
+        return DemoRun(report, example_request(report, frame), lag_ms, folder, analysis)
     finally:
         if out is None:
             shutil.rmtree(run_dir, ignore_errors=True)

@@ -13,7 +13,6 @@ import struct
 import subprocess
 import zlib
 from collections import Counter
-from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -21,22 +20,32 @@ import polars as pl
 import pytest
 from hopline.analyzer.html import STAGE_COLOURS, choose_window, render_html
 from hopline.analyzer.io import scan_events
-from hopline.analyzer.report import analyze
+from hopline.analyzer.findings import Findings, Pitfall, Shift
+from hopline.analyzer.report import Analysis, analysis
 from hopline.analyzer.timelines import timelines
 from support import synth
 from support.synth import StageShift
 
 CHROMIUM = "/usr/bin/chromium"
 WIDTH, HEIGHT = 1400, 2600
-HOSTILE = {
-    "requests": 1,
-    "window_s": 1.0,
-    "stages": {},
-    "findings": [
-        {"kind": "pitfall", "name": "no_max_tokens", "summary": "<script>alert(1)</script> set no max_tokens",
-         "scope": {}, "affected_requests": 1, "evidence": {"share": 1.0}},
-    ],
-}  # fmt: skip
+FACTS = {"requests": 1, "window_s": 1.0, "stages": {}}
+
+
+def shift(**kw) -> Shift:
+    """A shift finding with plausible numbers; ``kw`` sets what a test is about."""
+    base = {"summary": "queue moved", "stage": "queue", "scope": {"replica": "r2"}, "at": 1.7e9,
+            "statistic": "p50", "before_ms": 40.0, "after_ms": 120.0, "z": 9.0, "affected_requests": 100,
+            "impact_s": 8.0, "factor": 3.0}  # fmt: skip
+    return Shift(**{**base, **kw})
+
+
+HOSTILE = Analysis(
+    Findings(findings=(
+        Pitfall(name="no_max_tokens", summary="<script>alert(1)</script> set no max_tokens", scope={},
+                affected_requests=1, evidence={"share": 1.0}, impact_s=0.0, spent_in="decode"),
+    )),
+    FACTS,
+)  # fmt: skip
 
 
 def read_png(path: Path) -> np.ndarray:
@@ -115,13 +124,18 @@ def frame(tmp_path_factory) -> pl.DataFrame:
 
 
 @pytest.fixture(scope="module")
-def findings(frame: pl.DataFrame) -> dict:
-    return analyze(frame)
+def analysed(frame: pl.DataFrame) -> Analysis:
+    return analysis(frame)
 
 
 @pytest.fixture(scope="module")
-def report(frame: pl.DataFrame, findings: dict, tmp_path_factory) -> Path:
-    return render_html(findings, frame, tmp_path_factory.mktemp("report") / "report.html")
+def findings(analysed: Analysis) -> dict:
+    return analysed.to_json()
+
+
+@pytest.fixture(scope="module")
+def report(frame: pl.DataFrame, analysed: Analysis, tmp_path_factory) -> Path:
+    return render_html(analysed, frame, tmp_path_factory.mktemp("report") / "report.html")
 
 
 def test_report_is_one_self_contained_file(report: Path) -> None:
@@ -156,17 +170,17 @@ def test_findings_text_is_escaped(frame: pl.DataFrame, tmp_path: Path) -> None:
     assert "<script>alert(1)</script>" not in text and "&lt;script&gt;alert(1)&lt;/script&gt;" in text
 
 
-MINOR = {
-    **HOSTILE,
-    "findings": [
-        {"kind": "shift", "stage": "queue", "summary": "queue time tripled", "scope": {"replica": "r2"}},
-    ],
-    "minor": [
-        {"kind": "pitfall", "name": "new_connection_per_request", "scope": {}, "affected_requests": 9,
-         "summary": "clients open a new connection for 100% of requests, adding 0 ms", "evidence": {},
-         "impact_s": 0.001, "share_of_users_time": 0.0001},
-    ],
-}  # fmt: skip
+MINOR = Analysis(
+    Findings(
+        findings=(shift(summary="queue time tripled"),),
+        minor=(
+            Pitfall(name="new_connection_per_request", scope={}, affected_requests=9,
+                    summary="clients open a new connection for 100% of requests, adding 0 ms", evidence={},
+                    impact_s=0.001, spent_in="connect", share_of_users_time=0.0001),
+        ),
+    ),
+    FACTS,
+)  # fmt: skip
 
 
 def test_minor_findings_are_one_line_or_listed_with_all(frame: pl.DataFrame, tmp_path: Path) -> None:
@@ -203,7 +217,7 @@ def test_plots_render_in_headless_chromium(report: Path, tmp_path: Path) -> None
 
 def test_empty_timelines_still_write_a_report(tmp_path: Path) -> None:
     frame, _ = scan_events([])
-    path = render_html({"requests": 0, "window_s": 0, "stages": {}, "findings": []}, timelines(frame).collect(),
+    path = render_html(Analysis(Findings(), {"requests": 0, "window_s": 0, "stages": {}}), timelines(frame).collect(),
                        tmp_path / "empty.html")  # fmt: skip
     text = path.read_text()
     assert "No requests in the input." in text and "No findings" in text
@@ -216,7 +230,7 @@ def test_window_adapts_to_the_span(span: float, window: int) -> None:
 
 def test_kv_chart_when_bytes_per_token_are_known(frame: pl.DataFrame, tmp_path: Path) -> None:
     with_kv = render_html(
-        {"findings": []}, frame, tmp_path / "kv.html", kv_bytes_per_token=98_304
+        Analysis(Findings(), {}), frame, tmp_path / "kv.html", kv_bytes_per_token=98_304
     ).read_text()
     assert with_kv.count('class="plotly-graph-div"') == 5 and "KV cache in flight per replica" in with_kv
 
@@ -252,15 +266,11 @@ def test_shift_labels_never_overlap_in_chromium(frame: pl.DataFrame, tmp_path: P
     (measured by the browser on a copy of the report with a measuring script appended)."""
     at = [90, 92, 95, 97, 150, 151]
     stages = ["queue", "prefill", "network", "decode", "gateway", "frontend"]
-    findings = {
-        "requests": frame.height,
-        "findings": [
-            {"kind": "shift", "summary": f"{s} moved", "stage": s, "factor": 2.5, "scope": {"replica": "r2"},
-             "at": datetime.fromtimestamp(frame["start"].min() + t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}
-            for s, t in zip(stages, at, strict=True)
-        ],
-    }  # fmt: skip
-    page = render_html(findings, frame, tmp_path / "marks.html")
+    shifts = tuple(
+        shift(summary=f"{s} moved", stage=s, factor=2.5, at=float(int(frame["start"].min() + t)))
+        for s, t in zip(stages, at, strict=True)
+    )
+    page = render_html(Analysis(Findings(findings=shifts), {"requests": frame.height}), frame, tmp_path / "marks.html")
     probe = tmp_path / "probe.html"
     probe.write_text(page.read_text().replace("</body>", MEASURE + "</body>"))
     dom = chromium("--dump-dom", probe.as_uri(), profile=tmp_path / "probe-profile")

@@ -16,14 +16,14 @@ from rich.console import Console
 
 
 @pytest.fixture(scope="module")
-def result() -> dict:
+def result() -> report.Analysis:
     events = generate(
         duration_s=300,
         seed=5,
         services=("kite-chat-with-a-long-service-name", "search-assist"),
         incidents=[StageShift("queue", 3.0, at_s=150, scope={"replica": "r2"})],
     )
-    return report.analyze(timelines(events.lazy()).collect())
+    return report.analysis(timelines(events.lazy()).collect())
 
 
 @pytest.mark.parametrize("width", [80, 150])
@@ -49,7 +49,7 @@ def test_counted_nouns():
 
 
 @pytest.fixture(scope="module")
-def cold_localhost() -> dict:
+def cold_localhost() -> report.Analysis:
     """search-assist opens a connection per request, on localhost (adding 0 ms), and r2's queue
     triples: the queue is the finding, the connections a minor one."""
     events = generate(
@@ -60,17 +60,18 @@ def cold_localhost() -> dict:
             ColdConnections("search-assist"),
         ],
     )
-    return report.analyze(timelines(on_localhost(events).lazy()).collect())
+    return report.analysis(timelines(on_localhost(events).lazy()).collect())
 
 
 def test_a_new_connection_per_request_adding_0_ms_is_minor(cold_localhost):
-    names = [f.get("name") for f in cold_localhost["findings"]]
-    assert "new_connection_per_request" not in names, [f["summary"] for f in cold_localhost["findings"]]
-    (minor,) = [f for f in cold_localhost["minor"] if f.get("name") == "new_connection_per_request"]
+    result = cold_localhost.to_json()
+    names = [f.get("name") for f in result["findings"]]
+    assert "new_connection_per_request" not in names, [f["summary"] for f in result["findings"]]
+    (minor,) = [f for f in result["minor"] if f.get("name") == "new_connection_per_request"]
     assert "adding 0 ms" in minor["summary"]
     assert minor["share_of_users_time"] < report.MINOR_SHARE
     # the incident is still the first finding, and it costs users far more than the threshold
-    first = cold_localhost["findings"][0]
+    first = result["findings"][0]
     assert (first["kind"], first["stage"], first["scope"]) == ("shift", "queue", {"replica": "r2"})
     assert first["share_of_users_time"] > 10 * report.MINOR_SHARE
 
@@ -84,16 +85,17 @@ def test_a_new_connection_per_request_that_costs_tls_is_a_main_finding():
     assert result["minor"] == []
 
 
-def render_text(result: dict, **options) -> str:
+def render_text(result: report.Analysis, **options) -> str:
     out = io.StringIO()
     report.render(result, Console(file=out, width=80, color_system=None), **options)
     return out.getvalue()
 
 
 def test_the_terminal_says_minor_findings_in_one_line_and_lists_them_with_all(cold_localhost):
-    minor = next(f for f in cold_localhost["minor"] if f.get("name") == "new_connection_per_request")
+    result = cold_localhost.to_json()
+    minor = next(f for f in result["minor"] if f.get("name") == "new_connection_per_request")
     text = " ".join(render_text(cold_localhost, command="hopline analyze logs/").split())  # unwrapped
-    count = len(cold_localhost["minor"])
+    count = len(result["minor"])
     line = f"{report.plural(count, 'minor finding')} (each under 1% of users' time), see "
     line += "`hopline analyze logs/ --all`"
     assert line in text
