@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import polars as pl
 import polars.selectors as cs
 from hopline.analyzer import attribution
-from hopline.analyzer.attribution import Slo, e2e, ttft
+from hopline.analyzer.attribution import Slo
 from hopline.analyzer.io import ScanReport
 from hopline.analyzer.findings import Context, Finding, Findings, find
 from hopline.analyzer.findings.model import iso_utc

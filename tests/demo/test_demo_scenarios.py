@@ -52,7 +52,7 @@ class Expected:
 
 EXPECTED = (
     # the burst saturates r2: its queue goes from a few ms to about a second (a ramp in steps is
-    # one finding from its onset, see analyzer/shifts.py)
+    # one finding from its onset, see analyzer/findings/shifts/)
     Expected("queue-burst", "shift", "queue", {"replica": "r2"}, min_factor=3),
     Expected("prefill-regression", "shift", "prefill", {"replica": "r2"}),
     Expected("slow-network", "shift", "network", {"service": "kite-chat"}),
