@@ -44,7 +44,10 @@ Method, per scope (all traffic, each replica / service / model) and per stage:
 
 Findings are ordered by the users' time they cost (``impact_s``), the onset first on a tie.
 The statistic is rank-based, so a few very slow requests cannot fake a shift, and skewed clocks
-cannot either (stages never mix hosts' clocks). ``stats`` holds steps 1-3, ``scopes`` 4-5, ``incidents`` 6, ``context`` and ``words`` 7, ``detector``
-the run. ``tests/analyzer/test_shifts.py`` measures the
+cannot either (stages never mix hosts' clocks). ``tests/analyzer/test_shifts.py`` measures the
 false-positive rate on stationary logs with seeds the thresholds were not tuned on.
+
+Modules: ``stats`` (steps 1-3: the rank test, segmentation, a burst's edges), ``scopes`` (4-5:
+the narrowest scope, one cell, one change said once), ``incidents`` (6), ``context`` and
+``words`` (7, and the sentence), ``detector`` (the run, and the registered ``StageShifts``).
 """
