@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -148,3 +151,43 @@ def test_bars_are_laid_end_to_end() -> None:
 def test_without_engine_hops_the_client_view_stands_for_decode() -> None:
     bars = stage_bars({"connect": 0.07, "upstream": 0.43, "client_ttft": 0.5, "client_e2e": 2.5})
     assert bars[-1] == ("after first token (client)", 0.5, 2.0)
+
+
+def _timeline_piped(*args: str) -> tuple[int, str]:
+    """``hopline timeline ARGS…`` in a child process with its output on a pipe and no COLUMNS: what
+    ``hopline timeline ID DIR | less`` shows (rich then lays out for 80 columns)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    run = subprocess.run(
+        [sys.executable, "-m", "hopline.middleware.cli", "timeline", *args],
+        capture_output=True, text=True, timeout=120, env={**env, "NO_COLOR": "1"}, check=False,
+    )  # fmt: skip
+    return run.returncode, run.stdout + run.stderr
+
+
+@pytest.mark.parametrize("how", ["COLUMNS=80", "piped"])
+@pytest.mark.parametrize("request_id", ["gold-complete", "gold-hosted"])
+def test_readable_at_80_columns_and_piped(events_file: Path, how: str, request_id: str) -> None:
+    """Issue 24: at 80 columns the two charts kept their width and the stage names and times were
+    cut to "co…", "39…". Every stage row keeps its name, start and duration whole; the charts get
+    narrower (gold-complete: decode dwarfs the TTFT, two charts) or go below the numbers (the
+    hosted request's "after first token (client)" leaves no room beside them); nothing is wider
+    than 80 columns."""
+    if how == "piped":
+        code, out = _timeline_piped(request_id, str(events_file))
+    else:
+        run = CliRunner().invoke(APP, ["timeline", request_id, str(events_file)], env={"COLUMNS": "80", "NO_COLOR": "1"})
+        code, out = run.exit_code, run.output
+    assert code == 0, out
+    lines = out.splitlines()
+    assert max(map(len, lines)) <= 80, out
+    assert "…" not in out.replace("0 … ", ""), out  # nothing cut (the axes' titles are "0 … 450.0 ms")
+    expected = {
+        "gold-complete": {"connect": "0.0 ms 31.0 ms", "frontend": "150.0 ms 40.0 ms", "decode": "450.0 ms 8,000.0 ms"},
+        "gold-hosted": {"after first token (client)": "500.0 ms 2,000.0 ms"},
+    }[request_id]
+    for name, numbers in expected.items():
+        assert any(" ".join(line.split()) == f"{name} {numbers}" or " ".join(line.split()).startswith(f"{name} {numbers} ") for line in lines), (name, out)
+    drawn = [line for line in lines if "█" in line]
+    assert len(drawn) >= 3, out  # the charts are still there
+    if request_id == "gold-complete":
+        assert "(first" in out and "0 … 8,450.0 ms" in out  # both axes
