@@ -270,9 +270,20 @@ def render_waterfall(request_id: str, stages: Mapping[str, Any], events: pl.Data
     return Group(*parts)
 
 
+def ids_starting_with(events: pl.LazyFrame, prefix: str, shown: int = 5) -> tuple[int, list[str]]:
+    """How many request IDs start with ``prefix``, and the first ``shown`` of them (sorted)."""
+    ids = events.filter(pl.col("request_id").str.starts_with(prefix)).select(pl.col("request_id").unique())
+    found = ids.select(count=pl.len(), first=pl.col("request_id").sort().head(shown).implode()).collect()
+    return found["count"][0], found["first"][0].to_list()
+
+
 def timeline_command(
     request_id: Annotated[
-        str, typer.Argument(help="The request ID (X-Request-Id; a chatcmpl- prefix is stripped).")
+        str,
+        typer.Argument(
+            help="The request ID (X-Request-Id; a chatcmpl- prefix is stripped), or its first characters "
+            "when they belong to one request only."
+        ),
     ],
     paths: Annotated[
         list[Path], typer.Argument(help="Event files: NDJSON or Parquet, as the collector stores them.")
@@ -298,6 +309,19 @@ def timeline_command(
         raise typer.Exit(2) from exc
     events = resolve_by_trace(events)  # the join rule: a stand-in's events belong to their request
     mine = events.filter(pl.col("request_id") == rid).collect()
+    if mine.is_empty():  # an ID cut short (the HTML report's chart labels, a terminal): a unique prefix
+        count, shown = ids_starting_with(events, rid)
+        if count > 1:
+            more = f", … ({count:,} in all)" if count > len(shown) else ""
+            err.print(
+                f"[red]hopline timeline:[/red] {rid!r} is the start of {count:,} request IDs "
+                f"({', '.join(shown)}{more}); give more of the ID",
+                highlight=False,
+            )
+            raise typer.Exit(1)
+        if count == 1:
+            rid = shown[0]
+            mine = events.filter(pl.col("request_id") == rid).collect()
     if mine.is_empty():
         held = events.select(pl.col("request_id").n_unique()).collect().item()
         err.print(

@@ -191,3 +191,24 @@ def test_readable_at_80_columns_and_piped(events_file: Path, how: str, request_i
     assert len(drawn) >= 3, out  # the charts are still there
     if request_id == "gold-complete":
         assert "(first" in out and "0 … 8,450.0 ms" in out  # both axes
+
+
+def test_a_unique_prefix_of_an_id_is_enough(events_file: Path) -> None:
+    """Issue 24: the HTML report's chart cut IDs to 18 characters and ``timeline`` answered "not
+    found" for them. A prefix that starts one request's ID only draws that request."""
+    run = timeline("9c4d1f2e3a5b6c7d8e", str(events_file))  # 18 of 32 characters
+    assert run.exit_code == 0, run.output
+    assert "request 9c4d1f2e3a5b6c7d8e9f0a1b2c3d4e5f " in run.stdout
+
+
+def test_an_ambiguous_prefix_lists_what_it_matches(events_file: Path) -> None:
+    """A prefix of several IDs is an error naming a few of them and how many there are; exit 1."""
+    run = timeline("e1f2a3b4", str(events_file))
+    assert run.exit_code == 1 and run.stdout == ""
+    message = " ".join(run.stderr.split())
+    assert "'e1f2a3b4' is the start of 3 request IDs (" in message, message
+    for n in (1, 2, 3):
+        assert f"e1f2a3b4c5d6e7f8a9b0c1d2e3f4a50{n}" in message
+    many = " ".join(timeline("gold-", str(events_file)).stderr.split())  # 21 golden IDs start so: five shown
+    first = "gold-429, gold-499, gold-cancel, gold-complete, gold-err200"
+    assert f"'gold-' is the start of 21 request IDs ({first}, … (21 in all)); give more of the ID" in many, many
