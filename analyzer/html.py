@@ -250,8 +250,8 @@ def slowest_table(slowest: pl.DataFrame) -> str:
 
 def _words(key: str) -> str:
     """``prompt_tokens_p50`` -> ``prompt tokens p50``; ``before_ms`` -> ``before``; ``arrivals_per_s``
-    -> ``arrivals/s``."""
-    key = key.replace("_per_s", "/s").removesuffix("_ms").removesuffix("_s")
+    -> ``arrivals`` (its values say ``/s``, as the terminal's do)."""
+    key = key.removesuffix("_per_s").removesuffix("_ms").removesuffix("_s")
     return LOOK[key].label if key in LOOK else key.replace("_", " ")
 
 
@@ -262,7 +262,7 @@ def _value(value: Any, key: str = "") -> str:
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, (int, float)):
-        unit = " ms" if key.endswith("_ms") else " s" if key.endswith("_s") else ""
+        unit = " ms" if key.endswith("_ms") else "/s" if key.endswith("_per_s") else " s" if key.endswith("_s") else ""
         if isinstance(value, float) and not unit and 0 < abs(value) < 1 and ("share" in key or "ratio" in key):
             return f"{value * 100:.0f}%"
         text = f"{value:,.0f}" if abs(value) >= 100 or isinstance(value, int) else f"{value:,.3g}"

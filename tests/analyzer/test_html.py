@@ -293,3 +293,13 @@ def test_slowest_requests_show_their_full_ids_to_copy(frame: pl.DataFrame, findi
     plot = text[text.index("<h2>Slowest requests</h2>") : text.index('<table class="slowest">')]
     hovered = set(re.findall(r'\[[0-9.e+-]+,"([^"]+-4f1c2a9e8b7d4c3a9e8b7d4c)"\]', plot))
     assert hovered == set(slowest), hovered
+
+
+def test_arrivals_are_per_second_in_the_finding_detail(report: Path, findings: dict) -> None:
+    """Issue 24: the shift's detail showed arrivals per second in seconds ("arrivals/s 9.95 s →
+    9.08 s"). They read "arrivals 9.71/s → 10.3/s", as the terminal writes them; durations keep " s"."""
+    text = report.read_text()
+    queue = next(f for f in findings["findings"] if f["kind"] == "shift" and f["stage"] == "queue")
+    before, after = queue["context"]["before"]["arrivals_per_s"], queue["context"]["after"]["arrivals_per_s"]
+    assert f"<th>arrivals</th><td>{before:,.3g}/s → {after:,.3g}/s</td>" in text
+    assert not re.search(r"arrivals[^<]*</th><td>[0-9.,]+ s ", text)
