@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import replace
+from datetime import UTC, datetime
 import shlex
 import sys
 from collections.abc import Callable
@@ -102,7 +104,7 @@ def analyze_files(
         raise NoHopEvents(no_events_message(files, scan))
     if on_step is not None:
         on_step("building timelines, then finding shifts and pitfalls")
-    return bounded.analyze(
+    result, frame = bounded.analyze(
         scanned,
         scan,
         scopes=tuple(d for d in by if d not in SCOPE_SOURCES),
@@ -111,6 +113,30 @@ def analyze_files(
         by=by,
         slo=slo,
         kv_bytes_per_token=kv_bytes,
+    )
+    if not result.get("requests") and (since is not None or until is not None):
+        raise NoHopEvents(excluded_message(scanned, since, until))
+    return result, frame
+
+
+def excluded_message(scanned: list[io.Scanned], since: str | None, until: str | None) -> str:
+    """One line for a --since / --until that leaves no request: how many events and requests lie
+    outside it, and the time the data covers (read from the files already scanned, unbounded)."""
+    every = [replace(s, bounds=(None, None)).events for s in scanned]
+    frame = pl.concat(every, how="vertical") if every else pl.LazyFrame(schema=io.SCHEMA)
+    inside = pl.col("ts").is_between(io.to_epoch(since) or -math.inf, io.to_epoch(until) or math.inf)
+    facts = frame.select(
+        events=pl.len(), inside=inside.sum(), requests=pl.col("request_id").n_unique(),
+        first=pl.col("ts").min(), last=pl.col("ts").max(),
+    ).collect().row(0, named=True)  # fmt: skip
+    given = " ".join(f"--{name} {value}" for name, value in (("since", since), ("until", until)) if value)
+    outside = facts["events"] - (facts["inside"] or 0)
+    if facts["first"] is None:
+        return f"no requests with {given}: the files hold no hop events"
+    first, last = (datetime.fromtimestamp(facts[k], UTC) for k in ("first", "last"))
+    return (
+        f"no requests with {given}: {outside:,} of {facts['events']:,} events ({facts['requests']:,} "
+        f"request IDs) are outside it; the data covers {first:%Y-%m-%d %H:%M:%S} to {last:%Y-%m-%d %H:%M:%S} UTC"
     )
 
 

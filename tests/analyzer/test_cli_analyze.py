@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -194,3 +195,20 @@ def test_minor_findings_are_one_line_and_all_lists_them(tmp_path):
     out = " ".join(proc.stdout.split())
     assert "Minor findings" in out and "opens a new connection for 100% of requests, adding 0 ms" in out
     assert "adding 0 ms" in (tmp_path / "all.html").read_text()
+
+
+@pytest.mark.parametrize("bounds", [("--since", "2030-01-01"), ("--until", "2020-01-01T00:00")])
+def test_a_range_that_leaves_no_request_says_what_it_excluded(log_dir, bounds):
+    """Issue 24: ``--since 2030-01-01`` on a file printed "0 requests from None to None", an empty
+    table, and exited 0. Now one line says how many events and requests lie outside the range and
+    the time the data covers, exit 1 (as for input without hop events)."""
+    proc = hopline("analyze", str(log_dir), *bounds)
+    assert proc.returncode == 1 and proc.stdout == "", proc.stdout
+    [line] = proc.stderr.splitlines()
+    written = generate(4000, seed=51, incidents=INCIDENTS, engine_id_prefix=True)  # what log_dir holds
+    n = written.height  # every event (the "yesterday" line is no event)
+    first, last = (datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S") for t in (written["ts"].min(), written["ts"].max()))
+    assert line == (
+        f"hopline analyze: no requests with {' '.join(bounds)}: {n:,} of {n:,} events (4,000 request IDs) "
+        f"are outside it; the data covers {first} to {last} UTC"
+    ), line
