@@ -244,9 +244,23 @@ def analyze_command(
         sys.stdout.buffer.write(orjson.dumps(result, option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE))
         sys.stdout.flush()
     else:
-        report.render(result, Console(), show_minor=show_all, command=rerun)
+        report.render(scan_as_shown(result), Console(), show_minor=show_all, command=rerun)
         if html is not None:
             Console().print(f"HTML report: {html}")
+
+
+def scan_as_shown(result: dict[str, Any]) -> dict[str, Any]:
+    """``result`` with its scan's errors as the terminal lists them: every bad file (the first
+    ``io.MAX_ERRORS`` errors kept by the reader can all be bad lines), then how many more bad
+    lines there are than the ones listed. The JSON keeps the reader's own lists."""
+    scan = result.get("scan")
+    if not scan:
+        return result
+    files = scan.get("bad_files") or []
+    lines = [e for e in scan["errors"] if e not in files]
+    more = scan["bad_lines"] - len(lines)
+    shown = lines + ([f"… and {more:,} more bad line{'s' if more > 1 else ''}"] if more > 0 else []) + files
+    return {**result, "scan": {**scan, "errors": shown}}
 
 
 def timelines_analysis(

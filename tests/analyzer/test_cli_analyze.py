@@ -212,3 +212,22 @@ def test_a_range_that_leaves_no_request_says_what_it_excluded(log_dir, bounds):
         f"hopline analyze: no requests with {' '.join(bounds)}: {n:,} of {n:,} events (4,000 request IDs) "
         f"are outside it; the data covers {first} to {last} UTC"
     ), line
+
+
+def test_a_mixed_folder_names_every_bad_file_and_counts_the_lines_not_listed(tmp_path):
+    """Issue 24: 28 bad lines and a bad Parquet file beside good events: the terminal listed 10
+    bad lines, said nothing of the other 18, and never named the Parquet file (only --json did).
+    Now: the first 10 lines, "… and 18 more bad lines", then every bad file with its reason."""
+    write_ndjson(generate(40, seed=5), tmp_path / "good.ndjson")
+    (tmp_path / "bad.ndjson").write_text("".join(f"not json {i}\n" for i in range(28)))
+    (tmp_path / "broken.parquet").write_bytes(b"PAR1" + b"\x13" * 100)
+    proc = hopline("analyze", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    tail = proc.stdout[proc.stdout.index("Read 3 files") :].splitlines()
+    assert "28 bad lines" in tail[0]
+    bad = "  " + str(tmp_path / "bad.ndjson")
+    assert [line.split(":")[:2] for line in tail[1:11]] == [[bad, str(i)] for i in range(1, 11)]
+    assert tail[11] == "  … and 18 more bad lines"
+    assert tail[12].startswith(f"  {tmp_path / 'broken.parquet'}: not a readable Parquet file"), tail
+    as_json = json.loads(hopline("analyze", str(tmp_path), "--json").stdout)["scan"]
+    assert len(as_json["errors"]) == 10 and as_json["bad_lines"] == 28  # the JSON keeps the reader's lists
