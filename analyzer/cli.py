@@ -271,7 +271,12 @@ def timelines_analysis(
         frame = read_timelines(path)
         lo, hi = io.to_epoch(since), io.to_epoch(until)
         if lo is not None or hi is not None:
-            frame = frame.filter(pl.col("start").is_between(lo or 0.0, math.inf if hi is None else hi))
+            kept = frame.filter(pl.col("start").is_between(lo or 0.0, math.inf if hi is None else hi))
+            if kept.is_empty() and not frame.is_empty():
+                raise NoHopEvents(no_requests_started(frame, since, until))
+            frame = kept
+    except NoHopEvents as exc:  # a range that leaves nothing: a failure (exit 1), as for events
+        raise ClickException(str(exc)) from exc
     except (TimelinesError, ValueError) as exc:
         raise UsageError(str(exc)) from exc
     try:
@@ -280,6 +285,19 @@ def timelines_analysis(
         return report.analyze(frame, **stats, kv_bytes_per_token=kv_bytes), frame
     except Exception as exc:  # the command's edge: one line, never a traceback
         raise internal_error(exc) from exc
+
+
+def no_requests_started(frame: pl.DataFrame, since: str | None, until: str | None) -> str:
+    """--timelines with a --since / --until that no request started in: how many were left out
+    and when the table's requests started."""
+    given = " ".join(f"--{name} {value}" for name, value in (("since", since), ("until", until)) if value)
+    if frame["start"].is_null().all():
+        return f"no requests with {given}: none of the table's {frame.height:,} requests has a start"
+    first, last = (datetime.fromtimestamp(t, UTC) for t in (frame["start"].min(), frame["start"].max()))
+    return (
+        f"no requests with {given}: all {frame.height:,} requests of the table start outside it, "
+        f"from {first:%Y-%m-%d %H:%M:%S} to {last:%Y-%m-%d %H:%M:%S} UTC"
+    )
 
 
 def events_analysis(

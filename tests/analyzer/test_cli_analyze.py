@@ -231,3 +231,19 @@ def test_a_mixed_folder_names_every_bad_file_and_counts_the_lines_not_listed(tmp
     assert tail[12].startswith(f"  {tmp_path / 'broken.parquet'}: not a readable Parquet file"), tail
     as_json = json.loads(hopline("analyze", str(tmp_path), "--json").stdout)["scan"]
     assert len(as_json["errors"]) == 10 and as_json["bad_lines"] == 28  # the JSON keeps the reader's lists
+
+
+def test_a_range_that_leaves_no_request_of_a_timelines_table_says_so(tmp_path):
+    """The same for ``--timelines`` (a per-request table; the range applies to each request's start)."""
+    from hopline.analyzer.timelines import timelines
+
+    table = timelines(generate(200, seed=3).lazy()).collect()
+    table.write_parquet(tmp_path / "timelines.parquet")
+    proc = hopline("analyze", "--timelines", str(tmp_path / "timelines.parquet"), "--since", "2030-01-01")
+    assert proc.returncode == 1 and proc.stdout == "", proc.stdout
+    starts = (table["start"].min(), table["start"].max())
+    first, last = (datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S") for t in starts)
+    assert proc.stderr == (
+        "hopline analyze: no requests with --since 2030-01-01: all 200 requests of the table start outside it, "
+        f"from {first} to {last} UTC\n"
+    )
