@@ -203,7 +203,9 @@ hopline budget ... --model-config ./Qwen3-30B-A3B/config.json --kv-dtype fp8 --j
 
 
 def budget_command(
-    network: Annotated[str, typer.Option(help="Network time, both directions (a duration with its unit: 40ms, 0.04s).")],
+    network: Annotated[
+        str, typer.Option(help="Network time, both directions (a duration with its unit: 40ms, 0.04s).")
+    ],
     queue: Annotated[str, typer.Option(help="Time waiting in the engine's queue (e.g. 60ms).")],
     prefill: Annotated[str, typer.Option(help="Prefill time (e.g. 300ms).")],
     prompt_tokens: Annotated[int, typer.Option(help="Prompt tokens per request.")],

@@ -262,7 +262,8 @@ def _value(value: Any, key: str = "") -> str:
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, (int, float)):
-        unit = " ms" if key.endswith("_ms") else "/s" if key.endswith("_per_s") else " s" if key.endswith("_s") else ""
+        units = (("_ms", " ms"), ("_per_s", "/s"), ("_s", " s"))
+        unit = next((u for suffix, u in units if key.endswith(suffix)), "")
         if isinstance(value, float) and not unit and 0 < abs(value) < 1 and ("share" in key or "ratio" in key):
             return f"{value * 100:.0f}%"
         text = f"{value:,.0f}" if abs(value) >= 100 or isinstance(value, int) else f"{value:,.3g}"

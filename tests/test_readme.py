@@ -260,7 +260,12 @@ def test_the_whole_path_runs_pasted_into_a_clean_shell(tmp_path):
     (tmp_path / "paste.sh").write_text("set -euo pipefail\n" + paste)
     clean = ["env", "-i", "PATH=/usr/bin:/bin", f"HOME={tmp_path}", "bash", "paste.sh"]
     proc = subprocess.Popen(
-        clean, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        clean,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
     )
     try:
         out, _ = proc.communicate(timeout=240)  # returns once the servers, which hold its stdout, exited
@@ -273,6 +278,7 @@ def test_the_whole_path_runs_pasted_into_a_clean_shell(tmp_path):
     assert proc.returncode == 0, out[-4000:]
     assert "command not found" not in out, out[-4000:]
     assert not re.search(r'" 404\b', out), out[-4000:]  # uvicorn's access log: no route was missing
-    assert len(set(re.findall(r"^([0-9a-f]{32}) Hello from a tiny engine$", out, re.MULTILINE))) == 20, out[-3000:]
+    calls = set(re.findall(r"^([0-9a-f]{32}) Hello from a tiny engine$", out, re.MULTILINE))
+    assert len(calls) == 20, out[-3000:]
     assert "engine view: TTFT" in out and "20 requests" in out, out[-3000:]  # timeline "$ID"; analyze
     assert not left, f"the paste's `kill $(jobs -p)` left ports {left} served"

@@ -29,5 +29,7 @@ def parse_duration(text: str, *, unit_required: bool = False) -> float:
         raise ValueError(f"not a duration: {text!r} (examples: 500ms, 10s, 15m, 6h, 14d)")
     if match.group(2) is None and unit_required:
         number = match.group(1)
-        raise ValueError(f"{text.strip()!r} has no unit: write {number}ms or {number}s (units: us, ms, s, m, h, d)")
+        raise ValueError(
+            f"{text.strip()!r} has no unit: write {number}ms or {number}s (units: us, ms, s, m, h, d)"
+        )
     return float(match.group(1)) * _UNIT_SECONDS[match.group(2) or "s"]

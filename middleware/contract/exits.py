@@ -84,7 +84,9 @@ def _command_path(argv: Sequence[str] | None, command: Any, prog_name: str) -> s
     return " ".join(words)
 
 
-def install_hint(extra: str, installed_from: dict[str, Any] | None = None, python: str = sys.executable) -> str:
+def install_hint(
+    extra: str, installed_from: dict[str, Any] | None = None, python: str = sys.executable
+) -> str:
     """The command that adds ``extra`` to this Python's hopline, from where hopline came from:
     hopline is on no package index, so ``pip install 'hopline[analyzer]'`` would find nothing.
 
@@ -103,7 +105,9 @@ def install_hint(extra: str, installed_from: dict[str, Any] | None = None, pytho
         return f"{pip} -e {where}" if info.get("dir_info", {}).get("editable") else f"{pip} {where}"
     if url:
         vcs = info.get("vcs_info", {}).get("vcs")
-        return f"{pip} {shlex.quote(f'hopline[{extra}] @ {vcs}+{url}' if vcs else f'hopline[{extra}] @ {url}')}"
+        return (
+            f"{pip} {shlex.quote(f'hopline[{extra}] @ {vcs}+{url}' if vcs else f'hopline[{extra}] @ {url}')}"
+        )
     tree = Path(__file__).resolve().parents[2]  # middleware/contract/exits.py in a clone
     if installed_from is None and (tree / "pyproject.toml").is_file() and (tree / "middleware").is_dir():
         return f"{pip} {shlex.quote(f'{tree}[{extra}]')}"

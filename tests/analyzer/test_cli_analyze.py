@@ -207,7 +207,8 @@ def test_a_range_that_leaves_no_request_says_what_it_excluded(log_dir, bounds):
     [line] = proc.stderr.splitlines()
     written = generate(4000, seed=51, incidents=INCIDENTS, engine_id_prefix=True)  # what log_dir holds
     n = written.height  # every event (the "yesterday" line is no event)
-    first, last = (datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S") for t in (written["ts"].min(), written["ts"].max()))
+    span = (written["ts"].min(), written["ts"].max())
+    first, last = (datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S") for t in span)
     assert line == (
         f"hopline analyze: no requests with {' '.join(bounds)}: {n:,} of {n:,} events (4,000 request IDs) "
         f"are outside it; the data covers {first} to {last} UTC"

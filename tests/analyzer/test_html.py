@@ -277,7 +277,9 @@ def test_shift_labels_never_overlap_in_chromium(frame: pl.DataFrame, tmp_path: P
                 assert r1 <= l2 or r2 <= l1 or b1 <= t2 or b2 <= t1, (a, b)
 
 
-def test_slowest_requests_show_their_full_ids_to_copy(frame: pl.DataFrame, findings: dict, tmp_path: Path) -> None:
+def test_slowest_requests_show_their_full_ids_to_copy(
+    frame: pl.DataFrame, findings: dict, tmp_path: Path
+) -> None:
     """Issue 24: the chart's labels cut request IDs to 18 characters and the full ID was nowhere in
     the file, so ``hopline timeline <what the report showed>`` answered "not found". Each of the
     slowest requests' full ID (32 characters here) is in a table cell, one click selects it, its

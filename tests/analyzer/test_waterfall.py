@@ -175,18 +175,28 @@ def test_readable_at_80_columns_and_piped(events_file: Path, how: str, request_i
     if how == "piped":
         code, out = _timeline_piped(request_id, str(events_file))
     else:
-        run = CliRunner().invoke(APP, ["timeline", request_id, str(events_file)], env={"COLUMNS": "80", "NO_COLOR": "1"})
+        run = CliRunner().invoke(
+            APP, ["timeline", request_id, str(events_file)], env={"COLUMNS": "80", "NO_COLOR": "1"}
+        )
         code, out = run.exit_code, run.output
     assert code == 0, out
     lines = out.splitlines()
     assert max(map(len, lines)) <= 80, out
     assert "…" not in out.replace("0 … ", ""), out  # nothing cut (the axes' titles are "0 … 450.0 ms")
     expected = {
-        "gold-complete": {"connect": "0.0 ms 31.0 ms", "frontend": "150.0 ms 40.0 ms", "decode": "450.0 ms 8,000.0 ms"},
+        "gold-complete": {
+            "connect": "0.0 ms 31.0 ms",
+            "frontend": "150.0 ms 40.0 ms",
+            "decode": "450.0 ms 8,000.0 ms",
+        },
         "gold-hosted": {"after first token (client)": "500.0 ms 2,000.0 ms"},
     }[request_id]
     for name, numbers in expected.items():
-        assert any(" ".join(line.split()) == f"{name} {numbers}" or " ".join(line.split()).startswith(f"{name} {numbers} ") for line in lines), (name, out)
+        rows = [" ".join(line.split()) for line in lines]
+        assert any(row == f"{name} {numbers}" or row.startswith(f"{name} {numbers} ") for row in rows), (
+            name,
+            out,
+        )
     drawn = [line for line in lines if "█" in line]
     assert len(drawn) >= 3, out  # the charts are still there
     if request_id == "gold-complete":
@@ -211,4 +221,5 @@ def test_an_ambiguous_prefix_lists_what_it_matches(events_file: Path) -> None:
         assert f"e1f2a3b4c5d6e7f8a9b0c1d2e3f4a50{n}" in message
     many = " ".join(timeline("gold-", str(events_file)).stderr.split())  # 21 golden IDs start so: five shown
     first = "gold-429, gold-499, gold-cancel, gold-complete, gold-err200"
-    assert f"'gold-' is the start of 21 request IDs ({first}, … (21 in all)); give more of the ID" in many, many
+    said = f"'gold-' is the start of 21 request IDs ({first}, … (21 in all)); give more of the ID"
+    assert said in many, many

@@ -38,4 +38,5 @@ def test_the_live_panel_ends_its_line_when_stderr_is_not_a_terminal() -> None:
     with live_panel(console) as live:
         live.update(Text("in flight 0"))
     console.print("events, report.json, dashboards and logs: run")
-    assert out.getvalue().splitlines()[-2:] == ["in flight 0", "events, report.json, dashboards and logs: run"]
+    closing = "events, report.json, dashboards and logs: run"
+    assert out.getvalue().splitlines()[-2:] == ["in flight 0", closing]
