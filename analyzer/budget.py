@@ -181,6 +181,15 @@ def kv_spec(
     return KVSpec(layers, kv_heads, head_dim, kv_dtype or dtype)  # type: ignore[arg-type]
 
 
+def duration_ms(option: str, text: str) -> float:
+    """A duration option's value in ms; a number without a unit is an error naming ``--option``
+    (``--network 40`` would otherwise mean 40 s where 40 ms was meant)."""
+    try:
+        return parse_duration(text, unit_required=True) * 1e3
+    except ValueError as exc:
+        raise ValueError(f"--{option}: {exc}") from None
+
+
 EXAMPLE = """\
 Example, Qwen3-30B-A3B (TTFT 400 ms, end-to-end 8,400 ms, 96 KiB per token, 600 MiB per request):
 
@@ -194,7 +203,9 @@ hopline budget ... --model-config ./Qwen3-30B-A3B/config.json --kv-dtype fp8 --j
 
 
 def budget_command(
-    network: Annotated[str, typer.Option(help="Network time, both directions (a duration: 40ms, 0.04s).")],
+    network: Annotated[
+        str, typer.Option(help="Network time, both directions (a duration with its unit: 40ms, 0.04s).")
+    ],
     queue: Annotated[str, typer.Option(help="Time waiting in the engine's queue (e.g. 60ms).")],
     prefill: Annotated[str, typer.Option(help="Prefill time (e.g. 300ms).")],
     prompt_tokens: Annotated[int, typer.Option(help="Prompt tokens per request.")],
@@ -226,12 +237,12 @@ def budget_command(
     try:
         kv = kv_spec(model_config, layers, kv_heads, head_dim, dtype=dtype, kv_dtype=kv_dtype)
         result = compute_budget(
-            network_ms=parse_duration(network) * 1e3,
-            queue_ms=parse_duration(queue) * 1e3,
-            prefill_ms=parse_duration(prefill) * 1e3,
+            network_ms=duration_ms("network", network),
+            queue_ms=duration_ms("queue", queue),
+            prefill_ms=duration_ms("prefill", prefill),
             prompt_tokens=prompt_tokens,
             output_tokens=output_tokens,
-            itl_ms=parse_duration(itl) * 1e3,
+            itl_ms=duration_ms("itl", itl),
             kv=kv,
             concurrent=concurrent,
             gpu_mem_gib=gpu_mem_gib,

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import replace
+from datetime import UTC, datetime
 import shlex
 import sys
 from collections.abc import Callable
@@ -103,7 +105,7 @@ def analyze_files(
         raise NoHopEvents(no_events_message(files, scan))
     if on_step is not None:
         on_step("building timelines, then finding shifts and pitfalls")
-    return bounded.analyze(
+    result, frame = bounded.analyze(
         scanned,
         scan,
         scopes=tuple(d for d in by if d not in SCOPE_SOURCES),
@@ -112,6 +114,30 @@ def analyze_files(
         by=by,
         slo=slo,
         kv_bytes_per_token=kv_bytes,
+    )
+    if not result.facts.get("requests") and (since is not None or until is not None):
+        raise NoHopEvents(excluded_message(scanned, since, until))
+    return result, frame
+
+
+def excluded_message(scanned: list[io.Scanned], since: str | None, until: str | None) -> str:
+    """One line for a --since / --until that leaves no request: how many events and requests lie
+    outside it, and the time the data covers (read from the files already scanned, unbounded)."""
+    every = [replace(s, bounds=(None, None)).events for s in scanned]
+    frame = pl.concat(every, how="vertical") if every else pl.LazyFrame(schema=io.SCHEMA)
+    inside = pl.col("ts").is_between(io.to_epoch(since) or -math.inf, io.to_epoch(until) or math.inf)
+    facts = frame.select(
+        events=pl.len(), inside=inside.sum(), requests=pl.col("request_id").n_unique(),
+        first=pl.col("ts").min(), last=pl.col("ts").max(),
+    ).collect().row(0, named=True)  # fmt: skip
+    given = " ".join(f"--{name} {value}" for name, value in (("since", since), ("until", until)) if value)
+    outside = facts["events"] - (facts["inside"] or 0)
+    if facts["first"] is None:
+        return f"no requests with {given}: the files hold no hop events"
+    first, last = (datetime.fromtimestamp(facts[k], UTC) for k in ("first", "last"))
+    return (
+        f"no requests with {given}: {outside:,} of {facts['events']:,} events ({facts['requests']:,} "
+        f"request IDs) are outside it; the data covers {first:%Y-%m-%d %H:%M:%S} to {last:%Y-%m-%d %H:%M:%S} UTC"
     )
 
 
@@ -246,9 +272,23 @@ def write_outputs(result: report.Analysis, frame: pl.DataFrame, out: Outputs, er
         sys.stdout.buffer.write(orjson.dumps(result.to_json(), option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE))
         sys.stdout.flush()
     else:
-        report.render(result, Console(), show_minor=out.show_all, command=out.rerun)
+        report.render(scan_as_shown(result), Console(), show_minor=out.show_all, command=out.rerun)
         if out.html is not None:
             Console().print(f"HTML report: {out.html}")
+
+
+def scan_as_shown(result: report.Analysis) -> report.Analysis:
+    """``result`` with its scan's errors as the terminal lists them: every bad file (the first
+    ``io.MAX_ERRORS`` errors kept by the reader can all be bad lines), then how many more bad
+    lines there are than the ones listed. The JSON keeps the reader's own lists."""
+    scan = result.facts.get("scan")
+    if not scan:
+        return result
+    files = scan.get("bad_files") or []
+    lines = [e for e in scan["errors"] if e not in files]
+    more = scan["bad_lines"] - len(lines)
+    shown = lines + ([f"… and {more:,} more bad line{'s' if more > 1 else ''}"] if more > 0 else []) + files
+    return replace(result, facts={**result.facts, "scan": {**scan, "errors": shown}})
 
 
 def timelines_analysis(
@@ -259,7 +299,12 @@ def timelines_analysis(
         frame = read_timelines(path)
         lo, hi = io.to_epoch(since), io.to_epoch(until)
         if lo is not None or hi is not None:
-            frame = frame.filter(pl.col("start").is_between(lo or 0.0, math.inf if hi is None else hi))
+            kept = frame.filter(pl.col("start").is_between(lo or 0.0, math.inf if hi is None else hi))
+            if kept.is_empty() and not frame.is_empty():
+                raise NoHopEvents(no_requests_started(frame, since, until))
+            frame = kept
+    except NoHopEvents as exc:  # a range that leaves nothing: a failure (exit 1), as for events
+        raise ClickException(str(exc)) from exc
     except (TimelinesError, ValueError) as exc:
         raise UsageError(str(exc)) from exc
     try:
@@ -268,6 +313,19 @@ def timelines_analysis(
         return report.analysis(frame, **stats, kv_bytes_per_token=kv_bytes), frame
     except Exception as exc:  # the command's edge: one line, never a traceback
         raise internal_error(exc) from exc
+
+
+def no_requests_started(frame: pl.DataFrame, since: str | None, until: str | None) -> str:
+    """--timelines with a --since / --until that no request started in: how many were left out
+    and when the table's requests started."""
+    given = " ".join(f"--{name} {value}" for name, value in (("since", since), ("until", until)) if value)
+    if frame["start"].is_null().all():
+        return f"no requests with {given}: none of the table's {frame.height:,} requests has a start"
+    first, last = (datetime.fromtimestamp(t, UTC) for t in (frame["start"].min(), frame["start"].max()))
+    return (
+        f"no requests with {given}: all {frame.height:,} requests of the table start outside it, "
+        f"from {first:%Y-%m-%d %H:%M:%S} to {last:%Y-%m-%d %H:%M:%S} UTC"
+    )
 
 
 def events_analysis(

@@ -222,11 +222,11 @@ def slowest_waterfalls(slowest: pl.DataFrame) -> go.Figure:
         fig.add_bar(
             y=labels,
             x=values.clip(lower_bound=0),
-            customdata=values,
+            customdata=list(zip(values, slowest["request_id"], strict=True)),  # the label cuts the ID
             name=LOOK[stage].label,
             orientation="h",
             marker_color=STAGE_COLOURS[stage],
-            hovertemplate=f"{LOOK[stage].label}: %{{customdata:.1f}} ms<extra></extra>",
+            hovertemplate=f"%{{customdata[1]}}<br>{LOOK[stage].label}: %{{customdata[0]:.1f}} ms<extra></extra>",
         )
     fig.update_layout(barmode="stack", legend_traceorder="normal")
     fig = _layout(fig, f"The {len(labels)} slowest requests by TTFT: where their first token's time went", "",
@@ -234,10 +234,26 @@ def slowest_waterfalls(slowest: pl.DataFrame) -> go.Figure:
     return fig.update_xaxes(title="ms from the request's first hop to its first token")
 
 
+def slowest_table(slowest: pl.DataFrame) -> str:
+    """The slowest requests, slowest first, each with its full request ID to copy (one click
+    selects it) for ``hopline timeline ID PATH``: the chart's labels cut IDs to 18 characters."""
+    decode = slowest["decode"] if "decode" in slowest.columns else pl.Series([None] * slowest.height)
+    columns = (slowest["request_id"], slowest["replica"], slowest["_slow"], decode)
+    rows = "".join(
+        f'<tr><td><code class="rid" title="hopline timeline {html.escape(rid)} PATH">{html.escape(rid)}</code></td>'
+        f"<td>{html.escape(replica or '–')}</td><td>{_value(slow * 1000)}</td><td>{_value(d)}</td></tr>"
+        for rid, replica, slow, d in reversed(list(zip(*columns, strict=True)))
+    )
+    return (
+        '<table class="slowest"><tr><th>request ID (hopline timeline ID PATH)</th><th>replica</th>'
+        f"<th>TTFT ms</th><th>decode ms</th></tr>{rows}</table>"
+    )
+
+
 def _words(key: str) -> str:
     """``prompt_tokens_p50`` -> ``prompt tokens p50``; ``before_ms`` -> ``before``; ``arrivals_per_s``
-    -> ``arrivals/s``."""
-    key = key.replace("_per_s", "/s").removesuffix("_ms").removesuffix("_s")
+    -> ``arrivals`` (its values say ``/s``, as the terminal's do)."""
+    key = key.removesuffix("_per_s").removesuffix("_ms").removesuffix("_s")
     return LOOK[key].label if key in LOOK else key.replace("_", " ")
 
 
@@ -248,7 +264,8 @@ def _value(value: Any, key: str = "") -> str:
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, (int, float)):
-        unit = " ms" if key.endswith("_ms") else " s" if key.endswith("_s") else ""
+        units = (("_ms", " ms"), ("_per_s", "/s"), ("_s", " s"))
+        unit = next((u for suffix, u in units if key.endswith(suffix)), "")
         if isinstance(value, float) and not unit and 0 < abs(value) < 1 and ("share" in key or "ratio" in key):
             return f"{value * 100:.0f}%"
         text = f"{value:,.0f}" if abs(value) >= 100 or isinstance(value, int) else f"{value:,.3g}"
@@ -357,6 +374,7 @@ th { text-align: left; } .findings li { margin-bottom: 14px; } .finding p { marg
 .evidence { margin-left: 12px; font-size: 13px; } .evidence td { text-align: left; }
 .evidence th { color: #555; font-weight: normal; padding-right: 16px; }
 .shift b { color: #d62728; } .pitfall b { color: #ff7f0e; }
+.slowest td:first-child { text-align: left; } code.rid { user-select: all; cursor: text; }
 """
 
 
@@ -408,6 +426,7 @@ def render_html(
             figures.append(kv_chart(timelines, kv_bytes_per_token, window))
             titles.append("KV cache")
         plots = [fig.to_html(full_html=False, include_plotlyjs=False, config=_PLOT_CONFIG) for fig in figures]
+        plots[titles.index("Slowest requests")] += slowest_table(agg["slowest"])
         script = f"<script>{PLOTLY_JS.read_text(encoding='utf-8')}</script>"
         sections += list(zip(titles, plots, strict=True))
     else:

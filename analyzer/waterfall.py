@@ -16,7 +16,7 @@ from typing import Annotated, Any
 
 import polars as pl
 import typer
-from rich.console import Console, Group
+from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.table import Table
 from rich.text import Text
 
@@ -43,6 +43,8 @@ _FALLBACK_NOTES = {
 }
 BAR_WIDTH = 48
 ZOOM_WIDTH = 32
+MIN_BAR = 16  # narrower, a chart shows nothing a reader can compare
+GAP = 2  # between two columns of a borderless table
 
 
 def _ms(seconds: float) -> str:
@@ -87,34 +89,80 @@ def _bar(start: float, duration: float, span: float, colour: str, width: int) ->
     return text
 
 
-def waterfall_table(stages: Mapping[str, Any]) -> Table:
-    """The stages as bars on two time axes: the whole request, and (when decode dwarfs it) a
-    zoom on the time to first token, so that the TTFT terms stay readable."""
+def _axes(stages: Mapping[str, Any]) -> tuple[list[tuple[str, float, float]], float, float, bool]:
+    """The bars, the whole request's span, the first token's time, and whether to zoom on it
+    (when decode dwarfs the time to first token, so that the TTFT terms stay readable)."""
     bars = stage_bars(stages)
-    negative = set(stages["negative"] if stages.get("negative") is not None else negative_stages(stages))
     end = max((s + max(d, 0.0) for _, s, d in bars), default=0.0)
     total = max(end, stages.get("client_e2e") or 0.0, stages.get("gateway_e2e") or 0.0)
     after = [s for name, s, _ in bars if name == "decode" or name.startswith("after first token")]
     ttft_end = after[0] if after else end
-    zoom = 0 < ttft_end < total / 3
+    return bars, total, ttft_end, 0 < ttft_end < total / 3
+
+
+def chart_widths(room: int, zoom: bool) -> tuple[int, ...] | None:
+    """The charts' widths side by side in ``room`` characters (the zoom first; each column is a
+    character wider, for the ``▸`` past its axis), or None when they do not fit at ``MIN_BAR``
+    each: the caller then gives them rows of their own."""
+    if not zoom:
+        return (min(BAR_WIDTH, room - 1),) if room - 1 >= MIN_BAR else None
+    room -= 2 + GAP
+    if room < 2 * MIN_BAR:
+        return None
+    first = min(ZOOM_WIDTH, room // 2)
+    return first, min(BAR_WIDTH - ZOOM_WIDTH // 2, room - first)
+
+
+def waterfall_tables(stages: Mapping[str, Any], width: int = 10_000) -> list[Table]:
+    """The stages as bars on two time axes: the whole request, and (when decode dwarfs it) a
+    zoom on the time to first token. Stage names and times are never cut: when the charts do not
+    fit beside them in ``width`` columns, they get narrower, then go below the numbers, one
+    chart per table when even two side by side do not fit."""
+    bars, total, ttft_end, zoom = _axes(stages)
+    negative = set(stages["negative"] if stages.get("negative") is not None else negative_stages(stages))
+    names = [Text(name, style="bold red" if name in negative else "") for name, _, _ in bars]
+    starts = [_ms(start) for _, start, _ in bars]
+    durations = [Text(_ms(d), style="bold red" if n in negative else "") for n, _, d in bars]
+    axes = [(ttft_end, f"0 … {_ms(ttft_end)} (first token)")] if zoom else []
+    axes.append((total, f"0 … {_ms(total)}"))
+    numbers = [("stage", names), ("start", starts), ("duration", durations)]
+    widths = [max([len(title)] + [len(str(c)) for c in cells]) for title, cells in numbers]
+    beside = chart_widths(width - sum(widths) - GAP * len(widths), zoom)
+    if beside is not None:
+        return [_stage_table(numbers, bars, list(zip(axes, beside)))]
+    below = chart_widths(width - widths[0] - GAP, zoom)
+    one_each = max(4, min(BAR_WIDTH, width - widths[0] - GAP - 1))
+    groups = [list(zip(axes, below))] if below else [[(axis, one_each)] for axis in axes]
+    return [_stage_table(numbers, bars, [])] + [_stage_table(numbers[:1], bars, group) for group in groups]
+
+
+def _stage_table(
+    columns: list[tuple[str, list[Any]]],
+    bars: list[tuple[str, float, float]],
+    charts: list[tuple[tuple[float, str], int]],
+) -> Table:
+    """A borderless table: text ``columns`` that are never wrapped nor cut, then one chart column
+    per ``((axis span, title), width)`` with ``bars`` drawn on it."""
     table = Table(show_edge=False, pad_edge=False, box=None)
-    table.add_column("stage")
-    table.add_column("start", justify="right", style="dim")
-    table.add_column("duration", justify="right")
-    if zoom:
-        table.add_column(f"0 … {_ms(ttft_end)} (first token)", no_wrap=True)
-    table.add_column(f"0 … {_ms(total)}", no_wrap=True)
-    for name, start, duration in bars:
-        style = "bold red" if name in negative else ""
-        colour = STAGE_COLOURS.get(name, "blue")
-        cells = [Text(name, style=style), _ms(start), Text(_ms(duration), style=style)]
-        if zoom:
-            cells.append(_bar(start, duration, ttft_end, colour, ZOOM_WIDTH))
-        cells.append(
-            _bar(start, duration, total, colour, BAR_WIDTH if not zoom else BAR_WIDTH - ZOOM_WIDTH // 2)
-        )
-        table.add_row(*cells)
+    for title, cells in columns:
+        fits = max([len(title)] + [len(str(c)) for c in cells])  # as waterfall_tables counts them
+        table.add_column(title, justify="left" if title == "stage" else "right", no_wrap=True, min_width=fits)
+    for (_, title), width in charts:
+        table.add_column(title, width=width + 1)  # + 1: the ▸ past the axis
+    for i, (name, start, duration) in enumerate(bars):
+        drawn = [_bar(start, duration, span, STAGE_COLOURS.get(name, "blue"), w) for (span, _), w in charts]
+        table.add_row(*(cells[i] for _, cells in columns), *drawn)
     return table
+
+
+class Waterfall:
+    """The stage tables, laid out for the width they are printed at (``waterfall_tables``)."""
+
+    def __init__(self, stages: Mapping[str, Any]) -> None:
+        self.stages = stages
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield from waterfall_tables(self.stages, options.max_width)
 
 
 def _hop_attributes(event: Mapping[str, Any]) -> str:
@@ -151,7 +199,8 @@ def hops_tables(events: pl.DataFrame) -> list[Table]:
                 ("attempt", "right"),
                 ("attributes", "left"),
             ):
-                table.add_column(column, justify=justify)  # type: ignore[arg-type]
+                # names and times whole; only the attributes wrap
+                table.add_column(column, justify=justify, no_wrap=column != "attributes")  # type: ignore[arg-type]
             for event in hops.iter_rows(named=True):  # one request's handful of events: display only
                 table.add_row(
                     f"{(event['ts'] - first) * 1000:,.1f}",
@@ -206,7 +255,7 @@ def render_waterfall(request_id: str, stages: Mapping[str, Any], events: pl.Data
         header,
         Text(f"time axis from {origin}; stages end to end (TTFT terms, then decode)", style="dim"),
     ]
-    parts.append(waterfall_table(stages))
+    parts.append(Waterfall(stages))
     for view in ("client", "gateway", "engine"):
         ttft, e2e = stages.get(f"{view}_ttft"), stages.get(f"{view}_e2e")
         if ttft is not None or e2e is not None:
@@ -221,9 +270,20 @@ def render_waterfall(request_id: str, stages: Mapping[str, Any], events: pl.Data
     return Group(*parts)
 
 
+def ids_starting_with(events: pl.LazyFrame, prefix: str, shown: int = 5) -> tuple[int, list[str]]:
+    """How many request IDs start with ``prefix``, and the first ``shown`` of them (sorted)."""
+    ids = events.filter(pl.col("request_id").str.starts_with(prefix)).select(pl.col("request_id").unique())
+    found = ids.select(count=pl.len(), first=pl.col("request_id").sort().head(shown).implode()).collect()
+    return found["count"][0], found["first"][0].to_list()
+
+
 def timeline_command(
     request_id: Annotated[
-        str, typer.Argument(help="The request ID (X-Request-Id; a chatcmpl- prefix is stripped).")
+        str,
+        typer.Argument(
+            help="The request ID (X-Request-Id; a chatcmpl- prefix is stripped), or its first characters "
+            "when they belong to one request only."
+        ),
     ],
     paths: Annotated[
         list[Path], typer.Argument(help="Event files: NDJSON or Parquet, as the collector stores them.")
@@ -249,6 +309,19 @@ def timeline_command(
         raise typer.Exit(2) from exc
     events = resolve_by_trace(events)  # the join rule: a stand-in's events belong to their request
     mine = events.filter(pl.col("request_id") == rid).collect()
+    if mine.is_empty():  # an ID cut short (the HTML report's chart labels, a terminal): a unique prefix
+        count, shown = ids_starting_with(events, rid)
+        if count > 1:
+            more = f", … ({count:,} in all)" if count > len(shown) else ""
+            err.print(
+                f"[red]hopline timeline:[/red] {rid!r} is the start of {count:,} request IDs "
+                f"({', '.join(shown)}{more}); give more of the ID",
+                highlight=False,
+            )
+            raise typer.Exit(1)
+        if count == 1:
+            rid = shown[0]
+            mine = events.filter(pl.col("request_id") == rid).collect()
     if mine.is_empty():
         held = events.select(pl.col("request_id").n_unique()).collect().item()
         err.print(

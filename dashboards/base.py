@@ -31,12 +31,12 @@ from .rules import ALERT_PREFIX
 
 TAG = "hopline"
 ALERTS_EXPR = f'ALERTS{{alertname=~"{ALERT_PREFIX}.*", alertstate="firing"}}'
-# The alert annotation's query in the current form: a Prometheus query under ``target`` (what
-# Grafana's Prometheus annotation support migrates the legacy top-level ``expr`` / ``step`` to).
-# The SDK's AnnotationTarget holds only the Grafana datasource's fields, so it is set in the JSON.
-# Grafana 11.6's dashboard schema has no top-level step, titleFormat, textFormat, tagKeys or
-# useValueForTime: hopline writes none of them.
-ALERT_ANNOTATION_TARGET = {"expr": ALERTS_EXPR, "interval": "60s", "refId": "Anno"}
+# The alert annotation's query in the form Grafana 11.6's dashboard schema accepts: ``expr`` at the
+# top of the annotation. The schema's ``target`` is the Grafana datasource's (required limit,
+# matchAny, tags, type; nothing else), so a Prometheus query there fails it ("'type' is a required
+# property"). On load, Grafana's Prometheus annotation support (prepareAnnotation) moves ``expr``
+# into its own target itself, with refId "Anno"; the step is then its default, 60 s. The schema has
+# no top-level step, titleFormat, textFormat, tagKeys or useValueForTime: hopline writes none.
 ALERT_ANNOTATION_NAME = "hopline alerts"
 
 
@@ -84,6 +84,7 @@ def dashboard(title: str, uid: str, description: str) -> Dashboard:
             .datasource(DATASOURCE)
             .enable(True)
             .icon_color("red")
+            .expr(ALERTS_EXPR)
         )
         .link(
             DashboardLink("hopline")
@@ -98,8 +99,4 @@ def dashboard(title: str, uid: str, description: str) -> Dashboard:
 
 def to_json(d: Dashboard) -> dict[str, Any]:
     """The dashboard as Grafana stores it (file provisioning or the ``dashboard`` of an API POST)."""
-    model = json.loads(JSONEncoder(sort_keys=True).encode(d.build()))
-    for annotation in model["annotations"]["list"]:
-        if annotation["name"] == ALERT_ANNOTATION_NAME:
-            annotation["target"] = dict(ALERT_ANNOTATION_TARGET)
-    return model
+    return json.loads(JSONEncoder(sort_keys=True).encode(d.build()))

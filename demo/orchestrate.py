@@ -257,7 +257,7 @@ async def drive(
             await asyncio.sleep(0.25)
 
     lags: list[float] = []
-    with Live(console=console, refresh_per_second=4, transient=False) as live:
+    with live_panel(console) as live:
         tasks = [
             asyncio.create_task(incident()),
             asyncio.create_task(display(live)),
@@ -273,6 +273,16 @@ async def drive(
         await asyncio.to_thread(emitter.close)  # the clients' last events reach the collector
     lags.sort()
     return lags[min(len(lags) - 1, int(0.99 * len(lags)))] * 1e3 if lags else 0.0
+
+
+@contextlib.contextmanager
+def live_panel(console: Console) -> Iterator[Live]:
+    """rich's ``Live``, its last frame ended by a newline on a console that is no terminal too
+    (``demo --json 2> log``): rich ends it only on a terminal, so the next line joined it."""
+    with Live(console=console, refresh_per_second=4, transient=False) as live:
+        yield live
+    if not console.is_terminal:
+        console.line()
 
 
 def _run_async(coro: Coroutine[Any, Any, float]) -> float:

@@ -21,7 +21,7 @@ from importlib.metadata import EntryPoint, entry_points
 
 import typer
 
-from hopline.middleware.contract.exits import ClickException, UsageError, run
+from hopline.middleware.contract.exits import ClickException, UsageError, install_hint, run
 
 __all__ = ["ClickException", "UsageError", "build", "main", "run"]
 
@@ -37,7 +37,7 @@ class Unavailable:
     """A command that cannot be loaded here, and the one line that says why."""
 
     command: str
-    reason: str  # "needs polars, which is not installed: pip install 'hopline[analyzer]'"
+    reason: str  # "needs polars, which is not installed: …/python -m pip install -e '/src/hopline[analyzer]'"
     bug: bool  # an ImportError from inside hopline, not a missing package
 
 
@@ -45,7 +45,7 @@ def unavailable(ep: EntryPoint, exc: ImportError) -> Unavailable:
     """Why ``ep`` failed to load: a missing third-party package (name the extra) or a bug."""
     missing = (exc.name or "").split(".")[0]
     if missing and missing != "hopline":
-        install = f"pip install 'hopline[{ep.extras[0]}]'" if ep.extras else f"pip install {missing}"
+        install = install_hint(ep.extras[0]) if ep.extras else f"pip install {missing}"
         return Unavailable(ep.name, f"needs {missing}, which is not installed: {install}", bug=False)
     detail = " ".join(str(exc).split())
     reason = f"cannot be loaded (a bug in hopline): {type(exc).__name__}: {detail}"

@@ -238,3 +238,49 @@ def test_why_a_shift_is_sometimes_p90_gives_the_analyzers_own_thresholds():
     why = " ".join(why.split())
     assert f"by {cfg.min_factor:g}× or more" in why and f"by {cfg.min_abs_ms:g} ms or more" in why
     assert "the p90 is held to the same two thresholds" in why
+
+
+def section_blocks(title: str, language: str) -> list[str]:
+    """The ```language blocks of the README's section ``## title``."""
+    return [body for lang, body in FENCE.findall(section(title)) if lang == language]
+
+
+def test_the_whole_path_runs_pasted_into_a_clean_shell(tmp_path):
+    """Issue 24: "The whole path on one machine" could not be pasted into a new shell (hopline,
+    uvicorn and python were not found without the venv) and polled /healthz on an engine and a
+    gateway that answered it with 404. Its files saved as written and its ```bash block as one
+    paste, in a bash started by ``env -i`` (a minimal PATH, no venv, no HOPLINE_*), in a folder
+    that holds the clone's ``.venv``: every command runs, the servers never answer 404 (the
+    readiness loop polls routes that exist), and everything it started is stopped afterwards."""
+    title = "The whole path on one machine, without vLLM"
+    busy = [p for p in PORTS if port_in_use(p)]
+    assert not busy, f"ports {busy} are taken on this machine: the README's walkthrough needs them"
+    for block in section_blocks(title, "python"):
+        (tmp_path / PYTHON_FILE.match(block).group(1)).write_text(block)
+    (tmp_path / ".venv").symlink_to(Path(sys.prefix))  # the clone's .venv
+    (paste,) = section_blocks(title, "bash")
+    (tmp_path / "paste.sh").write_text("set -euo pipefail\n" + paste)
+    clean = ["env", "-i", "PATH=/usr/bin:/bin", f"HOME={tmp_path}", "bash", "paste.sh"]
+    proc = subprocess.Popen(
+        clean,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, _ = proc.communicate(timeout=240)  # returns once the servers, which hold its stdout, exited
+        left = [p for p in PORTS if port_in_use(p)]
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever a failed run left in the background
+        except ProcessLookupError:
+            pass
+    assert proc.returncode == 0, out[-4000:]
+    assert "command not found" not in out, out[-4000:]
+    assert not re.search(r'" 404\b', out), out[-4000:]  # uvicorn's access log: no route was missing
+    calls = set(re.findall(r"^([0-9a-f]{32}) Hello from a tiny engine$", out, re.MULTILINE))
+    assert len(calls) == 20, out[-3000:]
+    assert "engine view: TTFT" in out and "20 requests" in out, out[-3000:]  # timeline "$ID"; analyze
+    assert not left, f"the paste's `kill $(jobs -p)` left ports {left} served"

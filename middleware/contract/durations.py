@@ -21,9 +21,15 @@ _UNIT_SECONDS = {
 }
 
 
-def parse_duration(text: str) -> float:
-    """``"500ms"`` -> 0.5, ``"14d"`` -> 1209600.0; a bare number is seconds."""
+def parse_duration(text: str, *, unit_required: bool = False) -> float:
+    """``"500ms"`` -> 0.5, ``"14d"`` -> 1209600.0; a bare number is seconds, or with
+    ``unit_required`` an error naming the forms meant (where ``40`` could be 40 ms or 40 s)."""
     match = _DURATION_RE.fullmatch(text)
     if match is None:
         raise ValueError(f"not a duration: {text!r} (examples: 500ms, 10s, 15m, 6h, 14d)")
+    if match.group(2) is None and unit_required:
+        number = match.group(1)
+        raise ValueError(
+            f"{text.strip()!r} has no unit: write {number}ms or {number}s (units: us, ms, s, m, h, d)"
+        )
     return float(match.group(1)) * _UNIT_SECONDS[match.group(2) or "s"]

@@ -88,7 +88,9 @@ class RequestTraceExporter:
             from opentelemetry.sdk.trace import TracerProvider
             from opentelemetry.sdk.trace.export import BatchSpanProcessor
         except ImportError as exc:
-            raise RuntimeError(f"OTLP export needs the otlp extra (pip install 'hopline[otlp]'): {exc}") from None
+            from hopline.middleware.contract.exits import install_hint
+
+            raise RuntimeError(f"OTLP export needs the otlp extra ({install_hint('otlp')}): {exc}") from None
 
         self._ids = _NextTraceId()
         self._provider = TracerProvider(

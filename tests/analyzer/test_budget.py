@@ -132,3 +132,18 @@ def test_fp8_kv_cache_doubles_what_fits() -> None:
 )
 def test_human_bytes(n: int, text: str) -> None:
     assert human_bytes(n) == text
+
+
+@pytest.mark.parametrize(
+    ("option", "value"), [("--network", "40"), ("--queue", "60"), ("--prefill", "0.3"), ("--itl", "20")]
+)
+def test_a_duration_without_a_unit_is_an_error_naming_the_form(option: str, value: str) -> None:
+    """Issue 24: ``--network 40`` silently meant 40 s (the lesson's 40 ms network became 40,000 ms of
+    TTFT). Every duration option of budget now wants its unit and names the form it expects."""
+    args = [*QWEN_ARGS, "--layers", "48", "--kv-heads", "4", "--head-dim", "128", "--dtype", "bf16"]
+    args[args.index(option) + 1] = value
+    run = hopline("budget", *args)
+    assert run.returncode == 2 and run.stdout == ""
+    line = " ".join(run.stderr.split())
+    assert f"hopline budget: {option}: '{value}' has no unit: write {value}ms or {value}s" in line, line
+    assert "Traceback" not in run.stderr

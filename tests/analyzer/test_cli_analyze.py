@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -194,3 +195,56 @@ def test_minor_findings_are_one_line_and_all_lists_them(tmp_path):
     out = " ".join(proc.stdout.split())
     assert "Minor findings" in out and "opens a new connection for 100% of requests, adding 0 ms" in out
     assert "adding 0 ms" in (tmp_path / "all.html").read_text()
+
+
+@pytest.mark.parametrize("bounds", [("--since", "2030-01-01"), ("--until", "2020-01-01T00:00")])
+def test_a_range_that_leaves_no_request_says_what_it_excluded(log_dir, bounds):
+    """Issue 24: ``--since 2030-01-01`` on a file printed "0 requests from None to None", an empty
+    table, and exited 0. Now one line says how many events and requests lie outside the range and
+    the time the data covers, exit 1 (as for input without hop events)."""
+    proc = hopline("analyze", str(log_dir), *bounds)
+    assert proc.returncode == 1 and proc.stdout == "", proc.stdout
+    [line] = proc.stderr.splitlines()
+    written = generate(4000, seed=51, incidents=INCIDENTS, engine_id_prefix=True)  # what log_dir holds
+    n = written.height  # every event (the "yesterday" line is no event)
+    span = (written["ts"].min(), written["ts"].max())
+    first, last = (datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S") for t in span)
+    assert line == (
+        f"hopline analyze: no requests with {' '.join(bounds)}: {n:,} of {n:,} events (4,000 request IDs) "
+        f"are outside it; the data covers {first} to {last} UTC"
+    ), line
+
+
+def test_a_mixed_folder_names_every_bad_file_and_counts_the_lines_not_listed(tmp_path):
+    """Issue 24: 28 bad lines and a bad Parquet file beside good events: the terminal listed 10
+    bad lines, said nothing of the other 18, and never named the Parquet file (only --json did).
+    Now: the first 10 lines, "… and 18 more bad lines", then every bad file with its reason."""
+    write_ndjson(generate(40, seed=5), tmp_path / "good.ndjson")
+    (tmp_path / "bad.ndjson").write_text("".join(f"not json {i}\n" for i in range(28)))
+    (tmp_path / "broken.parquet").write_bytes(b"PAR1" + b"\x13" * 100)
+    proc = hopline("analyze", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    tail = proc.stdout[proc.stdout.index("Read 3 files") :].splitlines()
+    assert "28 bad lines" in tail[0]
+    bad = "  " + str(tmp_path / "bad.ndjson")
+    assert [line.split(":")[:2] for line in tail[1:11]] == [[bad, str(i)] for i in range(1, 11)]
+    assert tail[11] == "  … and 18 more bad lines"
+    assert tail[12].startswith(f"  {tmp_path / 'broken.parquet'}: not a readable Parquet file"), tail
+    as_json = json.loads(hopline("analyze", str(tmp_path), "--json").stdout)["scan"]
+    assert len(as_json["errors"]) == 10 and as_json["bad_lines"] == 28  # the JSON keeps the reader's lists
+
+
+def test_a_range_that_leaves_no_request_of_a_timelines_table_says_so(tmp_path):
+    """The same for ``--timelines`` (a per-request table; the range applies to each request's start)."""
+    from hopline.analyzer.timelines import timelines
+
+    table = timelines(generate(200, seed=3).lazy()).collect()
+    table.write_parquet(tmp_path / "timelines.parquet")
+    proc = hopline("analyze", "--timelines", str(tmp_path / "timelines.parquet"), "--since", "2030-01-01")
+    assert proc.returncode == 1 and proc.stdout == "", proc.stdout
+    starts = (table["start"].min(), table["start"].max())
+    first, last = (datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S") for t in starts)
+    assert proc.stderr == (
+        "hopline analyze: no requests with --since 2030-01-01: all 200 requests of the table start outside it, "
+        f"from {first} to {last} UTC\n"
+    )

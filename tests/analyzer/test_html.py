@@ -285,3 +285,33 @@ def test_shift_labels_never_overlap_in_chromium(frame: pl.DataFrame, tmp_path: P
             assert r1 - l1 > 10  # drawn, with a width
             for (l2, t2, r2, b2), b in labels[i + 1 :]:
                 assert r1 <= l2 or r2 <= l1 or b1 <= t2 or b2 <= t1, (a, b)
+
+
+def test_slowest_requests_show_their_full_ids_to_copy(
+    frame: pl.DataFrame, analysed: Analysis, tmp_path: Path
+) -> None:
+    """Issue 24: the chart's labels cut request IDs to 18 characters and the full ID was nowhere in
+    the file, so ``hopline timeline <what the report showed>`` answered "not found". Each of the
+    slowest requests' full ID (32 characters here) is in a table cell, one click selects it, its
+    title is the timeline command, and the chart's hover names it too."""
+    long_ids = frame.with_columns(request_id=pl.format("{}-4f1c2a9e8b7d4c3a9e8b7d4c", "request_id"))
+    text = render_html(analysed, long_ids, tmp_path / "ids.html").read_text()
+    slowest = long_ids.top_k(12, by=pl.coalesce("client_ttft", "gateway_ttft", "engine_ttft"))["request_id"]
+    assert len(slowest) == 12 and min(map(len, slowest)) > 18
+    table = text[text.index('<table class="slowest">') :]
+    cells = re.findall(r'<code class="rid" title="hopline timeline ([^" ]+) PATH">([^<]+)</code>', table)
+    assert [rid for rid, _ in cells] == [shown for _, shown in cells] == slowest.to_list()  # slowest first
+    assert "code.rid { user-select: all;" in text
+    plot = text[text.index("<h2>Slowest requests</h2>") : text.index('<table class="slowest">')]
+    hovered = set(re.findall(r'\[[0-9.e+-]+,"([^"]+-4f1c2a9e8b7d4c3a9e8b7d4c)"\]', plot))
+    assert hovered == set(slowest), hovered
+
+
+def test_arrivals_are_per_second_in_the_finding_detail(report: Path, findings: dict) -> None:
+    """Issue 24: the shift's detail showed arrivals per second in seconds ("arrivals/s 9.95 s →
+    9.08 s"). They read "arrivals 9.71/s → 10.3/s", as the terminal writes them; durations keep " s"."""
+    text = report.read_text()
+    queue = next(f for f in findings["findings"] if f["kind"] == "shift" and f["stage"] == "queue")
+    before, after = queue["context"]["before"]["arrivals_per_s"], queue["context"]["after"]["arrivals_per_s"]
+    assert f"<th>arrivals</th><td>{before:,.3g}/s → {after:,.3g}/s</td>" in text
+    assert not re.search(r"arrivals[^<]*</th><td>[0-9.,]+ s ", text)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -148,3 +151,75 @@ def test_bars_are_laid_end_to_end() -> None:
 def test_without_engine_hops_the_client_view_stands_for_decode() -> None:
     bars = stage_bars({"connect": 0.07, "upstream": 0.43, "client_ttft": 0.5, "client_e2e": 2.5})
     assert bars[-1] == ("after first token (client)", 0.5, 2.0)
+
+
+def _timeline_piped(*args: str) -> tuple[int, str]:
+    """``hopline timeline ARGS…`` in a child process with its output on a pipe and no COLUMNS: what
+    ``hopline timeline ID DIR | less`` shows (rich then lays out for 80 columns)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    run = subprocess.run(
+        [sys.executable, "-m", "hopline.middleware.cli", "timeline", *args],
+        capture_output=True, text=True, timeout=120, env={**env, "NO_COLOR": "1"}, check=False,
+    )  # fmt: skip
+    return run.returncode, run.stdout + run.stderr
+
+
+@pytest.mark.parametrize("how", ["COLUMNS=80", "piped"])
+@pytest.mark.parametrize("request_id", ["gold-complete", "gold-hosted"])
+def test_readable_at_80_columns_and_piped(events_file: Path, how: str, request_id: str) -> None:
+    """Issue 24: at 80 columns the two charts kept their width and the stage names and times were
+    cut to "co…", "39…". Every stage row keeps its name, start and duration whole; the charts get
+    narrower (gold-complete: decode dwarfs the TTFT, two charts) or go below the numbers (the
+    hosted request's "after first token (client)" leaves no room beside them); nothing is wider
+    than 80 columns."""
+    if how == "piped":
+        code, out = _timeline_piped(request_id, str(events_file))
+    else:
+        run = CliRunner().invoke(
+            APP, ["timeline", request_id, str(events_file)], env={"COLUMNS": "80", "NO_COLOR": "1"}
+        )
+        code, out = run.exit_code, run.output
+    assert code == 0, out
+    lines = out.splitlines()
+    assert max(map(len, lines)) <= 80, out
+    assert "…" not in out.replace("0 … ", ""), out  # nothing cut (the axes' titles are "0 … 450.0 ms")
+    expected = {
+        "gold-complete": {
+            "connect": "0.0 ms 31.0 ms",
+            "frontend": "150.0 ms 40.0 ms",
+            "decode": "450.0 ms 8,000.0 ms",
+        },
+        "gold-hosted": {"after first token (client)": "500.0 ms 2,000.0 ms"},
+    }[request_id]
+    for name, numbers in expected.items():
+        rows = [" ".join(line.split()) for line in lines]
+        assert any(row == f"{name} {numbers}" or row.startswith(f"{name} {numbers} ") for row in rows), (
+            name,
+            out,
+        )
+    drawn = [line for line in lines if "█" in line]
+    assert len(drawn) >= 3, out  # the charts are still there
+    if request_id == "gold-complete":
+        assert "(first" in out and "0 … 8,450.0 ms" in out  # both axes
+
+
+def test_a_unique_prefix_of_an_id_is_enough(events_file: Path) -> None:
+    """Issue 24: the HTML report's chart cut IDs to 18 characters and ``timeline`` answered "not
+    found" for them. A prefix that starts one request's ID only draws that request."""
+    run = timeline("9c4d1f2e3a5b6c7d8e", str(events_file))  # 18 of 32 characters
+    assert run.exit_code == 0, run.output
+    assert "request 9c4d1f2e3a5b6c7d8e9f0a1b2c3d4e5f " in run.stdout
+
+
+def test_an_ambiguous_prefix_lists_what_it_matches(events_file: Path) -> None:
+    """A prefix of several IDs is an error naming a few of them and how many there are; exit 1."""
+    run = timeline("e1f2a3b4", str(events_file))
+    assert run.exit_code == 1 and run.stdout == ""
+    message = " ".join(run.stderr.split())
+    assert "'e1f2a3b4' is the start of 3 request IDs (" in message, message
+    for n in (1, 2, 3):
+        assert f"e1f2a3b4c5d6e7f8a9b0c1d2e3f4a50{n}" in message
+    many = " ".join(timeline("gold-", str(events_file)).stderr.split())  # 21 golden IDs start so: five shown
+    first = "gold-429, gold-499, gold-cancel, gold-complete, gold-err200"
+    said = f"'gold-' is the start of 21 request IDs ({first}, … (21 in all)); give more of the ID"
+    assert said in many, many

@@ -55,8 +55,8 @@ def dashboard_queries(model: dict[str, Any]) -> Iterator[tuple[str, str]]:
         for target in panel.get("targets", []):
             yield f"{model['uid']} panel {panel['id']} {panel['title']!r} {target['refId']}", target["expr"]
     for annotation in model["annotations"]["list"]:
-        if "expr" in annotation.get("target", {}):
-            yield f"{model['uid']} annotation {annotation['name']!r}", annotation["target"]["expr"]
+        if "expr" in annotation:
+            yield f"{model['uid']} annotation {annotation['name']!r}", annotation["expr"]
     for variable in model["templating"]["list"]:
         if variable["type"] == "query":
             match = _LABEL_VALUES.fullmatch(variable["query"])

@@ -170,7 +170,7 @@ def test_rules_evaluate_and_the_alert_annotation_finds_a_firing_alert(stack, das
             assert rule["health"] == "ok", rule
     # the fixture has a negative stage: HoplineNegativeStages fires at once (no `for`)
     annotation = dashboard_models["hopline-lifecycle.json"]["annotations"]["list"][0]
-    firing = wait_until("a firing alert", lambda: _query(stack, annotation["target"]["expr"])["result"], **PATIENCE)
+    firing = wait_until("a firing alert", lambda: _query(stack, annotation["expr"])["result"], **PATIENCE)
     assert {r["metric"]["alertname"] for r in firing} == {"HoplineNegativeStages"}
 
 

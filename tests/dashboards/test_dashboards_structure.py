@@ -17,7 +17,7 @@ from grafana_foundation_sdk.cog.plugins import register_default_plugins
 from grafana_foundation_sdk.models.dashboard import Dashboard as DashboardModel
 
 from hopline.dashboards import vllm_metrics
-from hopline.dashboards.base import ALERT_ANNOTATION_TARGET, ALERTS_EXPR
+from hopline.dashboards.base import ALERTS_EXPR
 from hopline.dashboards.promql import GRAFANA_SAMPLE_VALUES, VARIABLES
 from hopline.middleware.contract import VIEWS
 
@@ -62,11 +62,9 @@ def test_round_trips_through_the_sdk_parser_keeping_every_panel_and_query(dashbo
     assert essentials(once) == essentials(model)
     assert [v["name"] for v in once["templating"]["list"]] == [v["name"] for v in model["templating"]["list"]]
     assert once["uid"] == model["uid"] and once["title"] == model["title"]
-    # the SDK's AnnotationTarget has no Prometheus query fields: the target is set in the JSON after
-    # building, and a round trip keeps everything but it
+    # the alert annotation is the SDK's own (its query in ``expr``): a round trip keeps all of it
     (annotation,) = once["annotations"]["list"]
-    assert model["annotations"]["list"][0]["target"] == ALERT_ANNOTATION_TARGET
-    assert {**annotation, "target": ALERT_ANNOTATION_TARGET} == model["annotations"]["list"][0]
+    assert annotation == model["annotations"]["list"][0] and annotation["expr"] == ALERTS_EXPR
 
 
 @pytest.mark.parametrize("name", [LIFECYCLE, ENGINE])
@@ -135,26 +133,65 @@ def test_variables_and_alert_annotations(dashboard_models, name):
     assert used <= set(variables) | set(GRAFANA_SAMPLE_VALUES) | {"__value", "__field", "__url_time_range"}, (
         used
     )
-    annotations = [a for a in model["annotations"]["list"] if "target" in a]
-    assert [a["target"]["expr"] for a in annotations] == [ALERTS_EXPR]
+    annotations = [a for a in model["annotations"]["list"] if "expr" in a]
+    assert [a["expr"] for a in annotations] == [ALERTS_EXPR]
     assert 'alertname=~"Hopline.*"' in ALERTS_EXPR
-    assert annotations[0]["target"]["refId"] and annotations[0]["enable"] is True
+    assert annotations[0]["enable"] is True
 
 
-# What Grafana 11.6's dashboard schema allows at the top of an annotation (AnnotationQuery's
-# properties, additionalProperties false), and the legacy Prometheus fields it rejects (a query
-# belongs under ``target``; Grafana migrates a top-level ``expr`` there).
-ANNOTATION_KEYS = {"name", "datasource", "enable", "hide", "iconColor", "filter", "target", "type", "builtIn", "expr"}
-LEGACY_ANNOTATION_KEYS = {"expr", "step", "titleFormat", "textFormat", "tagKeys", "useValueForTime"}
+# Grafana 11.6's dashboard JSON schema (grafana-foundation-sdk's jsonschema/dashboard, branch
+# v11.6.x) for an annotation, written out here as data (the schema files are not ours to commit):
+# AnnotationQuery's properties with their JSON types (additionalProperties false) and required keys,
+# and AnnotationTarget's, the Grafana datasource's fields, all four required and nothing else, so
+# that a Prometheus query under ``target`` fails it ("'type' is a required property"). The legacy
+# Prometheus keys Grafana still migrates but the schema does not allow: step, titleFormat, ….
+ANNOTATION_QUERY = {
+    "name": str, "datasource": dict, "enable": bool, "hide": bool, "iconColor": str, "filter": dict,
+    "target": dict, "type": str, "builtIn": (int, float), "expr": str,
+}  # fmt: skip
+ANNOTATION_QUERY_REQUIRED = {"name", "datasource", "enable", "iconColor"}
+ANNOTATION_TARGET = {"limit": int, "matchAny": bool, "tags": list, "type": str}  # every one required
+DATASOURCE_REF = {"type": str, "uid": str}
+LEGACY_ANNOTATION_KEYS = {"step", "titleFormat", "textFormat", "tagKeys", "useValueForTime"}
+
+
+def _object_errors(where: str, value: dict, allowed: dict, required: set[str]) -> list[str]:
+    errors = [f"{where}{k!r} is a required property" for k in sorted(required - value.keys())]
+    errors += [f"{where}{k}: additional property" for k in sorted(value.keys() - allowed.keys())]
+    wrong = [k for k in allowed if k in value and not isinstance(value[k], allowed[k])]
+    return errors + [f"{where}{k}: not {allowed[k]}" for k in wrong]
+
+
+def schema_errors(annotation: dict) -> list[str]:
+    """What Grafana 11.6's dashboard schema says of one ``annotations.list[]`` entry (empty: valid)."""
+    errors = _object_errors("", annotation, ANNOTATION_QUERY, ANNOTATION_QUERY_REQUIRED)
+    if isinstance(annotation.get("target"), dict):
+        errors += _object_errors("target: ", annotation["target"], ANNOTATION_TARGET, set(ANNOTATION_TARGET))
+    if isinstance(annotation.get("datasource"), dict):
+        errors += _object_errors("datasource: ", annotation["datasource"], DATASOURCE_REF, set())
+    return errors
+
+
+def test_the_schema_check_rejects_a_prometheus_query_under_target():
+    """Issue 24: the form hopline wrote before, which Grafana 11.6's schema rejects."""
+    before = {
+        "name": "hopline alerts", "datasource": {"type": "prometheus", "uid": "${datasource}"},
+        "enable": True, "iconColor": "red", "target": {"expr": ALERTS_EXPR, "interval": "60s", "refId": "Anno"},
+    }  # fmt: skip
+    errors = schema_errors(before)
+    assert "target: 'type' is a required property" in errors  # what Grafana's validator said
+    assert "target: expr: additional property" in errors
 
 
 @pytest.mark.parametrize("name", [LIFECYCLE, ENGINE])
-def test_annotations_use_the_current_form_not_the_legacy_keys(dashboard_models, name):
+def test_annotations_pass_grafanas_schema_and_carry_their_query(dashboard_models, name):
     for annotation in dashboard_models[name]["annotations"]["list"]:
+        assert schema_errors(annotation) == [], annotation
         legacy = sorted(LEGACY_ANNOTATION_KEYS & annotation.keys())
         assert legacy == [], f"{annotation['name']}: legacy top-level keys {legacy}"
-        assert annotation.keys() <= ANNOTATION_KEYS, sorted(annotation.keys() - ANNOTATION_KEYS)
-        assert annotation["datasource"]["type"] == "prometheus" and annotation["target"]["expr"]
+        # the query where Grafana's Prometheus annotation support reads it (prepareAnnotation moves
+        # a top-level expr into its target)
+        assert annotation["datasource"]["type"] == "prometheus" and annotation["expr"] == ALERTS_EXPR
 
 
 def test_lifecycle_dashboard_has_what_the_issue_asks_for(dashboard_models, all_panels):

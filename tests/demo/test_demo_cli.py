@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 from hopline.demo.cli import closing_lines
-from hopline.demo.orchestrate import TRUSTED_LAG_MS, DemoRun
+from hopline.demo.orchestrate import TRUSTED_LAG_MS, DemoRun, live_panel
+from rich.console import Console
+from rich.text import Text
 
 
 def test_a_kept_run_names_a_request_and_the_timeline_command(tmp_path: Path) -> None:
@@ -24,3 +27,16 @@ def test_a_busy_machine_is_said_so() -> None:
     run = DemoRun({}, None, TRUSTED_LAG_MS * 4, None)
     assert not run.trusted
     assert "too busy to trust the timings" in closing_lines(run, html=None)[0]
+
+
+def test_the_live_panel_ends_its_line_when_stderr_is_not_a_terminal() -> None:
+    """Issue 24: ``demo --json 2> log``: the panel's last row and the closing line ("events,
+    report.json, …") came out as one line, rich's Live ending its last frame with a newline only
+    on a terminal."""
+    out = io.StringIO()
+    console = Console(file=out, width=80, force_terminal=False)
+    with live_panel(console) as live:
+        live.update(Text("in flight 0"))
+    console.print("events, report.json, dashboards and logs: run")
+    closing = "events, report.json, dashboards and logs: run"
+    assert out.getvalue().splitlines()[-2:] == ["in flight 0", closing]

@@ -7,16 +7,20 @@ puts an import blocker first on ``sys.meta_path`` for the packages an extra brin
 
 from __future__ import annotations
 
+import shlex
 import subprocess
+import sys
 from importlib.metadata import EntryPoint
 from pathlib import Path
 
 import pytest
 import typer
 from hopline.middleware.cli import ClickException, UsageError, build, run
+from hopline.middleware.contract.exits import install_hint
 from support.cli import hopline
 from support.servers import env_without_hopline
 
+REPO = Path(__file__).resolve().parents[2]
 BLOCKER = '''
 import sys
 
@@ -62,7 +66,36 @@ def test_a_missing_extra_is_named_for_its_command(tmp_path: Path, command: str, 
     assert proc.returncode == 1, proc.stderr
     (line,) = proc.stderr.splitlines()
     assert line.startswith(f"hopline {command}: needs ")
-    assert line.endswith(f"which is not installed: pip install 'hopline[{extra}]'")
+    assert line.endswith(f"which is not installed: {install_hint(extra)}")
+    assert_installs_from_here(install_hint(extra), extra)
+
+
+def assert_installs_from_here(hint: str, extra: str) -> None:
+    """Issue 24: the hint said ``pip install 'hopline[analyzer]'``, and hopline is on no package
+    index. It names this interpreter's pip and where this hopline came from: here, this clone
+    (installed with -e by .ci/setup and the README), or a wheel."""
+    python, *pip, target = shlex.split(hint)
+    assert python == sys.executable and pip[:3] == ["-m", "pip", "install"], hint
+    where = Path(target.removesuffix(f"[{extra}]"))
+    assert target.endswith(f"[{extra}]") and where.is_absolute() and where.exists(), hint
+    assert where.suffix == ".whl" or 'name = "hopline"' in (where / "pyproject.toml").read_text(), hint
+
+
+@pytest.mark.parametrize(
+    ("direct_url", "hint"),
+    [
+        ({"url": "file:///src/hopline", "dir_info": {"editable": True}}, "PY -m pip install -e '/src/hopline[analyzer]'"),
+        ({"url": "file:///src/my%20clone", "dir_info": {}}, "PY -m pip install '/src/my clone[analyzer]'"),
+        ({"url": "file:///w/dist/hopline-0.1.0-py3-none-any.whl", "archive_info": {}},
+         "PY -m pip install '/w/dist/hopline-0.1.0-py3-none-any.whl[analyzer]'"),
+        ({"url": "https://example.com/hopline.git", "vcs_info": {"vcs": "git", "commit_id": "ab12"}},
+         "PY -m pip install 'hopline[analyzer] @ git+https://example.com/hopline.git'"),
+        ({}, "PY -m pip install '/path/to/hopline[analyzer]' (the clone, or a wheel built from it: see its README, Install)"),
+    ],
+)  # fmt: skip
+def test_the_install_hint_follows_where_hopline_came_from(direct_url: dict, hint: str) -> None:
+    """pip's record of the install (PEP 610 direct_url.json) -> a command that works without an index."""
+    assert install_hint("analyzer", direct_url, python="PY") == hint
 
 
 def test_core_only_install_lists_every_command_and_budget_still_works(tmp_path: Path):
@@ -71,7 +104,7 @@ def test_core_only_install_lists_every_command_and_budget_still_works(tmp_path: 
     assert listing.returncode == 0, listing.stderr
     for command, extra in [("analyze", "analyzer"), ("collector", "collector"), ("demo", "demo")]:
         assert any(
-            line.split()[1:2] == [command] and f"pip install 'hopline[{extra}]'" in line
+            line.split()[1:2] == [command] and f"pip install -e {shlex.quote(f'{REPO}[{extra}]')}" in line
             for line in listing.stdout.splitlines()
             if len(line.split()) > 1
         ), listing.stdout
