@@ -9,7 +9,8 @@ Each step (``IncidentBook.step``) reads the findings on the horizon at event tim
 - a finding whose fingerprint is firing updates that incident (its sentence, numbers, examples);
   with ``until`` set (the analysis saw the stage come back) it resolves it, ``ends_at = until``;
 - a shift in the other direction, in the same scope, from after a firing incident's onset, is
-  that incident's end: it resolves it at its onset and opens nothing;
+  that incident's end: it resolves it at its onset and opens nothing (nor later, while its
+  onset is within ``merge_s`` of that end);
 - a new fingerprint opens an incident only when its onset is recent (at or after
   ``now - recent_s``): an old change still inside the horizon never fires again, nor one already
   resolved (a finding whose onset is at or before a resolved incident's end is that incident);
@@ -64,6 +65,8 @@ def onset_of(finding: dict, now: float) -> float:
 
 
 def since(frame: pl.DataFrame, start: float, scope: dict | None = None) -> pl.DataFrame:
+    if "start" not in frame.columns:  # no request yet
+        return frame
     keep = pl.col("start") >= start
     if scope:
         keep &= in_scope(scope).fill_null(False)
@@ -196,6 +199,8 @@ class IncidentBook:
                 continue
             if (k[3] == key[3]) != same_direction:
                 continue
+            if not same_direction and incident.onset <= onset:  # a reversal: whenever it began
+                return incident
             if k == key or abs(incident.onset - onset) <= self.merge_s:
                 return incident
         return None
@@ -205,7 +210,7 @@ class IncidentBook:
         key, onset = fingerprint(finding), onset_of(finding, now)
         until = to_epoch(finding["until"]) if finding.get("until") else None
         reversed_ = self._related(key, onset, "firing", same_direction=False)
-        if finding["kind"] == "shift" and reversed_ is not None and onset >= reversed_.onset:
+        if finding["kind"] == "shift" and reversed_ is not None:
             reversed_.state, reversed_.ends_at = "resolved", onset
             return reversed_, True
         incident = self._related(key, onset, "firing")
@@ -214,6 +219,9 @@ class IncidentBook:
         old = self._related(key, onset, "resolved")
         if old is not None and onset <= (old.ends_at or now) + self.window_s:
             return None, False
+        ended = self._related(key, onset, "resolved", same_direction=False)
+        if ended is not None and abs(onset - (ended.ends_at or onset)) <= self.merge_s:
+            return None, False  # the end of a resolved incident, seen again
         if onset < now - self.recent_s:
             return None, False
         share = live_share(finding, frame, onset)
@@ -234,6 +242,7 @@ class IncidentBook:
     ) -> tuple[Incident, bool]:
         """The incident with its newest finding, and whether what an alert shows changed."""
         incident.last_seen = now
+        incident.onset = onset_of(finding, now)  # the analysis places it better as requests come
         if fingerprint(finding) != incident.key:  # a nested scope: keep the labels, take the words
             finding = finding | {"scope": incident.finding["scope"]}
         if until is not None:
