@@ -191,7 +191,11 @@ class AlertSender:
     def close(self, flush_s: float = 5.0) -> None:
         """Give the queues up to ``flush_s`` seconds to drain, then stop the threads."""
         deadline = time.monotonic() + flush_s
-        while self.queue_length() and time.monotonic() < deadline and any(t.thread.is_alive() for t in self.targets):
+        while (
+            self.queue_length()
+            and time.monotonic() < deadline
+            and any(t.thread.is_alive() for t in self.targets)
+        ):
             time.sleep(0.05)
         self.closing = True
         self.stopped.set()
@@ -219,7 +223,9 @@ def _evidence(finding: dict, share: float | None) -> str:
     """The numbers behind the sentence, one line of ``name=value``."""
     names = ("statistic", "before_ms", "after_ms", "factor", "affected_requests", "impact_s")
     parts = [f"{n}={finding[n]}" for n in names if finding.get(n) is not None]
-    parts += [f"{k}={v}" for k, v in (finding.get("evidence") or {}).items() if isinstance(v, int | float | str)]
+    parts += [
+        f"{k}={v}" for k, v in (finding.get("evidence") or {}).items() if isinstance(v, int | float | str)
+    ]
     if share is not None:
         parts.append(f"share_of_users_time_since_onset={share:.1%}")
     return " ".join(parts)

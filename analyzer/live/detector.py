@@ -34,9 +34,7 @@ from hopline.middleware.contract.rules import SCOPE_SOURCES
 OUTERMOST = ("client", "gateway", "engine")  # the first one a request reached tells when it ended
 # What a request's end decides (its decode, end-to-end time, speed): unknown for the requests still
 # running, so the horizon's newest rows would hold only the short ones (see ``_survivors``).
-END_COLUMNS = tuple(
-    c for c in COLUMNS if c == "decode" or c.endswith(("_e2e", "_itl", "_last", "_decode_s"))
-)
+END_COLUMNS = tuple(c for c in COLUMNS if c == "decode" or c.endswith(("_e2e", "_itl", "_last", "_decode_s")))
 
 
 @dataclass(frozen=True)
@@ -55,7 +53,9 @@ class LiveConfig:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
         if self.horizon_s < 2 * self.recent_s:
-            raise ValueError(f"horizon_s ({self.horizon_s:g}) must be at least twice recent_s ({self.recent_s:g})")
+            raise ValueError(
+                f"horizon_s ({self.horizon_s:g}) must be at least twice recent_s ({self.recent_s:g})"
+            )
 
     @property
     def every_s(self) -> float:
@@ -85,7 +85,9 @@ def _running_since(pending: pl.DataFrame, now: float, cfg: LiveConfig) -> float:
     request that started before it has finished."""
     if pending.height == 0:
         return now
-    per = pending.group_by("request_id").agg(pl.col("ts").min().alias("first"), pl.col("ts").max().alias("last"))
+    per = pending.group_by("request_id").agg(
+        pl.col("ts").min().alias("first"), pl.col("ts").max().alias("last")
+    )
     running = per.filter(pl.col("last") > now - cfg.idle_s)["first"].min()
     return now if running is None else min(float(running), now)
 
@@ -126,7 +128,12 @@ class LiveDetector:
         """Add a batch of events (``io.SCHEMA`` columns); run the steps the watermark passed."""
         if events.height == 0:
             return []
-        events = events.select([pl.col(n).cast(t) if n in events.columns else pl.lit(None, t).alias(n) for n, t in SCHEMA.items()])
+        events = events.select(
+            [
+                pl.col(n).cast(t) if n in events.columns else pl.lit(None, t).alias(n)
+                for n, t in SCHEMA.items()
+            ]
+        )
         self.pending = pl.concat([self.pending, events], how="vertical")
         top = events["ts"].max()
         self.newest = top if self.newest is None else max(self.newest, top)
@@ -148,7 +155,9 @@ class LiveDetector:
         if self.newest is None or self.next_step is None:
             return []
         changed: list[Incident] = []
-        while self.next_step <= self.newest or (self.pending.height and self.next_step <= self.newest + self.config.idle_s + self.config.every_s):
+        while self.next_step <= self.newest or (
+            self.pending.height and self.next_step <= self.newest + self.config.idle_s + self.config.every_s
+        ):
             changed += self.step(self.next_step)
             self.next_step += self.config.every_s
         return _unique(changed)

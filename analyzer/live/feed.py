@@ -57,7 +57,11 @@ class Tail:
         found: list[Path] = []
         for path in self.paths:
             if path.is_dir():
-                found += sorted(p for p in path.rglob("*") if p.is_file() and io.is_ndjson(p) and not p.name.endswith(".gz"))
+                found += sorted(
+                    p
+                    for p in path.rglob("*")
+                    if p.is_file() and io.is_ndjson(p) and not p.name.endswith(".gz")
+                )
             elif path.is_file():
                 found.append(path)
         return [p for p in found if "quarantine" not in p.parts]
@@ -90,4 +94,3 @@ class Tail:
         end = data.rfind(b"\n") + 1  # complete lines only: the writer may be mid-line
         followed.offset += end
         return data[:end]
-

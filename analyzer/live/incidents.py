@@ -100,7 +100,7 @@ def returned(finding: dict, frame: pl.DataFrame, start: float, min_requests: int
         return None
     now_ms = float(np.percentile(values, STATISTICS.get(finding.get("statistic"), 50))) * 1e3
     floor = 1.0  # ms: a stage at 0 compares by its distance in ms plus this
-    distance = lambda level: abs(math.log((now_ms + floor) / (level + floor)))  # noqa: E731
+    distance = lambda level: abs(math.log((now_ms + floor) / (level + floor)))
     return distance(before) <= distance(after)
 
 

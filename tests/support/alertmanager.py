@@ -13,6 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
+
 from support.servers import free_port
 
 ALERTMANAGER = "/usr/bin/prometheus-alertmanager"
@@ -28,7 +29,7 @@ class Webhook:
         hook = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("content-length", 0)))
                 with hook.lock:
                     hook.notifications.append(json.loads(body))

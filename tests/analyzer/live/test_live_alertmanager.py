@@ -123,9 +123,13 @@ def test_a_firing_alert_is_resent_on_schedule(tmp_path):
         sender = AlertSender([am.url], resend_s=0.5).start()
         try:
             sender.update([payload(incident())])
-            wait_until("three posts of one firing alert", lambda: sender.stats.sent.get(am.url, 0) >= 3, timeout=30)
+            wait_until(
+                "three posts of one firing alert", lambda: sender.stats.sent.get(am.url, 0) >= 3, timeout=30
+            )
             sender.update([payload(incident("resolved"))])
-            wait_until("the resolve", lambda: not am.alerts() or am.alerts()[0]["status"]["state"] != "active")
+            wait_until(
+                "the resolve", lambda: not am.alerts() or am.alerts()[0]["status"]["state"] != "active"
+            )
             wait_until("the resolve sent", lambda: sender.queue_length() == 0)
             sent = sender.stats.sent[am.url]
             time.sleep(2.0)  # four resend periods

@@ -31,7 +31,10 @@ def iso(offset_s: float) -> str:
 def batches(events: pl.DataFrame, every_s: float = 10.0) -> list[pl.DataFrame]:
     """The log in event-time order, one batch per 10 s, as a replay feeds it."""
     slot = (pl.col("ts") / every_s).floor().alias("_slot")
-    return [p.drop("_slot") for p in events.sort("ts").with_columns(slot).partition_by("_slot", maintain_order=True)]
+    return [
+        p.drop("_slot")
+        for p in events.sort("ts").with_columns(slot).partition_by("_slot", maintain_order=True)
+    ]
 
 
 def test_a_queue_rise_on_one_replica_is_one_alert_that_names_it_then_resolves(tmp_path):
@@ -49,7 +52,11 @@ def test_a_queue_rise_on_one_replica_is_one_alert_that_names_it_then_resolves(tm
         (incident,) = detector.book.firing()
         # onset: the window boundary at 6:00; seen 20 s later (the rise's requests finish, settle 5 s
         # and lateness 5 s: the step at 6:20 is the first that holds 50 of r2's requests after it)
-        assert (incident.finding["stage"], incident.scope, incident.finding["at"]) == ("queue", {"replica": "r2"}, iso(360))
+        assert (incident.finding["stage"], incident.scope, incident.finding["at"]) == (
+            "queue",
+            {"replica": "r2"},
+            iso(360),
+        )
         assert detector.now - DEFAULT_START == 380
         firing = wait_until("the firing notification", lambda: webhook.alerts("firing"), timeout=90)
         for part in parts:
@@ -71,7 +78,9 @@ def test_a_queue_rise_on_one_replica_is_one_alert_that_names_it_then_resolves(tm
     assert firing[0]["annotations"]["timeline"].startswith("hopline timeline s3-")
     assert firing[0]["annotations"]["timeline"].endswith(" /var/lib/hopline")
     assert {a["labels"]["alertname"] for a in webhook.alerts()} == {"HoplineShift"}
-    assert {tuple(sorted(a["labels"].items())) for a in webhook.alerts()} == {tuple(sorted(labels.items()))}  # one alert
+    assert {tuple(sorted(a["labels"].items())) for a in webhook.alerts()} == {
+        tuple(sorted(labels.items()))
+    }  # one alert
     (end,) = [i for i in detector.incidents() if i.state == "resolved"]
     assert detector.book.firing() == []
     # the rise ended at 10:00 (600 s); the reversal is seen in the window that began at 9:50
