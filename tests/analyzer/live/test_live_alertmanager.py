@@ -3,7 +3,10 @@ whose webhook receiver is a local HTTP server: delivery, resolve, retries while 
 
 from __future__ import annotations
 
+import re
+import subprocess
 import time
+from pathlib import Path
 
 import httpx
 from hopline.analyzer.live.alertmanager import AlertSender, payload, scope_label
@@ -137,3 +140,18 @@ def test_a_firing_alert_is_resent_on_schedule(tmp_path):
         finally:
             sender.close()
         assert len(webhook.alerts("firing")) >= 1
+
+
+def test_the_readmes_alertmanager_route_passes_amtool(tmp_path):
+    """README "Alerts and annotations": its route example is a valid Alertmanager configuration."""
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    (route,) = [
+        b for b in re.findall(r"^```yaml\n(.*?)^```", readme, re.MULTILINE | re.DOTALL) if "route:" in b
+    ]
+    config = tmp_path / "alertmanager.yml"
+    config.write_text(route)
+    check = subprocess.run(
+        ["/usr/bin/amtool", "check-config", str(config)], check=False, capture_output=True, text=True
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert " - 2 receivers" in check.stdout
