@@ -87,7 +87,9 @@ def test_the_alert_reaches_the_webhook_with_its_sentence_then_resolves(tmp_path)
 
 def test_alertmanager_down_for_a_while_the_alert_still_arrives_and_the_retries_are_counted(tmp_path):
     webhook = Webhook()
-    am = Alertmanager(tmp_path, webhook.url)  # configured, not started yet
+    am = Alertmanager(tmp_path, webhook.url)
+    am.start()
+    am.stop()  # it ran, and is down now
     sender = AlertSender([am.url], backoff_s=0.2, max_backoff_s=1.0).start()
     try:
         sender.update([payload(incident())])
