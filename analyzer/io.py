@@ -196,6 +196,12 @@ def read_ndjson(path: Path, report: ScanReport) -> pl.DataFrame:
         data, problem = _gunzip(data)
         if problem is not None:
             report.bad_file(path, problem)
+    return parse_ndjson(data, str(path), report)
+
+
+def parse_ndjson(data: bytes, where: str, report: ScanReport) -> pl.DataFrame:
+    """NDJSON bytes (complete lines) as ``read_ndjson`` reads a file's; ``where`` names them in errors."""
+    path = where
     data, record_errors = translate_lines(data)  # engines' own per-request records (middleware/contract/records.py)
     for error in record_errors:
         report.bad(str(path), error)

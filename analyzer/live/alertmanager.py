@@ -1,0 +1,262 @@
+"""Alertmanager's v2 API as the way out: ``POST /api/v2/alerts``, off the detection path.
+
+``AlertSender`` keeps the alerts to deliver per Alertmanager (several URLs: each gets every alert,
+as Prometheus sends to each member of an Alertmanager cluster). ``update`` never blocks and never
+raises: it replaces the alert of the same label set waiting in each target's queue (so a queue
+holds at most one version of each alert, the newest) and wakes the target's thread.
+
+Each target has one thread that posts its queue in batches; a failed post (connection refused,
+timeout, a non-2xx answer) is retried with exponential backoff (``backoff_s`` doubling up to
+``max_backoff_s``), merged with whatever newer versions arrived meanwhile, and counted
+(``failures``, ``retries``). A firing alert is re-sent every ``resend_s`` (Alertmanager ends an
+alert whose ``endsAt`` it set itself after its ``resolve_timeout``, 5 min by default: the resend
+must come sooner, Prometheus uses 1 min); a resolved one is sent (with its ``endsAt``) until one
+post succeeds. A queue is bounded (``capacity`` alerts; the oldest are dropped and counted).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import httpx
+import orjson
+from hopline.analyzer.live.incidents import ALERTNAMES, direction
+
+RESEND_S = 60.0  # as Prometheus' notifier; below Alertmanager's default resolve_timeout (5 min)
+BATCH = 64  # alerts per POST, as Prometheus
+API_PATH = "/api/v2/alerts"
+
+
+def label_key(alert: dict) -> tuple:
+    """An alert's identity for Alertmanager: its label set."""
+    return tuple(sorted(alert["labels"].items()))
+
+
+@dataclass
+class SenderStats:
+    """What the sender did, per Alertmanager URL (hopline's own metrics read these)."""
+
+    sent: dict[str, int] = field(default_factory=dict)  # alerts accepted (2xx)
+    failures: dict[str, int] = field(default_factory=dict)  # posts that failed
+    retries: dict[str, int] = field(default_factory=dict)  # posts that were a retry
+    dropped: dict[str, int] = field(default_factory=dict)  # alerts dropped from a full queue
+    queued: dict[str, int] = field(default_factory=dict)  # alerts waiting now
+    last_error: dict[str, str] = field(default_factory=dict)
+
+    def add(self, counter: dict[str, int], url: str, n: int = 1) -> None:
+        counter[url] = counter.get(url, 0) + n
+
+
+class _Target:
+    """One Alertmanager: a bounded queue of alerts (one per label set) and the thread posting it."""
+
+    def __init__(self, url: str, sender: AlertSender) -> None:
+        self.url = url.rstrip("/")
+        self.sender = sender
+        self.pending: OrderedDict[tuple, dict] = OrderedDict()
+        self.wake = threading.Condition()
+        self.thread = threading.Thread(target=self._run, name=f"hopline-alertmanager {url}", daemon=True)
+
+    def put(self, alerts: list[dict]) -> None:
+        stats = self.sender.stats
+        with self.wake:
+            for alert in alerts:
+                key = label_key(alert)
+                self.pending.pop(key, None)
+                self.pending[key] = alert
+            while len(self.pending) > self.sender.capacity:
+                self.pending.popitem(last=False)
+                stats.add(stats.dropped, self.url)
+            stats.queued[self.url] = len(self.pending)
+            self.wake.notify()
+
+    def _take(self) -> list[dict]:
+        with self.wake:
+            while not self.pending and not self.sender.closing:
+                self.wake.wait()
+            batch = []
+            while self.pending and len(batch) < BATCH:
+                batch.append(self.pending.popitem(last=False)[1])
+            self.sender.stats.queued[self.url] = len(self.pending) + len(batch)  # in flight counts
+            return batch
+
+    def _requeue(self, batch: list[dict]) -> None:
+        """A failed batch goes back to the front, unless a newer version of an alert arrived."""
+        with self.wake:
+            for alert in reversed(batch):
+                key = label_key(alert)
+                if key not in self.pending:
+                    self.pending[key] = alert
+                    self.pending.move_to_end(key, last=False)
+            self.sender.stats.queued[self.url] = len(self.pending)
+
+    def _run(self) -> None:
+        sender, stats = self.sender, self.sender.stats
+        delay, retrying = sender.backoff_s, False
+        with httpx.Client(timeout=sender.timeout_s) as client:
+            while True:
+                batch = self._take()
+                if not batch:
+                    return
+                if retrying:
+                    stats.add(stats.retries, self.url)
+                error = self._post(client, batch)
+                if error is None:
+                    stats.add(stats.sent, self.url, len(batch))
+                    with self.wake:
+                        stats.queued[self.url] = len(self.pending)
+                    delay, retrying = sender.backoff_s, False
+                    continue
+                stats.add(stats.failures, self.url)
+                stats.last_error[self.url] = error
+                self._requeue(batch)
+                retrying = True
+                if sender.stopped.wait(delay):
+                    return
+                delay = min(delay * 2, sender.max_backoff_s)
+
+    def _post(self, client: httpx.Client, batch: list[dict]) -> str | None:
+        """None when Alertmanager took the batch, else why not (one line)."""
+        try:
+            response = client.post(
+                self.url + API_PATH, content=orjson.dumps(batch), headers={"content-type": "application/json"}
+            )
+        except httpx.HTTPError as exc:
+            return f"{type(exc).__name__}: {exc}"
+        if response.is_success:
+            return None
+        return f"HTTP {response.status_code}: {response.text[:200]}"
+
+
+class AlertSender:
+    """Delivers alerts to one or more Alertmanagers on background threads (see the module doc)."""
+
+    def __init__(
+        self,
+        urls: list[str],
+        *,
+        resend_s: float = RESEND_S,
+        capacity: int = 10_000,
+        timeout_s: float = 10.0,
+        backoff_s: float = 0.5,
+        max_backoff_s: float = 30.0,
+    ) -> None:
+        for url in urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"Alertmanager URL must start with http:// or https://, got {url!r}")
+        self.resend_s, self.capacity, self.timeout_s = resend_s, capacity, timeout_s
+        self.backoff_s, self.max_backoff_s = backoff_s, max_backoff_s
+        self.stats = SenderStats()
+        self.closing = False
+        self.stopped = threading.Event()
+        self.targets = [_Target(url, self) for url in dict.fromkeys(urls)]
+        self.firing: dict[tuple, dict] = {}  # re-sent every resend_s until resolved
+        self.lock = threading.Lock()
+        self.resender = threading.Thread(target=self._resend, name="hopline-alert-resend", daemon=True)
+
+    def start(self) -> AlertSender:
+        for target in self.targets:
+            target.thread.start()
+        self.resender.start()
+        return self
+
+    def update(self, alerts: list[dict]) -> None:
+        """Send these alerts (``payload``'s shape): a firing one (no ``endsAt``) is re-sent every
+        ``resend_s`` until an update with its ``endsAt`` (resolved) comes."""
+        if not alerts or not self.targets:
+            return
+        with self.lock:
+            for alert in alerts:
+                key = label_key(alert)
+                if alert.get("endsAt"):
+                    self.firing.pop(key, None)
+                else:
+                    self.firing[key] = alert
+        for target in self.targets:
+            target.put(alerts)
+
+    def _resend(self) -> None:
+        while not self.stopped.wait(self.resend_s):
+            with self.lock:
+                alerts = list(self.firing.values())
+            for target in self.targets:
+                target.put(alerts)
+
+    def queue_length(self) -> int:
+        return sum(self.stats.queued.values())
+
+    def close(self, flush_s: float = 5.0) -> None:
+        """Give the queues up to ``flush_s`` seconds to drain, then stop the threads."""
+        deadline = time.monotonic() + flush_s
+        while (
+            self.queue_length()
+            and time.monotonic() < deadline
+            and any(t.thread.is_alive() for t in self.targets)
+        ):
+            time.sleep(0.05)
+        self.closing = True
+        self.stopped.set()
+        for target in self.targets:
+            with target.wake:
+                target.wake.notify_all()
+        for target in self.targets:
+            if target.thread.is_alive():
+                target.thread.join(timeout=self.timeout_s + 1)
+
+
+# --- an incident as an Alertmanager alert ---------------------------------------------------
+RESERVED_LABELS = ("alertname", "severity", "stage", "pitfall", "direction")
+_LABEL_CHARS = str.maketrans({c: "_" for c in "-.:/ "})
+
+
+def scope_label(key: str) -> str:
+    """A scope key as a label name (``[a-zA-Z_][a-zA-Z0-9_]*``), never one of hopline's own."""
+    name = "".join(c if c.isalnum() or c == "_" else "_" for c in key.translate(_LABEL_CHARS))
+    name = name if name and not name[0].isdigit() else f"_{name}"
+    return f"scope_{name}" if name in RESERVED_LABELS else name
+
+
+def _evidence(finding: dict, share: float | None) -> str:
+    """The numbers behind the sentence, one line of ``name=value``."""
+    names = ("statistic", "before_ms", "after_ms", "factor", "affected_requests", "impact_s")
+    parts = [f"{n}={finding[n]}" for n in names if finding.get(n) is not None]
+    parts += [
+        f"{k}={v}" for k, v in (finding.get("evidence") or {}).items() if isinstance(v, int | float | str)
+    ]
+    if share is not None:
+        parts.append(f"share_of_users_time_since_onset={share:.1%}")
+    return " ".join(parts)
+
+
+def payload(incident: dict, *, store: str | None = None, generator_url: str | None = None) -> dict:
+    """One alert for Alertmanager's ``POST /api/v2/alerts`` from an incident's JSON
+    (``Incident.to_json``): labels = its fingerprint and severity, annotations = the sentence,
+    evidence, example requests and the ``hopline timeline`` command for the first of them."""
+    labels = {
+        "alertname": ALERTNAMES.get(incident["kind"], "HoplineFinding"),
+        "severity": incident["severity"],
+        "direction": direction(incident),
+    }
+    if incident["kind"] == "shift":
+        labels["stage"] = incident["stage"]
+    else:
+        labels["pitfall"] = incident["name"]
+    labels |= {scope_label(k): str(v) for k, v in sorted((incident.get("scope") or {}).items())}
+    examples = incident.get("examples") or []
+    annotations = {
+        "summary": incident["summary"],
+        "evidence": _evidence(incident, incident.get("share_since_onset")),
+        "onset": incident["onset"],
+    }
+    if examples:
+        annotations["examples"] = " ".join(examples)
+        annotations["timeline"] = f"hopline timeline {examples[0]} {store or '<store>'}"
+    alert = {"labels": labels, "annotations": annotations, "startsAt": incident["onset"]}
+    if incident["state"] == "resolved" and incident.get("ends_at"):
+        alert["endsAt"] = max(incident["ends_at"], incident["onset"])
+    if generator_url:
+        alert["generatorURL"] = generator_url
+    return alert

@@ -1,0 +1,208 @@
+"""``hopline watch``: live detection on event time, alerts to Alertmanager, findings over HTTP."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated
+
+import orjson
+import typer
+from hopline.analyzer.io import ScanReport
+from hopline.analyzer.live.alertmanager import AlertSender
+from hopline.analyzer.live.detector import LiveConfig, LiveDetector
+from hopline.analyzer.live.feed import Tail, replay
+from hopline.analyzer.live.watch import Watch
+from hopline.middleware.contract.durations import parse_duration
+from hopline.middleware.contract.exits import ClickException, UsageError
+from hopline.middleware.contract.rules import scope_sources
+
+HELP = """Watch hop events as they come and raise the findings of `hopline analyze` while they happen.
+
+Replay a recorded log as fast as it goes (event time, never the wall clock):
+[bold]hopline watch --replay /var/log/hopline/ --window 10s[/bold]
+
+Follow the collector's store (or a file sink's NDJSON) and alert through Alertmanager:
+[bold]hopline watch --follow /var/lib/hopline --alertmanager http://alertmanager:9093 --listen 0.0.0.0:9800[/bold]
+
+Each alert is printed as Alertmanager receives it, with the event-time seconds since its onset:
+[2026-01-05T10:06:20Z +20s since onset] FIRING HoplineShift{severity=critical, direction=up, stage=queue, replica=r2}: queue time tripled at 10:06 on replica r2 (p50 39 → 126 ms); ...
+"""
+ENV_ALERTMANAGER = "HOPLINE_ALERTMANAGER_URL"
+
+
+def alertmanager_urls(given: list[str] | None) -> list[str]:
+    """``--alertmanager`` (repeatable), else ``HOPLINE_ALERTMANAGER_URL`` (comma-separated)."""
+    raw = given or [u for u in os.environ.get(ENV_ALERTMANAGER, "").split(",")]
+    return [u.strip() for u in raw if u.strip()]
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"--listen wants HOST:PORT, e.g. 127.0.0.1:9800, got {text!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+@contextlib.contextmanager
+def serving(watch: Watch, listen: str | None) -> Iterator[None]:
+    """``GET /v1/findings`` and ``/metrics`` on ``listen`` in a thread, while the block runs."""
+    if listen is None:
+        yield
+        return
+    import uvicorn
+    from hopline.analyzer.live.server import FindingsApp
+
+    host, port = parse_listen(listen)
+    server = uvicorn.Server(uvicorn.Config(FindingsApp(watch), host=host, port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, name="hopline-watch-http", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        server.should_exit = True
+        thread.join(timeout=5)
+
+
+def printer(json_out: bool):
+    def out(line: str) -> None:
+        print(line, flush=True)
+
+    return out if not json_out else None
+
+
+def run_replay(watch: Watch, paths: list[Path], every_s: float) -> ScanReport:
+    report = ScanReport()
+    for batch in replay(paths, every_s, report):
+        watch.detector.feed(batch)
+    watch.detector.flush()
+    return report
+
+
+def run_follow(watch: Watch, paths: list[Path], poll_s: float) -> None:
+    tail = Tail(paths)
+    while True:
+        batch = tail.poll()
+        if batch.height:
+            watch.detector.feed(batch)
+        else:
+            time.sleep(poll_s)
+
+
+def watch_command(
+    replay_paths: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--replay",
+            help="Replay these event files or folders (NDJSON, Parquet, the store) as fast as possible.",
+        ),
+    ] = None,
+    follow: Annotated[
+        list[Path] | None,
+        typer.Option(
+            help="Follow NDJSON as it grows: the collector's store folder (--data-dir) or a file sink's files."
+        ),
+    ] = None,
+    alertmanager: Annotated[
+        list[str] | None,
+        typer.Option(help=f"Alertmanager base URL (repeatable; else ${ENV_ALERTMANAGER}, comma-separated)."),
+    ] = None,
+    listen: Annotated[
+        str | None, typer.Option(help="Serve GET /v1/findings?since=… and /metrics on HOST:PORT.")
+    ] = None,
+    window: Annotated[
+        str, typer.Option(help="Analysis window; a step runs every window of event time.")
+    ] = "10s",
+    horizon: Annotated[str, typer.Option(help="Finished requests kept for the analysis (by start).")] = "30m",
+    recent: Annotated[
+        str, typer.Option(help="Only a finding whose onset is this recent opens an incident.")
+    ] = "5m",
+    by: Annotated[
+        str, typer.Option(help="Scopes searched, as hopline analyze --by.")
+    ] = "replica,model,service",
+    resend: Annotated[
+        str, typer.Option(help="Re-send firing alerts this often (below Alertmanager's resolve_timeout).")
+    ] = "1m",
+    poll: Annotated[str, typer.Option(help="--follow: how often to look for new lines.")] = "1s",
+    json_out: Annotated[
+        bool, typer.Option("--json", help="Print each alert as the JSON Alertmanager receives.")
+    ] = False,
+) -> None:
+    if bool(replay_paths) == bool(follow):
+        raise UsageError("give --replay PATH or --follow PATH (one of them)")
+    try:
+        dims = tuple(d.strip() for d in by.split(",") if d.strip())
+        scope_sources(dims)
+        cfg = LiveConfig(
+            window_s=parse_duration(window),
+            horizon_s=parse_duration(horizon),
+            recent_s=parse_duration(recent),
+            scopes=dims,
+        )
+        urls = alertmanager_urls(alertmanager)
+        sender = AlertSender(urls, resend_s=parse_duration(resend)) if urls else None
+        poll_s = parse_duration(poll)
+        if listen is not None:
+            parse_listen(listen)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    paths = list(replay_paths or follow or [])
+    watch = Watch(LiveDetector(cfg), sender=sender, out=printer(json_out), store=str(paths[0]))
+    if json_out:
+        watch.out = None
+        watch.detector.on_step = json_printer(watch)
+    if sender is not None:
+        sender.start()
+    try:
+        with serving(watch, listen):
+            if replay_paths:
+                report = run_replay(watch, paths, cfg.every_s)
+                if not report.events:
+                    raise ClickException(f"no hop events in {', '.join(map(str, paths))}")
+                summary(watch, report)
+            else:
+                run_follow(watch, paths, poll_s)
+    except FileNotFoundError as exc:
+        raise UsageError(str(exc)) from exc
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if sender is not None:
+            sender.close()
+
+
+def json_printer(watch: Watch):
+    """``on_step`` that prints each opened or resolved alert as one JSON line, with the event-time
+    seconds since its onset, and then does what ``Watch.on_step`` does."""
+    from hopline.analyzer.live.alertmanager import payload
+
+    def on_step(now: float, changed: list) -> None:
+        for incident in changed:
+            if incident.first_seen == now or incident.state == "resolved":
+                alert = payload(incident.to_json(), store=watch.store)
+                line = {"seconds_since_onset": round(now - incident.onset, 3), "alert": alert}
+                sys.stdout.write(orjson.dumps(line).decode() + "\n")
+        sys.stdout.flush()
+        watch.on_step(now, changed)
+
+    return on_step
+
+
+def summary(watch: Watch, report: ScanReport) -> None:
+    d = watch.detector
+    fired = len(d.incidents())
+    print(
+        f"replayed {report.events:,} events: {d.finished_requests:,} requests, {d.steps:,} steps, "
+        f"{fired} incident{'s' if fired != 1 else ''}",
+        file=sys.stderr,
+    )
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``hopline watch`` to the ``hopline`` command."""
+    app.command(name="watch", help=HELP)(watch_command)

@@ -1,0 +1,197 @@
+"""``LiveDetector``: hop events in (event-time order, in batches), incidents out, on event time.
+
+Events wait in ``pending`` until their request is finished: the outermost component it reached
+(client, else gateway, else engine) sent its final hop (``contract.FINAL_HOPS``) and ``settle_s``
+of event time passed since the request's newest event (``engine.stats`` and other components'
+hops arrive a little after it, on clocks that disagree by seconds), or it had no event for
+``idle_s`` (a request that never ended). A finished request becomes one timeline row
+(``analyzer.timelines``) in the horizon, which keeps the requests that started in the last
+``horizon_s``: memory is bounded by the horizon (rows) plus ``idle_s`` of events.
+
+Event time: the newest ``ts`` seen, less ``lateness_s`` (events from other hosts arrive late and
+on skewed clocks), is the watermark; every ``step_s`` of it (the window by default) the detector
+runs the analysis on the horizon (``detect.findings_now``) and hands the findings to the
+incident book (``incidents``). Nothing reads the wall clock: a recorded log replays through it at
+any speed and gives the same incidents at the same event times.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import polars as pl
+from hopline.analyzer import attribution
+from hopline.analyzer.io import SCHEMA
+from hopline.analyzer.live.detect import findings_now
+from hopline.analyzer.live.incidents import Incident, IncidentBook
+from hopline.analyzer.timelines import COLUMNS, timelines
+from hopline.middleware.contract import FINAL_HOPS
+from hopline.middleware.contract.rules import SCOPE_SOURCES
+
+OUTERMOST = ("client", "gateway", "engine")  # the first one a request reached tells when it ended
+# What a request's end decides (its decode, end-to-end time, speed): unknown for the requests still
+# running, so the horizon's newest rows would hold only the short ones (see ``_survivors``).
+END_COLUMNS = tuple(c for c in COLUMNS if c == "decode" or c.endswith(("_e2e", "_itl", "_last", "_decode_s")))
+
+
+@dataclass(frozen=True)
+class LiveConfig:
+    window_s: float = 10.0  # the analysis' window (a shift's onset is a window boundary)
+    step_s: float | None = None  # how often the analysis runs, in event time (None: every window)
+    horizon_s: float = 1800.0  # finished requests kept, by start time
+    recent_s: float = 300.0  # only a finding with an onset this recent opens an incident
+    settle_s: float = 5.0  # after a request's final hop, wait this long for its stragglers
+    idle_s: float = 300.0  # a request without an event for this long is finished as it is
+    lateness_s: float = 5.0  # the watermark trails the newest event by this much
+    scopes: tuple[str, ...] = attribution.SCOPES
+
+    def __post_init__(self) -> None:
+        for name in ("window_s", "horizon_s", "recent_s", "settle_s", "idle_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
+        if self.horizon_s < 2 * self.recent_s:
+            raise ValueError(
+                f"horizon_s ({self.horizon_s:g}) must be at least twice recent_s ({self.recent_s:g})"
+            )
+
+    @property
+    def every_s(self) -> float:
+        return self.step_s or self.window_s
+
+
+def _finished(pending: pl.DataFrame, now: float, cfg: LiveConfig) -> pl.Series:
+    """The request IDs in ``pending`` that are finished at ``now`` (see the module doc)."""
+    comp = pl.col("hop").str.split_exact(".", 1).struct.field("field_0")
+    final = pl.col("hop").is_in([h for hops in FINAL_HOPS.values() for h in hops])
+    reached = [(comp == c).any().alias(c) for c in OUTERMOST]
+    ended = [(final & (comp == c)).any().alias(f"{c}_end") for c in OUTERMOST]
+    per = pending.group_by("request_id").agg(pl.col("ts").max().alias("last"), *reached, *ended)
+    outer_ended = (
+        pl.when(pl.col("client"))
+        .then(pl.col("client_end"))
+        .when(pl.col("gateway"))
+        .then(pl.col("gateway_end"))
+        .otherwise(pl.col("engine_end"))
+    )
+    done = (outer_ended & (pl.col("last") <= now - cfg.settle_s)) | (pl.col("last") <= now - cfg.idle_s)
+    return per.filter(done)["request_id"]
+
+
+def _running_since(pending: pl.DataFrame, now: float, cfg: LiveConfig) -> float:
+    """The earliest first event of the requests still running (not idle for ``idle_s``): every
+    request that started before it has finished."""
+    if pending.height == 0:
+        return now
+    per = pending.group_by("request_id").agg(
+        pl.col("ts").min().alias("first"), pl.col("ts").max().alias("last")
+    )
+    running = per.filter(pl.col("last") > now - cfg.idle_s)["first"].min()
+    return now if running is None else min(float(running), now)
+
+
+def _survivors(horizon: pl.DataFrame, cut: float) -> pl.DataFrame:
+    """The horizon with the end columns of requests started at or after ``cut`` nulled: among the
+    requests that started then, only those that ended quickly are finished yet, a sample biased
+    toward short answers (a "decode fell" out of nothing). Their TTFT parts are kept: the stages
+    before the first token do not decide how long a request runs."""
+    late = pl.col("start") >= cut
+    present = [c for c in END_COLUMNS if c in horizon.columns]
+    return horizon.with_columns(pl.when(~late).then(pl.col(c)).alias(c) for c in present)
+
+
+@dataclass
+class LiveDetector:
+    """See the module doc. ``feed`` and ``flush`` return the incidents that changed (opened,
+    updated, resolved) in the steps they ran; ``on_step(now, changed)`` is called after each step."""
+
+    config: LiveConfig = field(default_factory=LiveConfig)
+    on_step: Callable[[float, list[Incident]], None] | None = None
+
+    def __post_init__(self) -> None:
+        cfg = self.config
+        self.book = IncidentBook(cfg.window_s, cfg.horizon_s, recent_s=cfg.recent_s)
+        self.pending = pl.DataFrame(schema=SCHEMA)
+        self.horizon: pl.DataFrame | None = None
+        self.newest: float | None = None  # the newest event ts seen
+        self.next_step: float | None = None
+        self.now: float | None = None  # the last step's event time
+        self.finished_requests = 0
+        self.steps = 0
+        self.cpu_s = 0.0  # process CPU seconds spent in steps
+        self.findings: list[dict] = []  # the last step's findings (all of them)
+        self._extra = tuple(d for d in cfg.scopes if d not in SCOPE_SOURCES)
+
+    def feed(self, events: pl.DataFrame) -> list[Incident]:
+        """Add a batch of events (``io.SCHEMA`` columns); run the steps the watermark passed."""
+        if events.height == 0:
+            return []
+        events = events.select(
+            [
+                pl.col(n).cast(t) if n in events.columns else pl.lit(None, t).alias(n)
+                for n, t in SCHEMA.items()
+            ]
+        )
+        self.pending = pl.concat([self.pending, events], how="vertical")
+        top = events["ts"].max()
+        self.newest = top if self.newest is None else max(self.newest, top)
+        every = self.config.every_s
+        if self.next_step is None:
+            self.next_step = math.floor(events["ts"].min() / every) * every + every
+        watermark = self.newest - self.config.lateness_s
+        if watermark - self.next_step > self.config.horizon_s:  # a gap longer than the horizon
+            self.next_step = math.floor((watermark - self.config.horizon_s) / every) * every
+        changed: list[Incident] = []
+        while self.next_step <= watermark:
+            changed += self.step(self.next_step)
+            self.next_step += every
+        return _unique(changed)
+
+    def flush(self) -> list[Incident]:
+        """The end of a replay: steps as if time ran on without events, past the newest event
+        and until every request is finished (its final hop settled, or idle for ``idle_s``)."""
+        if self.newest is None or self.next_step is None:
+            return []
+        changed: list[Incident] = []
+        while self.next_step <= self.newest or (
+            self.pending.height and self.next_step <= self.newest + self.config.idle_s + self.config.every_s
+        ):
+            changed += self.step(self.next_step)
+            self.next_step += self.config.every_s
+        return _unique(changed)
+
+    def step(self, now: float) -> list[Incident]:
+        """One step at event time ``now``: finished requests into the horizon, the analysis on
+        it, the incident book updated."""
+        started = time.process_time()
+        cfg = self.config
+        done = _finished(self.pending, now, cfg) if self.pending.height else pl.Series([], dtype=pl.String)
+        if done.len():
+            finished = self.pending.filter(pl.col("request_id").is_in(done.implode()))
+            self.pending = self.pending.filter(~pl.col("request_id").is_in(done.implode()))
+            rows = timelines(finished.lazy(), scopes=self._extra).collect()
+            self.finished_requests += rows.height
+            parts = [self.horizon, rows] if self.horizon is not None else [rows]
+            self.horizon = pl.concat(parts, how="diagonal_relaxed")
+        if self.horizon is not None:
+            self.horizon = self.horizon.filter(pl.col("start") >= now - cfg.horizon_s)
+        frame = self.horizon if self.horizon is not None else pl.DataFrame()
+        if frame.height:
+            frame = _survivors(frame, _running_since(self.pending, now, cfg))
+        self.findings = findings_now(frame, cfg.window_s, cfg.scopes)
+        changed = self.book.step(now, self.findings, frame)
+        self.now = now
+        self.steps += 1
+        self.cpu_s += time.process_time() - started
+        if self.on_step is not None:
+            self.on_step(now, changed)
+        return changed
+
+    def incidents(self) -> list[Incident]:
+        return list(self.book.incidents)
+
+
+def _unique(incidents: list[Incident]) -> list[Incident]:
+    return list({id(i): i for i in incidents}.values())

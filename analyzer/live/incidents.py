@@ -1,0 +1,255 @@
+"""Findings over time -> incidents: one per change, opened at its onset, resolved when it ends.
+
+An incident's fingerprint (``Incident.key``) is what Alertmanager keys an alert by: the alert
+name per kind (``HoplineShift``, ``HoplinePitfall``), the stage (a pitfall: its name), the
+scope's keys and values, and the direction (``up``: the stage got slower, ``down``: faster).
+
+Each step (``IncidentBook.step``) reads the findings on the horizon at event time ``now``:
+
+- a finding whose fingerprint is firing updates that incident (its sentence, numbers, examples);
+  with ``until`` set (the analysis saw the stage come back) it resolves it, ``ends_at = until``;
+- a shift in the other direction, in the same scope, from after a firing incident's onset, is
+  that incident's end: it resolves it at its onset and opens nothing (nor later, while its
+  onset is within ``merge_s`` of that end);
+- a new fingerprint opens an incident only when its onset is recent (at or after
+  ``now - recent_s``): an old change still inside the horizon never fires again, nor one already
+  resolved (a finding whose onset is at or before a resolved incident's end is that incident);
+  the same stage and direction in a nested scope (``{}`` then ``{"replica": "r2"}``) with an
+  onset within ``merge_s`` is the same incident (its annotations follow, its labels stay);
+- it must cost users at least ``MINOR_SHARE`` of their time since its onset (``live_share``;
+  the offline report weighs a finding over the whole log, which on a 30-minute horizon would
+  hide a fresh incident for its first minutes); severity is ``critical`` from
+  ``CRITICAL_SHARE`` on, ``warning`` below, set when it opens (a label: it must not change);
+- a firing incident whose finding is gone for ``absent_steps`` steps resolves when its stage, in
+  its scope, over the last ``recent_check_s``, is nearer its level before than after (a shift
+  whose onset left the horizon is gone from the findings but may still hold: it keeps firing),
+  or when its scope had no requests for that long; a pitfall resolves when gone.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import polars as pl
+from hopline.analyzer.report import MINOR_SHARE, share_of_users_time, users_time
+from hopline.analyzer.shifts import STATISTICS, in_scope, iso_utc
+from hopline.middleware.contract.times import to_epoch
+
+ALERTNAMES = {"shift": "HoplineShift", "pitfall": "HoplinePitfall"}
+CRITICAL_SHARE = 0.05  # users' time added since the onset, from which an incident is critical
+EXAMPLES = 3  # request IDs an alert names
+
+
+def direction(finding: dict) -> str:
+    if finding["kind"] != "shift":
+        return "up"
+    return "up" if (finding.get("after_ms") or 0.0) > (finding.get("before_ms") or 0.0) else "down"
+
+
+def subject(finding: dict) -> str:
+    """What changed: a shift's stage, a pitfall's name."""
+    return finding.get("stage") if finding["kind"] == "shift" else finding.get("name")
+
+
+def fingerprint(finding: dict) -> tuple:
+    scope = tuple(sorted((str(k), str(v)) for k, v in (finding.get("scope") or {}).items()))
+    return (ALERTNAMES.get(finding["kind"], "HoplineFinding"), subject(finding), scope, direction(finding))
+
+
+def onset_of(finding: dict, now: float) -> float:
+    """When it began (event time); a pitfall that does not say: now."""
+    at = finding.get("at")
+    return to_epoch(at) if at else now
+
+
+def since(frame: pl.DataFrame, start: float, scope: dict | None = None) -> pl.DataFrame:
+    if "start" not in frame.columns:  # no request yet
+        return frame
+    keep = pl.col("start") >= start
+    if scope:
+        keep &= in_scope(scope).fill_null(False)
+    return frame.filter(keep)
+
+
+def live_share(finding: dict, frame: pl.DataFrame, onset: float) -> float | None:
+    """The users' time it added over the users' time of all requests since its onset."""
+    return share_of_users_time(finding, users_time(since(frame, onset)))
+
+
+def examples(finding: dict, frame: pl.DataFrame, onset: float, n: int = EXAMPLES) -> list[str]:
+    """A few requests to look at: in its scope since its onset, the slowest in its stage."""
+    rows = since(frame, onset, finding.get("scope"))
+    stage = finding.get("stage") or finding.get("spent_in")
+    if stage in rows.columns:
+        rows = rows.filter(pl.col(stage).is_not_null()).sort(stage, descending=True)
+    else:
+        rows = rows.sort("start", descending=True)
+    return rows["request_id"].head(n).to_list()
+
+
+def returned(finding: dict, frame: pl.DataFrame, start: float, min_requests: int = 20) -> bool | None:
+    """Whether the stage, in scope, since ``start``, is nearer its level before than after (its
+    statistic's ratio); None with fewer than ``min_requests`` requests to tell."""
+    stage, before, after = finding.get("stage"), finding.get("before_ms"), finding.get("after_ms")
+    if stage not in frame.columns or before is None or after is None:
+        return None
+    values = since(frame, start, finding.get("scope"))[stage].drop_nulls().to_numpy()
+    if len(values) < min_requests:
+        return None
+    now_ms = float(np.percentile(values, STATISTICS.get(finding.get("statistic"), 50))) * 1e3
+    floor = 1.0  # ms: a stage at 0 compares by its distance in ms plus this
+    distance = lambda level: abs(math.log((now_ms + floor) / (level + floor)))
+    return distance(before) <= distance(after)
+
+
+@dataclass
+class Incident:
+    key: tuple
+    finding: dict
+    onset: float
+    first_seen: float
+    last_seen: float
+    severity: str
+    share: float | None
+    examples: list[str] = field(default_factory=list)
+    state: str = "firing"
+    ends_at: float | None = None
+    absent_steps: int = 0
+
+    @property
+    def scope(self) -> dict[str, str]:
+        return dict(self.key[2])
+
+    def to_json(self) -> dict:
+        """The finding (contract fields) plus the incident's state and times (ISO-8601 UTC)."""
+        return self.finding | {
+            "state": self.state,
+            "onset": iso_utc(self.onset),
+            "first_seen": iso_utc(self.first_seen),
+            "last_seen": iso_utc(self.last_seen),
+            "ends_at": None if self.ends_at is None else iso_utc(self.ends_at),
+            "severity": self.severity,
+            "share_since_onset": None if self.share is None else round(self.share, 4),
+            "examples": self.examples,
+        }
+
+
+def _nested(a: tuple, b: tuple) -> bool:
+    return set(a) <= set(b) or set(b) <= set(a)
+
+
+@dataclass
+class IncidentBook:
+    """The incidents of one detector (see the module doc); ``step`` returns those that changed."""
+
+    window_s: float
+    horizon_s: float
+    recent_s: float = 300.0
+    recent_check_s: float = 30.0
+    absent_steps: int = 3
+    max_firing: int = 200
+    incidents: list[Incident] = field(default_factory=list)
+    suppressed: int = 0  # incidents not opened because max_firing were firing
+
+    @property
+    def merge_s(self) -> float:
+        return 3 * self.window_s + 15.0
+
+    def firing(self) -> list[Incident]:
+        return [i for i in self.incidents if i.state == "firing"]
+
+    def step(self, now: float, findings: list[dict], frame: pl.DataFrame) -> list[Incident]:
+        changed: dict[int, Incident] = {}
+        seen: set[int] = set()
+        for finding in findings:
+            incident, news = self._apply(now, finding, frame)
+            if incident is not None:
+                seen.add(id(incident))
+                if news:
+                    changed[id(incident)] = incident
+        for incident in self.firing():
+            if id(incident) in seen:
+                incident.absent_steps = 0
+                continue
+            incident.absent_steps += 1
+            if self._gone(now, incident, frame):
+                incident.state, incident.ends_at = "resolved", now
+                changed[id(incident)] = incident
+        self.incidents = [
+            i for i in self.incidents if i.state == "firing" or (i.ends_at or now) >= now - self.horizon_s
+        ]
+        return list(changed.values())
+
+    def _gone(self, now: float, incident: Incident, frame: pl.DataFrame) -> bool:
+        if incident.absent_steps < self.absent_steps:
+            return False
+        if incident.finding["kind"] != "shift":
+            return True
+        back = returned(incident.finding, frame, now - self.recent_check_s)
+        if back is None:  # too few requests in scope lately: gone when quiet for a horizon
+            return since(frame, now - self.horizon_s / 2, incident.scope).height == 0
+        return back
+
+    def _related(self, key: tuple, onset: float, state: str, same_direction: bool = True) -> Incident | None:
+        for incident in self.incidents:
+            k = incident.key
+            if incident.state != state or k[:2] != key[:2] or not _nested(k[2], key[2]):
+                continue
+            if (k[3] == key[3]) != same_direction:
+                continue
+            if not same_direction and incident.onset <= onset:  # a reversal: whenever it began
+                return incident
+            if k == key or abs(incident.onset - onset) <= self.merge_s:
+                return incident
+        return None
+
+    def _apply(self, now: float, finding: dict, frame: pl.DataFrame) -> tuple[Incident | None, bool]:
+        """The incident this finding belongs to (None: none) and whether it changed."""
+        key, onset = fingerprint(finding), onset_of(finding, now)
+        until = to_epoch(finding["until"]) if finding.get("until") else None
+        reversed_ = self._related(key, onset, "firing", same_direction=False)
+        if finding["kind"] == "shift" and reversed_ is not None:
+            reversed_.state, reversed_.ends_at = "resolved", onset
+            return reversed_, True
+        incident = self._related(key, onset, "firing")
+        if incident is not None:
+            return self._update(now, incident, finding, until, frame)
+        old = self._related(key, onset, "resolved")
+        if old is not None and onset <= (old.ends_at or now) + self.window_s:
+            return None, False
+        ended = self._related(key, onset, "resolved", same_direction=False)
+        if ended is not None and abs(onset - (ended.ends_at or onset)) <= self.merge_s:
+            return None, False  # the end of a resolved incident, seen again
+        if onset < now - self.recent_s:
+            return None, False
+        share = live_share(finding, frame, onset)
+        if share is None or share < MINOR_SHARE:
+            return None, False
+        if len(self.firing()) >= self.max_firing:
+            self.suppressed += 1
+            return None, False
+        severity = "critical" if share >= CRITICAL_SHARE else "warning"
+        incident = Incident(key, finding, onset, now, now, severity, share, examples(finding, frame, onset))
+        self.incidents.append(incident)
+        if until is not None:
+            incident.state, incident.ends_at = "resolved", until
+        return incident, True
+
+    def _update(
+        self, now: float, incident: Incident, finding: dict, until: float | None, frame: pl.DataFrame
+    ) -> tuple[Incident, bool]:
+        """The incident with its newest finding, and whether what an alert shows changed."""
+        incident.last_seen = now
+        incident.onset = onset_of(finding, now)  # the analysis places it better as requests come
+        if fingerprint(finding) != incident.key:  # a nested scope: keep the labels, take the words
+            finding = finding | {"scope": incident.finding["scope"]}
+        if until is not None:
+            incident.state, incident.ends_at = "resolved", until
+        same = finding.get("summary") == incident.finding.get("summary") and until is None
+        incident.finding = finding
+        incident.share = live_share(finding, frame, incident.onset)
+        if not same:
+            incident.examples = examples(finding, frame, incident.onset)
+        return incident, not same

@@ -1,0 +1,105 @@
+"""``GET /metrics`` of ``hopline watch``: the active findings as a bounded series, and the
+watcher's own counters, built on an explicit registry (``build_registry``).
+
+``hopline_live_finding{kind, stage, scope_key, scope_value, direction}`` = the factor of each
+firing incident (a pitfall: 1; a shift from a stage at 0 ms: +Inf), at most ``MAX_SERIES``
+series (the largest share of users' time first; the rest counted in
+``hopline_live_findings_not_shown``). A scope of several keys is one label pair, keys and values
+joined by ``,`` in the same order (``replica,model`` / ``r2,m1``); all traffic is ``""``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+from hopline.analyzer.live.watch import Watch
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+FINDING = "hopline_live_finding"
+NOT_SHOWN = "hopline_live_findings_not_shown"
+ALERTS_SENT = "hopline_live_alerts_sent"  # _total added by the exposition
+SEND_FAILURES = "hopline_live_alert_send_failures"
+RETRIES = "hopline_live_alert_retries"
+DROPPED = "hopline_live_alerts_dropped"
+QUEUE = "hopline_live_alert_queue_length"
+FINISHED = "hopline_live_finished_requests"
+STEPS = "hopline_live_steps"
+STEP_CPU = "hopline_live_step_cpu_seconds"
+EVENT_TIME = "hopline_live_event_time_seconds"
+MAX_SERIES = 100
+FINDING_LABELS = ["kind", "stage", "scope_key", "scope_value", "direction"]
+
+
+def finding_value(incident: dict) -> float:
+    factor = incident.get("factor")
+    if incident["kind"] != "shift":
+        return 1.0
+    return float(factor) if factor is not None else math.inf
+
+
+def finding_labels(incident: dict) -> list[str]:
+    scope = incident.get("scope") or {}
+    keys = sorted(scope)
+    stage = incident.get("stage") if incident["kind"] == "shift" else incident.get("name")
+    direction = (
+        "down" if incident["kind"] == "shift" and incident["after_ms"] < incident["before_ms"] else "up"
+    )
+    return [incident["kind"], str(stage), ",".join(keys), ",".join(str(scope[k]) for k in keys), direction]
+
+
+class LiveCollector(Collector):
+    """Yields the families from the watch's newest snapshot and its sender's counters."""
+
+    def __init__(self, watch: Watch) -> None:
+        self.watch = watch
+
+    def collect(self) -> Iterator:
+        with self.watch.lock:
+            firing = [i for i in self.watch.snapshot if i["state"] == "firing"]
+        firing.sort(key=lambda i: -(i.get("share_since_onset") or 0.0))
+        gauge = GaugeMetricFamily(
+            FINDING, "Firing findings: the factor of each (pitfall: 1)", labels=FINDING_LABELS
+        )
+        for incident in firing[:MAX_SERIES]:
+            gauge.add_metric(finding_labels(incident), finding_value(incident))
+        yield gauge
+        yield GaugeMetricFamily(
+            NOT_SHOWN, "Firing findings beyond the series cap", value=max(0, len(firing) - MAX_SERIES)
+        )
+        detector = self.watch.detector
+        yield CounterMetricFamily(
+            FINISHED, "Finished requests the detector took in", value=detector.finished_requests
+        )
+        yield CounterMetricFamily(STEPS, "Detection steps run", value=detector.steps)
+        yield CounterMetricFamily(
+            STEP_CPU, "Process CPU seconds spent in detection steps", value=detector.cpu_s
+        )
+        yield GaugeMetricFamily(
+            EVENT_TIME, "Event time of the last step (Unix seconds)", value=detector.now or 0.0
+        )
+        yield from self._sender()
+
+    def _sender(self) -> Iterator:
+        sender = self.watch.sender
+        urls = [t.url for t in sender.targets] if sender is not None else []
+        stats = sender.stats if sender is not None else None
+        for name, help_, attr, family in (
+            (ALERTS_SENT, "Alerts Alertmanager accepted", "sent", CounterMetricFamily),
+            (SEND_FAILURES, "Posts to Alertmanager that failed", "failures", CounterMetricFamily),
+            (RETRIES, "Posts to Alertmanager that retried a failed one", "retries", CounterMetricFamily),
+            (DROPPED, "Alerts dropped from a full queue", "dropped", CounterMetricFamily),
+            (QUEUE, "Alerts waiting to be sent", "queued", GaugeMetricFamily),
+        ):
+            metric = family(name, help_, labels=["alertmanager"])
+            for url in urls:
+                metric.add_metric([url], getattr(stats, attr).get(url, 0))
+            yield metric
+
+
+def build_registry(watch: Watch) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(LiveCollector(watch))
+    return registry

@@ -1,0 +1,76 @@
+"""``hopline watch --listen``: a tiny ASGI app, ``GET /v1/findings?since=…`` and ``GET /metrics``.
+
+``/v1/findings`` answers the findings JSON of the offline contract (``requests``, ``window_s``,
+``findings``) where each finding carries its incident's ``state`` (firing / resolved),
+``onset``, ``first_seen``, ``last_seen``, ``ends_at`` (ISO-8601 UTC, event time), ``severity``
+and ``examples``; ``since`` (ISO-8601 or Unix seconds) keeps the firing ones and those seen at or
+after it. ``event_time`` is the detector's last step.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qs
+
+import orjson
+from hopline.analyzer.live.metrics import build_registry
+from hopline.analyzer.live.watch import Watch
+from hopline.analyzer.shifts import iso_utc
+from hopline.middleware.contract.times import to_epoch
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+
+def findings_answer(watch: Watch, since: float | None) -> dict:
+    with watch.lock:
+        incidents = list(watch.snapshot)
+    keep = [
+        i for i in incidents if since is None or i["state"] == "firing" or to_epoch(i["last_seen"]) >= since
+    ]
+    detector = watch.detector
+    horizon = detector.horizon
+    return {
+        "requests": 0 if horizon is None else horizon.height,
+        "window_s": detector.config.window_s,
+        "horizon_s": detector.config.horizon_s,
+        "event_time": None if detector.now is None else iso_utc(detector.now),
+        "findings": keep,
+    }
+
+
+class FindingsApp:
+    """The ASGI app (HTTP; lifespan answered, nothing to start)."""
+
+    def __init__(self, watch: Watch) -> None:
+        self.watch = watch
+        self.registry = build_registry(watch)
+
+    async def __call__(self, scope: dict, receive, send) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            return
+        status, body, kind = self.route(scope)
+        await send(
+            {"type": "http.response.start", "status": status, "headers": [(b"content-type", kind.encode())]}
+        )
+        await send({"type": "http.response.body", "body": body})
+
+    def route(self, scope: dict) -> tuple[int, bytes, str]:
+        path, method = scope["path"], scope["method"]
+        if method != "GET":
+            return 405, b'{"error": "only GET"}', "application/json"
+        if path == "/metrics":
+            return 200, generate_latest(self.registry), CONTENT_TYPE_LATEST
+        if path == "/v1/findings":
+            query = parse_qs(scope.get("query_string", b"").decode())
+            try:
+                since = to_epoch(query["since"][0]) if "since" in query else None
+            except ValueError as exc:
+                return 400, orjson.dumps({"error": f"since: {exc}"}), "application/json"
+            return 200, orjson.dumps(findings_answer(self.watch, since)), "application/json"
+        return 404, b'{"error": "not found: GET /v1/findings?since=... or /metrics"}', "application/json"

@@ -1,0 +1,106 @@
+"""Live detection: delay in event time, and the detector's CPU per finished request.
+
+    .venv/bin/python bench/bench_live.py [--seeds 10] [--rate 20] [--scale-rate 200] [--scale-minutes 10]
+
+Delay: for each seed, a generated log (tests/support/synth.py) of four replicas at ``--rate``
+requests/s whose replica r2's queue time triples at 10:00 (no end) is replayed through
+``LiveDetector`` (defaults: 10 s window and step, 30 min horizon) until the first incident fires;
+the delay is the event time of that step minus the start of the first request the rise affected
+(the first on r2 at or after 10:00). The finding must name queue and replica r2 (a miss is
+reported). Event time: the figures do not depend on the machine.
+
+CPU: process CPU seconds in the detector's steps (``LiveDetector.cpu_s``: taking finished requests
+in, building their timelines, the analysis on the horizon, the incident book) per finished
+request, for the runs above, and for a clean log at ``--scale-rate`` over ``--scale-minutes``
+(the horizon grows to the whole log, so a step's cost grows with the rate).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import polars as pl
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from hopline.analyzer.live.detector import LiveConfig, LiveDetector
+from support.synth import DEFAULT_START, StageShift, generate
+
+REPLICAS = ("r1", "r2", "r3", "r4")
+ONSET_S = 600.0
+
+
+def batches(events: pl.DataFrame, every_s: float) -> list[pl.DataFrame]:
+    slot = (pl.col("ts") / every_s).floor().alias("_slot")
+    return [p.drop("_slot") for p in events.sort("ts").with_columns(slot).partition_by("_slot", maintain_order=True)]
+
+
+def first_affected(events: pl.DataFrame) -> float:
+    sent = events.filter((pl.col("hop") == "client.sent") & (pl.col("ts") >= DEFAULT_START + ONSET_S))
+    engine = events.filter((pl.col("hop") == "engine.received") & (pl.col("replica") == "r2")).select("request_id")
+    return float(sent.join(engine, on="request_id")["ts"].min())
+
+
+def delay_run(seed: int, rate: float) -> dict:
+    rise = StageShift("queue", 3.0, at_s=ONSET_S, scope={"replica": "r2"})
+    events = generate(duration_s=ONSET_S + 300, rate=rate, seed=seed, replicas=REPLICAS, incidents=[rise])
+    detector = LiveDetector(LiveConfig())
+    wall = time.perf_counter()
+    for part in batches(events, detector.config.every_s):
+        detector.feed(part)
+        if detector.book.firing():
+            break
+    wall = time.perf_counter() - wall
+    fired = detector.book.firing()
+    hit = bool(fired) and fired[0].finding.get("stage") == "queue" and fired[0].scope == {"replica": "r2"}
+    delay = (detector.now - first_affected(events)) if hit else None
+    return {"seed": seed, "delay_s": delay, "cpu_s": detector.cpu_s, "wall_s": wall,
+            "requests": detector.finished_requests, "steps": detector.steps, "fired": [i.key for i in fired]}  # fmt: skip
+
+
+def scale_run(rate: float, minutes: float) -> dict:
+    events = generate(duration_s=minutes * 60, rate=rate, seed=99, replicas=REPLICAS)
+    detector = LiveDetector(LiveConfig())
+    for part in batches(events, detector.config.every_s):
+        detector.feed(part)
+    detector.flush()
+    return {"cpu_s": detector.cpu_s, "requests": detector.finished_requests, "steps": detector.steps,
+            "incidents": len(detector.incidents()), "horizon_rows": detector.horizon.height}  # fmt: skip
+
+
+def spread(values: list[float]) -> str:
+    q = statistics.quantiles(values, n=10) if len(values) >= 2 else values * 9
+    return (f"median {statistics.median(values):.1f}, min {min(values):.1f}, p10 {q[0]:.1f}, "
+            f"p90 {q[-1]:.1f}, max {max(values):.1f}")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=10)
+    parser.add_argument("--rate", type=float, default=20.0)
+    parser.add_argument("--scale-rate", type=float, default=200.0)
+    parser.add_argument("--scale-minutes", type=float, default=10.0)
+    args = parser.parse_args()
+    runs = [delay_run(seed, args.rate) for seed in range(args.seeds)]
+    for r in runs:
+        print(f"seed {r['seed']}: delay {r['delay_s']} s, {r['steps']} steps, {r['requests']} requests, "
+              f"CPU {r['cpu_s']:.1f} s, wall {r['wall_s']:.1f} s, fired {r['fired']}")  # fmt: skip
+    delays = [r["delay_s"] for r in runs if r["delay_s"] is not None]
+    print(f"delay (event time, s) over {len(delays)}/{len(runs)} seeds that fired on queue r2: {spread(delays)}")
+    per = [r["cpu_s"] / r["requests"] * 1e3 for r in runs]
+    print(f"CPU per finished request at {args.rate:g}/s (ms): {spread(per)}")
+    steps = [r["cpu_s"] / r["steps"] for r in runs]
+    print(f"CPU per step at {args.rate:g}/s, horizon up to {ONSET_S / 60 + 5:.0f} min (s): {spread(steps)}")
+    if args.scale_rate:
+        s = scale_run(args.scale_rate, args.scale_minutes)
+        print(f"clean log at {args.scale_rate:g}/s for {args.scale_minutes:g} min: {s['requests']} requests, "
+              f"{s['steps']} steps, CPU {s['cpu_s']:.1f} s = {s['cpu_s'] / s['requests'] * 1e3:.2f} ms per request, "
+              f"{s['cpu_s'] / s['steps']:.2f} s per step (last horizon {s['horizon_rows']} rows), "
+              f"{s['incidents']} incidents")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
