@@ -259,3 +259,13 @@ def test_the_readme_layout_section_lists_the_tree():
     tops = {line.split("/")[0] + "/" for line in tracked.splitlines() if "/" in line and not line.startswith(".")}
     assert {name for name in listed if name.endswith("/")} == tops
     assert all((root / name.rstrip("/")).exists() for name in listed)
+
+
+def test_every_package_is_in_the_distribution() -> None:
+    """pyproject lists packages by hand (the package-dir mapping): a subpackage missing there works
+    in an editable install and is absent from a wheel. Every folder with an ``__init__.py`` is listed."""
+    import tomllib
+
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {module_name(init) for part in PARTS for init in (REPO / part).rglob("__init__.py")}
+    assert found - listed == set()
