@@ -39,8 +39,13 @@ def users_time(frame: pl.DataFrame) -> dict[str, float]:
 
 def share_of_users_time(finding: Finding, totals: dict[str, float]) -> float | None:
     """|impact_s| over the users' time of its kind (decode: e2e, a TTFT part: first output)."""
-    total = totals["e2e" if finding.spent_in == "decode" else "first_output"]
-    return abs(finding.cost_s) / total if total > 0 else None
+    return share_of(finding.cost_s, finding.spent_in, totals)
+
+
+def share_of(cost_s: float, spent_in: str, totals: dict[str, float]) -> float | None:
+    """``cost_s`` seconds spent in stage ``spent_in`` as a share of ``totals`` (``users_time``)."""
+    total = totals["e2e" if spent_in == "decode" else "first_output"]
+    return abs(cost_s) / total if total > 0 else None
 
 
 def is_minor(finding: Finding) -> bool:

@@ -1,22 +1,25 @@
-"""The one place live detection reads the analysis.
+"""The one place live detection reads the analysis: the same detector registry as
+``hopline analyze`` (``findings.rank.find``), so live and offline say the same sentence about the
+same incident.
 
-``findings_now`` is all the live side knows of how findings are made: a frame of per-request
-timeline rows (``analyzer.timelines``) in, the findings JSON dicts of the contract
-(docs/contract.md) out, minor ones included (the live side weighs a finding by the users' time
-since its onset, not over the whole horizon; see ``incidents.live_share``). When the detector
-registry lands, this function becomes ``[f.to_dict() for f in detect_all(frame, ctx)]``.
+``findings_now`` takes a frame of per-request timeline rows (``analyzer.timelines``) and returns
+the findings as the contract's JSON dicts (docs/findings.md), minor ones included (the live side
+weighs a finding by the users' time since its onset, not over the whole horizon; see
+``incidents.live_share``).
 """
 
 from __future__ import annotations
 
 import polars as pl
-from hopline.analyzer.report import analyze
+from hopline.analyzer.findings.detector import Context
+from hopline.analyzer.findings.rank import find
+from hopline.analyzer.report import scopes_to_search
 
 
 def findings_now(frame: pl.DataFrame, window_s: float, scopes: tuple[str, ...]) -> list[dict]:
     """Every finding (shifts and pitfalls, minor ones too) on ``frame``, ``window_s`` windows,
-    searched in ``scopes``."""
+    searched in ``scopes`` (plus the attributes ``hopline analyze`` adds by itself)."""
     if frame.height == 0:
         return []
-    result = analyze(frame, window=f"{window_s:g}s", by=scopes)
-    return result["findings"] + result["minor"]
+    decided = find(frame, Context(window_s=window_s, scopes=scopes_to_search(frame, scopes)))
+    return [f.to_json() for f in (*decided.findings, *decided.minor)]

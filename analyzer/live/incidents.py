@@ -33,8 +33,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import polars as pl
-from hopline.analyzer.report import MINOR_SHARE, share_of_users_time, users_time
-from hopline.analyzer.shifts import STATISTICS, in_scope, iso_utc
+from hopline.analyzer.findings.model import iso_utc
+from hopline.analyzer.findings.rank import MINOR_SHARE, share_of, users_time
+from hopline.analyzer.findings.shifts.scopes import in_scope
+from hopline.analyzer.findings.shifts.stats import STATISTICS
 from hopline.middleware.contract.times import to_epoch
 
 ALERTNAMES = {"shift": "HoplineShift", "pitfall": "HoplinePitfall"}
@@ -74,8 +76,11 @@ def since(frame: pl.DataFrame, start: float, scope: dict | None = None) -> pl.Da
 
 
 def live_share(finding: dict, frame: pl.DataFrame, onset: float) -> float | None:
-    """The users' time it added over the users' time of all requests since its onset."""
-    return share_of_users_time(finding, users_time(since(frame, onset)))
+    """The users' time it added over the users' time of all requests since its onset: their
+    end-to-end time for a finding spent in decode, else their waits for the first output
+    (``rank.share_of``, the rule offline ranking uses)."""
+    spent_in = finding.get("spent_in") or finding["stage"]
+    return share_of(finding.get("impact_s") or 0.0, spent_in, users_time(since(frame, onset)))
 
 
 def examples(finding: dict, frame: pl.DataFrame, onset: float, n: int = EXAMPLES) -> list[str]:

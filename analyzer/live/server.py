@@ -14,7 +14,7 @@ from urllib.parse import parse_qs
 import orjson
 from hopline.analyzer.live.metrics import build_registry
 from hopline.analyzer.live.watch import Watch
-from hopline.analyzer.shifts import iso_utc
+from hopline.analyzer.findings.model import iso_utc
 from hopline.middleware.contract.times import to_epoch
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 

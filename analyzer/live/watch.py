@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from hopline.analyzer.live.alertmanager import AlertSender, payload
 from hopline.analyzer.live.detector import LiveDetector
 from hopline.analyzer.live.incidents import Incident
-from hopline.analyzer.shifts import iso_utc
+from hopline.analyzer.findings.model import iso_utc
 
 
 def alert_line(now: float, incident: Incident, alert: dict) -> str:

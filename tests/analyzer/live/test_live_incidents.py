@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from hopline.analyzer.live.detect import findings_now
 from hopline.analyzer.live.incidents import IncidentBook, fingerprint
-from hopline.analyzer.shifts import iso_utc
+from hopline.analyzer.findings.model import iso_utc
 from hopline.analyzer.timelines import timelines
 from hopline.middleware.contract.times import to_epoch
 from support.synth import DEFAULT_START, StageShift, generate
