@@ -139,38 +139,61 @@ class _Slots:
     A request holds a slot from entering the transport until its response is closed (or it
     failed): exactly while httpcore's pool holds it. One that enters with every slot held waits in
     line; a slot freed goes to the oldest waiter (httpcore serves its queue in arrival order), and
-    that moment ends the waiter's pool wait. A waiter that got its connection before the release
-    was seen (threads race) owes the next release.
+    that moment ends the waiter's pool wait.
+
+    Threads race between counting themselves here and entering httpcore's pool, so the books are
+    put right when a request gets its connection (its first trace event) while still in line:
+    with a release under way, it got that release (which it then owes, so the release hands out
+    nothing more); with none, it overtook a request counted ahead of it that has not started yet,
+    and the two swap places (the latest such one waits instead).
     """
 
-    __slots__ = ("limit", "held", "waiting", "owed", "lock")
+    __slots__ = ("limit", "held", "waiting", "pending", "owed", "releasing", "lock")
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.held = 0
-        self.waiting: deque[_Call] = deque()
+        self.waiting: deque[_Call] = deque()  # met a full pool, no connection yet, oldest first
+        self.pending: list[_Call] = []  # found room, not started yet
         self.owed = 0
+        self.releasing = 0  # responses being closed whose slot is not back yet
         self.lock = threading.Lock()
 
     def enter(self, call: _Call) -> None:
         with self.lock:
             call.pool_full = self.held >= self.limit
             self.held += 1
-            if call.pool_full:
-                self.waiting.append(call)
+            (self.waiting if call.pool_full else self.pending).append(call)
 
     def started(self, call: _Call) -> None:
-        """``call`` got its connection (its first trace event) while still in line."""
+        """``call`` got its connection: its first trace event."""
         with self.lock:
-            if call.slot_at is None and call in self.waiting:
+            if call in self.pending:
+                self.pending.remove(call)
+            elif call.slot_at is None and call in self.waiting:
                 self.waiting.remove(call)
-                self.owed += 1
+                if self.releasing or not self.pending:
+                    self.owed += 1
+                else:
+                    call.pool_full = False
+                    overtaken = self.pending.pop()
+                    overtaken.pool_full = True
+                    self.waiting.appendleft(overtaken)
 
-    def leave(self, call: _Call) -> None:
-        """``call`` gave its slot back (or left the line without one)."""
+    def releases(self) -> None:
+        """A response is being closed: its connection goes back to the pool now."""
+        with self.lock:
+            self.releasing += 1
+
+    def leave(self, call: _Call, released: bool) -> None:
+        """``call`` gave its slot back (or left without one); ``released``: after ``releases()``."""
         t = time.perf_counter()
         with self.lock:
             self.held -= 1
+            if released:
+                self.releasing -= 1
+            if call in self.pending:
+                self.pending.remove(call)  # failed before it started: its slot is free again
             if call in self.waiting:
                 self.waiting.remove(call)  # it never had a connection: nothing freed
             elif self.owed:
@@ -239,6 +262,9 @@ def _lag_probe() -> _LagProbe | None:
     return probe
 
 
+_HOLDING, _CLOSING, _LEFT = range(3)
+
+
 class _Call:
     """One attempt as the transport sees it: connection timings, then the response body."""
 
@@ -262,7 +288,7 @@ class _Call:
         "slots",
         "pool_full",
         "slot_at",
-        "left",
+        "held",
         "probe",
     )
 
@@ -286,7 +312,7 @@ class _Call:
         self.slots: _Slots | None = None
         self.pool_full: bool | None = None  # None: the pool's state is unknown
         self.slot_at: float | None = None  # when a full pool freed a connection for it
-        self.left = False
+        self.held = _HOLDING  # its place in the pool: holding, closing its response, left
         self.probe: _LagProbe | None = None
 
     def hold(self, slots: _Slots | None, probe: _LagProbe | None) -> None:
@@ -296,11 +322,17 @@ class _Call:
             self.slots = slots
             slots.enter(self)
 
+    def closing(self) -> None:
+        """Its response is about to be closed (the pool gets the connection back in there)."""
+        if self.slots is not None and self.held == _HOLDING:
+            self.held = _CLOSING
+            self.slots.releases()
+
     def release(self) -> None:
         """The pool has the request's connection back (its response closed, or it failed)."""
-        if self.slots is not None and not self.left:
-            self.left = True
-            self.slots.leave(self)
+        if self.slots is not None and self.held != _LEFT:
+            closing, self.held = self.held == _CLOSING, _LEFT
+            self.slots.leave(self, closing)
 
     def emit(self, hop: str, ts: float | None = None, **attrs: Any) -> None:
         if self.extra:
@@ -453,6 +485,7 @@ class _ObservedSyncStream(*(m.SyncByteStream for m in _FLAVOURS)):  # type: igno
     def close(self) -> None:
         call = self._call
         _guarded(call.emitter, call.on_close)
+        _guarded(call.emitter, call.closing)
         try:
             self._stream.close()
         finally:
@@ -480,6 +513,7 @@ class _ObservedAsyncStream(*(m.AsyncByteStream for m in _FLAVOURS)):  # type: ig
     async def aclose(self) -> None:
         call = self._call
         _guarded(call.emitter, call.on_close)
+        _guarded(call.emitter, call.closing)
         try:
             await self._stream.aclose()
         finally:
