@@ -498,6 +498,11 @@ ATTRIBUTE_SOURCES: dict[str, tuple[str, ...]] = {
     "max_tokens_set": ("engine.received", "client.sent"),
     "finish_reason": ("client.last_token", "engine.last_token", "gateway.last_token"),
     "conn_reused": ("client.sent",),
+    # whether the client's pool was full, its limit, and how late its event loop ran: what tells
+    # a full pool from a busy caller (connect's pool wait vs client_delay)
+    "pool_full": ("client.sent",),
+    "pool_limit": ("client.sent",),
+    "loop_lag_s": ("client.sent", "client.first_token"),
     "upstream": ("gateway.forwarded",),
 }
 
