@@ -137,69 +137,66 @@ class _Slots:
     """A transport's requests against its pool's limit, so that a request knows it met a full pool.
 
     A request holds a slot from entering the transport until its response is closed (or it
-    failed): exactly while httpcore's pool holds it. One that enters with every slot held waits in
-    line; a slot freed goes to the oldest waiter (httpcore serves its queue in arrival order), and
-    that moment ends the waiter's pool wait.
+    failed): exactly while httpcore's pool holds it. One that enters with every slot held waits;
+    its pool wait ends at the last moment a slot was given back before it got its connection (its
+    first trace event). Which waiter a freed connection goes to is httpcore's business (not
+    strictly first come, first served), so it is read from what happened, not predicted.
 
-    Threads race between counting themselves here and entering httpcore's pool, so the books are
-    put right when a request gets its connection (its first trace event) while still in line:
-    with a release under way, it got that release (which it then owes, so the release hands out
-    nothing more); with none, it overtook a request counted ahead of it that has not started yet,
-    and the two swap places (the latest such one waits instead).
+    Threads race between counting themselves here and entering httpcore's pool: a request
+    counted as meeting a full pool may get a connection with no slot given back since it came,
+    because it overtook one counted ahead of it that has not started yet. The two then swap
+    places (the latest such one is the one that waits).
     """
 
-    __slots__ = ("limit", "held", "waiting", "pending", "owed", "releasing", "lock")
+    __slots__ = ("limit", "held", "waiting", "pending", "freed_at", "lock")
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.held = 0
-        self.waiting: deque[_Call] = deque()  # met a full pool, no connection yet, oldest first
+        self.waiting: set[_Call] = set()  # met a full pool, no connection yet
         self.pending: list[_Call] = []  # found room, not started yet
-        self.owed = 0
-        self.releasing = 0  # responses being closed whose slot is not back yet
+        self.freed_at = 0.0  # perf_counter when a slot was last given back
         self.lock = threading.Lock()
 
     def enter(self, call: _Call) -> None:
         with self.lock:
             call.pool_full = self.held >= self.limit
             self.held += 1
-            (self.waiting if call.pool_full else self.pending).append(call)
+            if call.pool_full:
+                self.waiting.add(call)
+            else:
+                self.pending.append(call)
 
     def started(self, call: _Call) -> None:
         """``call`` got its connection: its first trace event."""
         with self.lock:
             if call in self.pending:
                 self.pending.remove(call)
-            elif call.slot_at is None and call in self.waiting:
-                self.waiting.remove(call)
-                if self.releasing or not self.pending:
-                    self.owed += 1
-                else:
+            elif call in self.waiting:
+                self.waiting.discard(call)
+                if self.freed_at > call.entered:
+                    call.slot_at = self.freed_at
+                elif self.pending:  # nothing was given back: it overtook one counted ahead of it
                     call.pool_full = False
                     overtaken = self.pending.pop()
                     overtaken.pool_full = True
-                    self.waiting.appendleft(overtaken)
+                    self.waiting.add(overtaken)
 
     def releases(self) -> None:
         """A response is being closed: its connection goes back to the pool now."""
         with self.lock:
-            self.releasing += 1
+            self.freed_at = time.perf_counter()
 
     def leave(self, call: _Call, released: bool) -> None:
-        """``call`` gave its slot back (or left without one); ``released``: after ``releases()``."""
-        t = time.perf_counter()
+        """``call`` left the pool; ``released``: its slot was given back at ``releases()``."""
         with self.lock:
             self.held -= 1
-            if released:
-                self.releasing -= 1
             if call in self.pending:
-                self.pending.remove(call)  # failed before it started: its slot is free again
+                self.pending.remove(call)
             if call in self.waiting:
-                self.waiting.remove(call)  # it never had a connection: nothing freed
-            elif self.owed:
-                self.owed -= 1
-            elif self.waiting:
-                self.waiting.popleft().slot_at = t
+                self.waiting.discard(call)  # it never had a connection: nothing freed
+            elif not released:
+                self.freed_at = time.perf_counter()
 
 
 class _LagProbe:
@@ -344,7 +341,7 @@ class _Call:
         t = time.perf_counter()
         if self.first_trace is None:
             self.first_trace = t
-            if self.pool_full and self.slots is not None:
+            if self.slots is not None:
                 self.slots.started(self)
         if self.headers_sent is not None:
             return
