@@ -42,7 +42,7 @@ import sys
 import threading
 import time
 import weakref
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterator
 from contextvars import ContextVar
 from typing import Any, TypeVar

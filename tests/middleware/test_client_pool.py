@@ -21,6 +21,7 @@ import openai
 import orjson
 import pytest
 from hopline.analyzer.timelines import timelines
+from hopline.middleware.client import _Call, _Slots, instrument
 from hopline.middleware.contract import compute_stages
 from hopline.middleware.contract.rules import group_requests
 from hopline.middleware.engine import EngineMiddleware
@@ -217,8 +218,6 @@ def test_sync_threads_full_pool_and_room(mw, served, tmp_path):
 
     def run(limits: httpx.Limits, threads: int) -> None:
         http = httpx.Client(limits=limits)
-        from hopline.middleware.client import instrument
-
         sdk = openai.OpenAI(base_url=url + "/v1", api_key="k", http_client=instrument(http, emitter=emitter))
         start = threading.Barrier(threads)
 
@@ -252,8 +251,6 @@ def test_sync_threads_full_pool_and_room(mw, served, tmp_path):
 
 
 def instrument_async(emitter, **kw) -> httpx.AsyncClient:
-    from hopline.middleware.client import instrument
-
     return instrument(httpx.AsyncClient(**kw), emitter=emitter)
 
 
@@ -261,8 +258,6 @@ def test_a_thread_that_overtook_one_counted_ahead_of_it_swaps_places():
     """Threads count themselves, then enter httpcore's pool: B (counted second of two) may reach
     the pool after C (counted third, so "full"). When C gets a connection with nothing given back
     since it came, C did not wait; B does, and its wait ends when a connection is given back."""
-    from hopline.middleware.client import _Call, _Slots
-
     def call() -> _Call:
         return _Call(None, "r", 0, {}, {})  # type: ignore[arg-type]
 
