@@ -22,6 +22,12 @@ Per request the transport:
 * stamps ``client.sent`` when the request enters the transport, i.e. before pool wait, connect and
   TLS, whose durations come from httpcore's ``trace`` extension (``connect_tcp`` / ``start_tls``
   events appear only on a new connection, hence ``conn_reused``);
+* tells a full pool from a busy caller: the time from entering the transport to httpcore's first
+  trace event is ``pool_wait_s`` only while the pool had no free connection (``pool_full``: the
+  requests this transport holds had reached its pool's ``max_connections``, ``pool_limit``) and
+  until one was freed; the rest is ``client_delay_s``, the calling process catching up (a busy
+  event loop, the GIL). Where an asyncio loop runs, a lag probe (one ``call_later`` per loop,
+  measuring its own lateness) adds ``loop_lag_s``, the loop's recent largest lateness;
 * wraps the response stream (the shape of httpx's ``BoundSyncStream``) to time the first SSE event
   carrying output and the end of the body; a stream closed before its end is ``cancelled``.
 
@@ -32,6 +38,7 @@ are read (bounded); from the response only counts, usage and ``finish_reason``.
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import time
 import weakref
@@ -110,6 +117,151 @@ def _body_of(request: httpx.Request) -> bytes | None:
         return None
 
 
+def pool_limit_of(transport: object) -> int | None:
+    """The connection limit of an httpx transport's httpcore pool, when it bounds requests.
+
+    ``httpx.HTTPTransport`` / ``AsyncHTTPTransport`` (and their ``httpx2`` twins) keep an httpcore
+    ``ConnectionPool`` (or a proxy, its subclass) as ``_pool``, whose ``_max_connections`` is the
+    limit (``sys.maxsize`` for ``max_connections=None``). An HTTP/1.1 connection carries one request
+    at a time, so that many requests in flight fill the pool; an HTTP/2 one multiplexes, so there
+    the limit says nothing about a full pool (None), nor does any other transport.
+    """
+    pool = getattr(transport, "_pool", None)
+    limit = getattr(pool, "_max_connections", None)
+    if type(limit) is not int or limit < 1 or getattr(pool, "_http2", True) is not False:
+        return None
+    return limit
+
+
+class _Slots:
+    """A transport's requests against its pool's limit, so that a request knows it met a full pool.
+
+    A request holds a slot from entering the transport until its response is closed (or it
+    failed): exactly while httpcore's pool holds it. One that enters with every slot held waits;
+    its pool wait ends at the last moment a slot was given back before it got its connection (its
+    first trace event). Which waiter a freed connection goes to is httpcore's business (not
+    strictly first come, first served), so it is read from what happened, not predicted.
+
+    Threads race between counting themselves here and entering httpcore's pool: a request
+    counted as meeting a full pool may get a connection with no slot given back since it came,
+    because it overtook one counted ahead of it that has not started yet. The two then swap
+    places (the latest such one is the one that waits).
+    """
+
+    __slots__ = ("limit", "held", "waiting", "pending", "freed_at", "lock")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+        self.waiting: set[_Call] = set()  # met a full pool, no connection yet
+        self.pending: list[_Call] = []  # found room, not started yet
+        self.freed_at = 0.0  # perf_counter when a slot was last given back
+        self.lock = threading.Lock()
+
+    def enter(self, call: _Call) -> None:
+        with self.lock:
+            call.pool_full = self.held >= self.limit
+            self.held += 1
+            if call.pool_full:
+                self.waiting.add(call)
+            else:
+                self.pending.append(call)
+
+    def started(self, call: _Call) -> None:
+        """``call`` got its connection: its first trace event."""
+        with self.lock:
+            if call in self.pending:
+                self.pending.remove(call)
+            elif call in self.waiting:
+                self.waiting.discard(call)
+                if self.freed_at > call.entered:
+                    call.slot_at = self.freed_at
+                elif self.pending:  # nothing was given back: it overtook one counted ahead of it
+                    call.pool_full = False
+                    overtaken = self.pending.pop()
+                    overtaken.pool_full = True
+                    self.waiting.add(overtaken)
+
+    def releases(self) -> None:
+        """A response is being closed: its connection goes back to the pool now."""
+        with self.lock:
+            self.freed_at = time.perf_counter()
+
+    def leave(self, call: _Call, released: bool) -> None:
+        """``call`` left the pool; ``released``: its slot was given back at ``releases()``."""
+        with self.lock:
+            self.held -= 1
+            if call in self.pending:
+                self.pending.remove(call)
+            if call in self.waiting:
+                self.waiting.discard(call)  # it never had a connection: nothing freed
+            elif not released:
+                self.freed_at = time.perf_counter()
+
+
+class _LagProbe:
+    """How late one asyncio loop runs: a callback every ``INTERVAL`` s measures its own lateness.
+
+    One per loop, made by the first request through an async transport and kept only as long as
+    the loop (a weak reference; its pending callback goes with a closed loop). ``lag()`` is the
+    largest lateness of the last one to two ``WINDOW``s, or the current one if larger (the loop
+    being late right now). It costs one callback per ``INTERVAL`` and never waits.
+    """
+
+    INTERVAL = 0.05
+    WINDOW = 2.0
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = weakref.ref(loop)
+        now = loop.time()
+        self._since = now
+        self._recent = 0.0  # largest lateness in the window starting at _since
+        self._before = 0.0  # in the window before it
+        self._due = now + self.INTERVAL
+        loop.call_at(self._due, self._tick)
+
+    def _roll(self, now: float) -> None:
+        if now - self._since >= self.WINDOW:
+            self._before = self._recent if now - self._since < 2 * self.WINDOW else 0.0
+            self._recent, self._since = 0.0, now
+
+    def _tick(self) -> None:
+        loop = self._loop()
+        if loop is None or loop.is_closed():
+            return
+        now = loop.time()
+        self._roll(now)
+        self._recent = max(self._recent, now - self._due)
+        self._due = now + self.INTERVAL
+        loop.call_at(self._due, self._tick)
+
+    def lag(self) -> float:
+        loop = self._loop()
+        if loop is None:
+            return 0.0
+        now = loop.time()
+        self._roll(now)
+        return max(self._recent, self._before, now - self._due, 0.0)
+
+
+_PROBES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LagProbe] = weakref.WeakKeyDictionary()
+
+
+def _lag_probe() -> _LagProbe | None:
+    """The running asyncio loop's lag probe, started on first use (None outside asyncio)."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # trio, or no loop
+        return None
+    probe = _PROBES.get(loop)
+    if probe is None:
+        probe = _PROBES[loop] = _LagProbe(loop)
+    return probe
+
+
+_HOLDING, _CLOSING, _LEFT = range(3)
+
+
 class _Call:
     """One attempt as the transport sees it: connection timings, then the response body."""
 
@@ -130,6 +282,11 @@ class _Call:
         "json_size",
         "final",
         "status",
+        "slots",
+        "pool_full",
+        "slot_at",
+        "held",
+        "probe",
     )
 
     def __init__(self, emitter: Emitter, request_id: str, attempt: int, extra: dict[str, Any], sent_attrs: dict[str, Any]) -> None:
@@ -149,6 +306,30 @@ class _Call:
         self.json_size = 0
         self.final = False
         self.status: int | None = None
+        self.slots: _Slots | None = None
+        self.pool_full: bool | None = None  # None: the pool's state is unknown
+        self.slot_at: float | None = None  # when a full pool freed a connection for it
+        self.held = _HOLDING  # its place in the pool: holding, closing its response, left
+        self.probe: _LagProbe | None = None
+
+    def hold(self, slots: _Slots | None, probe: _LagProbe | None) -> None:
+        """Count this request against its transport's pool (and note its loop's lag probe)."""
+        self.probe = probe
+        if slots is not None:
+            self.slots = slots
+            slots.enter(self)
+
+    def closing(self) -> None:
+        """Its response is about to be closed (the pool gets the connection back in there)."""
+        if self.slots is not None and self.held == _HOLDING:
+            self.held = _CLOSING
+            self.slots.releases()
+
+    def release(self) -> None:
+        """The pool has the request's connection back (its response closed, or it failed)."""
+        if self.slots is not None and self.held != _LEFT:
+            closing, self.held = self.held == _CLOSING, _LEFT
+            self.slots.leave(self, closing)
 
     def emit(self, hop: str, ts: float | None = None, **attrs: Any) -> None:
         if self.extra:
@@ -160,6 +341,8 @@ class _Call:
         t = time.perf_counter()
         if self.first_trace is None:
             self.first_trace = t
+            if self.slots is not None:
+                self.slots.started(self)
         if self.headers_sent is not None:
             return
         if name.endswith((".connect_tcp.started", ".connect_unix_socket.started")):
@@ -176,13 +359,27 @@ class _Call:
 
     def emit_sent(self) -> None:
         attrs = self.sent_attrs
-        if self.first_trace is not None:  # an httpcore-backed transport told us about the connection
-            attrs["pool_wait_s"] = max(0.0, self.first_trace - self.entered)
+        first = self.first_trace
+        if first is not None:  # an httpcore-backed transport told us about the connection
+            # a full pool's wait lasts until a connection was freed for this request; the rest of
+            # the time to the first transport step is the caller's own delay
+            freed = self.entered
+            if self.pool_full:
+                freed = first if self.slot_at is None else min(max(self.slot_at, self.entered), first)
+            attrs["pool_wait_s"] = freed - self.entered
+            attrs["client_delay_s"] = max(0.0, first - freed)
             attrs["conn_reused"] = not self.new_connection
             if len(self.connect) == 2:
                 attrs["connect_s"] = self.connect[1] - self.connect[0]
             if len(self.tls) == 2:
                 attrs["tls_s"] = self.tls[1] - self.tls[0]
+        if self.pool_full is not None:
+            attrs["pool_full"] = self.pool_full
+            limit = self.slots.limit  # type: ignore[union-attr]
+            if limit < sys.maxsize:  # max_connections=None: no limit
+                attrs["pool_limit"] = limit
+        if self.probe is not None:
+            attrs["loop_lag_s"] = self.probe.lag()
         self.emit("client.sent", clock.from_perf(self.entered), **attrs)
 
     def fail(self, error: str, status: int | None = None) -> None:
@@ -215,7 +412,10 @@ class _Call:
         reader = self.reader
         if reader is not None:
             if reader.feed(chunk, ts):
-                self.emit("client.first_token", ts)
+                if self.probe is not None:
+                    self.emit("client.first_token", ts, loop_lag_s=self.probe.lag())
+                else:
+                    self.emit("client.first_token", ts)
             if reader.error is not None:
                 self.fail(reader.error, reader.error_status)
             elif reader.done:
@@ -280,8 +480,13 @@ class _ObservedSyncStream(*(m.SyncByteStream for m in _FLAVOURS)):  # type: igno
         _guarded(call.emitter, call.on_end)
 
     def close(self) -> None:
-        _guarded(self._call.emitter, self._call.on_close)
-        self._stream.close()
+        call = self._call
+        _guarded(call.emitter, call.on_close)
+        _guarded(call.emitter, call.closing)
+        try:
+            self._stream.close()
+        finally:
+            _guarded(call.emitter, call.release)
 
 
 class _ObservedAsyncStream(*(m.AsyncByteStream for m in _FLAVOURS)):  # type: ignore[misc]
@@ -303,17 +508,24 @@ class _ObservedAsyncStream(*(m.AsyncByteStream for m in _FLAVOURS)):  # type: ig
         _guarded(call.emitter, call.on_end)
 
     async def aclose(self) -> None:
-        _guarded(self._call.emitter, self._call.on_close)
-        await self._stream.aclose()
+        call = self._call
+        _guarded(call.emitter, call.on_close)
+        _guarded(call.emitter, call.closing)
+        try:
+            await self._stream.aclose()
+        finally:
+            _guarded(call.emitter, call.release)
 
 
 class _Instrumentation:
     """What both transports share: the emitter, extra attributes and the logical-call memory."""
 
-    def __init__(self, emitter: Emitter | None, service: str | None) -> None:
+    def __init__(self, emitter: Emitter | None, service: str | None, transport: object) -> None:
         self.emitter = emitter if emitter is not None else get_emitter()
         self.extra = {"service": service} if service else {}
         self.calls = _LogicalCalls()
+        limit = pool_limit_of(transport)
+        self.slots = _Slots(limit) if limit is not None else None
 
     def begin(self, request: httpx.Request, caller: Hashable) -> _Call | None:
         """Set the hopline headers on ``request`` and start its ``_Call`` (None if that failed)."""
@@ -372,7 +584,7 @@ class HoplineTransport(*(m.BaseTransport for m in _FLAVOURS)):  # type: ignore[m
 
     def __init__(self, transport: httpx.BaseTransport, *, emitter: Emitter | None = None, service: str | None = None) -> None:
         self.transport = transport
-        self._hopline = _Instrumentation(emitter, service)
+        self._hopline = _Instrumentation(emitter, service, transport)
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         hopline = self._hopline
@@ -380,16 +592,20 @@ class HoplineTransport(*(m.BaseTransport for m in _FLAVOURS)):  # type: ignore[m
         if call is None:
             return self.transport.handle_request(request)
         _guarded(hopline.emitter, lambda: _add_trace(request, _sync_trace, call))
+        _guarded(hopline.emitter, lambda: call.hold(hopline.slots, None))
         try:
             response = self.transport.handle_request(request)
-        except Exception as exc:
-            _guarded(hopline.emitter, call.emit_sent)
-            _guarded(hopline.emitter, lambda: call.on_error(exc))
+        except BaseException as exc:
+            _guarded(hopline.emitter, call.release)
+            if isinstance(exc, Exception):
+                _guarded(hopline.emitter, call.emit_sent)
+                _guarded(hopline.emitter, lambda: call.on_error(exc))
             raise
         _guarded(hopline.emitter, call.emit_sent)
         try:
-            if call.on_response(response):
-                response.stream = _ObservedSyncStream(response.stream, call)  # type: ignore[arg-type]
+            call.on_response(response)
+            # every response is watched until closed: that is when the pool has its connection back
+            response.stream = _ObservedSyncStream(response.stream, call)  # type: ignore[arg-type]
         except Exception:
             hopline.emitter.errors += 1
         return response
@@ -412,7 +628,7 @@ class AsyncHoplineTransport(*(m.AsyncBaseTransport for m in _FLAVOURS)):  # type
         self, transport: httpx.AsyncBaseTransport, *, emitter: Emitter | None = None, service: str | None = None
     ) -> None:
         self.transport = transport
-        self._hopline = _Instrumentation(emitter, service)
+        self._hopline = _Instrumentation(emitter, service, transport)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         hopline = self._hopline
@@ -420,16 +636,20 @@ class AsyncHoplineTransport(*(m.AsyncBaseTransport for m in _FLAVOURS)):  # type
         if call is None:
             return await self.transport.handle_async_request(request)
         _guarded(hopline.emitter, lambda: _add_trace(request, _async_trace, call))
+        _guarded(hopline.emitter, lambda: call.hold(hopline.slots, _lag_probe()))
         try:
             response = await self.transport.handle_async_request(request)
-        except Exception as exc:
-            _guarded(hopline.emitter, call.emit_sent)
-            _guarded(hopline.emitter, lambda: call.on_error(exc))
+        except BaseException as exc:
+            _guarded(hopline.emitter, call.release)
+            if isinstance(exc, Exception):
+                _guarded(hopline.emitter, call.emit_sent)
+                _guarded(hopline.emitter, lambda: call.on_error(exc))
             raise
         _guarded(hopline.emitter, call.emit_sent)
         try:
-            if call.on_response(response):
-                response.stream = _ObservedAsyncStream(response.stream, call)  # type: ignore[arg-type]
+            call.on_response(response)
+            # every response is watched until closed: that is when the pool has its connection back
+            response.stream = _ObservedAsyncStream(response.stream, call)  # type: ignore[arg-type]
         except Exception:
             hopline.emitter.errors += 1
         return response

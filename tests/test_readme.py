@@ -153,6 +153,8 @@ def test_every_readme_command_runs_as_written(tmp_path):
     assert len(slowest) == 3 and {r["request_id"] for r in slowest} <= set(calls), slowest
     assert "engine view: TTFT" in out, out[-3000:]  # hopline timeline "$ID"
     assert "20 requests" in out, out[-3000:]  # hopline analyze hopline-data: the client's 20 calls
+    # the README's own client keeps its connection (AsyncOpenAI reads each stream to its end)
+    assert "a new connection for" not in out, out[-3000:]
 
 
 def test_the_prometheus_scrape_job_passes_promtool(tmp_path):

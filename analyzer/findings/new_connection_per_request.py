@@ -42,7 +42,9 @@ class NewConnectionPerRequest(Detector):
         who = f"service {scope['service']} opens" if scope else "clients open"
         summary = (
             f"{who} a new connection for {share * 100:.0f}% of requests, adding {ms(s['connect_p50']):.0f} ms "
-            f"(p50 connect + TLS) to their TTFT; reuse one HTTP client / connection pool"
+            f"(p50 connect + TLS) to their TTFT; reuse one HTTP client and read each response to its end "
+            "(the OpenAI SDK's synchronous client closes every stream at [DONE], before its end, so its "
+            "streamed calls never reuse a connection: stream with AsyncOpenAI)"
         )
         evidence = {
             "new_connection_share": round(share, 3),

@@ -32,6 +32,23 @@ HOP_MEANINGS = {
     "engine.stats": "durations measured inside the engine: queue, prefill, decode, token counts",
     "engine.error": "the engine failed the request (also an error event inside a 200 stream, a disconnect)",
 }
+# What hopline's client says on ``client.sent`` about the time before the request went out.
+CLIENT_SENT_MEANINGS = {
+    "conn_reused": "the request went out on a connection the pool already had (no TCP connect, no TLS)",
+    "pool_full": "the client's pool had no free connection when the request entered: the requests in flight "
+    "on the transport had reached its limit (absent where that is unknown: an HTTP/2 pool, a transport "
+    "without httpcore's pool)",
+    "pool_limit": "the pool's connection limit (httpx `Limits.max_connections`); absent: no limit",
+    "pool_wait_s": "the wait for a connection from a full pool, until one was freed for this request; "
+    "0 when the pool had room",
+    "client_delay_s": "the rest of the time from entering the transport to its first step (connect, or "
+    "sending on a pooled connection): the calling process catching up (a busy event loop, threads "
+    "waiting for the GIL), not the pool",
+    "connect_s": "TCP (or Unix socket) connect, on a new connection only",
+    "tls_s": "TLS handshake, on a new connection only",
+    "loop_lag_s": "also on `client.first_token`: the largest lateness of the client's asyncio event loop "
+    "over the last seconds (a probe due every 50 ms); absent outside asyncio",
+}
 CORE_MEANINGS = {
     "v": "contract version, 1 (absent means 1)",
     "eid": "unique per event (random 64-bit hex); the collector drops duplicates by it",
@@ -80,6 +97,8 @@ def render() -> str:
     out += _table(("field", "storage type", "meaning"), [(f"`{k}`", c.STORAGE_COLUMNS[k], CORE_MEANINGS[k]) for k in c.CORE_FIELDS])
     out += ["### Optional attributes", ""]
     out += _table(("attribute", "type", "storage type"), [(f"`{k}`", _types(t), c.STORAGE_COLUMNS[k]) for k, t in c.ATTRIBUTE_TYPES.items()])
+    out += ["### Before the request went out (`client.sent`)", ""]
+    out += _table(("attribute", "meaning"), [(f"`{k}`", v) for k, v in CLIENT_SENT_MEANINGS.items()])
     out += ["### Hops", "", "In the order a healthy streaming request meets them, by component.", ""]
     out += _table(("hop", "final", "meaning"), [(f"`{h}`", "yes" if h in r.ENDING_OF_HOP else "", HOP_MEANINGS[h]) for h in c.HOPS])
     out += [
@@ -144,6 +163,8 @@ def render() -> str:
         ("stage", "label", "colour", "part of TTFT", "measured by", "stands in for"),
         [(f"`{x.name}`", x.label, x.colour, "yes" if x.ttft_part else "", x.view, ", ".join(x.stands_for)) for x in r.STAGE_LOOKS],
     )
+    out += ["In a sentence, and what a rise says where the stage's name alone does not:", ""]
+    out += _table(("stage", "in a sentence", "a rise means"), [(f"`{x.name}`", x.words, x.meaning) for x in r.STAGE_LOOKS if x.meaning])
     out += [
         "## The findings JSON (`hopline analyze --json`)",
         "",

@@ -87,6 +87,15 @@ ATTRIBUTE_TYPES: dict[str, tuple[type, ...]] = {
     "connect_s": (int, float),
     "tls_s": (int, float),
     "conn_reused": (bool,),
+    # on client.sent: whether the client's pool had no free connection when the request entered
+    # (its requests in flight had reached the pool's limit, ``pool_limit``; absent: no limit), and
+    # the delay before the first transport step that was not a full pool's wait (the calling
+    # process catching up); on client.sent and client.first_token: how late the client's event
+    # loop ran lately (its largest lateness over the last seconds), where an asyncio loop runs
+    "pool_full": (bool,),
+    "pool_limit": (int,),
+    "client_delay_s": (int, float),
+    "loop_lag_s": (int, float),
     "queue_s": (int, float),
     "prefill_s": (int, float),
     "decode_s": (int, float),
@@ -461,6 +470,8 @@ INPUTS: tuple[Input, ...] = (
     Input("engine_scheduled", "engine.scheduled"),
     Input("engine_first", "engine.first_token"),
     Input("engine_last", "engine.last_token"),
+    # absent on events from before client_delay_s existed: their delay is in pool_wait_s
+    Input("client_delay_s", "client.sent", "client_delay_s", default=0.0),
     Input("pool_wait_s", "client.sent", "pool_wait_s", default=0.0),
     Input("connect_s", "client.sent", "connect_s", default=0.0),
     Input("tls_s", "client.sent", "tls_s", default=0.0),
@@ -487,6 +498,11 @@ ATTRIBUTE_SOURCES: dict[str, tuple[str, ...]] = {
     "max_tokens_set": ("engine.received", "client.sent"),
     "finish_reason": ("client.last_token", "engine.last_token", "gateway.last_token"),
     "conn_reused": ("client.sent",),
+    # whether the client's pool was full, its limit, and how late its event loop ran: what tells
+    # a full pool from a busy caller (connect's pool wait vs client_delay)
+    "pool_full": ("client.sent",),
+    "pool_limit": ("client.sent",),
+    "loop_lag_s": ("client.sent", "client.first_token"),
     "upstream": ("gateway.forwarded",),
 }
 
@@ -500,6 +516,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("engine_ttft", "view", (_f("engine_first", "-engine_received", stream=True),)),
     Stage("engine_e2e", "view", (_f("engine_last", "-engine_received"),)),
     # the terms of client_ttft (or of client_e2e for a non-streaming request)
+    Stage("client_delay", "stage", (_f("client_delay_s"),)),
     Stage("connect", "stage", (_f("pool_wait_s", "connect_s", "tls_s"),)),
     Stage("gateway", "stage", (_f("gateway_forwarded", "-gateway_received"),)),
     Stage(
@@ -535,10 +552,10 @@ STAGES: tuple[Stage, ...] = (
         "network",
         "stage",
         (
-            _f("client_ttft", "-connect", "-gateway", "-engine_ttft"),
-            _f("client_ttft", "-connect", "-engine_ttft"),
-            _f("client_e2e", "-connect", "-gateway", "-engine_e2e", stream=False),
-            _f("client_e2e", "-connect", "-engine_e2e", stream=False),
+            _f("client_ttft", "-client_delay", "-connect", "-gateway", "-engine_ttft"),
+            _f("client_ttft", "-client_delay", "-connect", "-engine_ttft"),
+            _f("client_e2e", "-client_delay", "-connect", "-gateway", "-engine_e2e", stream=False),
+            _f("client_e2e", "-client_delay", "-connect", "-engine_e2e", stream=False),
         ),
     ),
     Stage(
@@ -555,20 +572,29 @@ STAGES: tuple[Stage, ...] = (
         (
             # no engine hops, but the engine reported queue and prefill (and decode) in its
             # response: upstream is then what remains beyond the gateway (network + engine frontend)
-            _f("client_ttft", "-connect", "-gateway", "-queue", "-prefill", when_null=("engine_received",)),
-            _f("client_ttft", "-connect", "-queue", "-prefill", when_null=NO_ENGINE_NO_GATEWAY),
             _f(
-                "client_e2e", "-connect", "-gateway", "-queue", "-prefill", "-gateway_reported_decode_s",
-                stream=False, when_null=("engine_received",),
+                "client_ttft", "-client_delay", "-connect", "-gateway", "-queue", "-prefill",
+                when_null=("engine_received",),
             ),
             _f(
-                "client_e2e", "-connect", "-queue", "-prefill", "-client_reported_decode_s",
+                "client_ttft", "-client_delay", "-connect", "-queue", "-prefill",
+                when_null=NO_ENGINE_NO_GATEWAY,
+            ),
+            _f(
+                "client_e2e", "-client_delay", "-connect", "-gateway", "-queue", "-prefill",
+                "-gateway_reported_decode_s", stream=False, when_null=("engine_received",),
+            ),
+            _f(
+                "client_e2e", "-client_delay", "-connect", "-queue", "-prefill", "-client_reported_decode_s",
                 stream=False, when_null=NO_ENGINE_NO_GATEWAY,
             ),
-            _f("client_ttft", "-connect", "-gateway", when_null=("engine_received",)),
-            _f("client_ttft", "-connect", when_null=("engine_received",)),
-            _f("client_e2e", "-connect", "-gateway", stream=False, when_null=("engine_received",)),
-            _f("client_e2e", "-connect", stream=False, when_null=("engine_received",)),
+            _f("client_ttft", "-client_delay", "-connect", "-gateway", when_null=("engine_received",)),
+            _f("client_ttft", "-client_delay", "-connect", when_null=("engine_received",)),
+            _f(
+                "client_e2e", "-client_delay", "-connect", "-gateway", stream=False,
+                when_null=("engine_received",),
+            ),
+            _f("client_e2e", "-client_delay", "-connect", stream=False, when_null=("engine_received",)),
         ),
     ),
     # after the first token
@@ -585,8 +611,8 @@ STAGES: tuple[Stage, ...] = (
 )
 STAGE_NAMES = tuple(s.name for s in STAGES)
 # The terms of the TTFT sum, in the order a request meets them (DESIGN.md):
-# client_ttft == connect + network + gateway + frontend + queue + prefill
-TTFT_STAGES = ("connect", "network", "gateway", "frontend", "queue", "prefill")
+# client_ttft == client_delay + connect + network + gateway + frontend + queue + prefill
+TTFT_STAGES = ("client_delay", "connect", "network", "gateway", "frontend", "queue", "prefill")
 # Everything that can be reported as time spent somewhere (terms, fallbacks, decode).
 TIME_STAGES = tuple(s.name for s in STAGES if s.kind != "view")
 VIEWS = ("client", "gateway", "engine")

@@ -365,6 +365,8 @@ class Look:
     ``ttft_part``: a term of the TTFT sum or a fallback standing in for some of them.
     ``stands_for``: for a fallback, the stages it replaces when they cannot be split.
     ``view``: the component whose clocks measure it.
+    ``phrase``: the stage in a sentence when ``<label> time`` does not read well.
+    ``meaning``: what a rise of it says about the system, said after a finding's numbers.
     """
 
     name: str
@@ -374,16 +376,23 @@ class Look:
     ttft_part: bool
     view: str
     stands_for: tuple[str, ...] = ()
+    phrase: str = ""
+    meaning: str = ""
 
     @property
     def words(self) -> str:
         """The stage in a sentence: ``queue time``."""
-        return f"{self.label} time"
+        return self.phrase or f"{self.label} time"
 
 
 # In the order a request meets them, each fallback next to the stages it stands in for; at most
 # one of a fallback and the stages it replaces has a value, so bars in this order never overlap.
 STAGE_LOOKS: tuple[Look, ...] = (
+    Look(
+        "client_delay", "client delay", "#8c564b", "yellow", True, "client",
+        phrase="client-side delay",
+        meaning="the calling process was busy, not its connection pool",
+    ),
     Look("connect", "connect", "#7f7f7f", "bright_black", True, "client"),
     Look("network", "network", "#17becf", "cyan", True, "client"),
     Look("gateway", "gateway", "#9467bd", "magenta", True, "gateway"),

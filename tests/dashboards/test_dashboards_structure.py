@@ -203,8 +203,8 @@ def test_lifecycle_dashboard_has_what_the_issue_asks_for(dashboard_models, all_p
     # the TTFT sum's terms and the fallbacks standing in where hops are missing, in the rule book's
     # order and words, then the total (drawn unstacked)
     assert legends == [
-        "connect", "network", "gateway", "upstream network", "upstream", "engine frontend", "queue", "prefill",
-        "engine", "client TTFT (mean)",
+        "client delay", "connect", "network", "gateway", "upstream network", "upstream", "engine frontend", "queue",
+        "prefill", "engine", "client TTFT (mean)",
     ]
     assert stacked["fieldConfig"]["defaults"]["custom"]["stacking"]["mode"] == "normal"
     total_ref = stacked["targets"][-1]["refId"]

@@ -22,7 +22,7 @@ SPECS = [spec for c in CASES.values() for spec in requests_of(c).values()]
 def test_fixture_covers_every_stage_and_the_rows_design_asks_for():
     names = set(CASES)
     assert {"complete_streaming", "no_gateway", "no_client", "no_engine_split", "hosted_api",
-            "non_streaming", "failover", "client_retry", "negative_stage"} <= names
+            "non_streaming", "failover", "client_retry", "negative_stage", "busy_client", "full_pool_hosted_api"} <= names
     # every stage of the table takes a value in at least one case, so no formula goes untested
     seen = {k for c in SPECS for k, v in c["expected"].items() if v is not None}
     assert set(STAGE_NAMES) <= seen
@@ -58,7 +58,7 @@ SUM_CASES = sorted(
 
 def test_sum_cases_are_the_streaming_ones_with_both_ends():
     assert SUM_CASES == [
-        "agent_three_calls_one_trace", "client_cancel_mid_stream", "client_retry", "complete_streaming",
+        "agent_three_calls_one_trace", "busy_client", "client_cancel_mid_stream", "client_retry", "complete_streaming",
         "engine_499_after_client_finished", "error_event_client_missed", "error_in_200_stream", "failover",
         "mixed_sources_trace_join", "negative_stage", "never_finished", "no_engine_split", "no_gateway",
         "otel_only_trace_join", "retry_after_429_then_success", "vllm_metrics_engine_middleware_without_stats",
@@ -70,8 +70,22 @@ def test_ttft_is_the_sum_of_its_stages(name):
     rid = next(r for r, spec in requests_of(CASES[name]).items() if spec["expected"]["client_ttft"] is not None)
     got = compute_stages(joined(CASES[name])[rid])
     engine_part = got["engine"] if got["queue"] is None else got["frontend"] + got["queue"] + got["prefill"]
-    total = got["connect"] + got["network"] + (got["gateway"] or 0.0) + engine_part
+    total = got["client_delay"] + got["connect"] + got["network"] + (got["gateway"] or 0.0) + engine_part
     assert total == pytest.approx(got["client_ttft"], abs=GOLDEN["tolerance_s"])
+
+
+def test_a_client_side_delay_is_its_own_stage_not_network():
+    """A busy caller's delay (``client_delay_s``) is a term of the sum on its own: network and
+    upstream stay what remains beyond the client; an event written before the attribute existed
+    gives 0 (its delay sits in ``pool_wait_s``, i.e. in connect), never null."""
+    busy = compute_stages(joined(CASES["busy_client"])["gold-busy-client"])
+    assert (busy["client_delay"], busy["connect"]) == (pytest.approx(0.25), 0.0)
+    assert busy["network"] == pytest.approx(0.09, abs=GOLDEN["tolerance_s"])
+    hosted = compute_stages(joined(CASES["full_pool_hosted_api"])["gold-full-pool-hosted"])
+    assert hosted["client_delay"] + hosted["connect"] + hosted["upstream"] == pytest.approx(hosted["client_ttft"])
+    old = compute_stages(joined(CASES["complete_streaming"])["gold-complete"])
+    assert old["client_delay"] == 0.0 and old["connect"] == pytest.approx(0.031)
+    assert compute_stages(joined(CASES["no_client"])[CASES["no_client"]["events"][0]["request_id"]])["client_delay"] is None
 
 
 # --- the request rules (middleware/contract/rules.py) ---------------------------------------------------

@@ -110,11 +110,11 @@ def test_full_requests_cold_then_reused_connection(stack):
             assert (last["output_tokens"], last["output_chunks"], last["finish_reason"]) == (4, 4, "length")
 
         stages = compute_stages([validate_event(e) for e in events])
-        for name in ("client_ttft", "gateway_ttft", "engine_ttft", "connect", "network", "gateway", "engine",
-                     "client_e2e", "decode"):
+        for name in ("client_ttft", "gateway_ttft", "engine_ttft", "client_delay", "connect", "network", "gateway",
+                     "engine", "client_e2e", "decode"):
             assert stages[name] is not None, name
         assert stages["queue"] is None and stages["prefill"] is None  # no engine.stats in this stack
-        total = stages["connect"] + stages["network"] + stages["gateway"] + stages["engine"]
+        total = stages["client_delay"] + stages["connect"] + stages["network"] + stages["gateway"] + stages["engine"]
         assert stages["client_ttft"] == pytest.approx(total, abs=1e-9)
         assert stages["engine"] == stages["engine_ttft"]
         assert negative_stages(stages) == []
