@@ -187,7 +187,7 @@ def _row() -> list[str]:
         "attempts",
         "_trace_id AS trace_id",
         "attempts - 1 AS retries",
-        "_top_client AS client_retries",
+        f"{_a('client.sent')} AS client_retries",
         *(f"_scope_{name} AS {name}" for name in FAILURE_SOURCES),
     ]
     for inp in INPUTS:

@@ -375,8 +375,9 @@ ATTRIBUTE_COLUMNS = {name: f"gateway_{name}" if name in STAGE_COLUMNS else name 
 ATTRIBUTE_NAMES = tuple(ATTRIBUTE_COLUMNS.values())
 RATIO_COLUMNS = tuple(r.name for r in RATIOS)
 ID_COLUMNS = ("request_id", *SCOPE_SOURCES, "start", "attempts", "trace_id")
-# Attempts (a failover, a client's retries): tries beyond the first, those the client made, and
-# the status of the first failed attempt (``failed_replica`` is its replica)
+# Attempts (a failover, a client's retries): tries beyond the first, those the client made (the
+# attempt of its last ``client.sent``), and the status of the first failed attempt
+# (``failed_replica`` is its replica)
 ATTEMPT_COLUMNS = ("retries", "client_retries", *FAILURE_SOURCES)
 EXTRA_COLUMNS = tuple(GAP_COLUMNS) + ("status", "error")
 STATUS_COLUMNS = ("outcome", "negative", "missing")
@@ -468,7 +469,7 @@ def timelines(events: pl.LazyFrame, scopes: tuple[str, ...] = (), resolve: bool 
         **{column: attributes[name] for name, column in ATTRIBUTE_COLUMNS.items()},
         **{name: pl.col(_hop_attr(hop, attr)) for name, (hop, attr) in GAP_COLUMNS.items()},
         "retries": pl.col("attempts") - 1,
-        "client_retries": pl.col("_top:client"),
+        "client_retries": _attempt_of(pl.col(_hop_pick("client.sent"))),  # the client's last send's attempt
         "status": pl.col(_attr("status")),
         "error": pl.col(_attr("error")),
         **{name: values[name] for name in STAGE_COLUMNS + RATIO_COLUMNS},

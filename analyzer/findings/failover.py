@@ -126,7 +126,8 @@ def retried_rows(frame: pl.DataFrame) -> pl.DataFrame:
     """Requests retried after their first attempt failed on a replica (``failed_replica`` is
     where it ran, ``first_replica`` the same replica)."""
     return frame.filter(
-        (pl.col("retries") > 0)
+        pl.col("start").is_not_null()
+        & (pl.col("retries") > 0)
         & pl.col("failed_replica").is_not_null()
         & (pl.col("failed_replica") == pl.col("first_replica"))
     )

@@ -50,6 +50,7 @@ class VerboseOutputs(Detector):
         rows = frame.filter(
             pl.col("output_tokens").is_not_null()
             & (pl.col("output_tokens") > 0)
+            & pl.col("start").is_not_null()
             & pl.col("service").is_not_null()
             & pl.col("model").is_not_null()
             & capped
