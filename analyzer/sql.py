@@ -35,6 +35,7 @@ from hopline.analyzer.timelines import (
     ATTRIBUTE_COLUMNS,
     COLUMNS,
     ERROR_ATTRS,
+    FAILURE_SOURCES,
     FIRST_HOPS,
     GAP_COLUMNS,
     HOP_ATTRS,
@@ -150,11 +151,12 @@ def _aggregates() -> list[str]:
             f"ARG_MIN(attempt, {end_key}) AS _endatt_{comp}",
             f"ARG_MIN({cancel}, {end_key}) AS _endcancel_{comp}",
         ]
-    for name, chain in SCOPE_SOURCES.items():
+    for name, chain in {**SCOPE_SOURCES, **FAILURE_SOURCES}.items():
         key, value = [], []
         for rank, src in enumerate(chain):
             here = f"{_hop_in(_source_hops(src.where))} AND {src.field} IS NOT NULL"
-            key.append(f"WHEN {here} THEN ts - attempt * {SPAN} + {rank * SCOPE_RANK_SPAN:.1f}")
+            sign = "+" if src.first else "-"  # a first source: the lowest attempt, earliest
+            key.append(f"WHEN {here} THEN ts {sign} attempt * {SPAN} + {rank * SCOPE_RANK_SPAN:.1f}")
             value.append(f"WHEN {here} THEN {src.field}")
         cols.append(f"ARG_MIN(CASE {' '.join(value)} END, CASE {' '.join(key)} END) AS _scope_{name}")
     return cols
@@ -184,6 +186,9 @@ def _row() -> list[str]:
         f"COALESCE({', '.join(f'_first_{_slug(h)}' for h in FIRST_HOPS)}) AS start",
         "attempts",
         "_trace_id AS trace_id",
+        "attempts - 1 AS retries",
+        f"{_a('client.sent')} AS client_retries",
+        *(f"_scope_{name} AS {name}" for name in FAILURE_SOURCES),
     ]
     for inp in INPUTS:
         if inp.attr is None:

@@ -50,6 +50,7 @@ from hopline.middleware.contract.rules import (
     OUTCOMES,
     SCOPE_SOURCES,
     TRACE_RULE,
+    Source,
     scope_sources,
 )
 
@@ -76,6 +77,11 @@ def pick_key() -> pl.Expr:
     """The contract's pick as one number per event: the smallest is the highest attempt's
     earliest event (see the module docstring)."""
     return pl.col("ts") - pl.col("attempt").cast(pl.Float64) * ATTEMPT_SPAN_S
+
+
+def first_key() -> pl.Expr:
+    """A ``first`` source's order (rules.Source): the smallest is the lowest attempt's earliest event."""
+    return pl.col("ts") + pl.col("attempt").cast(pl.Float64) * ATTEMPT_SPAN_S
 
 
 def _hop_ts(hop: str) -> str:
@@ -127,6 +133,9 @@ READ_HOPS = list(
         + tuple(h for sources in SCOPE_SOURCES.values() for src in sources for h in _source_hops(src.where))
     )
 )
+# The status the first failed attempt got (the replica is the scope ``failed_replica``), read as
+# the scope attributes are: the failover finding's "r3 answered 503".
+FAILURE_SOURCES = {"failed_status": (Source("engine.error", "status", first=True),)}
 SCOPE_FIELDS = tuple(dict.fromkeys(src.field for sources in SCOPE_SOURCES.values() for src in sources))
 
 
@@ -160,12 +169,12 @@ def _per_event_columns(sources: dict = SCOPE_SOURCES) -> list[pl.Expr]:
     cols += [pl.when(in_comp[comp]).then(pl.col("ts")).alias(f"_ts:{comp}") for comp in COMPONENTS]
     # one key and value per scope attribute (rules.SCOPE_SOURCES), so each is one aggregation:
     # the first source the event belongs to and carries the field; its rank, then the pick
-    # (highest attempt, earliest) orders the candidates
-    key_expr = pick_key()
-    for name, chain in sources.items():
+    # (highest attempt, earliest; a ``first`` source: lowest attempt, earliest) orders the candidates
+    for name, chain in {**sources, **FAILURE_SOURCES}.items():
         key = value = pl
         for rank, src in enumerate(chain):
             here = hop.is_in(_source_hops(src.where)) & pl.col(src.field).is_not_null()
+            key_expr = first_key() if src.first else pick_key()
             key = key.when(here).then(key_expr + rank * SCOPE_RANK_SPAN)
             value = value.when(here).then(pl.col(src.field))
         cols += [key.alias(f"_key:{name}"), value.alias(f"_val:{name}")]
@@ -192,7 +201,7 @@ def _aggregations(sources: dict = SCOPE_SOURCES) -> list[pl.Expr]:
     ]
     aggs += [pl.col(f"_first:{h}").min() for h in FIRST_HOPS]
     aggs += [pl.col(f"_ts:{comp}").min().alias(f"_seen:{comp}") for comp in COMPONENTS]
-    aggs += [pl.col(f"_val:{name}").min_by(f"_key:{name}").alias(name) for name in sources]
+    aggs += [pl.col(f"_val:{name}").min_by(f"_key:{name}").alias(name) for name in {**sources, **FAILURE_SOURCES}]
     for comp in COMPONENTS:
         aggs.append(pl.col("hop").min_by(f"_endkey:{comp}").alias(f"_endhop:{comp}"))
         aggs.append(pl.col("_cancel").min_by(f"_endkey:{comp}").alias(f"_endcancel:{comp}"))
@@ -366,10 +375,15 @@ ATTRIBUTE_COLUMNS = {name: f"gateway_{name}" if name in STAGE_COLUMNS else name 
 ATTRIBUTE_NAMES = tuple(ATTRIBUTE_COLUMNS.values())
 RATIO_COLUMNS = tuple(r.name for r in RATIOS)
 ID_COLUMNS = ("request_id", *SCOPE_SOURCES, "start", "attempts", "trace_id")
+# Attempts (a failover, a client's retries): tries beyond the first, those the client made (the
+# attempt of its last ``client.sent``), and the status of the first failed attempt
+# (``failed_replica`` is its replica)
+ATTEMPT_COLUMNS = ("retries", "client_retries", *FAILURE_SOURCES)
 EXTRA_COLUMNS = tuple(GAP_COLUMNS) + ("status", "error")
 STATUS_COLUMNS = ("outcome", "negative", "missing")
 COLUMNS = (
     ID_COLUMNS
+    + ATTEMPT_COLUMNS
     + INPUT_NAMES
     + ATTRIBUTE_NAMES
     + EXTRA_COLUMNS
@@ -454,6 +468,8 @@ def timelines(events: pl.LazyFrame, scopes: tuple[str, ...] = (), resolve: bool 
         **{name: values[name] for name in INPUT_NAMES},
         **{column: attributes[name] for name, column in ATTRIBUTE_COLUMNS.items()},
         **{name: pl.col(_hop_attr(hop, attr)) for name, (hop, attr) in GAP_COLUMNS.items()},
+        "retries": pl.col("attempts") - 1,
+        "client_retries": _attempt_of(pl.col(_hop_pick("client.sent"))),  # the client's last send's attempt
         "status": pl.col(_attr("status")),
         "error": pl.col(_attr("error")),
         **{name: values[name] for name in STAGE_COLUMNS + RATIO_COLUMNS},

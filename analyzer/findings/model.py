@@ -192,7 +192,10 @@ class Pitfall:
     impact_s: Annotated[
         float, _doc("users' seconds at stake (for ordering), with those of the rises it brought (with_shifts)")
     ]
-    spent_in: Annotated[str, _doc("the stage those seconds are spent in (decode, connect, network or gateway)")]
+    spent_in: Annotated[str, _doc(
+            "the stage those seconds are spent in (decode, connect, network or gateway; retry: a client's "
+            "retries, before its last attempt's send)"
+        )]
     at: Annotated[
         Time | None, _doc("ISO-8601 UTC: when it began (long_prefill_stall: its first long prefill), null for the others")
     ] = None
@@ -208,10 +211,12 @@ class Pitfall:
 
     @property
     def cost_s(self) -> float:
-        """Users' seconds at stake, as the JSON says it: its own and its rises' (stages add up)."""
+        """Users' seconds at stake, as the JSON says it: its own and its rises' (stages add up; a
+        rise of the stage its own seconds are spent in holds those same seconds, counted once)."""
         total = self.impact_s
         for shift in self.with_shifts:
-            total = round(total + shift.cost_s, 3)
+            if shift.stage != self.spent_in:
+                total = round(total + shift.cost_s, 3)
         return total
 
     @property

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import polars as pl
 from hopline.analyzer.findings.detector import Context, Detector
+from hopline.analyzer.findings.failover import Failover
 from hopline.analyzer.findings.long_prefill_stall import LongPrefillStall
 from hopline.analyzer.findings.model import Finding
 from hopline.analyzer.findings.new_connection_per_request import NewConnectionPerRequest
@@ -26,6 +27,7 @@ REGISTRY: tuple[Detector, ...] = (
     LongPrefillStall(),
     NoMaxTokens(),
     VerboseOutputs(),
+    Failover(),
 )
 
 

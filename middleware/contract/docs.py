@@ -139,8 +139,8 @@ def render() -> str:
         [(f"`{o.outcome}`", o.who, ", ".join("none" if e is None else e for e in o.endings), o.why) for o in r.OUTCOME_RULES]
         + [("`incomplete`", "", "otherwise", "")],
     )
-    out += ["### Scope", "", "First source with a value; within a source, the event of the highest attempt carrying the field.", ""]
-    out += _table(("attribute", "sources"), [(f"`{k}`", ", ".join(f"{s.where} `{s.field}`" for s in v)) for k, v in r.SCOPE_SOURCES.items()])
+    out += ["### Scope", "", "First source with a value; within a source, the event of the highest attempt carrying the field (the lowest where marked *first attempt*).", ""]
+    out += _table(("attribute", "sources"), [(f"`{k}`", ", ".join(f"{s.where} `{s.field}`" + (" (first attempt)" if s.first else "") for s in v)) for k, v in r.SCOPE_SOURCES.items()])
     out += ["### Expected hops", "", "Absent ones are listed as `missing`, in this order, for the components that reported.", ""]
     out += _table(
         ("hop", "attempt", "when"),

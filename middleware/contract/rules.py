@@ -185,10 +185,12 @@ def request_outcome(events: Iterable[Mapping[str, Any]]) -> str:
 
 @dataclass(frozen=True)
 class Source:
-    """Read ``field`` from the events of ``where`` (a component, or one hop)."""
+    """Read ``field`` from the events of ``where`` (a component, or one hop); ``first``: from the
+    lowest attempt carrying it instead of the highest (where a request went first, what failed)."""
 
     where: str
     field: str
+    first: bool = False
 
 
 # A request's scope attributes: the first source with a value wins; within a source, the event
@@ -196,7 +198,9 @@ class Source:
 # DESIGN.md: service is the client's (else the gateway's, else the engine's); replica is the
 # engine replica that served the final attempt (else the gateway's ``upstream``); model is the
 # engine's (else the request's). ``gateway_replica`` is the gateway instance; ``region`` and
-# ``route`` are attributes the client or gateway may set.
+# ``route`` are attributes the client or gateway may set. ``first_replica`` is the replica of the
+# lowest attempt that reached one, ``failed_replica`` the replica of the first ``engine.error``
+# (null when none): a failover's failing replica, where ``replica`` names the one that served.
 SCOPE_SOURCES: dict[str, tuple[Source, ...]] = {
     "service": (Source("client", "service"), Source("gateway", "service"), Source("engine", "service")),
     "replica": (Source("engine", "replica"), Source("gateway.forwarded", "upstream")),
@@ -204,6 +208,8 @@ SCOPE_SOURCES: dict[str, tuple[Source, ...]] = {
     "gateway_replica": (Source("gateway", "replica"),),
     "region": (Source("client", "region"), Source("gateway", "region"), Source("engine", "region")),
     "route": (Source("gateway", "route"), Source("client", "route"), Source("engine", "route")),
+    "first_replica": (Source("engine", "replica", first=True), Source("gateway.forwarded", "upstream", first=True)),
+    "failed_replica": (Source("engine.error", "replica", first=True),),
 }
 # The scopes every report and metric is cut by (bounded label values); the others are searched
 # by the analyzer when present with few values.
@@ -271,15 +277,15 @@ _STREAM_RANK = {hop: rank for rank, hop in enumerate(ATTRIBUTE_SOURCES["stream"]
 
 
 # Per hop, what one pass over a request's events must note: (component, ending kind or None,
-# the scope sources it can feed as (scope name, source rank, field)).
-_HOP_PLAN: dict[str, tuple[str, str | None, tuple[tuple[str, int, str], ...]]] = {}
+# the scope sources it can feed as (scope name, source rank, field, attempt sign: -1 highest first)).
+_HOP_PLAN: dict[str, tuple[str, str | None, tuple[tuple[str, int, str, int], ...]]] = {}
 
 
-def _plan(hop: str) -> tuple[str, str | None, tuple[tuple[str, int, str], ...]]:
+def _plan(hop: str) -> tuple[str, str | None, tuple[tuple[str, int, str, int], ...]]:
     plan = _HOP_PLAN.get(hop)
     if plan is None:
         feeds = tuple(
-            (name, rank, source.field)
+            (name, rank, source.field, 1 if source.first else -1)
             for name, sources in SCOPE_SOURCES.items()
             for rank, source in enumerate(sources)
             if _in(source, hop)
@@ -296,7 +302,7 @@ def describe_request(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     top: dict[str, int] = {}  # component -> highest attempt
     final: dict[str, tuple[int, float, Mapping[str, Any]] | None] = {}
     attempts: dict[str, set[int]] = {}  # hop -> attempts seen
-    best: dict[str, tuple[int, int, float, Any]] = {}  # scope name -> (rank, -attempt, ts, value)
+    best: dict[str, tuple[int, int, float, Any]] = {}  # scope name -> (rank, ±attempt, ts, value)
     stream: tuple[int, Any] | None = None
     for ev in events:
         hop = ev["hop"]
@@ -315,10 +321,10 @@ def describe_request(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
             cur = final[comp]
             if cur is None or (attempt, ts) > cur[:2]:
                 final[comp] = (attempt, ts, ev)
-        for name, rank, field in feeds:
+        for name, rank, field, sign in feeds:
             value = ev.get(field)
             if value is not None:
-                key = (rank, -attempt, ts, value)
+                key = (rank, sign * attempt, ts, value)
                 cur_best = best.get(name)
                 if cur_best is None or key[:3] < cur_best[:3]:
                     best[name] = key

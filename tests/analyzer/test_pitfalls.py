@@ -134,26 +134,20 @@ def test_no_max_tokens_with_kv_memory():
     assert "kv_gb_seconds" not in plain["evidence"]
 
 
-def test_verbose_outputs():
+def test_verbose_outputs_ignore_a_service_that_answers_longer_all_along():
+    """search-assist's answers are 3x kite-chat's on one model for the whole log: a difference
+    between callers, not a template that changed."""
     tl = tl_for(VerboseService("search-assist", factor=3.0))
-    (f,) = run(VerboseOutputs(), tl)
-    assert f["scope"] == {"service": "search-assist"}
-    assert 2.5 < f["evidence"]["ratio"] < 3.5
-    assert f["evidence"]["model"] == "llama-3.1-8b"
-
-
-def test_services_on_different_models_are_not_compared():
-    tl = tl_for(
-        VerboseService("search-assist", factor=3.0), models={"kite-chat": "small", "search-assist": "large"}
-    )
+    p50 = dict(tl.group_by("service").agg(pl.col("output_tokens").median()).iter_rows())
+    assert p50["search-assist"] > 2.5 * p50["kite-chat"]  # the old rule (2x the others) fired here
     assert run(VerboseOutputs(), tl) == []
 
 
 def test_decided_pitfalls_are_ordered_by_impact():
-    tl = tl_for(ColdConnections("kite-chat"), VerboseService("search-assist"))
+    tl = tl_for(ColdConnections("kite-chat"), NoMaxTokens("search-assist"))
     decided = find(tl, Context(window_s=10.0), PITFALLS)
     names = [f.name for f in decided.findings + decided.minor]
-    assert {"new_connection_per_request", "verbose_outputs"} <= set(names)
+    assert {"new_connection_per_request", "no_max_tokens"} <= set(names)
     for found in (decided.findings, decided.minor):
         assert [f.cost_s for f in found] == sorted((f.cost_s for f in found), reverse=True)
 
