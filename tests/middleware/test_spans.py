@@ -17,6 +17,12 @@ Pinned versions the fixtures follow (what each span looks like, read from the so
 * OpenInference openinference-instrumentation-openai 0.1.66: ``ChatCompletion`` (INTERNAL),
   ``openinference.span.kind = LLM``, ``llm.invocation_parameters`` (JSON), ``llm.token_count.*``,
   one ``First Token Stream Event`` event.
+* TensorRT-LLM main: ``GenerationResultBase.do_tracing`` (tensorrt_llm/executor/result.py, read at
+  JunyiXu-nv/TensorRT-LLM @ 10d0af85c, a fork of main) with ``tensorrt_llm/llmapi/tracing.py``
+  (NVIDIA/TensorRT-LLM @ 0fb7f7586): ``llm_request``, SERVER, start = executor ``arrival_time`` +
+  (``time.time() - time.monotonic()``); ``gen_ai.latency.*`` in seconds (-1 when missing),
+  ``gen_ai.latency.kv_cache_transfer_time`` always set, ``gen_ai.request.id`` = the executor's int
+  ID, ``gen_ai.response.finish_reasons`` = ``json.dumps([reason])``; KV-transfer span events.
 """
 
 from __future__ import annotations
@@ -242,6 +248,69 @@ def test_openinference_span_has_no_response_id_and_joins_by_trace():
     got = compute_stages(requests["probe-123"])
     assert got["client_ttft"] == pytest.approx(0.6, abs=TOL)
     assert got["network"] == pytest.approx(0.6 - 0.35, abs=TOL)  # client_ttft - engine_ttft (no connect, no gateway)
+
+
+def trtllm_span(**attrs):
+    """What ``do_tracing`` sets, in its order (``safe_set_attr`` skips None: top_k unset here)."""
+    base = {
+        "gen_ai.request.temperature": 1.0,
+        "gen_ai.request.top_p": 1.0,
+        "gen_ai.request.max_tokens": 81,
+        "gen_ai.request.n": 1,
+        "gen_ai.request.id": 7,  # GenerationResult.id: the executor's integer ID
+        "gen_ai.usage.prompt_tokens": 12,
+        "gen_ai.usage.completion_tokens": 81,
+        "gen_ai.latency.time_to_first_token": 0.35,  # metrics_dict[TTFT]: first_token - arrival
+        "gen_ai.latency.e2e": 2.0,
+        "gen_ai.latency.time_in_queue": 0.2,
+        "gen_ai.response.finish_reasons": json.dumps(["length"]),
+        "gen_ai.latency.kv_cache_transfer_time": 0.0,  # end - start, both 0 without disaggregation
+    }
+    base.update(attrs)
+    return {"name": "llm_request", "kind": "SERVER", "trace_id": TRACE, "span_id": "1212121212121212",
+            "start": T0 + 100 * MS, "end": T0 + 2_130 * MS, "status": "UNSET", "events": [],
+            "attributes": {k: v for k, v in base.items() if v is not None}}
+
+
+def test_trtllm_llm_request_is_its_own_source_with_its_integer_id():
+    source, events = span_events(trtllm_span(), {"service": "trtllm", "replica": "r1"})
+    assert source == "trtllm"  # vLLM's name and kind, not read by vLLM's row
+    hops = by_hop(validate_event(e) for e in events)
+    assert set(hops) == {"engine.received", "engine.first_token", "engine.last_token", "engine.stats"}
+    assert {e["request_id"] for e in hops.values()} == {"7"}  # the streamed chunks' chatcmpl-7
+    assert hops["engine.received"]["ts"] == pytest.approx(1_767_225_600.1, abs=TOL)
+    assert hops["engine.first_token"]["ts"] == pytest.approx(1_767_225_600.45, abs=TOL)  # start + ttft
+    assert hops["engine.last_token"]["ts"] == pytest.approx(1_767_225_602.1, abs=TOL)  # start + e2e, not the end
+    assert (hops["engine.received"]["max_tokens"], hops["engine.received"]["n"]) == (81, 1)
+    assert (hops["engine.last_token"]["output_tokens"], hops["engine.last_token"]["finish_reason"]) == (81, "length")
+    stats = hops["engine.stats"]
+    assert (stats["queue_s"], stats["kv_transfer_s"]) == (0.2, 0.0)
+    assert (stats["prompt_tokens"], stats["output_tokens"], stats["max_tokens"]) == (12, 81, 81)
+    assert "prefill_s" not in stats and "decode_s" not in stats  # the span has neither
+    got = compute_stages([{**e, "stream": True} if e["hop"] == "engine.received" else e for e in hops.values()])
+    assert got["engine_ttft"] == pytest.approx(0.35, abs=TOL)
+    assert got["decode"] == pytest.approx(1.65, abs=TOL)
+
+
+def test_trtllm_minus_one_is_a_missing_duration_and_kv_transfer_is_an_attribute():
+    span = trtllm_span(**{"gen_ai.latency.time_to_first_token": -1, "gen_ai.latency.time_in_queue": -1,
+                          "gen_ai.latency.kv_cache_transfer_time": 0.04})
+    span["events"] = [("kv_cache_transfer_start", T0 + 110 * MS), ("kv_cache_transfer_end", T0 + 150 * MS)]
+    _, events = span_events(span, {})
+    hops = by_hop(validate_event(e) for e in events)
+    assert "engine.first_token" not in hops  # not start - 1 s
+    assert "queue_s" not in hops["engine.stats"] and hops["engine.stats"]["kv_transfer_s"] == 0.04
+
+
+def test_trtllm_span_joins_a_streaming_client_by_the_chunk_id():
+    client = openai_v2_span(**{"gen_ai.response.id": "chatcmpl-7"})
+    client["start"] = T0
+    _, c_events = span_events(client, {"service": "app"})
+    _, e_events = span_events(trtllm_span(), {"service": "trtllm"})
+    requests = group_requests([validate_event(e) for e in c_events + e_events])
+    assert list(requests) == ["7"]
+    got = compute_stages(requests["7"])
+    assert got["network"] == pytest.approx(0.42 - 0.35, abs=TOL)  # client_ttft - engine_ttft
 
 
 def test_spans_hopline_does_not_understand_yield_nothing():
