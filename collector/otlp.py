@@ -24,7 +24,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import orjson
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
@@ -43,6 +43,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 if TYPE_CHECKING:
     from hopline.collector.app import Collector
+    from hopline.collector.ingest import Ingestor
 
 PROTOBUF = "application/x-protobuf"
 _KIND_PREFIX = len("SPAN_KIND_")
@@ -133,9 +134,9 @@ class OtlpReceiver:
     """Spans -> hop events -> the collector's ingest path; counts what it mapped and ignored."""
 
     def __init__(
-        self, collector: Collector, registry: CollectorRegistry, resource_map: Mapping[str, Sequence[str]]
+        self, ingestor: Ingestor, registry: CollectorRegistry, resource_map: Mapping[str, Sequence[str]]
     ) -> None:
-        self.collector = collector
+        self.ingestor = ingestor
         self.resource_map = dict(resource_map)
         self.spans = Counter(
             "hopline_otlp_spans", "OTLP spans received, by outcome (ignored: no mapping row)", ["outcome"],
@@ -165,7 +166,7 @@ class OtlpReceiver:
         if not events:
             return 0, ""
         try:
-            result = await self.collector.ingestor.ingest(orjson.dumps(events), "json")
+            result = await self.ingestor.ingest(orjson.dumps(events), "json")
         except IngestError as exc:  # every event was invalid: every mapped span is rejected
             self.spans.labels("rejected").inc(mapped)
             return mapped, f"{mapped} span(s) made no valid hop event: {exc}"
@@ -192,38 +193,36 @@ def _failure(status: int, text: str, json: bool) -> Response:
     return _answer(status_pb2.Status(code=status, message=text), json, status, headers)
 
 
-def install(app: FastAPI, collector: Collector) -> None:
-    """Add ``POST /v1/traces`` to the collector's app (``app.py`` calls this once)."""
-    config = collector.config
-    write_tokens = (config.token,) if config.token is not None else ()
-    receiver = OtlpReceiver(collector, collector.registry, config.otlp_resource)
-    app.state.otlp = receiver
+router = APIRouter()
 
-    @app.post("/v1/traces")
-    async def post_traces(request: Request) -> Response:
-        headers = request.headers
-        kind = media_type(headers.get("content-type"))
-        json = kind in JSON_TYPES
-        if unauthorized(write_tokens, headers.get("authorization")):
-            return _failure(401, "missing or wrong bearer token", json)
-        if kind != PROTOBUF and not json:
-            return _failure(415, f"unsupported content type {kind!r}: send {PROTOBUF} or application/json", json)
-        try:
-            body = await read_body(request, config.max_body_bytes)
-            encoding = headers.get("content-encoding", "identity").strip().lower()
-            if encoding not in ("gzip", "identity", ""):
-                return _failure(415, f"unsupported content encoding {encoding!r}: send gzip or identity", json)
 
-            def unpack() -> ExportTraceServiceRequest:  # on the parse thread: never stalls the loop
-                raw = gunzip(body, config.max_decompressed_bytes) if encoding == "gzip" else body
-                return decode(raw, json)
+@router.post("/v1/traces")
+async def post_traces(request: Request) -> Response:
+    """OTLP/HTTP spans (protobuf or JSON) -> hop events on the ingest path; an OTLP answer."""
+    collector: Collector = request.app.state.collector
+    config, headers = collector.config, request.headers
+    kind = media_type(headers.get("content-type"))
+    json = kind in JSON_TYPES
+    if unauthorized(config.writes_token, headers.get("authorization")):
+        return _failure(401, "missing or wrong bearer token", json)
+    if kind != PROTOBUF and not json:
+        return _failure(415, f"unsupported content type {kind!r}: send {PROTOBUF} or application/json", json)
+    encoding = headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("gzip", "identity", ""):
+        return _failure(415, f"unsupported content encoding {encoding!r}: send gzip or identity", json)
+    try:
+        body = await read_body(request, config.max_body_bytes)
 
-            message = await asyncio.get_running_loop().run_in_executor(collector.ingestor.parser, unpack)
-            rejected, why = await receiver.export(message)
-        except (IngestError, OtlpError) as exc:
-            return _failure(exc.status, str(exc), json)
-        except StoreError as exc:
-            logger.error("store_failed", error=str(exc))
-            return _failure(503, f"spans not stored: {exc}", json)
-        partial = ExportTracePartialSuccess(rejected_spans=rejected, error_message=why) if rejected else None
-        return _answer(ExportTraceServiceResponse(partial_success=partial), json)
+        def unpack() -> ExportTraceServiceRequest:  # on the parse thread: never stalls the loop
+            raw = gunzip(body, config.max_decompressed_bytes) if encoding == "gzip" else body
+            return decode(raw, json)
+
+        message = await asyncio.get_running_loop().run_in_executor(collector.ingestor.parser, unpack)
+        rejected, why = await collector.otlp.export(message)
+    except (IngestError, OtlpError) as exc:
+        return _failure(exc.status, str(exc), json)
+    except StoreError as exc:
+        logger.error("store_failed", error=str(exc))
+        return _failure(503, f"spans not stored: {exc}", json)
+    partial = ExportTracePartialSuccess(rejected_spans=rejected, error_message=why) if rejected else None
+    return _answer(ExportTraceServiceResponse(partial_success=partial), json)
