@@ -72,7 +72,12 @@ def build_collector(config: CollectorConfig) -> Collector:
     """The collector's parts, wired (no threads or tasks started: the app's lifespan does that)."""
     registry = ExpositionRegistry()
     recorder = Recorder(build_metrics(registry), label_cap=config.label_cap, scope_cap=config.scope_cap)
-    store = EventStore(config.data_dir, fsync=config.fsync, fsync_interval_s=config.fsync_interval_s)
+    store = EventStore(
+        config.data_dir,
+        fsync=config.fsync,
+        fsync_interval_s=config.fsync_interval_s,
+        min_free=config.healthz_min_free,
+    )
     joiner = Joiner(
         recorder,
         grace_s=config.grace_s,

@@ -76,6 +76,19 @@ def durations(text: str) -> float:
     return parse_duration(text)
 
 
+SIZE_UNITS = {"": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 10**6, "mb": 10**6, "mib": 2**20,
+              "g": 10**9, "gb": 10**9, "gib": 2**30}  # fmt: skip
+
+
+def sizes(text: str) -> int:
+    """``"64MiB"`` -> 67108864, ``"512k"`` -> 512000; a bare number is bytes."""
+    number = text.strip().rstrip("bBiIkKmMgG")
+    unit = text.strip()[len(number) :].lower()
+    if not number.isdigit() or unit not in SIZE_UNITS:
+        raise ValueError(f"not a size: {text!r} (examples: 0, 1048576, 512KiB, 64MiB, 1GiB)")
+    return int(number) * SIZE_UNITS[unit]
+
+
 def model_configs(specs: Iterable[str]) -> dict[str, int]:
     return dict(parse_model_config(spec) for spec in specs)
 
@@ -127,6 +140,10 @@ class CollectorConfig:
         "fsync period of --fsync interval."))
     max_body_bytes: int = setting(8 * MIB, option="--max-body", kind=int, min=1, help=(
         "Largest request body accepted, in bytes (413 above), compressed or not."))
+    healthz_min_free: int = setting("64MiB", option="--healthz-min-free", parse=sizes, metavar="SIZE", help=(
+        "/healthz answers 503 while the data directory's file system has less free space than this "
+        "(the largest body the collector accepts, decompressed), so a load balancer drains a "
+        "collector before a full disk refuses events; 0: only failed writes count."))
     # join
     grace_s: float = setting("2s", option="--grace", parse=durations, help=(
         "Wait this long for late hops once a request's final hops arrived."))

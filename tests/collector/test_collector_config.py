@@ -172,6 +172,7 @@ def run_collector(*args: str, env: dict[str, str] | None = None, columns: int = 
         ("grace = \n", "cannot read"),
         ('grace = "soon"\n', "--grace: not a duration: 'soon'"),
         ('fsync = "sometimes"\n', "--fsync must be one of batch, interval, none"),
+        ('healthz-min-free = "lots"\n', "--healthz-min-free: not a size: 'lots'"),
     ],
 )
 def test_a_bad_config_file_is_one_line_and_exit_2(tmp_path, content, says):
