@@ -170,6 +170,9 @@ class CollectorConfig:
         "FIELD=ATTR[,ATTR…]: read service, replica or model of OTLP spans from these resource "
         "attributes, e.g. replica=k8s.pod.name. Repeatable."),
     )
+    otlp_max_spans: int = setting(100_000, option="--otlp-max-spans", kind=int, min=1, help=(
+        "Most spans in one POST /v1/traces (413 with an OTLP error above); they are decoded, mapped "
+        "and stored in slices off the event loop."))
     otlp_export: str | None = setting(None, option="--otlp-export", help=(
         "Send each finished request as a trace (root + one span per stage) to this OTLP/HTTP traces "
         "URL, e.g. http://tempo:4318/v1/traces."))
