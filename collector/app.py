@@ -46,7 +46,7 @@ from prometheus_client import CollectorRegistry
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 SWEEP_INTERVAL_S = 0.25
-SWEEP_SLICE = 500  # requests finished (or expired) between two yields to the event loop (~10 ms)
+SWEEP_SLICE = 100  # requests finished (or expired) between two yields to the event loop (~5 ms)
 # The parse thread is CPU-bound Python; the event loop needs the GIL back for every callback of a
 # request, and CPython hands it over only every switch interval (5 ms by default), so one /healthz
 # could wait hundreds of handovers behind a large body. 0.5 ms keeps it answering promptly.

@@ -227,9 +227,9 @@ class Joiner:
             self._evict(len(open_) - self.max_open)
         while self.open_bytes > self.max_open_bytes and open_:
             self._give_up(next(iter(open_)), "evicted")
-        # finish what is due, as many as this batch has events (at least 100): the cost of an add
-        # stays bounded by its batch; the housekeeping loop finishes the rest in slices
-        self.sweep(now, limit=max(len(events), 100))
+        # finish what is due, a request per four events of this batch (at least 25): the cost of
+        # an add stays bounded by its batch; the housekeeping loop finishes the rest in slices
+        self.sweep(now, limit=max(len(events) // 4, 25))
 
     def _engine_load(self, req: OpenRequest, ev: Mapping[str, Any], hop: str, attempt: int) -> None:
         if req.engine is None:
