@@ -2,6 +2,7 @@
 
     /work/venv/bin/python bench/bench_collector.py            # everything (a few minutes)
     /work/venv/bin/python bench/bench_collector.py --only ingest|http|memory
+    /work/venv/bin/python bench/bench_collector.py --only otlp     # one 100,000-span POST /v1/traces vs /healthz
 
 Ingest: batches of 1,000 events (12 hops per request: client, gateway and engine with stats),
 metrics and the durable store on (fsync per batch), measured as wall time and as the process's
@@ -330,9 +331,73 @@ def bench_memory(total: int, max_open: int) -> None:
     shutil.rmtree(tmp)
 
 
+# -- a large OTLP request vs /healthz ------------------------------------------------------------
+
+
+def bench_otlp(spans: int) -> None:
+    """One POST /v1/traces of ``spans`` vLLM ``llm_request`` spans (gzip protobuf) to a collector
+    process, with a /healthz prober (every 20 ms) running alongside: its latency during the request."""
+    sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "tests"),
+                    str(Path(__file__).resolve().parents[1] / "tests" / "collector")]  # fmt: skip
+    from test_collector_otlp_bounds import request_of
+
+    import gzip
+
+    body = gzip.compress(request_of(spans).SerializeToString())
+    tmp = Path(tempfile.mkdtemp(prefix="hopline-bench-"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hopline.collector", "--data-dir", str(tmp), "--port", str(port), "--fsync", "none"],
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        while True:
+            try:
+                httpx.get(url + "/healthz", timeout=1)
+                break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        probes: list[tuple[float, float]] = []
+        stop = threading.Event()
+
+        def probe() -> None:
+            with httpx.Client(base_url=url, timeout=30) as http:
+                while not stop.is_set():
+                    sent = time.perf_counter()
+                    http.get("/healthz")
+                    probes.append((sent, time.perf_counter() - sent))
+                    time.sleep(0.02)
+
+        prober = threading.Thread(target=probe)
+        prober.start()
+        time.sleep(1.0)
+        idle = [lat for _, lat in probes]
+        start = time.perf_counter()
+        r = httpx.post(url + "/v1/traces", content=body, timeout=600,
+                       headers={"Content-Type": "application/x-protobuf", "Content-Encoding": "gzip"})  # fmt: skip
+        end = time.perf_counter()
+        stop.set()
+        prober.join()
+        during = sorted(lat for sent, lat in probes if start <= sent <= end)
+        q = lambda xs, p: xs[min(len(xs) - 1, int(p * len(xs)))]  # noqa: E731
+        idle.sort()
+        print(f"## OTLP: {spans:,} spans, {len(body) / 2**20:.2f} MiB gzip, answered {r.status_code} in {end - start:.1f} s")
+        print(f"/healthz idle: p50 {q(idle, 0.5) * 1e3:.1f} ms, p99 {q(idle, 0.99) * 1e3:.1f} ms (n={len(idle)})")
+        print(f"/healthz during: p50 {q(during, 0.5) * 1e3:.1f} ms, p99 {q(during, 0.99) * 1e3:.1f} ms, "
+              f"max {during[-1] * 1e3:.0f} ms (n={len(during)}); load average {os.getloadavg()[0]:.1f}")  # fmt: skip
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+        shutil.rmtree(tmp)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", choices=("ingest", "http", "memory"))
+    parser.add_argument("--only", choices=("ingest", "http", "memory", "otlp"))
+    parser.add_argument("--spans", type=int, default=100_000, help="spans in the OTLP request (--only otlp)")
     parser.add_argument(
         "--requests", type=int, default=20_000, help="requests for the throughput runs (x12 events)"
     )
@@ -344,6 +409,8 @@ def main() -> None:
         bench_ingest(args.requests, args.rounds)
     if args.only in (None, "http"):
         bench_http(args.requests)
+    if args.only == "otlp":
+        bench_otlp(args.spans)
     if args.only == "memory":
         bench_memory(args.memory_requests, args.max_open)
     elif args.only is None:  # in a fresh process: RSS must not include the runs above

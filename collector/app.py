@@ -7,16 +7,15 @@ OpenMetrics with ``request_id`` exemplars when the ``Accept`` header asks for it
 does with exemplar storage on), ``GET /healthz`` (200, or 503 with the reason while events
 cannot be stored: ``store.EventStore.failure``).
 
-Auth: ``POST /v1/events`` needs ``token`` when set; the read endpoints (``/metrics``,
-``/v1/requests…``) need ``read_token`` or ``token`` (unless ``open_reads``), since a timeline
-names a request's service, model, replica and timings; ``/healthz`` is always open.
+The handlers are ``routes.py``'s (and ``otlp.py``'s ``POST /v1/traces``), auth included; this
+module wires the parts (``build_collector``), runs them (``lifespan``) and assembles the app.
 
 One process, one event loop, which nothing may block: prometheus_client's multiprocess mode
 would drop exemplars. Decompressing and parsing a body runs on a parse thread, the store's
 writes on one writer thread (keeping batches in order), the /metrics exposition on a scrape
 thread; no handler raises past ``NeverRaise`` (a 500 it answers keeps the connection usable),
-and a client that goes away mid-body is one log line. The lifespan starts the housekeeping loop (grace/TTL sweeps, interval fsync, compaction, retention)
-and the file tailer, and on shutdown (SIGTERM) stops them, waits for queued writes, fsyncs and
+and a client that goes away mid-body is one log line. The lifespan starts the housekeeping loop
+(grace/TTL sweeps, interval fsync, compaction, retention) and the file tailer, and on shutdown (SIGTERM) stops them, waits for queued writes, fsyncs and
 closes the store.
 """
 
@@ -24,44 +23,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import gc
 import sys
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
 
 import orjson
-from fastapi import FastAPI, Request
-from fastapi.responses import Response
+from fastapi import FastAPI
+from hopline.collector import otlp, routes
 from hopline.collector.config import CollectorConfig
 from hopline.collector.dedup import RecentKeys
 from hopline.collector.emitter_stats import EmitterStats
-from hopline.collector.ingest import (
-    JSON_TYPES,
-    NDJSON_TYPES,
-    IngestError,
-    Ingestor,
-    media_type,
-    read_body,
-    unauthorized,
-)
+from hopline.collector.ingest import Ingestor
 from hopline.collector.join import Joiner
 from hopline.collector.metrics import ExpositionRegistry, Recorder, build_metrics
-from hopline.collector.otlp import install as install_otlp
-from hopline.collector.recent import MAX_LIMIT, QueryError, select
 from hopline.collector.store import EventStore, StoreError
 from hopline.collector.tail import Tailer
 from hopline.middleware.log import logger
-from hopline.middleware.contract.times import to_epoch
 from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import choose_encoder
-from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 SWEEP_INTERVAL_S = 0.25
+SWEEP_SLICE = 100  # requests finished (or expired) between two yields to the event loop (~5 ms)
 # The parse thread is CPU-bound Python; the event loop needs the GIL back for every callback of a
 # request, and CPython hands it over only every switch interval (5 ms by default), so one /healthz
 # could wait hundreds of handovers behind a large body. 0.5 ms keeps it answering promptly.
@@ -81,13 +66,19 @@ class Collector:
     joiner: Joiner
     ingestor: Ingestor
     scraper: ThreadPoolExecutor
+    otlp: otlp.OtlpReceiver
 
 
 def build_collector(config: CollectorConfig) -> Collector:
     """The collector's parts, wired (no threads or tasks started: the app's lifespan does that)."""
     registry = ExpositionRegistry()
     recorder = Recorder(build_metrics(registry), label_cap=config.label_cap, scope_cap=config.scope_cap)
-    store = EventStore(config.data_dir, fsync=config.fsync, fsync_interval_s=config.fsync_interval_s)
+    store = EventStore(
+        config.data_dir,
+        fsync=config.fsync,
+        fsync_interval_s=config.fsync_interval_s,
+        min_free=config.healthz_min_free,
+    )
     joiner = Joiner(
         recorder,
         grace_s=config.grace_s,
@@ -112,7 +103,8 @@ def build_collector(config: CollectorConfig) -> Collector:
     m.dedup_keys.set_function(lambda: len(dedup))
     scraper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hopline-scrape")
     ingestor = Ingestor(store, joiner, recorder, dedup, EmitterStats(registry))
-    return Collector(config, registry, recorder, store, joiner, ingestor, scraper)
+    receiver = otlp.OtlpReceiver(ingestor, registry, config.otlp_resource)
+    return Collector(config, registry, recorder, store, joiner, ingestor, scraper, receiver)
 
 
 async def _housekeeping(c: Collector) -> None:
@@ -127,7 +119,8 @@ async def _housekeeping(c: Collector) -> None:
         await asyncio.sleep(SWEEP_INTERVAL_S)
         lag.observe(time.monotonic() - before - SWEEP_INTERVAL_S)
         try:
-            c.joiner.sweep()
+            while c.joiner.sweep(limit=SWEEP_SLICE):  # a backlog in slices, others in between
+                await asyncio.sleep(0)
             if time.monotonic() >= next_probe:  # /healthz follows the store without waiting for events
                 next_probe = time.monotonic() + STORE_PROBE_INTERVAL_S
                 await loop.run_in_executor(c.ingestor.writer, c.store.probe)
@@ -181,18 +174,6 @@ def _compact_and_expire(c: Collector) -> None:
         logger.warning("retention_failed", error=str(exc))
 
 
-def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    """orjson: non-finite floats become null instead of failing the answer (never a 500 on read)."""
-    return Response(orjson.dumps(body), status_code=status, headers=headers, media_type="application/json")
-
-
-def _error(status: int, message: str, **extra: object) -> Response:
-    headers = (
-        {"WWW-Authenticate": "Bearer"} if status == 401 else {"Retry-After": "1"} if status == 503 else None
-    )
-    return _json({"error": message, **extra}, status, headers)
-
-
 class NeverRaise:
     """Pure ASGI: an exception in a handler is one log line and a JSON 500, never a traceback or a
     closed keep-alive connection (uvicorn closes the connection of an app that raised after
@@ -228,167 +209,61 @@ class NeverRaise:
                 await send({"type": "http.response.body", "body": body})
 
 
+async def _start(c: Collector) -> list[asyncio.Task]:
+    """Open the store (failing to is not fatal: ingest answers 503 with the reason until it works);
+    start the housekeeping loop and the file tailer."""
+    # what exists now (modules, classes, the app) lives as long as the process: keep it out of
+    # every full garbage collection, which holds the GIL, and so the event loop, while it scans
+    gc.freeze()
+    try:
+        c.store.open()
+    except StoreError as exc:
+        logger.error("store_unavailable", error=str(exc))
+    tasks = [asyncio.create_task(_housekeeping(c), name="hopline-housekeeping")]
+    config = c.config
+    if config.tail:
+        tailer = Tailer(
+            config.tail,
+            config.data_dir / "tail-state.json",
+            lambda data: c.ingestor.ingest(data, "ndjson"),
+            interval_s=config.tail_interval_s,
+        )
+        tasks.append(asyncio.create_task(tailer.run(), name="hopline-tail"))
+    logger.info("collector_started", data_dir=str(config.data_dir), fsync=config.fsync, tail=list(config.tail))
+    return tasks
+
+
+async def _stop(c: Collector, tasks: list[asyncio.Task]) -> None:
+    """Stop the tasks, wait for queued writes, fsync and close the store, finish open requests."""
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await asyncio.get_running_loop().run_in_executor(None, c.ingestor.close)
+    c.scraper.shutdown(wait=False)
+    c.joiner.finish_all()
+    logger.info("collector_stopped", stored_bytes=c.store.appended_bytes)
+
+
+@contextlib.asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    """The collector's tasks for as long as the app is served."""
+    switch_interval = sys.getswitchinterval()
+    sys.setswitchinterval(min(switch_interval, SWITCH_INTERVAL_S))
+    tasks = await _start(app.state.collector)
+    try:
+        yield
+    finally:
+        try:
+            await _stop(app.state.collector, tasks)
+        finally:
+            sys.setswitchinterval(switch_interval)
+
+
 def create_app(config: CollectorConfig) -> FastAPI:
     """The collector as an ASGI app (run it with uvicorn, one worker)."""
-    c = build_collector(config)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        switch_interval = sys.getswitchinterval()
-        sys.setswitchinterval(min(switch_interval, SWITCH_INTERVAL_S))
-        # what exists now (modules, classes, the app) lives as long as the process: keep it out of
-        # every full garbage collection, which holds the GIL, and so the event loop, while it scans
-        gc.freeze()
-        try:
-            c.store.open()
-        except StoreError as exc:  # keep serving: ingest answers 503 with the reason until it works
-            logger.error("store_unavailable", error=str(exc))
-        tasks = [asyncio.create_task(_housekeeping(c), name="hopline-housekeeping")]
-        if config.tail:
-            tailer = Tailer(
-                config.tail,
-                config.data_dir / "tail-state.json",
-                lambda data: c.ingestor.ingest(data, "ndjson"),
-                interval_s=config.tail_interval_s,
-            )
-            tasks.append(asyncio.create_task(tailer.run(), name="hopline-tail"))
-        logger.info(
-            "collector_started", data_dir=str(config.data_dir), fsync=config.fsync, tail=list(config.tail)
-        )
-        try:
-            yield
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            await asyncio.get_running_loop().run_in_executor(None, c.ingestor.close)
-            c.scraper.shutdown(wait=False)
-            sys.setswitchinterval(switch_interval)
-            c.joiner.finish_all()
-            logger.info("collector_stopped", stored_bytes=c.store.appended_bytes)
-
     app = FastAPI(title="hopline collector", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.add_middleware(NeverRaise)
-    app.state.collector = c
-    write_tokens = (config.token,) if config.token is not None else ()
-    read_tokens = config.reads_token
-    rejected = c.recorder.body_rejected
-
-    @app.post("/v1/events")
-    async def post_events(request: Request) -> Response:
-        headers = request.headers
-        if unauthorized(write_tokens, headers.get("authorization")):
-            rejected("unauthorized")
-            return _error(401, "missing or wrong bearer token")
-        kind = media_type(headers.get("content-type"))
-        if kind not in NDJSON_TYPES and kind not in JSON_TYPES:
-            rejected("unsupported_type")
-            return _error(
-                415, f"unsupported content type {kind!r}: send application/x-ndjson or application/json"
-            )
-        try:
-            body = await read_body(request, config.max_body_bytes)
-            result = await c.ingestor.ingest(
-                body,
-                "json" if kind in JSON_TYPES else "ndjson",
-                headers.get("content-encoding", "identity").strip().lower(),
-                max_decompressed=config.max_decompressed_bytes,
-                max_lines=config.max_lines_per_body,
-            )
-        except ClientDisconnect:
-            rejected("disconnected")
-            logger.info("client_disconnected", client=_peer(request), during="body")
-            return _error(400, "client disconnected before the body was complete")
-        except IngestError as exc:
-            rejected(exc.reason)
-            extra = exc.result.answer() if exc.result is not None else {}
-            return _error(exc.status, str(exc), **extra)
-        except StoreError as exc:
-            logger.error("store_failed", error=str(exc))
-            return _error(503, f"events not stored: {exc}")
-        return _json(result.answer())
-
-    install_otlp(app, c)  # POST /v1/traces (otlp.py)
-
-    @app.get("/v1/requests")
-    async def list_requests(request: Request) -> Response:
-        """Recently finished requests that started in [since, until]: the slowest N, or the newest."""
-        if unauthorized(read_tokens, request.headers.get("authorization")):
-            return _error(401, "missing or wrong bearer token (read token or token)")
-        try:
-            query = requests_query(request.query_params)
-        except QueryError as exc:
-            return _error(400, str(exc))
-        snapshot = c.joiner.recent.snapshot()
-        try:  # on the scrape thread: filtering 100,000 summaries must not hold up ingest
-            answer = await asyncio.get_running_loop().run_in_executor(
-                c.scraper, functools.partial(select, snapshot, **query)
-            )
-        except QueryError as exc:
-            return _error(400, str(exc))
-        return _json({"capacity": c.joiner.recent.capacity, **answer})
-
-    @app.get("/v1/requests/{request_id}")
-    async def get_request(request: Request, request_id: str) -> Response:
-        if unauthorized(read_tokens, request.headers.get("authorization")):
-            return _error(401, "missing or wrong bearer token (read token or token)")
-        found = c.joiner.lookup(request_id)
-        if found is None:
-            return _error(404, f"request {request_id!r} is neither open nor recently finished")
-        return _json(found)
-
-    @app.get("/metrics")
-    async def metrics(request: Request) -> Response:
-        if unauthorized(read_tokens, request.headers.get("authorization")):
-            return _error(401, "missing or wrong bearer token (read token or token)")
-        encoder, content_type = choose_encoder(request.headers.get("accept"))
-        # on the scrape thread: a large exposition must not hold up ingest on the loop
-        data = await asyncio.get_running_loop().run_in_executor(c.scraper, encoder, c.registry)
-        return Response(data, media_type=content_type)
-
-    @app.get("/healthz")
-    async def healthz() -> Response:
-        """200 while events can be stored; 503 with the reason while they cannot (``store``)."""
-        failure = c.store.failure
-        body = {
-            "status": "ok" if failure is None else "unavailable",
-            "store": "ok" if failure is None else f"events cannot be stored: {failure}",
-            "open_requests": len(c.joiner.open),
-            **c.joiner.counts,
-        }
-        return _json(body, 200, None) if failure is None else _json(body, 503, {"Retry-After": "1"})
-
+    app.state.collector = build_collector(config)
+    app.include_router(routes.router)  # /v1/events, /v1/requests, /metrics, /healthz
+    app.include_router(otlp.router)  # /v1/traces
     return app
-
-
-QUERY_PARAMETERS = ("since", "until", "slowest", "by", "limit")
-
-
-def requests_query(params: Mapping[str, str]) -> dict[str, Any]:
-    """``GET /v1/requests``'s parameters as ``recent.select`` takes them; ``QueryError`` naming the
-    one that is wrong (an unknown one too: a misspelt ``slowest`` must not list the newest)."""
-    unknown = sorted(set(params) - set(QUERY_PARAMETERS))
-    if unknown:
-        raise QueryError(f"unknown parameter {unknown[0]!r}: give {', '.join(QUERY_PARAMETERS)}")
-    query: dict[str, Any] = {}
-    for name in ("since", "until"):
-        if name in params:
-            try:
-                query[name] = to_epoch(params[name])
-            except ValueError as exc:
-                raise QueryError(f"{name}: {exc}") from None
-    for name in ("slowest", "limit"):
-        if name in params:
-            text = params[name].strip()
-            if not text.isdigit() or not 1 <= int(text) <= MAX_LIMIT:
-                raise QueryError(f"{name} must be a whole number from 1 to {MAX_LIMIT}, got {params[name]!r}")
-            query[name] = int(text)
-    if "slowest" in query and "limit" in query:
-        raise QueryError("give slowest (the N slowest) or limit (the N newest), not both")
-    if "by" in params:
-        query["by"] = params["by"]
-    return query
-
-
-def _peer(request: Request) -> str | None:
-    return f"{request.client.host}:{request.client.port}" if request.client else None

@@ -1,71 +1,232 @@
-"""The collector's settings in one frozen dataclass, shared by the CLI, the app factory and tests.
+"""The collector's settings, each declared once: the fields of ``CollectorConfig``.
 
-Every limit that bounds memory or disk lives here with its default and the reason for it, so a
-reader can see what the collector will hold on to whatever arrives.
+A field made with ``setting(...)`` is a user setting. Its one declaration gives the option
+(``--grace``), the environment variable (``HOPLINE_GRACE``, derived from the option), the key in a
+``--config`` TOML file (``grace``), the default as a user writes it (``2s``), how text becomes the
+value (``parse``: a ValueError names what is wrong) and the range of a number, and the help line.
+``cli.py`` makes the ``hopline collector`` command from these declarations, ``markdown_table()``
+the README's table of settings (a test compares them). Fields without ``setting`` are limits
+tuned in code and tests: every limit that bounds memory or disk is here with the reason for it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import MISSING, Field, dataclass, field, fields, replace
 from pathlib import Path
+from typing import Any
+
+from hopline.collector.kv_cache import parse_model_config
+from hopline.middleware.contract.durations import parse_duration
+from hopline.middleware.contract.spans import parse_resource_map
 
 FSYNC_POLICIES = ("batch", "interval", "none")
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+ENV_PREFIX = "HOPLINE_"
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What one field needs to be a setting of ``hopline collector`` (see ``setting``)."""
+
+    option: str  # "--grace"
+    help: str
+    show: str | None = None  # the default as written on the command line ("2s"); None: not shown
+    parse: Callable[[Any], Any] | None = None  # the command line's value -> the field's value
+    kind: type = str  # what the command line takes: str, int, bool, Path
+    repeat: bool = False  # the option may be given several times (a list in the config file)
+    min: int | None = None
+    max: int | None = None
+    choices: tuple[str, ...] = ()
+    metavar: str | None = None  # the value's name in --help (default: from the kind)
+
+    @property
+    def key(self) -> str:
+        """The setting's key in a ``--config`` file: the option without its dashes."""
+        return self.option.removeprefix("--")
+
+    @property
+    def value_name(self) -> str:
+        if self.metavar is not None:
+            return self.metavar
+        if self.choices:
+            return "[" + "|".join(self.choices) + "]"
+        if self.parse is durations:
+            return "DURATION"
+        return {int: "N", Path: "PATH", bool: ""}.get(self.kind, "TEXT")
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.key.replace("-", "_").upper()
+
+
+def setting(default: Any = MISSING, *, factory: Any = MISSING, **declared: Any) -> Any:
+    """A dataclass field that is a user setting; ``declared``: ``Setting``'s fields. A text default
+    of a setting with ``parse`` is written as a user writes it ("2s"): the field's default is its
+    parsed value (2.0)."""
+    s = Setting(**declared)
+    if isinstance(default, str) and s.parse is not None:
+        s, default = replace(s, show=default), s.parse(default)
+    elif default not in (MISSING, None) and s.kind is not bool and not s.repeat:
+        s = replace(s, show=str(default))
+    return field(default=default, default_factory=factory, metadata={"setting": s})
+
+
+def durations(text: str) -> float:
+    return parse_duration(text)
+
+
+SIZE_UNITS = {"": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 10**6, "mb": 10**6, "mib": 2**20,
+              "g": 10**9, "gb": 10**9, "gib": 2**30}  # fmt: skip
+
+
+def sizes(text: str) -> int:
+    """``"64MiB"`` -> 67108864, ``"512k"`` -> 512000; a bare number is bytes."""
+    number = text.strip().rstrip("bBiIkKmMgG")
+    unit = text.strip()[len(number) :].lower()
+    if not number.isdigit() or unit not in SIZE_UNITS:
+        raise ValueError(f"not a size: {text!r} (examples: 0, 1048576, 512KiB, 64MiB, 1GiB)")
+    return int(number) * SIZE_UNITS[unit]
+
+
+def model_configs(specs: Iterable[str]) -> dict[str, int]:
+    return dict(parse_model_config(spec) for spec in specs)
+
+
+def resource_maps(specs: Iterable[str]) -> dict[str, tuple[str, ...]]:
+    return dict(parse_resource_map(spec) for spec in specs)
+
+
+MIB = 1024 * 1024
 
 
 @dataclass(frozen=True)
 class CollectorConfig:
-    data_dir: Path  # where to listen is uvicorn's business (the command's --host / --port)
-    token: str | None = None  # when set, POST /v1/events needs "Authorization: Bearer <token>"
-    # GET /metrics and /v1/requests/{id} need "Authorization: Bearer <read_token>" (or <token>);
-    # without a read token they need <token> when that is set. /healthz stays open. open_reads
-    # leaves the read endpoints open even with a token (a Prometheus without credentials).
-    read_token: str | None = None
-    open_reads: bool = False
+    data_dir: Path = setting(
+        option="--data-dir", kind=Path, help="Where events are stored (DIR/events/date=…/hour=…)."
+    )
+    host: str = setting("127.0.0.1", option="--host", help="Address to listen on.")
+    port: int = setting(
+        9400, option="--port", kind=int, min=0, max=65535,
+        help="Port to listen on (0: any free port).",
+    )
+    # GET /metrics and /v1/requests need "Authorization: Bearer <read_token>" (or <token>); without
+    # a read token they need <token> when that is set. /healthz stays open.
+    token: str | None = setting(None, option="--token", help=(
+        "Bearer token POST /v1/events requires (GET /metrics and /v1/requests too, unless --read-token "
+        "or --open-reads). An empty one is refused."))
+    read_token: str | None = setting(None, option="--read-token", help=(
+        "Bearer token GET /metrics and /v1/requests accept (besides --token, which they require when "
+        "set). /healthz stays open."))
+    open_reads: bool = setting(False, option="--open-reads", kind=bool, help=(
+        "Leave /metrics and /v1/requests open even with --token (a Prometheus without credentials)."))
     # model name -> KV-cache bytes per token (see hopline.collector.kv_cache)
-    kv_bytes_per_token: dict[str, int] = field(default_factory=dict)
-    retention_s: float = 14 * 86400.0
-    tail: tuple[str, ...] = ()  # globs of NDJSON files written by the file sink
+    kv_bytes_per_token: dict[str, int] = setting(
+        factory=dict, option="--model-config", repeat=True, parse=model_configs, help=(
+        "NAME=PATH (a Hugging Face config.json) or NAME=layers,kv_heads,head_dim,kv_dtype, for the "
+        "KV-cache gauge. Repeatable."),
+    )
+    retention_s: float = setting("14d", option="--retention", parse=durations, help=(
+        "Delete stored hours older than this (e.g. 36h, 14d)."))
+    tail: tuple[str, ...] = setting((), option="--tail", repeat=True, parse=tuple, help=(
+        "Follow NDJSON files written by the file sink, e.g. '/var/log/hopline/events.ndjson*'. Repeatable."))
+    # batch: write + fsync before every acknowledgement (survives power loss); interval: write
+    # before acknowledging, fsync at most every fsync_interval_s (survives a killed process, may
+    # lose the last interval on power loss); none: write only, the OS decides.
+    fsync: str = setting("batch", option="--fsync", choices=FSYNC_POLICIES, help=(
+        "batch: fsync every batch before acknowledging it; interval: write before acknowledging, "
+        "fsync every --fsync-interval; none: write only."))
+    fsync_interval_s: float = setting("1s", option="--fsync-interval", parse=durations, help=(
+        "fsync period of --fsync interval."))
+    max_body_bytes: int = setting(8 * MIB, option="--max-body", kind=int, min=1, help=(
+        "Largest request body accepted, in bytes (413 above), compressed or not."))
+    healthz_min_free: int = setting("64MiB", option="--healthz-min-free", parse=sizes, metavar="SIZE", help=(
+        "/healthz answers 503 while the data directory's file system has less free space than this "
+        "(the largest body the collector accepts, decompressed), so a load balancer drains a "
+        "collector before a full disk refuses events; 0: only failed writes count."))
+    # join
+    grace_s: float = setting("2s", option="--grace", parse=durations, help=(
+        "Wait this long for late hops once a request's final hops arrived."))
+    # sliding: a request without max_tokens can decode for minutes
+    ttl_s: float = setting("15m", option="--ttl", parse=durations, help=(
+        "An unfinished request expires this long after its last event."))
+    max_open_requests: int = setting(100_000, option="--max-open", kind=int, min=1, help=(
+        "Most requests joined at once (the least recently active is evicted)."))
+    max_open_bytes: int = setting(
+        256 * MIB, option="--max-open-bytes", kind=int, min=1, help=(
+        "Most estimated bytes of events held by open requests (oldest evicted)."),
+    )
+    completed_cache: int = setting(10_000, option="--finished-cache", kind=int, min=0, help=(
+        "Finished requests kept for GET /v1/requests/{id}."))
+    recent_requests: int = setting(100_000, option="--recent-requests", kind=int, min=1, help=(
+        "Finished requests kept in brief (~350 bytes each) for GET /v1/requests?since=…&slowest=N."))
+    dedup_capacity: int = setting(500_000, option="--dedup-capacity", kind=int, min=1, help=(
+        "Event keys per dedup generation (two are kept): retries within it are dropped."))
+    dedup_window_s: float = setting("10m", option="--dedup-window", parse=durations, help=(
+        "A dedup generation older than this is forgotten."))
+    # OTLP: scope field -> resource attributes to read it from, in place of spans.RESOURCE_SCOPE's
+    otlp_resource: dict[str, tuple[str, ...]] = setting(
+        factory=dict, option="--otlp-resource", repeat=True, parse=resource_maps, help=(
+        "FIELD=ATTR[,ATTR…]: read service, replica or model of OTLP spans from these resource "
+        "attributes, e.g. replica=k8s.pod.name. Repeatable."),
+    )
+    otlp_max_spans: int = setting(100_000, option="--otlp-max-spans", kind=int, min=1, help=(
+        "Most spans in one POST /v1/traces (413 with an OTLP error above); they are decoded, mapped "
+        "and stored in slices off the event loop."))
+    otlp_export: str | None = setting(None, option="--otlp-export", help=(
+        "Send each finished request as a trace (root + one span per stage) to this OTLP/HTTP traces "
+        "URL, e.g. http://tempo:4318/v1/traces."))
+    log_level: str = setting(
+        "warning", option="--log-level", choices=LOG_LEVELS, help="uvicorn's log level."
+    )
+
+    # -- limits tuned in code and tests ------------------------------------------------------------
     tail_interval_s: float = 0.5
-    # batch: write + fsync before every acknowledgement (survives power loss);
-    # interval: write before acknowledging, fsync at most every fsync_interval_s (survives a
-    # killed process, may lose the last interval on power loss); none: write only, the OS decides.
-    fsync: str = "batch"
-    fsync_interval_s: float = 1.0
-    max_body_bytes: int = 8 * 1024 * 1024  # 413 above this, compressed or not
-    max_decompressed_bytes: int = 64 * 1024 * 1024  # gzip bombs stop here (413)
+    max_decompressed_bytes: int = 64 * MIB  # gzip bombs stop here (413)
     # lines (or array items) per body, 413 above: bounds the parse time of one body (~10 µs a
     # line at worst, so ~0.5 s on the parse thread) whatever its bytes hold; sinks send 1,000
     max_lines_per_body: int = 50_000
-    # join
-    grace_s: float = 2.0  # after the final hops arrived, wait this long for late hops (engine.stats)
-    ttl_s: float = 15 * 60.0  # sliding: a request without max_tokens can decode for minutes
-    max_open_requests: int = 100_000  # beyond: the least recently active request is evicted
-    max_open_bytes: int = 256 * 1024 * 1024  # estimated event memory of open requests (same eviction)
     max_events_per_request: int = 512  # a request with more is closed as incomplete (overflow)
-    max_finished_bytes: int = 64 * 1024 * 1024  # estimated event memory of the finished LRU
-    completed_cache: int = 10_000  # finished requests kept for GET /v1/requests/{id}
-    # finished requests kept in brief (~350 bytes each) for GET /v1/requests?since=…&slowest=N
-    recent_requests: int = 100_000
-    dedup_capacity: int = 500_000  # eids remembered per generation (two generations are kept)
-    dedup_window_s: float = 600.0  # a generation older than this is forgotten
+    max_finished_bytes: int = 64 * MIB  # estimated event memory of the finished LRU
     label_cap: int = 64  # distinct values per label (service, model, replica); overflow -> "other"
     # distinct (service, model, replica) per metric family; overflow -> (other, other, other).
     # Bounds /metrics: hopline_stage_seconds holds 12 stages x 31 buckets x scope_cap series.
     scope_cap: int = 128
     compact_interval_s: float = 60.0  # how often closed hours are compacted and retention applied
     compact_delay_s: float = 60.0  # an hour is compacted this long after it closed
-    # OTLP: scope field -> resource attributes to read it from, in place of spans.RESOURCE_SCOPE's
-    otlp_resource: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    otlp_export: str | None = None  # an OTLP/HTTP traces URL: each finished request is sent as a trace
 
     def __post_init__(self) -> None:
-        if self.fsync not in FSYNC_POLICIES:
-            raise ValueError(f"fsync must be one of {', '.join(FSYNC_POLICIES)}, got {self.fsync!r}")
+        for f, s in settings():
+            value = getattr(self, f.name)
+            if s.choices and value not in s.choices:
+                raise ValueError(f"{s.option} must be one of {', '.join(s.choices)}, got {value!r}")
         for name in ("token", "read_token"):
             value = getattr(self, name)
             if value is not None and not value.strip():
                 raise ValueError(f"{name} is empty: give a real token, or none to run without auth")
         object.__setattr__(self, "data_dir", Path(self.data_dir))
+
+    @classmethod
+    def from_options(cls, given: dict[str, Any]) -> CollectorConfig:
+        """The config from settings as the command line gives them (field name -> text, list or
+        number; None or an empty list: not given). ValueError naming the option that is wrong."""
+        values = {}
+        for f, s in settings():
+            raw = given.get(f.name)
+            if raw is None or (s.repeat and not raw):
+                continue
+            try:
+                values[f.name] = s.parse(raw) if s.parse is not None else raw
+            except ValueError as exc:
+                message = str(exc)
+                named = message if message.startswith(s.option) else f"{s.option}: {message}"
+                raise ValueError(named) from None
+        return cls(**values)
+
+    @property
+    def writes_token(self) -> tuple[str, ...]:
+        """Tokens that open POST /v1/events and /v1/traces (empty: open to anyone)."""
+        return (self.token,) if self.token is not None else ()
 
     @property
     def reads_token(self) -> tuple[str, ...]:
@@ -73,3 +234,24 @@ class CollectorConfig:
         if self.open_reads:
             return ()
         return tuple(t for t in (self.read_token, self.token) if t is not None)
+
+
+def settings() -> Iterator[tuple[Field, Setting]]:
+    """(field, its declaration) for every user setting, in declaration order."""
+    for f in fields(CollectorConfig):
+        if "setting" in f.metadata:
+            yield f, f.metadata["setting"]
+
+
+def markdown_table() -> str:
+    """The README's table of collector settings, from the declarations."""
+    rows = ["| option | environment | default | what it does |", "| --- | --- | --- | --- |"]
+    for _, s in settings():
+        default = f"`{s.show}`" if s.show is not None else "—"
+        what = (s.help + (f" One of: {', '.join(s.choices)}." if s.choices else "")).replace("|", "\\|")
+        rows.append(f"| `{s.option}` | `{s.env}` | {default} | {what} |")
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":  # python -m hopline.collector.config: the table for the README
+    print(markdown_table(), end="")

@@ -227,7 +227,9 @@ class Joiner:
             self._evict(len(open_) - self.max_open)
         while self.open_bytes > self.max_open_bytes and open_:
             self._give_up(next(iter(open_)), "evicted")
-        self.sweep(now)
+        # finish what is due, a request per four events of this batch (at least 25): the cost of
+        # an add stays bounded by its batch; the housekeeping loop finishes the rest in slices
+        self.sweep(now, limit=max(len(events) // 4, 25))
 
     def _engine_load(self, req: OpenRequest, ev: Mapping[str, Any], hop: str, attempt: int) -> None:
         if req.engine is None:
@@ -256,25 +258,37 @@ class Joiner:
 
     # -- finishing ------------------------------------------------------------------------------
 
-    def sweep(self, now: float | None = None) -> None:
-        """Finish requests whose grace ended; expire those idle for longer than the TTL."""
+    def sweep(self, now: float | None = None, limit: int | None = None) -> bool:
+        """Finish requests whose grace ended; expire those idle for longer than the TTL. At most
+        ``limit`` of each (a burst of 100,000 requests must not be finished in one go on the event
+        loop); returns True when more are due (call again, after letting others run)."""
         now = self.clock() if now is None else now
+        budget = limit if limit is not None else len(self._due) + len(self.open)
         due, open_ = self._due, self.open
+        finished = 0
         while due and due[0][0] <= now:
+            if finished >= budget:
+                return True
             when, rid = due.popleft()
             req = open_.get(rid)
             if req is None or req.due != when:
                 continue
+            finished += 1
             if req.complete():
                 self._finish(rid, req)
             else:  # a new attempt arrived during the grace period
                 req.due = None
         cutoff = now - self.ttl_s
+        expired = 0
         while open_:
             rid, req = next(iter(open_.items()))
             if req.last_seen > cutoff:
                 break
+            if expired >= budget:
+                return True
             self._give_up(rid, "expired")
+            expired += 1
+        return False
 
     def _evict(self, count: int) -> None:
         for _ in range(count):

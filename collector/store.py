@@ -21,8 +21,13 @@ permissions) is rolled back to the previous end of file and raises ``StoreError`
 was not stored is acknowledged. A torn last line left by a crash mid-write (never acknowledged)
 is cut off when the file is opened again.
 
-Health (``failure``): the reason the last write or probe failed, None while storing works; the
-app's ``/healthz`` answers 503 with it. Before each write, and in ``probe`` (the housekeeping loop
+Health (``failure``): the reason the last write or probe failed, or that the file system has less
+room than ``min_free`` (checked after each write and in each probe), None while storing works; the
+app's ``/healthz`` answers 503 with it. A write refused for want of space is rolled back, which can
+leave room for a small probe file but not for the next batch: the free-space check, not the probe
+file, keeps health at 503 until space really returns.
+
+Before each write, and in ``probe`` (the housekeeping loop
 calls it every second, so health comes back without waiting for a sender), the open event file is
 checked to still be the file at its path: a data directory that was moved, deleted or replaced
 under a running collector would otherwise take acknowledged events into a file nobody reads.
@@ -90,6 +95,7 @@ class EventStore:
         *,
         fsync: str = "batch",
         fsync_interval_s: float = 1.0,
+        min_free: int = 0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.root = Path(data_dir) / "events"
@@ -106,7 +112,14 @@ class EventStore:
         self._dirty = False
         self._last_sync = time.monotonic()
         self.appended_bytes = 0
-        self.failure: str | None = None  # why storing does not work now (None: it does)
+        self.min_free = min_free  # bytes the file system must have free for health to say ok
+        self._write_failure: str | None = None  # why the last write or probe failed
+        self._space_failure: str | None = None  # too little room left (min_free)
+
+    @property
+    def failure(self) -> str | None:
+        """Why storing does not work now (None: it does)."""
+        return self._write_failure or self._space_failure
 
     # -- writing --------------------------------------------------------------------------------
 
@@ -115,7 +128,7 @@ class EventStore:
         try:
             self._usable_root()
         except StoreError as exc:
-            self.failure = str(exc)
+            self._write_failure = str(exc)
             raise
         compacted = [h for h in self._hours() if (hour_dir(self.root, h) / PARQUET_NAME).exists()]
         self._hour = max(compacted, default=0) + HOUR if compacted else 0
@@ -160,9 +173,10 @@ class EventStore:
             try:
                 self._append(data)
             except StoreError as exc:
-                self.failure = str(exc)
+                self._write_failure = str(exc)
                 raise
-            self.failure = None
+            self._write_failure = None
+            self._check_space()
 
     def _append(self, data: bytes) -> None:
         """``append`` under the lock: the write, rolled back when it fails."""
@@ -211,14 +225,32 @@ class EventStore:
             try:
                 if self._fd is not None and self._stale():
                     self._close_quietly()
-                    self.failure = f"the event file {self._path} was moved, deleted or replaced"
-                if self.failure is not None or not self.root.is_dir() or not os.access(self.root, os.W_OK):
+                    self._write_failure = f"the event file {self._path} was moved, deleted or replaced"
+                looks_wrong = not self.root.is_dir() or not os.access(self.root, os.W_OK)
+                if self._write_failure is not None or looks_wrong:
                     self._write_probe()
             except StoreError as exc:
-                self.failure = str(exc)
+                self._write_failure = str(exc)
             else:
-                self.failure = None
+                self._write_failure = None
+            self._check_space()
             return self.failure
+
+    def _check_space(self) -> None:
+        """Set or clear ``_space_failure`` from the file system's free bytes (``min_free``)."""
+        if self.min_free <= 0:
+            return
+        try:
+            st = os.statvfs(self.root)
+        except OSError:
+            return  # a missing directory is the probe file's finding
+        free = st.f_bavail * st.f_frsize
+        self._space_failure = (
+            None
+            if free >= self.min_free
+            else f"{free / 2**20:.1f} MiB free on {self.root}, less than --healthz-min-free "
+            f"({self.min_free / 2**20:.1f} MiB)"
+        )
 
     def _write_probe(self) -> None:
         self._usable_root()

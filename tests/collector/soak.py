@@ -66,7 +66,11 @@ class SoakReport:
         )
 
 
-def run_soak(data_dir: Path, seconds: float, warmup_s: float, rate: int = 100, *args: str) -> SoakReport:
+def run_soak(
+    data_dir: Path, seconds: float, warmup_s: float, rate: int = 100, *args: str, sample_s: float = 2.0
+) -> SoakReport:
+    """``rate`` requests a second for ``seconds`` at a collector started with ``args``; RSS and open
+    requests sampled every ``sample_s``."""
     report = SoakReport(seconds, warmup_s)
     with collector_process(data_dir, "--fsync", "interval", *args) as (proc, url):
         stop = threading.Event()
@@ -99,7 +103,7 @@ def run_soak(data_dir: Path, seconds: float, warmup_s: float, rate: int = 100, *
             while (elapsed := time.monotonic() - start) < seconds:
                 report.rss.append((elapsed, process.memory_info().rss))
                 report.open_requests.append((elapsed, probe.get("/healthz").json()["open_requests"]))
-                time.sleep(2.0)
+                time.sleep(sample_s)
         stop.set()
         poster.join(timeout=30)
     return report

@@ -1,13 +1,24 @@
-"""Command-line parsing: durations, --model-config (KV bytes per token), the command's errors."""
+"""Command-line parsing: durations, --model-config (KV bytes per token), the command's errors; the
+settings declared once (issue 21): option, environment variable, config-file key, default and help
+of every setting come from ``CollectorConfig``'s declarations, and the README's table is theirs.
+
+Before: each setting was written four times under changing names (typer option, config object,
+environment, app factory), only the two tokens had environment variables, there was no config
+file, and ``--help`` cut words at 80 and 100 columns ("HOPLINE_READ_TOK…", issue 24 item 6).
+"""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
-from hopline.collector.config import CollectorConfig
+import typer
+from hopline.collector import cli
+from hopline.collector.config import CollectorConfig, markdown_table, settings
 from hopline.collector.kv_cache import parse_model_config
 from hopline.middleware.contract.durations import parse_duration
 from support.servers import env_without_hopline
@@ -77,3 +88,112 @@ def test_help_has_an_example():
     )
     assert r.returncode == 0
     assert "hopline collector --port 9400 --data-dir" in r.stdout
+
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_the_readme_table_of_settings_is_the_declarations():
+    text = README.read_text()
+    start = text.index("<!-- collector-settings")
+    block = text[text.index("\n", start) + 1 : text.index("<!-- /collector-settings -->")]
+    assert block == markdown_table()
+    # every option the command had before the settings were declared once is still there
+    options = [row.split("`")[1] for row in block.splitlines()[2:]]
+    assert set(OPTIONS_BEFORE) <= set(options), set(OPTIONS_BEFORE) - set(options)
+    assert [row.split("`")[3] for row in block.splitlines()[2:]] == [
+        "HOPLINE_" + o[2:].replace("-", "_").upper() for o in options
+    ]
+
+
+OPTIONS_BEFORE = (
+    "--data-dir", "--host", "--port", "--token", "--read-token", "--open-reads", "--model-config", "--retention",
+    "--tail", "--fsync", "--fsync-interval", "--max-body", "--grace", "--ttl", "--max-open", "--max-open-bytes",
+    "--finished-cache", "--recent-requests", "--dedup-capacity", "--dedup-window", "--otlp-resource",
+    "--otlp-export", "--log-level",
+)  # fmt: skip
+
+
+class Started(Exception):
+    pass
+
+
+def configured(monkeypatch, args: list[str], env: dict[str, str] | None = None) -> CollectorConfig:
+    """The config the command would start with (the start itself is replaced)."""
+    seen = []
+
+    def check_can_start(config, host, port):
+        seen.append(config)
+        raise Started
+
+    monkeypatch.setattr(cli, "check_can_start", check_can_start)
+    for name in [s.env for _, s in settings()] + ["HOPLINE_CONFIG"]:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in (env or {}).items():
+        monkeypatch.setenv(name, value)
+    app = typer.Typer(add_completion=False)
+    cli.register(app)
+    with pytest.raises(Started):
+        app(args, prog_name="hopline collector", standalone_mode=False)
+    return seen[0]
+
+
+def test_each_setting_comes_from_its_option_its_environment_variable_or_the_config_file(tmp_path, monkeypatch):
+    file = tmp_path / "collector.toml"
+    file.write_text('grace = "5s"\nttl = "1m"\ntail = ["/a/*.ndjson", "/b/*.ndjson"]\nmax-body = 1000\nport = 0\n')
+    config = configured(
+        monkeypatch,
+        ["--data-dir", str(tmp_path), "--config", str(file), "--grace", "1s", "--open-reads",
+         "--model-config", "m=32,8,128,bf16"],
+        {"HOPLINE_TTL": "30s", "HOPLINE_FSYNC": "interval"},
+    )  # fmt: skip
+    assert config.grace_s == 1.0  # the command line over the file
+    assert config.ttl_s == 30.0  # the environment over the file
+    assert config.tail == ("/a/*.ndjson", "/b/*.ndjson") and config.max_body_bytes == 1000 and config.port == 0
+    assert config.fsync == "interval" and config.open_reads and config.kv_bytes_per_token == {"m": 131072}
+    # nothing given: the declarations' defaults, as CollectorConfig has them
+    assert configured(monkeypatch, ["--data-dir", str(tmp_path)]) == CollectorConfig(data_dir=tmp_path)
+    # the data dir from the environment alone
+    assert configured(monkeypatch, [], {"HOPLINE_DATA_DIR": str(tmp_path)}).data_dir == tmp_path
+
+
+def run_collector(*args: str, env: dict[str, str] | None = None, columns: int = 200):
+    return subprocess.run(
+        [sys.executable, "-m", "hopline.collector", *args],
+        check=False, capture_output=True, text=True, timeout=60,
+        env={**env_without_hopline(), "COLUMNS": str(columns), **(env or {})},
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        ('grace = "5s"\nnot-a-setting = 1\n', "unknown setting 'not-a-setting'"),
+        ("grace = \n", "cannot read"),
+        ('grace = "soon"\n', "--grace: not a duration: 'soon'"),
+        ('fsync = "sometimes"\n', "--fsync must be one of batch, interval, none"),
+        ('healthz-min-free = "lots"\n', "--healthz-min-free: not a size: 'lots'"),
+    ],
+)
+def test_a_bad_config_file_is_one_line_and_exit_2(tmp_path, content, says):
+    file = tmp_path / "c.toml"
+    file.write_text(content)
+    r = run_collector("--data-dir", str(tmp_path), "--port", "0", "--config", str(file))
+    assert r.returncode == 2, r.stderr
+    assert says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+@pytest.mark.parametrize("columns", [80, 100])
+def test_help_keeps_every_word_whole_at_80_and_100_columns(columns):
+    """Each option's help, environment variable and default appear whole, and no line is wider
+    than the terminal (before: rich's table cut "HOPLINE_READ_TOK…", "(DIR/events/date…")."""
+    r = run_collector("--help", columns=columns)
+    assert r.returncode == 0, r.stderr
+    assert max(len(line) for line in r.stdout.splitlines()) <= columns
+    text = " ".join(re.sub(r"-\n\s+", "-", r.stdout).split())  # words a line break split at a hyphen
+    for _, s in settings():
+        assert f"{s.option} " in text and s.env in text
+        assert " ".join(s.help.split()) in text, s.option
+        if s.show is not None:
+            assert f"default: {s.show}" in text, s.option
+    assert "--token \"$HOPLINE_TOKEN\" --read-token \"$HOPLINE_READ_TOKEN\" \\" in r.stdout  # the example as written
