@@ -57,7 +57,12 @@ def vllm_like_spans(request_id: str = "chatcmpl-probe-123", ttft: float = 0.35) 
 
 def as_otlp_json(spans) -> bytes:
     """OTLP/JSON as the spec writes it: proto3 JSON with hex trace and span IDs."""
-    obj = json_format.MessageToDict(encode_spans(spans))
+    return as_otlp_json_message(encode_spans(spans))
+
+
+def as_otlp_json_message(message) -> bytes:
+    """An encoded ``ExportTraceServiceRequest`` as OTLP/JSON (hex trace and span IDs)."""
+    obj = json_format.MessageToDict(message)
     for rs in obj["resourceSpans"]:
         for ss in rs["scopeSpans"]:
             for span in ss["spans"]:

@@ -22,7 +22,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from soak import percentile
 from support.collector import serve, stored_lines
-from test_collector_otlp import PROTOBUF, as_otlp_json, vllm_like_spans
+from test_collector_otlp import PROTOBUF, as_otlp_json, as_otlp_json_message, vllm_like_spans
 
 DEEP = 32
 
@@ -68,20 +68,6 @@ def test_a_deep_attribute_rejects_its_span_only_and_the_valid_spans_are_stored(t
         stored = {e["request_id"] for e in stored_lines(tmp_path / "d")}
     # spans 0, 2 and 3 are stored (4 engine hops each), span 1 is not
     assert stored == {f"deep-{encoding}-{i}" for i in (0, 2, 3)}
-
-
-def as_otlp_json_message(message) -> bytes:
-    import base64
-    import json
-
-    obj = json_format.MessageToDict(message)
-    for rs in obj["resourceSpans"]:
-        for ss in rs["scopeSpans"]:
-            for span in ss["spans"]:
-                for name in ("traceId", "spanId", "parentSpanId"):
-                    if name in span:
-                        span[name] = base64.b64decode(span[name]).hex()
-    return json.dumps(obj).encode()
 
 
 def answer_of(r) -> ExportTraceServiceResponse:
