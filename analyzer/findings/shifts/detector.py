@@ -15,7 +15,15 @@ from hopline.analyzer.findings.model import Shift
 from hopline.analyzer.findings.shifts.context import connect_part, context_of
 from hopline.analyzer.findings.shifts.incidents import Change, cap_reversals, clusters, incidents
 from hopline.analyzer.findings.shifts.scopes import cell, fold_explained, key, narrowest
-from hopline.analyzer.findings.shifts.stats import SHIFT_STAGES, Detection, ShiftConfig, detect, z_threshold
+from hopline.analyzer.findings.shifts.stats import (
+    SHIFT_STAGES,
+    Detection,
+    ShiftConfig,
+    after_change,
+    detect,
+    excess_s,
+    z_threshold,
+)
 
 
 @dataclass(frozen=True)
@@ -97,9 +105,19 @@ def _changes(search: Search, found: dict[str, list[Detection]], window_s: float,
                         context_of(frame, det, search.stages, cfg),
                         det.until,
                         connect_part(frame, det),
+                        excess_s=_excess(frame, det),
                     )
                 )
     return changes
+
+
+def _excess(frame: pl.DataFrame, det: Detection) -> float:
+    """``stats.excess_s`` of the change's requests (all of its scope's, never a subsample) over
+    the segment before it."""
+    since = pl.col("start") >= (det.since if det.since is not None else -math.inf)
+    before = frame.filter(since & (pl.col("start") < det.at))[det.stage].drop_nulls().to_numpy()
+    after = frame.filter(after_change(det))[det.stage].drop_nulls().to_numpy()
+    return excess_s(before, after)
 
 
 def find_shifts(

@@ -31,6 +31,7 @@ class Change:
     part: str | None = None  # for ``connect``: which of its parts moved (``CONNECT_PARTS``)
     consequences: list[Change] = field(default_factory=list)  # shifts that started with this one
     impact_cap_s: float | None = None  # this change undoes part of an earlier one: never more
+    excess_s: float | None = None  # users' seconds its requests spent beyond the baseline (stats.excess_s)
 
     @property
     def factor(self) -> float:
@@ -42,7 +43,10 @@ class Change:
 
     @property
     def own_impact_s(self) -> float:
-        """Users' time this stage's change added (or saved): (after - before) x requests it affected."""
+        """Users' time this stage's change added (or saved): the affected requests' excess over
+        the baseline before it (``excess_s``), else (after - before) x requests it affected."""
+        if self.excess_s is not None:
+            return self.excess_s
         return (self.after_ms - self.before_ms) / 1e3 * self.requests_after
 
     @property

@@ -99,15 +99,20 @@ def in_scope(scope: dict[str, str]) -> pl.Expr:
 
 
 def explains(a: Change, b: Change, frame: pl.DataFrame, spread_s: float, cfg: ShiftConfig) -> bool:
-    """Whether ``a``'s change holds ``b``'s: the same stage moving the same way, onsets within
-    ``spread_s``, and ``b``'s requests outside ``a``'s scope did not move even half as much (in
-    log terms) at ``b``'s time, or are too few to tell (``b``'s scope lies inside ``a``'s)."""
-    if a.stage != b.stage or a.up != b.up or a.scope == b.scope or abs(a.at - b.at) > spread_s:
+    """Whether ``a``'s change holds ``b``'s: the same stage moving the same way while ``a``'s
+    change lasts (``b``'s onset from ``spread_s`` before ``a``'s to ``a``'s end), and ``b``'s
+    requests outside ``a``'s scope — the residual ``a`` does not explain — did not move even half
+    as much (in log terms) at ``b``'s time, or are too few to tell (``b``'s scope lies inside
+    ``a``'s) and the onsets are within ``spread_s``. A correlated scope (a model mostly served by the replica that moved) seen moving
+    later than the replica, as its share of moved requests grew, is held all the same."""
+    if a.stage != b.stage or a.up != b.up or a.scope == b.scope or b.at < a.at - spread_s:
+        return False
+    if a.until is not None and b.at >= a.until:
         return False
     rest = frame.filter(in_scope(b.scope) & ~in_scope(a.scope).fill_null(False))
     after = rest.filter(after_change(b)).height  # type: ignore[arg-type]  # a Change has what after reads
     if min(rest.height - after, after) < cfg.min_side:
-        return True
+        return abs(a.at - b.at) <= spread_s  # too few to tell: held only when they began together
     moved = moved_at(rest, b, cfg)  # type: ignore[arg-type]
     return moved is not None and moved <= abs(math.log(max(b.factor, 1e-9))) / 2
 
