@@ -63,9 +63,14 @@ class Log:
         """Users' seconds added to ``stage`` by the incidents, over all requests."""
         return float(self.truth[f"{stage}_added_s"].sum())
 
-    def carriers(self, stage: str) -> set[str]:
-        """The requests an incident added time to in ``stage``."""
-        return set(self.truth.filter(pl.col(f"{stage}_added_s") > 0)["request_id"].to_list())
+    def reached(self, incident: Added) -> set[str]:
+        """The requests ``incident`` reaches: in its scope, starting in its interval (a tail
+        incident adds time to a share of them only)."""
+        at, until = self.start + incident.at_s, self.start + (incident.until_s or np.inf)
+        hit = (pl.col("start") >= at) & (pl.col("start") < until)
+        for dim, value in incident.scope.items():
+            hit &= pl.col(dim) == value
+        return set(self.truth.filter(hit)["request_id"].to_list())
 
 
 def _heavy(rng: np.random.Generator, median: float, sigma: float, n: int, tail: float = 0.02) -> np.ndarray:
@@ -117,7 +122,8 @@ def _requests(rng: np.random.Generator, duration_s: float, rate: float, stream_s
         "gateway_s": _heavy(rng, 0.003, 0.4, n),
         "frontend": _heavy(rng, 0.004, 0.4, n),
         "queue": _heavy(rng, 0.02, 1.0, n, 0.05),
-        "prefill": _heavy(rng, 0.05, 0.3, n) * prompt / 600,
+        # prefill is the prompt's length times a steady per-token time: its tail is the prompts'
+        "prefill": 0.05 * np.exp(rng.normal(0.0, 0.2, n)) * prompt / 600,
         "decode": _heavy(rng, 0.02, 0.2, n) * (output - 1),
     }
 

@@ -87,6 +87,7 @@ def _changes(search: Search, found: dict[str, list[Detection]], window_s: float,
     two attributes where one moved), with what moved with it."""
     changes = []
     within_s = cfg.cluster_windows * window_s
+    span = (float(search.frame["start"].min()), float(search.frame["start"].max()))
     for dets in found.values():
         for group in clusters(dets, within_s):
             for hit in narrowest(group, search.tested, search.frames, cfg):
@@ -102,7 +103,7 @@ def _changes(search: Search, found: dict[str, list[Detection]], window_s: float,
                         det.after_ms,
                         det.z,
                         det.after_n,
-                        context_of(frame, det, search.stages, cfg),
+                        context_of(frame, det, search.stages, cfg, span),
                         det.until,
                         connect_part(frame, det),
                         excess_s=_excess(frame, det),
