@@ -13,13 +13,13 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 from hopline.analyzer.findings.detector import Context
 from hopline.analyzer.findings.model import Findings, Shift
 from hopline.analyzer.findings.rank import find
 from hopline.analyzer.findings.shifts.scopes import in_scope
 from hopline.analyzer.timelines import timelines
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from support.scenarios import Added, Log, generate
 
 SCOPES = ("replica", "service", "model", "region")
@@ -52,7 +52,11 @@ def precision_recall(chosen: set[str], truth: set[str]) -> tuple[float, float]:
 # its mean rises more than its median) and tail-dominated (a fifth of the requests 0.8 s slower:
 # the p90 moves, the median barely), streaming and not.
 COST_CASES = {
-    "prefill x2.5 on r1, 40% non-streaming": (Added("prefill", 300, {"replica": "r1"}, factor=2.5), 0.6, "p50"),
+    "prefill x2.5 on r1, 40% non-streaming": (
+        Added("prefill", 300, {"replica": "r1"}, factor=2.5),
+        0.6,
+        "p50",
+    ),
     "queue tail on r2, 40% non-streaming": (
         Added("queue", 300, {"replica": "r2"}, tail_share=0.2, tail_s=0.8),
         0.6,
@@ -60,7 +64,11 @@ COST_CASES = {
     ),
     "network x3 for chat, streaming": (Added("network", 300, {"service": "chat"}, factor=3), 1.0, "p50"),
     "network x3 for chat, non-streaming": (Added("network", 300, {"service": "chat"}, factor=3), 0.0, "p50"),
-    "decode x1.6 for model Y, 40% non-streaming": (Added("decode", 300, {"model": "Y"}, factor=1.6), 0.6, "p50"),
+    "decode x1.6 for model Y, 40% non-streaming": (
+        Added("decode", 300, {"model": "Y"}, factor=1.6),
+        0.6,
+        "p50",
+    ),
 }
 
 
@@ -129,7 +137,7 @@ def test_a_level_change_after_an_odd_first_window_is_one_finding_at_its_onset(se
     startup = Added("network", 0, factor=4, until_s=5)
     level = Added("network", 300, factor=4)
     log = generate(duration_s=600, seed=seed, incidents=[startup, level])
-    found, frame = analyse(log)
+    found, _ = analyse(log)
     network = [s for s in shifts(found) if s.stage == "network"]
     assert len(network) == 1
     (shift,) = network
@@ -157,12 +165,17 @@ def sent_per_interval(log: Log, frame: pl.DataFrame, shift: Shift, lo: float, hi
     scope=st.sampled_from([{}, {"replica": "r2"}, {"service": "chat"}, {"region": "eu"}]),
     rate=st.floats(10, 60),
 )
-def test_stated_arrivals_are_what_the_log_sent_in_the_interval_named(seed, stage, at_s, factor, until_s, scope, rate):
+def test_stated_arrivals_are_what_the_log_sent_in_the_interval_named(
+    seed, stage, at_s, factor, until_s, scope, rate
+):
     """For any log: the arrivals a finding states, times the interval they name, are the number of
     ``client.sent`` in that interval (± one request); concurrency never exceeds the requests
     that started up to the interval's end."""
     log = generate(
-        duration_s=240, rate=rate, seed=seed, incidents=[Added(stage, at_s, scope, factor=factor, until_s=until_s)]
+        duration_s=240,
+        rate=rate,
+        seed=seed,
+        incidents=[Added(stage, at_s, scope, factor=factor, until_s=until_s)],
     )
     found, frame = analyse(log, window_s=2.0)
     for shift in shifts(found):

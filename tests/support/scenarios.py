@@ -184,7 +184,9 @@ def generate(
     return Log(events.sample(fraction=1.0, shuffle=True, seed=seed), truth, start)
 
 
-def _events(rng: np.random.Generator, c: dict, ids: pl.Series, start: float, stage: dict, at: dict) -> pl.DataFrame:
+def _events(
+    rng: np.random.Generator, c: dict, ids: pl.Series, start: float, stage: dict, at: dict
+) -> pl.DataFrame:
     """Every hop of every request, each stamped by its host's clock (off by up to 2 s on engines,
     0.2 s on gateways, 20 ms on the clients' hosts: one per region and service)."""
     n = c["n"]
@@ -201,8 +203,16 @@ def _events(rng: np.random.Generator, c: dict, ids: pl.Series, start: float, sta
     text = {k: pl.Series(c[k].astype(str)) for k in ("service", "model", "replica", "region", "gateway")}
     attrs = {
         "client": {"service": text["service"], "model": text["model"], "region": text["region"]},
-        "gateway": {"service": pl.repeat("gateway", n, eager=True), "replica": text["gateway"], "model": text["model"]},
-        "engine": {"service": pl.repeat("engine", n, eager=True), "replica": text["replica"], "model": text["model"]},
+        "gateway": {
+            "service": pl.repeat("gateway", n, eager=True),
+            "replica": text["gateway"],
+            "model": text["model"],
+        },
+        "engine": {
+            "service": pl.repeat("engine", n, eager=True),
+            "replica": text["replica"],
+            "model": text["model"],
+        },
     }
     stream = c["stream"]
     everyone = np.ones(n, dtype=bool)
@@ -214,7 +224,10 @@ def _events(rng: np.random.Generator, c: dict, ids: pl.Series, start: float, sta
         data = {"request_id": ids.gather(idx), "hop": pl.repeat(name, len(idx), eager=True)}
         data["ts"] = start + ts[idx] + off[side][idx]
         data |= {k: v.gather(idx) for k, v in attrs[side].items()}
-        data |= {k: (v[idx] if isinstance(v, np.ndarray) else pl.repeat(v, len(idx), eager=True)) for k, v in extra.items()}
+        data |= {
+            k: (v[idx] if isinstance(v, np.ndarray) else pl.repeat(v, len(idx), eager=True))
+            for k, v in extra.items()
+        }
         frames.append(pl.DataFrame(data, strict=False))
 
     conn = stage["connect"]
@@ -232,7 +245,9 @@ def _events(rng: np.random.Generator, c: dict, ids: pl.Series, start: float, sta
         decode_s=stage["decode"], prompt_tokens=c["prompt"], output_tokens=c["output"], cached_tokens=np.zeros(n, dtype=np.int64))  # fmt: skip
     hop("gateway.last_token", everyone, at["gw_last"], **ends)
     hop("client.last_token", everyone, at["cl_last"], **ends)
-    events = pl.concat(frames, how="diagonal_relaxed").with_columns(v=pl.lit(1, pl.Int16), attempt=pl.lit(0, pl.Int32))
+    events = pl.concat(frames, how="diagonal_relaxed").with_columns(
+        v=pl.lit(1, pl.Int16), attempt=pl.lit(0, pl.Int32)
+    )
     return events.select(
         [(pl.col(k) if k in events.columns else pl.lit(None)).cast(t).alias(k) for k, t in SCHEMA.items()]
     )

@@ -36,6 +36,7 @@ class Search:
     boundaries: np.ndarray
     scopes: list[dict[str, str]]
     tested: dict[str, list[str]]  # attribute -> its values searched
+    dims: tuple[str, ...]  # every scope attribute (a change of all traffic is confined along them)
     frames: dict[str, pl.DataFrame]  # scope key -> its requests
     z_crit: float
 
@@ -55,7 +56,7 @@ def _search(frame: pl.DataFrame, window_s: float, dims: tuple[str, ...], cfg: Sh
             tested[dim] = values
             scopes += [{dim: v} for v in values]
     z_crit = z_threshold(cfg.alpha, len(scopes) * len(stages) * max(len(boundaries), 1))
-    return Search(frame, stages, boundaries, scopes, tested, {}, z_crit)
+    return Search(frame, stages, boundaries, scopes, tested, dims, {}, z_crit)
 
 
 def _detections(search: Search, cfg: ShiftConfig, seed: int) -> dict[str, list[Detection]]:
@@ -90,7 +91,7 @@ def _changes(search: Search, found: dict[str, list[Detection]], window_s: float,
     span = (float(search.frame["start"].min()), float(search.frame["start"].max()))
     for dets in found.values():
         for group in clusters(dets, within_s):
-            for hit in narrowest(group, search.tested, search.frames, cfg):
+            for hit in narrowest(group, search.tested, search.frames, cfg, search.dims):
                 det = cell(hit, search.tested, search.frames, search.boundaries, search.z_crit, cfg, within_s)
                 frame = search.frames[key(det.scope)]
                 changes.append(

@@ -109,7 +109,7 @@ def incidents(shifts: list[Change], within_s: float) -> list[Change]:
         else:
             group.append(shift)
     leads = []
-    for group in groups:
+    for group in _pool_waits_joined(groups, within_s):
         lead = min(group, key=lambda s: (_holds_connections(s, group), -abs(s.own_impact_s)))
         lead.consequences = sorted((s for s in group if s is not lead), key=lambda s: -abs(s.own_impact_s))
         said = {s.stage for s in lead.consequences}
@@ -117,6 +117,30 @@ def incidents(shifts: list[Change], within_s: float) -> list[Change]:
         lead.context["moved"] = {k: v for k, v in lead.context.get("moved", {}).items() if k not in said}
         leads.append(lead)
     return leads
+
+
+def _pool_waits_joined(groups: list[list[Change]], within_s: float) -> list[list[Change]]:
+    """A group of only client pool-wait rises joins a group of a narrower scope (the whole traffic's
+    pool wait with one service's network rise) where a stage connections are held for rose within
+    ``within_s``: the pool is shared, so its wait shows in a wider scope than the rise behind it."""
+    kept = []
+    for group in groups:
+        if all(s.part == "pool_wait" and s.up for s in group):
+            host = next(
+                (
+                    g
+                    for g in groups
+                    if g is not group
+                    and group[0].scope.items() <= g[0].scope.items()
+                    and any(s.stage in HELD_STAGES and s.up and abs(s.at - group[0].at) <= within_s for s in g)
+                ),
+                None,
+            )
+            if host is not None:
+                host.extend(group)
+                continue
+        kept.append(group)
+    return kept
 
 
 def cap_reversals(shifts: list[Change]) -> None:
