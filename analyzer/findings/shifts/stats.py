@@ -197,7 +197,7 @@ def detect(
     i = 0
     while i < len(real):
         det = real[i]
-        if _from_first_window(t, boundaries, det, cfg.min_side):
+        if _from_first_window(t, boundaries, det, cfg):
             i += 1  # the log's first window alone is no baseline: what follows it is (a start-up)
             continue
         end = next(
@@ -208,7 +208,7 @@ def detect(
             i += 1
             continue
         _settle_burst(t, x, boundaries, det, real[end], cfg)  # one finding from its onset, with its end
-        if _from_first_window(t, boundaries, det, cfg.min_side):  # its onset fell back to the log's first window
+        if _from_first_window(t, boundaries, det, cfg):  # its onset fell back to the log's first window
             out.pop()
             i = end  # its end is the change
             continue
@@ -218,7 +218,7 @@ def detect(
     return out
 
 
-def _from_first_window(t: np.ndarray, boundaries: np.ndarray, det: Detection, min_side: int) -> bool:
+def _from_first_window(t: np.ndarray, boundaries: np.ndarray, det: Detection, cfg: ShiftConfig) -> bool:
     """Whether ``det``'s before-side is only the scope's first window: the requests of the log's
     first seconds against everything after them. A log starts at an arbitrary moment (a client
     warming up, a cache filling); a change from there, or a "burst" from there until the real
@@ -226,9 +226,14 @@ def _from_first_window(t: np.ndarray, boundaries: np.ndarray, det: Detection, mi
     then a change of its own, from what followed the first window."""
     if det.before_index != 0:
         return False
-    # the first window, or the first one with ``min_side`` requests before it (a scope's few first ones)
     earlier = boundaries[(boundaries > t[0]) & (boundaries < det.at)]
-    return not (np.searchsorted(t, earlier) >= min_side).any()
+    if len(earlier) == 0:
+        return True  # the first window
+    # a scope's first split with ``min_side`` requests before it, within the log's first few windows
+    # (a change later than that, at a scope's first possible split, is a short log's real one)
+    width = boundaries[1] - boundaries[0] if len(boundaries) > 1 else math.inf
+    first_few = len(earlier) < cfg.cluster_windows and det.at - t[0] <= cfg.cluster_windows * width
+    return first_few and not (np.searchsorted(t, earlier) >= cfg.min_side).any()
 
 
 def _settle_burst(
