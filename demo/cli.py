@@ -50,6 +50,11 @@ def demo(
         )
     chosen = SCENARIOS[scenario]
     console = Console(stderr=json)
+    if seconds < chosen.min_seconds:
+        console.print(
+            f"[yellow]--seconds {seconds:g} is too short for {chosen.name}: its incident has too few requests "
+            f"to be told apart from noise; use --seconds {chosen.min_seconds:g} or more[/yellow]"
+        )
     try:
         run = run_demo(chosen, seconds=seconds, out=out, html=html, console=console, seed=seed)
     except KeyboardInterrupt:

@@ -85,6 +85,13 @@ class Scenario:
     # 1.5x and more from second to second; over a long incident the analyzer's change points
     # would follow those waves (each one a "shift") instead of the onset.
     incident_s: float | None = None
+    # The shortest run whose incident can be told apart from noise: a shift needs ``min_side``
+    # (50) requests of its scope on each side of the change, and its scope 100 to be searched on
+    # its own. One replica of two gets ~4 requests/s of the baseline's 8, 45% of them after the
+    # change: under ~30 s that side is too few (20 s runs found nothing); tests/demo runs the
+    # shift scenarios at 36 s. A change plain in all traffic (slow-network: a service's network
+    # x3) is confined to its service from fewer (``shifts.scopes.confine``).
+    min_seconds: float = 20.0
 
     def engine_config(self) -> dict[str, Any]:
         """``EngineConfig`` overrides of both replicas: the demo's ``ENGINE``, then the scenario's."""
@@ -129,6 +136,7 @@ SCENARIOS: dict[str, Scenario] = {
             "replica r2's prefill becomes 4x slower per token (a kernel fallback after a deploy)",
             expect={"kind": "shift", "stage": "prefill", "scope": {"replica": "r2"}},
             engine_incident={"r2": {"prefill_per_token_s": 0.00016}},
+            min_seconds=36.0,
         ),
         Scenario(
             "slow-network",

@@ -4,7 +4,8 @@ brought (a typed relation), what each costs users, which are minor, their order.
 Relations come from the detectors' declarations. A pitfall whose detector has
 ``caused_by_rise_of = stage`` and that began (at the contract's one-second resolution) after
 the onset of an up-shift of that stage, within its scope and before it ended (one window of
-slack), is that shift's consequence: it moves into the shift's ``with_pitfalls``. A rise of a
+slack), is that shift's consequence: it moves into the shift's ``with_pitfalls``; so does a
+pitfall without an onset whose time is spent in a stage that rose in the same scope. A rise of a
 stage that a detector ``brings_rise_of`` moves into the ``with_shifts`` of that detector's
 finding whose scope ``Detector.brought`` names; its seconds add to the finding's (stages add up).
 
@@ -61,6 +62,14 @@ def _began_within(pitfall: Pitfall, shift: Shift, window_s: float) -> bool:
     return at >= to_second(shift.at) - window_s and (shift.until is None or at <= to_second(shift.until))
 
 
+def _spent_in_rise(pitfall: Pitfall, shift: Shift) -> bool:
+    """A pitfall with no onset of its own (a standing condition over the log, such as users waiting
+    far longer than the engine) whose time is spent in the stage that rose in its very scope: the
+    rise is the change the data shows, the pitfall the users' view of it. Said once, from the
+    rise (their seconds overlap: each is counted in one finding)."""
+    return pitfall.at is None and shift.up and shift.stage == pitfall.spent_in and shift.scope == pitfall.scope
+
+
 def caused_by_shifts(
     shifts: list[Shift], pitfalls: list[Pitfall], ctx: Context, registry: tuple[Detector, ...] = REGISTRY
 ) -> tuple[list[Shift], list[Pitfall]]:
@@ -77,10 +86,13 @@ def caused_by_shifts(
             (
                 i
                 for i in largest_first
-                if stage is not None
-                and shifts[i].stage == stage
-                and shifts[i].up
-                and _began_within(p, shifts[i], ctx.window_s)
+                if (
+                    stage is not None
+                    and shifts[i].stage == stage
+                    and shifts[i].up
+                    and _began_within(p, shifts[i], ctx.window_s)
+                )
+                or _spent_in_rise(p, shifts[i])
             ),
             None,
         )

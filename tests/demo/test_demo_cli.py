@@ -40,3 +40,29 @@ def test_the_live_panel_ends_its_line_when_stderr_is_not_a_terminal() -> None:
     console.print("events, report.json, dashboards and logs: run")
     closing = "events, report.json, dashboards and logs: run"
     assert out.getvalue().splitlines()[-2:] == ["in flight 0", closing]
+
+
+def _said_before_running(monkeypatch, *args: str) -> str:
+    """What ``hopline demo ARGS`` says before its stack starts (the run itself is cut short)."""
+    import typer
+    from hopline.demo import orchestrate
+    from hopline.demo.cli import register
+    from typer.testing import CliRunner
+
+    def interrupted(*_a, **_k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(orchestrate, "run_demo", interrupted)
+    app = typer.Typer()
+    register(app)
+    app.command("noop", hidden=True)(lambda: None)  # two commands: typer keeps "demo" as a subcommand
+    result = CliRunner().invoke(app, ["demo", *args], env={"COLUMNS": "250", "NO_COLOR": "1"})
+    assert result.exit_code == 130
+    return result.output
+
+
+def test_a_run_too_short_for_its_scenario_is_said_plainly(monkeypatch) -> None:
+    said = _said_before_running(monkeypatch, "--seconds", "20", "--scenario", "prefill-regression")
+    assert "--seconds 20 is too short for prefill-regression" in said and "use --seconds 36 or more" in said
+    # the README's short run is long enough for its scenario: nothing said
+    assert "too short" not in _said_before_running(monkeypatch, "--seconds", "20", "--scenario", "slow-network")

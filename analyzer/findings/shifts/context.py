@@ -3,6 +3,8 @@ load before vs after, in its scope; for ``connect``, which of its parts moved.""
 
 from __future__ import annotations
 
+import math
+
 import polars as pl
 from hopline.analyzer.attribution import e2e
 from hopline.analyzer.findings.shifts.stats import Detection, ShiftConfig, after_change
@@ -13,8 +15,12 @@ from hopline.analyzer.findings.shifts.stats import Detection, ShiftConfig, after
 CONNECT_PARTS = {"pool_wait": ("pool_wait_s",), "connect": ("connect_s", "tls_s")}
 
 
-def context_of(frame: pl.DataFrame, det: Detection, stages: list[str], cfg: ShiftConfig) -> dict:
-    """Other stages and the load, before vs after, in the finding's scope."""
+def context_of(
+    frame: pl.DataFrame, det: Detection, stages: list[str], cfg: ShiftConfig, span: tuple[float, float]
+) -> dict:
+    """Other stages and the load, before vs after, in the finding's scope. ``span``: the log's
+    first and last request start; the before interval runs from the first to the change, the
+    after interval from the change to its end (``until``) or the last."""
     before = frame.filter(pl.col("start") < det.at)
     after = frame.filter(after_change(det))
     unchanged, moved = [], {}
@@ -28,20 +34,9 @@ def context_of(frame: pl.DataFrame, det: Detection, stages: list[str], cfg: Shif
             unchanged.append(stage)
         elif abs(a - b) * 1e3 >= cfg.min_abs_ms:
             moved[stage] = {"before_ms": round(b * 1e3, 3), "after_ms": round(a * 1e3, 3)}
-
-    def load(part: pl.DataFrame) -> dict[str, float | None]:
-        span = (part["start"].max() or 0) - (part["start"].min() or 0)
-        busy = part.select(e2e().sum()).item()
-        prompt, cached = part["prompt_tokens"].sum(), part["cached_tokens"].sum()
-        return {
-            "arrivals_per_s": part.height / span if span > 0 else None,
-            "concurrency": busy / span if span > 0 and busy else None,
-            "prompt_tokens_p50": part["prompt_tokens"].median(),
-            "cache_hit_ratio": cached / prompt if prompt else None,
-        }
-
-    lb, la = load(before), load(after)
-    covariates = {k: round(la[k] / lb[k] - 1, 3) for k in lb if lb[k] and la[k] is not None}
+    lb = load(frame, span[0], det.at)
+    la = load(frame, det.at, math.nextafter(span[1], math.inf) if det.until is None else det.until)
+    covariates = {k: round(la[k] / lb[k] - 1, 3) for k in lb if k in COVARIATES and lb[k] and la[k] is not None}
     return {
         "unchanged": unchanged,
         "moved": moved,
@@ -49,6 +44,32 @@ def context_of(frame: pl.DataFrame, det: Detection, stages: list[str], cfg: Shif
         "moved_with": {k: v for k, v in covariates.items() if abs(v) >= cfg.notable_change},
         "before": {k: _round(v) for k, v in lb.items()},
         "after": {k: _round(v) for k, v in la.items()},
+    }
+
+
+COVARIATES = ("arrivals_per_s", "concurrency", "prompt_tokens_p50", "cache_hit_ratio")
+
+
+def load(frame: pl.DataFrame, lo: float, hi: float) -> dict[str, float | None]:
+    """The load of ``frame``'s requests over the interval [``lo``, ``hi``) it names (``span_s``
+    long): requests that started in it per second, and the mean number in flight (each request
+    counted for the part of its end-to-end time inside the interval), so neither can exceed what
+    the log's requests allow; the prompts' median length and the cache hits of those that started."""
+    span = hi - lo
+    if span <= 0:
+        return {"span_s": None, **dict.fromkeys(COVARIATES)}
+    inside = frame.filter((pl.col("start") >= lo) & (pl.col("start") < hi))
+    start = pl.col("start")
+    busy = frame.select(
+        ((start + e2e().fill_null(0.0)).clip(lo, hi) - start.clip(lo, hi)).sum()
+    ).item()
+    prompt, cached = inside["prompt_tokens"].sum(), inside["cached_tokens"].sum()
+    return {
+        "span_s": span,
+        "arrivals_per_s": inside.height / span,
+        "concurrency": busy / span if busy else None,
+        "prompt_tokens_p50": inside["prompt_tokens"].median(),
+        "cache_hit_ratio": cached / prompt if prompt else None,
     }
 
 

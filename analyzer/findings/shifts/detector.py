@@ -15,7 +15,15 @@ from hopline.analyzer.findings.model import Shift
 from hopline.analyzer.findings.shifts.context import connect_part, context_of
 from hopline.analyzer.findings.shifts.incidents import Change, cap_reversals, clusters, incidents
 from hopline.analyzer.findings.shifts.scopes import cell, fold_explained, key, narrowest
-from hopline.analyzer.findings.shifts.stats import SHIFT_STAGES, Detection, ShiftConfig, detect, z_threshold
+from hopline.analyzer.findings.shifts.stats import (
+    SHIFT_STAGES,
+    Detection,
+    ShiftConfig,
+    after_change,
+    detect,
+    excess_s,
+    z_threshold,
+)
 
 
 @dataclass(frozen=True)
@@ -28,6 +36,7 @@ class Search:
     boundaries: np.ndarray
     scopes: list[dict[str, str]]
     tested: dict[str, list[str]]  # attribute -> its values searched
+    dims: tuple[str, ...]  # every scope attribute (a change of all traffic is confined along them)
     frames: dict[str, pl.DataFrame]  # scope key -> its requests
     z_crit: float
 
@@ -47,7 +56,7 @@ def _search(frame: pl.DataFrame, window_s: float, dims: tuple[str, ...], cfg: Sh
             tested[dim] = values
             scopes += [{dim: v} for v in values]
     z_crit = z_threshold(cfg.alpha, len(scopes) * len(stages) * max(len(boundaries), 1))
-    return Search(frame, stages, boundaries, scopes, tested, {}, z_crit)
+    return Search(frame, stages, boundaries, scopes, tested, dims, {}, z_crit)
 
 
 def _detections(search: Search, cfg: ShiftConfig, seed: int) -> dict[str, list[Detection]]:
@@ -79,9 +88,10 @@ def _changes(search: Search, found: dict[str, list[Detection]], window_s: float,
     two attributes where one moved), with what moved with it."""
     changes = []
     within_s = cfg.cluster_windows * window_s
+    span = (float(search.frame["start"].min()), float(search.frame["start"].max()))
     for dets in found.values():
         for group in clusters(dets, within_s):
-            for hit in narrowest(group, search.tested, search.frames, cfg):
+            for hit in narrowest(group, search.tested, search.frames, cfg, search.dims):
                 det = cell(hit, search.tested, search.frames, search.boundaries, search.z_crit, cfg, within_s)
                 frame = search.frames[key(det.scope)]
                 changes.append(
@@ -94,12 +104,22 @@ def _changes(search: Search, found: dict[str, list[Detection]], window_s: float,
                         det.after_ms,
                         det.z,
                         det.after_n,
-                        context_of(frame, det, search.stages, cfg),
+                        context_of(frame, det, search.stages, cfg, span),
                         det.until,
                         connect_part(frame, det),
+                        excess_s=_excess(frame, det),
                     )
                 )
     return changes
+
+
+def _excess(frame: pl.DataFrame, det: Detection) -> float:
+    """``stats.excess_s`` of the change's requests (all of its scope's, never a subsample) over
+    the segment before it."""
+    since = pl.col("start") >= (det.since if det.since is not None else -math.inf)
+    before = frame.filter(since & (pl.col("start") < det.at))[det.stage].drop_nulls().to_numpy()
+    after = frame.filter(after_change(det))[det.stage].drop_nulls().to_numpy()
+    return excess_s(before, after)
 
 
 def find_shifts(

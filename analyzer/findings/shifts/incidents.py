@@ -31,6 +31,7 @@ class Change:
     part: str | None = None  # for ``connect``: which of its parts moved (``CONNECT_PARTS``)
     consequences: list[Change] = field(default_factory=list)  # shifts that started with this one
     impact_cap_s: float | None = None  # this change undoes part of an earlier one: never more
+    excess_s: float | None = None  # users' seconds its requests spent beyond the baseline (stats.excess_s)
 
     @property
     def factor(self) -> float:
@@ -42,7 +43,10 @@ class Change:
 
     @property
     def own_impact_s(self) -> float:
-        """Users' time this stage's change added (or saved): (after - before) x requests it affected."""
+        """Users' time this stage's change added (or saved): the affected requests' excess over
+        the baseline before it (``excess_s``), else (after - before) x requests it affected."""
+        if self.excess_s is not None:
+            return self.excess_s
         return (self.after_ms - self.before_ms) / 1e3 * self.requests_after
 
     @property
@@ -105,7 +109,7 @@ def incidents(shifts: list[Change], within_s: float) -> list[Change]:
         else:
             group.append(shift)
     leads = []
-    for group in groups:
+    for group in _pool_waits_joined(groups, within_s):
         lead = min(group, key=lambda s: (_holds_connections(s, group), -abs(s.own_impact_s)))
         lead.consequences = sorted((s for s in group if s is not lead), key=lambda s: -abs(s.own_impact_s))
         said = {s.stage for s in lead.consequences}
@@ -113,6 +117,30 @@ def incidents(shifts: list[Change], within_s: float) -> list[Change]:
         lead.context["moved"] = {k: v for k, v in lead.context.get("moved", {}).items() if k not in said}
         leads.append(lead)
     return leads
+
+
+def _pool_waits_joined(groups: list[list[Change]], within_s: float) -> list[list[Change]]:
+    """A group of only client pool-wait rises joins a group of a narrower scope (the whole traffic's
+    pool wait with one service's network rise) where a stage connections are held for rose within
+    ``within_s``: the pool is shared, so its wait shows in a wider scope than the rise behind it."""
+    kept = []
+    for group in groups:
+        if all(s.part == "pool_wait" and s.up for s in group):
+            host = next(
+                (
+                    g
+                    for g in groups
+                    if g is not group
+                    and group[0].scope.items() <= g[0].scope.items()
+                    and any(s.stage in HELD_STAGES and s.up and abs(s.at - group[0].at) <= within_s for s in g)
+                ),
+                None,
+            )
+            if host is not None:
+                host.extend(group)
+                continue
+        kept.append(group)
+    return kept
 
 
 def cap_reversals(shifts: list[Change]) -> None:

@@ -92,6 +92,7 @@ class Detection:
     until: float | None = None  # the change reverted here (a transient incident)
     index: int = 0  # the first request after the change, in the scope's sorted requests
     before_index: int = 0  # the first request of the segment before it
+    since: float | None = None  # Unix seconds: the start of that first request (the baseline's start)
 
     @property
     def up(self) -> bool:
@@ -196,6 +197,9 @@ def detect(
     i = 0
     while i < len(real):
         det = real[i]
+        if _from_first_window(t, boundaries, det, cfg):
+            i += 1  # the log's first window alone is no baseline: what follows it is (a start-up)
+            continue
         end = next(
             (j for j in range(i + 1, len(real)) if real[j].up != det.up and _returns(det, real[j], cfg)), None
         )
@@ -204,8 +208,32 @@ def detect(
             i += 1
             continue
         _settle_burst(t, x, boundaries, det, real[end], cfg)  # one finding from its onset, with its end
+        if _from_first_window(t, boundaries, det, cfg):  # its onset fell back to the log's first window
+            out.pop()
+            i = end  # its end is the change
+            continue
         i = end + 1
+    for det in out:
+        det.since = float(t[det.before_index])
     return out
+
+
+def _from_first_window(t: np.ndarray, boundaries: np.ndarray, det: Detection, cfg: ShiftConfig) -> bool:
+    """Whether ``det``'s before-side is only the scope's first window: the requests of the log's
+    first seconds against everything after them. A log starts at an arbitrary moment (a client
+    warming up, a cache filling); a change from there, or a "burst" from there until the real
+    onset, would frame the healthy part of the log as the incident. The real onset, if any, is
+    then a change of its own, from what followed the first window."""
+    if det.before_index != 0:
+        return False
+    earlier = boundaries[(boundaries > t[0]) & (boundaries < det.at)]
+    if len(earlier) == 0:
+        return True  # the first window
+    # a scope's first split with ``min_side`` requests before it, within the log's first few windows
+    # (a change later than that, at a scope's first possible split, is a short log's real one)
+    width = boundaries[1] - boundaries[0] if len(boundaries) > 1 else math.inf
+    first_few = len(earlier) < cfg.cluster_windows and det.at - t[0] <= cfg.cluster_windows * width
+    return first_few and not (np.searchsorted(t, earlier) >= cfg.min_side).any()
 
 
 def _settle_burst(
@@ -301,6 +329,19 @@ def _returns(det: Detection, nxt: Detection, cfg: ShiftConfig) -> bool:
     return _near(nxt.after_ms, det.before_ms, cfg) or left <= RETURN_REMAINDER * abs(
         det.after_ms - det.before_ms
     )
+
+
+def excess_s(before: np.ndarray, after: np.ndarray) -> float:
+    """Users' seconds the ``after`` requests spent beyond their counterfactual baseline, quantile
+    by quantile: each after-request's value minus the ``before`` distribution's value at the same
+    quantile (its rank among the after-requests), summed. A change that lives in the tail (a
+    fifth of the requests 0.8 s slower, the median barely moving) counts in full, and a doubling of
+    a skewed stage counts its mean's rise, not its median's: Δp50 × requests misses both."""
+    before, after = before[~np.isnan(before)], np.sort(after[~np.isnan(after)])
+    if len(before) == 0 or len(after) == 0:
+        return 0.0
+    q = (np.arange(len(after)) + 0.5) / len(after)
+    return float(np.sum(after - np.quantile(before, q)))
 
 
 def after_change(det: Detection) -> pl.Expr:
