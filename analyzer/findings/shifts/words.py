@@ -101,6 +101,18 @@ def label(shift: Change) -> str:
     return STAGE_WORDS.get(shift.part or shift.stage, shift.stage)
 
 
+def rise_meaning(shift: Change) -> str:
+    """What a rise says where the stage's name alone does not: a client's pool wait (only a full
+    pool's wait, at the source) or the rule book's ``meaning`` of the stage ("client-side delay":
+    the calling process was busy, not its connection pool); nothing for a fall."""
+    if not shift.after_ms > shift.before_ms:
+        return ""
+    if shift.part in PART_MEANING:
+        return PART_MEANING[shift.part]
+    look = LOOK.get(shift.stage)
+    return look.meaning if look is not None and shift.part is None else ""
+
+
 def summary(shift: Change) -> str:
     """The shift's one sentence: what moved, when, where, by how much, and what moved with it."""
     where = scope_words(shift.scope)
@@ -110,8 +122,9 @@ def summary(shift: Change) -> str:
         f"{'' if shift.until is None else ' until ' + clock(shift.until)}"
         f"{' on ' + where if where else ''} {values}"
     )
-    if shift.part in PART_MEANING:
-        text += f": {PART_MEANING[shift.part]}"
+    meaning = rise_meaning(shift)
+    if meaning:
+        text += f": {meaning}"
     if shift.consequences:
         text += "; with it, " + ", ".join(
             f"{short(c.part or c.stage)} {c.statistic} {ms(c.before_ms)} → {ms(c.after_ms)} ms"
