@@ -84,12 +84,19 @@ def run_replay(watch: Watch, paths: list[Path], every_s: float) -> ScanReport:
     return report
 
 
-def run_follow(watch: Watch, paths: list[Path], poll_s: float) -> None:
+def run_follow(watch: Watch, paths: list[Path], poll_s: float, until_quiet_s: float | None = None) -> None:
+    """Feed what the files grow by; with ``until_quiet_s``, stop once nothing new came for that
+    long (wall clock, counted from the first event) and finish the stream (``LiveDetector.drain``)."""
     tail = Tail(paths)
+    last_news: float | None = None
     while True:
         batch = tail.poll()
         if batch.height:
             watch.detector.feed(batch)
+            last_news = time.monotonic()
+        elif until_quiet_s is not None and last_news is not None and time.monotonic() - last_news >= until_quiet_s:
+            watch.detector.drain()
+            return
         else:
             time.sleep(poll_s)
 
@@ -129,6 +136,23 @@ def watch_command(
         str, typer.Option(help="Re-send firing alerts this often (below Alertmanager's resolve_timeout).")
     ] = "1m",
     poll: Annotated[str, typer.Option(help="--follow: how often to look for new lines.")] = "1s",
+    until_quiet: Annotated[
+        str | None,
+        typer.Option(
+            help="--follow: stop once nothing new came for this long, and finish as a replay does "
+            "(time runs on without events; what fires resolves once its scope stays quiet)."
+        ),
+    ] = None,
+    hold: Annotated[
+        str | None,
+        typer.Option(help="A finding must be found this long before it fires (Prometheus' for:; default 2 windows)."),
+    ] = None,
+    settle: Annotated[
+        str, typer.Option(help="Wait this long (event time) after a request's final hop for its stragglers.")
+    ] = "5s",
+    lateness: Annotated[
+        str, typer.Option(help="Event time trails the newest event by this much (late events, skewed clocks).")
+    ] = "5s",
     json_out: Annotated[
         bool, typer.Option("--json", help="Print each alert as the JSON Alertmanager receives.")
     ] = False,
@@ -142,11 +166,15 @@ def watch_command(
             window_s=parse_duration(window),
             horizon_s=parse_duration(horizon),
             recent_s=parse_duration(recent),
+            settle_s=parse_duration(settle),
+            lateness_s=parse_duration(lateness),
+            hold_s=parse_duration(hold) if hold is not None else None,
             scopes=dims,
         )
         urls = alertmanager_urls(alertmanager)
         sender = AlertSender(urls, resend_s=parse_duration(resend)) if urls else None
         poll_s = parse_duration(poll)
+        quiet_s = parse_duration(until_quiet) if until_quiet is not None else None
         if listen is not None:
             parse_listen(listen)
     except ValueError as exc:
@@ -166,7 +194,7 @@ def watch_command(
                     raise ClickException(f"no hop events in {', '.join(map(str, paths))}")
                 summary(watch, report)
             else:
-                run_follow(watch, paths, poll_s)
+                run_follow(watch, paths, poll_s, quiet_s)
     except FileNotFoundError as exc:
         raise UsageError(str(exc)) from exc
     except KeyboardInterrupt:
