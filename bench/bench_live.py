@@ -1,6 +1,8 @@
 """Live detection: delay in event time, and the detector's CPU per finished request.
 
     .venv/bin/python bench/bench_live.py [--seeds 10] [--rate 20] [--scale-rate 200] [--scale-minutes 10]
+    .venv/bin/python bench/bench_live.py --demo-runs DIR   (DIR/X from: hopline demo --seconds 60
+                                                            --scenario X --out DIR/X --json > DIR/X.json)
 
 Delay: for each seed, a generated log (tests/support/synth.py) of four replicas at ``--rate``
 requests/s whose replica r2's queue time triples at 10:00 (no end) is replayed through
@@ -71,6 +73,46 @@ def scale_run(rate: float, minutes: float) -> dict:
             "incidents": len(detector.incidents()), "horizon_rows": detector.horizon.height}  # fmt: skip
 
 
+DEMO_SETTINGS = dict(settle_s=1.0, lateness_s=1.0, hold_s=5.0)  # demo/live.py's watch
+
+
+def demo_compare(folder: Path) -> dict:
+    """One recorded demo run (``hopline demo --out FOLDER --json > FOLDER.json``) replayed with the
+    demo's watch settings to its end (``drain``): every incident that fired, and whether one names
+    what ``hopline analyze``'s first finding names (stage or pitfall, scope; onset within a window)."""
+    import orjson
+    from hopline.analyzer.live.feed import replay
+    from hopline.analyzer.live.incidents import subject
+    from hopline.demo.live import watch_argv
+    from hopline.middleware.contract.times import to_epoch
+
+    report = orjson.loads(Path(f"{folder}.json").read_bytes())
+    first = report["findings"][0]
+    argv = watch_argv(folder, 60, [])
+    opt = lambda name: float(argv[argv.index(name) + 1].rstrip("s"))
+    window = report["window_s"]
+    cfg = LiveConfig(window_s=window, horizon_s=opt("--horizon"), recent_s=opt("--recent"), **DEMO_SETTINGS)
+    detector = LiveDetector(cfg)
+    fired: list = []
+    detector.on_step = lambda now, changed: fired.extend((now, i) for i in changed if i.first_seen == now)
+    for part in replay([folder / "events"], cfg.every_s):
+        detector.feed(part)
+    detector.drain()
+    want = (subject(first), first.get("scope") or {})
+    same = [(now, i) for now, i in fired if (i.key[1], i.scope) == want]
+    onset_ok = None
+    if same and first.get("at"):
+        onset_ok = abs(to_epoch(same[0][1].finding["at"]) - to_epoch(first["at"])) <= window
+    return {
+        "scenario": folder.name, "offline": f"{want[0]} {want[1]} at {first.get('at')}",
+        "fired": [f"{i.key[1]} {i.scope}" for _, i in fired], "named": bool(same),
+        "first_live_is_it": bool(fired) and (fired[0][1].key[1], fired[0][1].scope) == want,
+        "onset_within_window": onset_ok,
+        "delay_s": None if not same else same[0][0] - same[0][1].onset,
+        "trusted": report.get("demo", {}).get("trusted"),
+    }  # fmt: skip
+
+
 def spread(values: list[float]) -> str:
     q = statistics.quantiles(values, n=10) if len(values) >= 2 else values * 9
     return (f"median {statistics.median(values):.1f}, min {min(values):.1f}, p10 {q[0]:.1f}, "
@@ -83,7 +125,13 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=20.0)
     parser.add_argument("--scale-rate", type=float, default=200.0)
     parser.add_argument("--scale-minutes", type=float, default=10.0)
+    parser.add_argument("--demo-runs", type=Path, help="Compare live and offline on recorded demo runs here.")
     args = parser.parse_args()
+    if args.demo_runs:
+        folders = sorted(p for p in args.demo_runs.iterdir() if p.is_dir() and Path(f"{p}.json").exists())
+        for folder in folders:
+            print(orjson_line(demo_compare(folder)), flush=True)
+        return
     runs = [delay_run(seed, args.rate) for seed in range(args.seeds)]
     for r in runs:
         print(f"seed {r['seed']}: delay {r['delay_s']} s, {r['steps']} steps, {r['requests']} requests, "
@@ -100,6 +148,12 @@ def main() -> None:
               f"{s['steps']} steps, CPU {s['cpu_s']:.1f} s = {s['cpu_s'] / s['requests'] * 1e3:.2f} ms per request, "
               f"{s['cpu_s'] / s['steps']:.2f} s per step (last horizon {s['horizon_rows']} rows), "
               f"{s['incidents']} incidents")  # fmt: skip
+
+
+def orjson_line(row: dict) -> str:
+    import orjson
+
+    return orjson.dumps(row).decode()
 
 
 if __name__ == "__main__":

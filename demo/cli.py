@@ -7,6 +7,7 @@ from typing import Annotated
 
 import orjson
 import typer
+from hopline.analyzer.live.cli import ENV_ALERTMANAGER, alertmanager_urls
 from hopline.demo.orchestrate import TRUSTED_LAG_MS, DemoRun
 from hopline.demo.scenarios import DEFAULT_SCENARIO, SCENARIOS, matches
 from rich.console import Console
@@ -29,6 +30,13 @@ def demo(
     html: Annotated[Path | None, typer.Option(help="Write the HTML report to this file.")] = None,
     json: Annotated[bool, typer.Option("--json", help="Print only the findings JSON on stdout.")] = False,
     seed: Annotated[int | None, typer.Option(help="Seed the traffic and the engines' randomness.")] = None,
+    alertmanager: Annotated[
+        list[str] | None,
+        typer.Option(
+            help=f"Also send the live alerts to this Alertmanager (repeatable; else ${ENV_ALERTMANAGER}, "
+            "comma-separated)."
+        ),
+    ] = None,
 ) -> None:
     """Run a simulated LLM serving stack with an incident, then show what hopline finds.
 
@@ -36,7 +44,9 @@ def demo(
 
     Everything runs on 127.0.0.1 in child processes that the demo always stops.
 
-    Mid-run the scenario's incident is injected; at the end the analyzer reads the stored events.
+    Mid-run the scenario's incident is injected; as it starts, `hopline watch` on the stored events
+    prints the alert Alertmanager receives (with --alertmanager URL it sends it there too); at the
+    end the analyzer reads the stored events.
 
     Example:
 
@@ -51,7 +61,15 @@ def demo(
     chosen = SCENARIOS[scenario]
     console = Console(stderr=json)
     try:
-        run = run_demo(chosen, seconds=seconds, out=out, html=html, console=console, seed=seed)
+        run = run_demo(
+            chosen,
+            seconds=seconds,
+            out=out,
+            html=html,
+            console=console,
+            seed=seed,
+            alertmanager=alertmanager_urls(alertmanager),
+        )
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: every process the demo started has been stopped[/yellow]")
         raise typer.Exit(130) from None
@@ -81,6 +99,15 @@ def closing_lines(run: DemoRun, html: Path | None) -> list[str]:
     """What to do next: one request to look at, where the files are (or that they are gone), and
     whether the machine was too busy for the timings to be trusted."""
     lines = []
+    firing = [a for a in run.live_alerts if not a["alert"].get("endsAt")]
+    if firing:
+        first = firing[0]
+        lines.append(
+            f"live: {len(firing)} alert{'s' if len(firing) != 1 else ''} fired while it ran, the first "
+            f"{first['seconds_since_onset']:.0f} s after its onset: {first['alert']['annotations']['summary']}"
+        )
+    else:
+        lines.append("live: no alert fired while it ran")
     if not run.trusted:
         lines.append(
             f"[yellow]warning: this machine was too busy to trust the timings: the load generator's event "
