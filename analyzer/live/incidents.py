@@ -85,8 +85,11 @@ def since(frame: pl.DataFrame, start: float, scope: dict | None = None) -> pl.Da
 def live_share(finding: dict, frame: pl.DataFrame, onset: float) -> float | None:
     """The users' time it added over the users' time of all requests since its onset: their
     end-to-end time for a finding spent in decode, else their waits for the first output
-    (``rank.share_of``, the rule offline ranking uses)."""
+    (``rank.share_of``, the rule offline ranking uses). A finding that names no onset (a pitfall
+    such as ``user_vs_engine_gap``, measured over the horizon) is weighed over the horizon."""
     spent_in = finding.get("spent_in") or finding["stage"]
+    if not finding.get("at") and "start" in frame.columns and frame.height:
+        onset = float(frame["start"].min())
     return share_of(finding.get("impact_s") or 0.0, spent_in, users_time(since(frame, onset)))
 
 
