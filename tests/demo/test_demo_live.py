@@ -49,7 +49,9 @@ def check_the_live_alert(report: dict, stderr: str, lines: list[dict], webhook) 
     )
     firing, resolved = queue[0], queue[-1]
     labels = firing["alert"]["labels"]
-    assert (labels["alertname"], labels["replica"], labels["direction"]) == ("HoplineShift", "r2", "up")
+    assert (labels["alertname"], labels.get("replica"), labels["direction"]) == ("HoplineShift", "r2", "up"), (
+        f"{labels}; offline first finding: {report['findings'][0]['summary'] if report['findings'] else None}"
+    )
     summary = firing["alert"]["annotations"]["summary"]
     assert summary.startswith("queue time ") and "on replica r2" in summary, summary
     assert not firing["alert"].get("endsAt")
