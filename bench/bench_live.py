@@ -1,6 +1,7 @@
 """Live detection: delay in event time, and the detector's CPU per finished request.
 
     .venv/bin/python bench/bench_live.py [--seeds 10] [--rate 20] [--scale-rate 200] [--scale-minutes 10]
+    .venv/bin/python bench/bench_live.py --clean-hours 6 --clean-rate 100 [--clean-step 60]
     .venv/bin/python bench/bench_live.py --demo-runs DIR   (DIR/X from: hopline demo --seconds 60
                                                             --scenario X --out DIR/X --json > DIR/X.json)
 
@@ -24,6 +25,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import polars as pl
 
@@ -94,7 +96,12 @@ def demo_compare(folder: Path) -> dict:
     cfg = LiveConfig(window_s=window, horizon_s=opt("--horizon"), recent_s=opt("--recent"), **DEMO_SETTINGS)
     detector = LiveDetector(cfg)
     fired: list = []
-    detector.on_step = lambda now, changed: fired.extend((now, i) for i in changed if i.first_seen == now)
+    # each incident as it fired (its finding and onset then; later steps refine them)
+    detector.on_step = lambda now, changed: fired.extend(
+        (now, SimpleNamespace(key=i.key, scope=i.scope, finding=dict(i.finding), onset=i.onset))
+        for i in changed
+        if i.first_seen == now
+    )
     for part in replay([folder / "events"], cfg.every_s):
         detector.feed(part)
     detector.drain()
@@ -113,6 +120,60 @@ def demo_compare(folder: Path) -> dict:
     }  # fmt: skip
 
 
+def clean_chunks(hours: float, mean_rate: float, chunk_s: float = 300.0):
+    """Clean traffic in ``chunk_s`` pieces (event-time order), with no incident: a daily curve
+    squeezed into ``hours`` (trough ``mean_rate / 1.5``, peak 3x the trough), synth's lognormal
+    stage times (heavy right tails), replica r5 joining at 1/3 and leaving at 2/3 of the run, and
+    a deployment restart at 1/2: every replica gone for 30 s, then back."""
+    import math as _math
+
+    total = hours * 3600.0
+    n = int(total // chunk_s)
+    for i in range(n):
+        t0 = i * chunk_s
+        phase = 2 * _math.pi * (t0 + chunk_s / 2) / total
+        rate = mean_rate * (1 - 0.5 * _math.cos(phase))  # 0.5x .. 1.5x the mean: 3x trough to peak
+        replicas = REPLICAS + (("r5",) if total / 3 <= t0 < 2 * total / 3 else ())
+        start, length = DEFAULT_START + t0, chunk_s
+        if t0 <= total / 2 < t0 + chunk_s:  # the restart: 30 s without traffic
+            gap = total / 2 - t0
+            if gap > 0:
+                yield generate(duration_s=gap, rate=rate, seed=10_000 + i, replicas=replicas, start=start)
+            start, length = DEFAULT_START + total / 2 + 30, chunk_s - gap - 30
+        yield generate(duration_s=length, rate=rate, seed=20_000 + i, replicas=replicas, start=start)
+
+
+def false_alarms(hours: float, mean_rate: float, step_s: float | None) -> dict:
+    """``clean_chunks`` through a ``LiveDetector`` with its defaults (``step_s``: the analysis
+    every so often instead of every window): incidents opened, per hour."""
+    import resource
+
+    detector = LiveDetector(LiveConfig(step_s=step_s))
+    opened: list = []
+    detector.on_step = lambda now, changed: opened.extend(i for i in changed if i.first_seen == now)
+    wall = time.perf_counter()
+    for chunk in clean_chunks(hours, mean_rate):
+        for part in batches(chunk, 60.0):
+            detector.feed(part)
+    detector.flush()
+    return {
+        "hours": hours, "requests": detector.finished_requests, "steps": detector.steps,
+        "alerts": len(opened), "alerts_per_hour": len(opened) / hours,
+        "opened": [(iso(i.first_seen), i.key, i.finding["summary"]) for i in opened],
+        "cpu_s": detector.cpu_s, "wall_s": time.perf_counter() - wall,
+        "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "horizon_rows": detector.horizon.height if detector.horizon is not None else 0,
+        "horizon_mib": detector.horizon.estimated_size("mb") if detector.horizon is not None else 0,
+        "pending_mib": detector.pending.estimated_size("mb"),
+    }  # fmt: skip
+
+
+def iso(ts: float) -> str:
+    from hopline.analyzer.findings.model import iso_utc
+
+    return iso_utc(ts)
+
+
 def spread(values: list[float]) -> str:
     q = statistics.quantiles(values, n=10) if len(values) >= 2 else values * 9
     return (f"median {statistics.median(values):.1f}, min {min(values):.1f}, p10 {q[0]:.1f}, "
@@ -126,7 +187,13 @@ def main() -> None:
     parser.add_argument("--scale-rate", type=float, default=200.0)
     parser.add_argument("--scale-minutes", type=float, default=10.0)
     parser.add_argument("--demo-runs", type=Path, help="Compare live and offline on recorded demo runs here.")
+    parser.add_argument("--clean-hours", type=float, help="False alarms: replay this many hours of clean traffic.")
+    parser.add_argument("--clean-rate", type=float, default=100.0, help="Its mean requests/s.")
+    parser.add_argument("--clean-step", type=float, help="Run the analysis every this many s (default: window).")
     args = parser.parse_args()
+    if args.clean_hours:
+        print(orjson_line(false_alarms(args.clean_hours, args.clean_rate, args.clean_step)), flush=True)
+        return
     if args.demo_runs:
         folders = sorted(p for p in args.demo_runs.iterdir() if p.is_dir() and Path(f"{p}.json").exists())
         for folder in folders:
