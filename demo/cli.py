@@ -99,6 +99,12 @@ def closing_lines(run: DemoRun, html: Path | None) -> list[str]:
     """What to do next: one request to look at, where the files are (or that they are gone), and
     whether the machine was too busy for the timings to be trusted."""
     lines = []
+    if not run.trusted:
+        lines.append(
+            f"[yellow]warning: this machine was too busy to trust the timings: the load generator's event "
+            f"loop ran up to {run.loop_lag_p99_ms:,.0f} ms late (p99; over {TRUSTED_LAG_MS:g} ms). Rerun on a "
+            "quieter machine.[/yellow]"
+        )
     firing = [a for a in run.live_alerts if not a["alert"].get("endsAt")]
     if firing:
         first = firing[0]
@@ -108,12 +114,6 @@ def closing_lines(run: DemoRun, html: Path | None) -> list[str]:
         )
     else:
         lines.append("live: no alert fired while it ran")
-    if not run.trusted:
-        lines.append(
-            f"[yellow]warning: this machine was too busy to trust the timings: the load generator's event "
-            f"loop ran up to {run.loop_lag_p99_ms:,.0f} ms late (p99; over {TRUSTED_LAG_MS:g} ms). Rerun on a "
-            "quieter machine.[/yellow]"
-        )
     if run.folder is not None:
         lines.append(f"events, report.json, dashboards and logs: {run.folder} (hopline analyze {run.folder} gives this report)")
         if run.example_request:
