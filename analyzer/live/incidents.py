@@ -193,23 +193,30 @@ class IncidentBook:
                 incident.absent_steps = 0
                 continue
             incident.absent_steps += 1
-            if self._gone(now, incident, frame):
-                incident.state, incident.ends_at = "resolved", now
+            ended = self._gone(now, incident, frame)
+            if ended is not None:
+                incident.state, incident.ends_at = "resolved", ended
                 changed[id(incident)] = incident
         self.incidents = [
             i for i in self.incidents if i.state == "firing" or (i.ends_at or now) >= now - self.horizon_s
         ]
         return list(changed.values())
 
-    def _gone(self, now: float, incident: Incident, frame: pl.DataFrame) -> bool:
+    def _gone(self, now: float, incident: Incident, frame: pl.DataFrame) -> float | None:
+        """When it ended (None: it has not): now, or for a scope gone quiet, its last request's
+        start (a drained stream's event time runs past the wall clock; an ``endsAt`` in the
+        future would keep Alertmanager's alert firing until then)."""
         if incident.absent_steps < self.absent_steps:
-            return False
+            return None
         if incident.finding["kind"] != "shift":
-            return True
+            return now
         back = returned(incident.finding, frame, now - self.recent_check_s)
         if back is None:  # too few requests in scope lately: gone when quiet for a horizon
-            return since(frame, now - self.horizon_s / 2, incident.scope).height == 0
-        return back
+            if since(frame, now - self.horizon_s / 2, incident.scope).height:
+                return None
+            last = since(frame, incident.onset, incident.scope)
+            return float(last["start"].max()) if last.height else now
+        return now if back else None
 
     def _related(self, key: tuple, onset: float, state: str, same_direction: bool = True) -> Incident | None:
         for incident in reversed(self.incidents):  # the newest first: a key may have ended twice
