@@ -1,6 +1,9 @@
 """Live detection: delay in event time, and the detector's CPU per finished request.
 
     .venv/bin/python bench/bench_live.py [--seeds 10] [--rate 20] [--scale-rate 200] [--scale-minutes 10]
+    .venv/bin/python bench/bench_live.py --clean-hours 6 --clean-rate 100 [--clean-step 60]
+    .venv/bin/python bench/bench_live.py --demo-runs DIR   (DIR/X from: hopline demo --seconds 60
+                                                            --scenario X --out DIR/X --json > DIR/X.json)
 
 Delay: for each seed, a generated log (tests/support/synth.py) of four replicas at ``--rate``
 requests/s whose replica r2's queue time triples at 10:00 (no end) is replayed through
@@ -22,6 +25,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import polars as pl
 
@@ -71,6 +75,105 @@ def scale_run(rate: float, minutes: float) -> dict:
             "incidents": len(detector.incidents()), "horizon_rows": detector.horizon.height}  # fmt: skip
 
 
+DEMO_SETTINGS = dict(settle_s=1.0, lateness_s=1.0, hold_s=5.0)  # demo/live.py's watch
+
+
+def demo_compare(folder: Path) -> dict:
+    """One recorded demo run (``hopline demo --out FOLDER --json > FOLDER.json``) replayed with the
+    demo's watch settings to its end (``drain``): every incident that fired, and whether one names
+    what ``hopline analyze``'s first finding names (stage or pitfall, scope; onset within a window)."""
+    import orjson
+    from hopline.analyzer.live.feed import replay
+    from hopline.analyzer.live.incidents import subject
+    from hopline.demo.live import watch_argv
+    from hopline.middleware.contract.times import to_epoch
+
+    report = orjson.loads(Path(f"{folder}.json").read_bytes())
+    first = report["findings"][0]
+    argv = watch_argv(folder, 60, [])
+    opt = lambda name: float(argv[argv.index(name) + 1].rstrip("s"))
+    window = report["window_s"]
+    cfg = LiveConfig(window_s=window, horizon_s=opt("--horizon"), recent_s=opt("--recent"), **DEMO_SETTINGS)
+    detector = LiveDetector(cfg)
+    fired: list = []
+    # each incident as it fired (its finding and onset then; later steps refine them)
+    detector.on_step = lambda now, changed: fired.extend(
+        (now, SimpleNamespace(key=i.key, scope=i.scope, finding=dict(i.finding), onset=i.onset))
+        for i in changed
+        if i.first_seen == now
+    )
+    for part in replay([folder / "events"], cfg.every_s):
+        detector.feed(part)
+    detector.drain()
+    want = (subject(first), first.get("scope") or {})
+    same = [(now, i) for now, i in fired if (i.key[1], i.scope) == want]
+    onset_ok = None
+    if same and first.get("at"):
+        onset_ok = abs(to_epoch(same[0][1].finding["at"]) - to_epoch(first["at"])) <= window
+    return {
+        "scenario": folder.name, "offline": f"{want[0]} {want[1]} at {first.get('at')}",
+        "fired": [f"{i.key[1]} {i.scope}" for _, i in fired], "named": bool(same),
+        "first_live_is_it": bool(fired) and (fired[0][1].key[1], fired[0][1].scope) == want,
+        "onset_within_window": onset_ok,
+        "delay_s": None if not same else same[0][0] - same[0][1].onset,
+        "trusted": report.get("demo", {}).get("trusted"),
+    }  # fmt: skip
+
+
+def clean_chunks(hours: float, mean_rate: float, chunk_s: float = 300.0):
+    """Clean traffic in ``chunk_s`` pieces (event-time order), with no incident: a daily curve
+    squeezed into ``hours`` (trough ``mean_rate / 1.5``, peak 3x the trough), synth's lognormal
+    stage times (heavy right tails), replica r5 joining at 1/3 and leaving at 2/3 of the run, and
+    a deployment restart at 1/2: every replica gone for 30 s, then back."""
+    import math as _math
+
+    total = hours * 3600.0
+    n = int(total // chunk_s)
+    for i in range(n):
+        t0 = i * chunk_s
+        phase = 2 * _math.pi * (t0 + chunk_s / 2) / total
+        rate = mean_rate * (1 - 0.5 * _math.cos(phase))  # 0.5x .. 1.5x the mean: 3x trough to peak
+        replicas = REPLICAS + (("r5",) if total / 3 <= t0 < 2 * total / 3 else ())
+        start, length = DEFAULT_START + t0, chunk_s
+        if t0 <= total / 2 < t0 + chunk_s:  # the restart: 30 s without traffic
+            gap = total / 2 - t0
+            if gap > 0:
+                yield generate(duration_s=gap, rate=rate, seed=10_000 + i, replicas=replicas, start=start)
+            start, length = DEFAULT_START + total / 2 + 30, chunk_s - gap - 30
+        yield generate(duration_s=length, rate=rate, seed=20_000 + i, replicas=replicas, start=start)
+
+
+def false_alarms(hours: float, mean_rate: float, step_s: float | None) -> dict:
+    """``clean_chunks`` through a ``LiveDetector`` with its defaults (``step_s``: the analysis
+    every so often instead of every window): incidents opened, per hour."""
+    import resource
+
+    detector = LiveDetector(LiveConfig(step_s=step_s))
+    opened: list = []
+    detector.on_step = lambda now, changed: opened.extend(i for i in changed if i.first_seen == now)
+    wall = time.perf_counter()
+    for chunk in clean_chunks(hours, mean_rate):
+        for part in batches(chunk, 60.0):
+            detector.feed(part)
+    detector.flush()
+    return {
+        "hours": hours, "requests": detector.finished_requests, "steps": detector.steps,
+        "alerts": len(opened), "alerts_per_hour": len(opened) / hours,
+        "opened": [(iso(i.first_seen), i.key, i.finding["summary"]) for i in opened],
+        "cpu_s": detector.cpu_s, "wall_s": time.perf_counter() - wall,
+        "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "horizon_rows": detector.horizon.height if detector.horizon is not None else 0,
+        "horizon_mib": detector.horizon.estimated_size("mb") if detector.horizon is not None else 0,
+        "pending_mib": detector.pending.estimated_size("mb"),
+    }  # fmt: skip
+
+
+def iso(ts: float) -> str:
+    from hopline.analyzer.findings.model import iso_utc
+
+    return iso_utc(ts)
+
+
 def spread(values: list[float]) -> str:
     q = statistics.quantiles(values, n=10) if len(values) >= 2 else values * 9
     return (f"median {statistics.median(values):.1f}, min {min(values):.1f}, p10 {q[0]:.1f}, "
@@ -83,7 +186,19 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=20.0)
     parser.add_argument("--scale-rate", type=float, default=200.0)
     parser.add_argument("--scale-minutes", type=float, default=10.0)
+    parser.add_argument("--demo-runs", type=Path, help="Compare live and offline on recorded demo runs here.")
+    parser.add_argument("--clean-hours", type=float, help="False alarms: replay this many hours of clean traffic.")
+    parser.add_argument("--clean-rate", type=float, default=100.0, help="Its mean requests/s.")
+    parser.add_argument("--clean-step", type=float, help="Run the analysis every this many s (default: window).")
     args = parser.parse_args()
+    if args.clean_hours:
+        print(orjson_line(false_alarms(args.clean_hours, args.clean_rate, args.clean_step)), flush=True)
+        return
+    if args.demo_runs:
+        folders = sorted(p for p in args.demo_runs.iterdir() if p.is_dir() and Path(f"{p}.json").exists())
+        for folder in folders:
+            print(orjson_line(demo_compare(folder)), flush=True)
+        return
     runs = [delay_run(seed, args.rate) for seed in range(args.seeds)]
     for r in runs:
         print(f"seed {r['seed']}: delay {r['delay_s']} s, {r['steps']} steps, {r['requests']} requests, "
@@ -100,6 +215,12 @@ def main() -> None:
               f"{s['steps']} steps, CPU {s['cpu_s']:.1f} s = {s['cpu_s'] / s['requests'] * 1e3:.2f} ms per request, "
               f"{s['cpu_s'] / s['steps']:.2f} s per step (last horizon {s['horizon_rows']} rows), "
               f"{s['incidents']} incidents")  # fmt: skip
+
+
+def orjson_line(row: dict) -> str:
+    import orjson
+
+    return orjson.dumps(row).decode()
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from grafana_foundation_sdk.models.dashboard import (
 )
 
 from hopline.collector import metric_names as m
+from hopline.middleware.contract import live_metrics as live
 
 from .panels import DATASOURCE
 from .rules import ALERT_PREFIX
@@ -38,6 +39,11 @@ ALERTS_EXPR = f'ALERTS{{alertname=~"{ALERT_PREFIX}.*", alertstate="firing"}}'
 # into its own target itself, with refId "Anno"; the step is then its default, 60 s. The schema has
 # no top-level step, titleFormat, textFormat, tagKeys or useValueForTime: hopline writes none.
 ALERT_ANNOTATION_NAME = "hopline alerts"
+# hopline watch's findings on every time series (the latency panels among them): one region per
+# firing incident, from the first scrape that saw it (its onset plus the detection delay; the
+# sentence's "at 10:05" is the onset) to its resolve; the labels say stage, scope and direction.
+FINDINGS_EXPR = f"{live.FINDING} > 0"
+FINDINGS_ANNOTATION_NAME = "hopline findings"
 
 
 def _label_values(label: str, filters: tuple[str, ...]) -> str:
@@ -85,6 +91,14 @@ def dashboard(title: str, uid: str, description: str) -> Dashboard:
             .enable(True)
             .icon_color("red")
             .expr(ALERTS_EXPR)
+        )
+        .annotation(
+            AnnotationQuery()
+            .name(FINDINGS_ANNOTATION_NAME)
+            .datasource(DATASOURCE)
+            .enable(True)
+            .icon_color("orange")
+            .expr(FINDINGS_EXPR)
         )
         .link(
             DashboardLink("hopline")

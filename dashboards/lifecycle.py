@@ -11,6 +11,7 @@ from grafana_foundation_sdk.builders.dashboard import Dashboard
 
 from hopline.collector import metric_names as m
 from hopline.middleware.contract import TTFT_STAGES, VIEWS
+from hopline.middleware.contract import live_metrics as live
 from hopline.middleware.contract.rules import LOOK, TTFT_PARTS
 
 from . import panels as p
@@ -426,8 +427,27 @@ def _emitters(lay: Layout) -> None:
     )
 
 
+def _findings_now(lay: Layout) -> None:
+    """What ``hopline watch --listen`` finds firing now: one row per incident, its factor."""
+    lay.row("Findings now").line(
+        6,
+        (
+            p.instant_table(
+                "Findings now",
+                "hopline watch's firing incidents (what it sends to Alertmanager): the stage or pitfall, "
+                "the scope, the direction and the factor (a pitfall: 1). Scrape hopline watch --listen.",
+                f"{live.FINDING} > 0",
+                "factor",
+                ("Time", "__name__", "instance", "job"),
+            ),
+            24,
+        ),
+    )
+
+
 def build() -> Dashboard:
     lay = Layout(dashboard(TITLE, LIFECYCLE_UID, DESCRIPTION))
+    _findings_now(lay)
     _overview(lay)
     _ttft(lay)
     _replicas(lay)

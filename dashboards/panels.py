@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from string import ascii_uppercase
 
-from grafana_foundation_sdk.builders import heatmap, stat, timeseries
+from grafana_foundation_sdk.builders import heatmap, stat, table, timeseries
 from grafana_foundation_sdk.builders.common import (
     ReduceDataOptions,
     StackingConfig,
@@ -39,6 +39,7 @@ from grafana_foundation_sdk.models.common import (
 )
 from grafana_foundation_sdk.models.dashboard import (
     DataSourceRef,
+    DataTransformerConfig,
     DynamicConfigValue,
     Threshold,
     ThresholdsMode,
@@ -197,4 +198,22 @@ def single_stat(
         .graph_mode(BigValueGraphMode.AREA)
         .reduce_options(ReduceDataOptions().calcs(["lastNotNull"]).values(False))
         .thresholds(ThresholdsConfig().mode(ThresholdsMode.ABSOLUTE).steps(steps))
+    )
+
+
+def instant_table(title: str, description: str, expr: str, value_name: str, hidden: Sequence[str]) -> table.Panel:
+    """A table of the series ``expr`` returns now (one row each, their labels as columns), its
+    value renamed ``value_name``; ``hidden`` columns left out (``Time``, ``__name__``…)."""
+    organize = DataTransformerConfig(
+        id_val="organize",
+        options={"excludeByName": {name: True for name in hidden}, "renameByName": {"Value": value_name}},
+    )
+    return (
+        table.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .no_value("no finding firing")
+        .with_target(query(expr, "", "A", instant=True).format(PromQueryFormat.TABLE))
+        .with_transformation(organize)
     )

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import orjson
 import typer
+from hopline.analyzer.live.cli import ENV_ALERTMANAGER, alertmanager_urls
 from hopline.demo.orchestrate import TRUSTED_LAG_MS, DemoRun
 from hopline.demo.scenarios import DEFAULT_SCENARIO, SCENARIOS, matches
 from rich.console import Console
@@ -29,6 +30,13 @@ def demo(
     html: Annotated[Path | None, typer.Option(help="Write the HTML report to this file.")] = None,
     json: Annotated[bool, typer.Option("--json", help="Print only the findings JSON on stdout.")] = False,
     seed: Annotated[int | None, typer.Option(help="Seed the traffic and the engines' randomness.")] = None,
+    alertmanager: Annotated[
+        list[str] | None,
+        typer.Option(
+            help=f"Also send the live alerts to this Alertmanager (repeatable; else ${ENV_ALERTMANAGER}, "
+            "comma-separated)."
+        ),
+    ] = None,
 ) -> None:
     """Run a simulated LLM serving stack with an incident, then show what hopline finds.
 
@@ -36,7 +44,9 @@ def demo(
 
     Everything runs on 127.0.0.1 in child processes that the demo always stops.
 
-    Mid-run the scenario's incident is injected; at the end the analyzer reads the stored events.
+    Mid-run the scenario's incident is injected; as it starts, `hopline watch` on the stored events
+    prints the alert Alertmanager receives (with --alertmanager URL it sends it there too); at the
+    end the analyzer reads the stored events.
 
     Example:
 
@@ -56,7 +66,15 @@ def demo(
             f"to be told apart from noise; use --seconds {chosen.min_seconds:g} or more[/yellow]"
         )
     try:
-        run = run_demo(chosen, seconds=seconds, out=out, html=html, console=console, seed=seed)
+        run = run_demo(
+            chosen,
+            seconds=seconds,
+            out=out,
+            html=html,
+            console=console,
+            seed=seed,
+            alertmanager=alertmanager_urls(alertmanager),
+        )
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: every process the demo started has been stopped[/yellow]")
         raise typer.Exit(130) from None
@@ -92,6 +110,15 @@ def closing_lines(run: DemoRun, html: Path | None) -> list[str]:
             f"loop ran up to {run.loop_lag_p99_ms:,.0f} ms late (p99; over {TRUSTED_LAG_MS:g} ms). Rerun on a "
             "quieter machine.[/yellow]"
         )
+    firing = [a for a in run.live_alerts if not a["alert"].get("endsAt")]
+    if firing:
+        first = firing[0]
+        lines.append(
+            f"live: {len(firing)} alert{'s' if len(firing) != 1 else ''} fired while it ran, the first "
+            f"{first['seconds_since_onset']:.0f} s after its onset: {first['alert']['annotations']['summary']}"
+        )
+    else:
+        lines.append("live: no alert fired while it ran")
     if run.folder is not None:
         lines.append(f"events, report.json, dashboards and logs: {run.folder} (hopline analyze {run.folder} gives this report)")
         if run.example_request:

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 DEMO = "hopline.demo"
 WARMUP_S = 4.0  # unrecorded traffic before the run (see wiring.WARMUP_PREFIX)
 LAG_PROBE_S = 0.1  # the load generator's event loop is probed this often
+LIVE_FINISH_S = 90.0  # after the run, the live watch's time to read the last events and finish
 TRUSTED_LAG_MS = 50.0  # above this p99 loop lag the machine was too busy for the timings to be trusted
 
 
@@ -319,6 +320,7 @@ class DemoRun:
     loop_lag_p99_ms: float
     folder: Path | None  # None: the run's temporary folder was deleted
     analysis: Analysis | None = None  # the report as typed findings, for the terminal
+    live_alerts: tuple[dict[str, Any], ...] = ()  # the live watch's alerts (``live.LiveWatch``)
 
     @property
     def trusted(self) -> bool:
@@ -333,22 +335,31 @@ def run_demo(
     html: Path | None,
     console: Console,
     seed: int | None = None,
+    alertmanager: list[str] | None = None,
 ) -> DemoRun:
     """Run the whole demo; the events, simulator logs, report.json, dashboards and logs stay in
-    ``out`` (else in a temporary folder, removed)."""
+    ``out`` (else in a temporary folder, removed). The live watch (``live.LiveWatch``) prints
+    its alerts as they come and sends them to ``alertmanager`` URLs."""
     from hopline.demo.analysis import analyze_run, example_request, render_html, write_dashboards
+    from hopline.demo.live import LiveWatch
 
     run_dir = Path(out) if out else Path(tempfile.mkdtemp(prefix="hopline-demo-"))
     run_dir.mkdir(parents=True, exist_ok=True)
     stack = Stack(run_dir)
+    watch: LiveWatch | None = None
+    ran = False
     try:
         with _terminate_as_interrupt():
             try:
                 console.print(f"[dim]starting collector, engines r1 r2, gateway… ({run_dir})[/dim]")
                 start_stack(scenario, stack, seed)
+                watch = LiveWatch.start(run_dir, seconds, alertmanager or [], console)
                 lag_ms = _run_async(drive(scenario, stack, seconds, console, seed))
+                ran = True
             finally:
                 stop_stack(stack)
+                if watch is not None:  # after a full run it reads the last events, then finishes
+                    watch.finish(timeout=LIVE_FINISH_S if ran else 0.0)
         analysis, frame = analyze_run(run_dir)
         report = analysis.to_json()
         if html is not None:
@@ -357,7 +368,8 @@ def run_demo(
             (run_dir / "report.json").write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
             write_dashboards(run_dir / "dashboards", stack.collector_url)
         folder = run_dir if out is not None else None
-        return DemoRun(report, example_request(report, frame), lag_ms, folder, analysis)
+        alerts = tuple(watch.alerts) if watch is not None else ()
+        return DemoRun(report, example_request(report, frame), lag_ms, folder, analysis, alerts)
     finally:
         if out is None:
             shutil.rmtree(run_dir, ignore_errors=True)

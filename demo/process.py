@@ -82,7 +82,14 @@ def announce_port(path: str | Path, port: int) -> None:
 class Child:
     """One started child process (its own process group), with its log file."""
 
-    def __init__(self, name: str, argv: Sequence[str], log_dir: Path, env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        log_dir: Path,
+        env: dict[str, str] | None = None,
+        stdout: int = subprocess.DEVNULL,
+    ):
         self.name = name
         self.log_path = log_dir / f"{name}.log"
         self.port_path = log_dir / f"{name}.port"
@@ -91,7 +98,7 @@ class Child:
             self.popen = subprocess.Popen(
                 list(argv),
                 stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
+                stdout=stdout,
                 stderr=log,
                 env={**os.environ, **(env or {}), PARENT_ENV: str(os.getpid())},
                 start_new_session=True,

@@ -84,14 +84,57 @@ def run_replay(watch: Watch, paths: list[Path], every_s: float) -> ScanReport:
     return report
 
 
-def run_follow(watch: Watch, paths: list[Path], poll_s: float) -> None:
+def run_follow(watch: Watch, paths: list[Path], poll_s: float, until_quiet_s: float | None = None) -> None:
+    """Feed what the files grow by; with ``until_quiet_s``, stop once nothing new came for that
+    long (wall clock, counted from the first event) and finish the stream (``LiveDetector.drain``)."""
     tail = Tail(paths)
+    last_news: float | None = None
     while True:
         batch = tail.poll()
         if batch.height:
             watch.detector.feed(batch)
+            last_news = time.monotonic()
+        elif until_quiet_s is not None and last_news is not None and time.monotonic() - last_news >= until_quiet_s:
+            watch.detector.drain()
+            return
         else:
             time.sleep(poll_s)
+
+
+UntilQuiet = Annotated[
+    str | None,
+    typer.Option(
+        help="--follow: stop once nothing new came for this long, and finish as a replay does "
+        "(time runs on without events; what fires resolves once its scope stays quiet)."
+    ),
+]
+Hold = Annotated[
+    str | None,
+    typer.Option(help="A finding must be found this long before it fires (Prometheus' for:; default 2 windows)."),
+]
+Settle = Annotated[
+    str, typer.Option(help="Wait this long (event time) after a request's final hop for its stragglers.")
+]
+Lateness = Annotated[
+    str, typer.Option(help="Event time trails the newest event by this much (late events, skewed clocks).")
+]
+
+
+def live_config(
+    by: str, window: str, horizon: str, recent: str, settle: str, lateness: str, hold: str | None
+) -> LiveConfig:
+    """The detector's settings from the options (ValueError: which one is wrong)."""
+    dims = tuple(d.strip() for d in by.split(",") if d.strip())
+    scope_sources(dims)
+    return LiveConfig(
+        window_s=parse_duration(window),
+        horizon_s=parse_duration(horizon),
+        recent_s=parse_duration(recent),
+        settle_s=parse_duration(settle),
+        lateness_s=parse_duration(lateness),
+        hold_s=parse_duration(hold) if hold is not None else None,
+        scopes=dims,
+    )
 
 
 def watch_command(
@@ -129,6 +172,10 @@ def watch_command(
         str, typer.Option(help="Re-send firing alerts this often (below Alertmanager's resolve_timeout).")
     ] = "1m",
     poll: Annotated[str, typer.Option(help="--follow: how often to look for new lines.")] = "1s",
+    until_quiet: UntilQuiet = None,
+    hold: Hold = None,
+    settle: Settle = "5s",
+    lateness: Lateness = "5s",
     json_out: Annotated[
         bool, typer.Option("--json", help="Print each alert as the JSON Alertmanager receives.")
     ] = False,
@@ -136,17 +183,11 @@ def watch_command(
     if bool(replay_paths) == bool(follow):
         raise UsageError("give --replay PATH or --follow PATH (one of them)")
     try:
-        dims = tuple(d.strip() for d in by.split(",") if d.strip())
-        scope_sources(dims)
-        cfg = LiveConfig(
-            window_s=parse_duration(window),
-            horizon_s=parse_duration(horizon),
-            recent_s=parse_duration(recent),
-            scopes=dims,
-        )
+        cfg = live_config(by, window, horizon, recent, settle, lateness, hold)
         urls = alertmanager_urls(alertmanager)
         sender = AlertSender(urls, resend_s=parse_duration(resend)) if urls else None
         poll_s = parse_duration(poll)
+        quiet_s = parse_duration(until_quiet) if until_quiet is not None else None
         if listen is not None:
             parse_listen(listen)
     except ValueError as exc:
@@ -166,7 +207,7 @@ def watch_command(
                     raise ClickException(f"no hop events in {', '.join(map(str, paths))}")
                 summary(watch, report)
             else:
-                run_follow(watch, paths, poll_s)
+                run_follow(watch, paths, poll_s, quiet_s)
     except FileNotFoundError as exc:
         raise UsageError(str(exc)) from exc
     except KeyboardInterrupt:

@@ -46,6 +46,7 @@ class LiveConfig:
     settle_s: float = 5.0  # after a request's final hop, wait this long for its stragglers
     idle_s: float = 300.0  # a request without an event for this long is finished as it is
     lateness_s: float = 5.0  # the watermark trails the newest event by this much
+    hold_s: float | None = None  # found at every step this long before it fires (None: 2 windows)
     scopes: tuple[str, ...] = attribution.SCOPES
 
     def __post_init__(self) -> None:
@@ -112,7 +113,8 @@ class LiveDetector:
 
     def __post_init__(self) -> None:
         cfg = self.config
-        self.book = IncidentBook(cfg.window_s, cfg.horizon_s, recent_s=cfg.recent_s)
+        hold = 2 * cfg.window_s if cfg.hold_s is None else cfg.hold_s
+        self.book = IncidentBook(cfg.window_s, cfg.horizon_s, recent_s=cfg.recent_s, hold_s=hold)
         self.pending = pl.DataFrame(schema=SCHEMA)
         self.horizon: pl.DataFrame | None = None
         self.newest: float | None = None  # the newest event ts seen
@@ -160,6 +162,21 @@ class LiveDetector:
         ):
             changed += self.step(self.next_step)
             self.next_step += self.config.every_s
+        return _unique(changed)
+
+    def drain(self) -> list[Incident]:
+        """The end of the stream for good (a demo's last request, a log that will not grow): after
+        ``flush``, time runs on without events, in strides of a tenth of the horizon, until no
+        incident fires (a shift then resolves once its scope stayed quiet, see ``incidents``) or
+        the horizon and four strides passed."""
+        changed = self.flush()
+        if self.newest is None or self.next_step is None:
+            return changed
+        stride = max(self.config.every_s, self.config.horizon_s / 10)
+        end = self.newest + self.config.horizon_s + 4 * stride
+        while self.book.firing() and self.next_step <= end:
+            changed += self.step(self.next_step)
+            self.next_step += stride
         return _unique(changed)
 
     def step(self, now: float) -> list[Incident]:

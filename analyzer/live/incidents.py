@@ -8,7 +8,7 @@ Each step (``IncidentBook.step``) reads the findings on the horizon at event tim
 
 - a finding whose fingerprint is firing updates that incident (its sentence, numbers, examples);
   with ``until`` set (the analysis saw the stage come back) it resolves it, ``ends_at = until``;
-- a shift in the other direction, in the same scope, from after a firing incident's onset, is
+- a shift in the other direction, in the very same scope, from after a firing incident's onset, is
   that incident's end: it resolves it at its onset and opens nothing (nor later, while its
   onset is within ``merge_s`` of that end);
 - a new fingerprint opens an incident only when its onset is recent (at or after
@@ -16,6 +16,13 @@ Each step (``IncidentBook.step``) reads the findings on the horizon at event tim
   resolved (a finding whose onset is at or before a resolved incident's end is that incident);
   the same stage and direction in a nested scope (``{}`` then ``{"replica": "r2"}``) with an
   onset within ``merge_s`` is the same incident (its annotations follow, its labels stay);
+- what pages is a harm that is still going on: a shift down (the stage got faster) and a finding
+  the analysis already sees ended (``until``) at first sight open nothing (both stay in the
+  detector's findings, ``GET /v1/findings``); the second is the usual shape of a machine's
+  passing hiccup, a few seconds of slower network that the analysis finds only once it is over;
+- it must have been found at every step for ``hold_s`` of event time (Prometheus' ``for:``):
+  the analysis of the newest seconds sees a change in a handful of requests before it knows
+  whether it lasts;
 - it must cost users at least ``MINOR_SHARE`` of their time since its onset (``live_share``;
   the offline report weighs a finding over the whole log, which on a 30-minute horizon would
   hide a fresh incident for its first minutes); severity is ``critical`` from
@@ -78,8 +85,11 @@ def since(frame: pl.DataFrame, start: float, scope: dict | None = None) -> pl.Da
 def live_share(finding: dict, frame: pl.DataFrame, onset: float) -> float | None:
     """The users' time it added over the users' time of all requests since its onset: their
     end-to-end time for a finding spent in decode, else their waits for the first output
-    (``rank.share_of``, the rule offline ranking uses)."""
+    (``rank.share_of``, the rule offline ranking uses). A finding that names no onset (a pitfall
+    such as ``user_vs_engine_gap``, measured over the horizon) is weighed over the horizon."""
     spent_in = finding.get("spent_in") or finding["stage"]
+    if not finding.get("at") and "start" in frame.columns and frame.height:
+        onset = float(frame["start"].min())
     return share_of(finding.get("impact_s") or 0.0, spent_in, users_time(since(frame, onset)))
 
 
@@ -155,7 +165,9 @@ class IncidentBook:
     recent_check_s: float = 30.0
     absent_steps: int = 3
     max_firing: int = 200
+    hold_s: float = 0.0
     incidents: list[Incident] = field(default_factory=list)
+    held: dict[tuple, float] = field(default_factory=dict)  # fingerprint -> first step it was found
     suppressed: int = 0  # incidents not opened because max_firing were firing
 
     @property
@@ -168,8 +180,10 @@ class IncidentBook:
     def step(self, now: float, findings: list[dict], frame: pl.DataFrame) -> list[Incident]:
         changed: dict[int, Incident] = {}
         seen: set[int] = set()
-        for finding in findings:
-            incident, news = self._apply(now, finding, frame)
+        found = {fingerprint(f) for f in findings if not f.get("until")}
+        self.held = {k: self.held.get(k, now) for k in found}
+        for finding in findings:  # the most important first: the one an incident shows
+            incident, news = self._apply(now, finding, frame, seen)
             if incident is not None:
                 seen.add(id(incident))
                 if news:
@@ -179,30 +193,39 @@ class IncidentBook:
                 incident.absent_steps = 0
                 continue
             incident.absent_steps += 1
-            if self._gone(now, incident, frame):
-                incident.state, incident.ends_at = "resolved", now
+            ended = self._gone(now, incident, frame)
+            if ended is not None:
+                incident.state, incident.ends_at = "resolved", ended
                 changed[id(incident)] = incident
         self.incidents = [
             i for i in self.incidents if i.state == "firing" or (i.ends_at or now) >= now - self.horizon_s
         ]
         return list(changed.values())
 
-    def _gone(self, now: float, incident: Incident, frame: pl.DataFrame) -> bool:
+    def _gone(self, now: float, incident: Incident, frame: pl.DataFrame) -> float | None:
+        """When it ended (None: it has not): now, or for a scope gone quiet, its last request's
+        start (a drained stream's event time runs past the wall clock; an ``endsAt`` in the
+        future would keep Alertmanager's alert firing until then)."""
         if incident.absent_steps < self.absent_steps:
-            return False
+            return None
         if incident.finding["kind"] != "shift":
-            return True
+            return now
         back = returned(incident.finding, frame, now - self.recent_check_s)
         if back is None:  # too few requests in scope lately: gone when quiet for a horizon
-            return since(frame, now - self.horizon_s / 2, incident.scope).height == 0
-        return back
+            if since(frame, now - self.horizon_s / 2, incident.scope).height:
+                return None
+            last = since(frame, incident.onset, incident.scope)
+            return float(last["start"].max()) if last.height else now
+        return now if back else None
 
     def _related(self, key: tuple, onset: float, state: str, same_direction: bool = True) -> Incident | None:
-        for incident in self.incidents:
+        for incident in reversed(self.incidents):  # the newest first: a key may have ended twice
             k = incident.key
             if incident.state != state or k[:2] != key[:2] or not _nested(k[2], key[2]):
                 continue
             if (k[3] == key[3]) != same_direction:
+                continue
+            if not same_direction and k[2] != key[2]:  # a reversal in its very scope, not a wider mix
                 continue
             if not same_direction and incident.onset <= onset:  # a reversal: whenever it began
                 return incident
@@ -210,8 +233,11 @@ class IncidentBook:
                 return incident
         return None
 
-    def _apply(self, now: float, finding: dict, frame: pl.DataFrame) -> tuple[Incident | None, bool]:
-        """The incident this finding belongs to (None: none) and whether it changed."""
+    def _apply(
+        self, now: float, finding: dict, frame: pl.DataFrame, seen: set[int]
+    ) -> tuple[Incident | None, bool]:
+        """The incident this finding belongs to (None: none) and whether it changed; an incident
+        ``seen`` in this step already took a more important finding and keeps it."""
         key, onset = fingerprint(finding), onset_of(finding, now)
         until = to_epoch(finding["until"]) if finding.get("until") else None
         reversed_ = self._related(key, onset, "firing", same_direction=False)
@@ -219,6 +245,10 @@ class IncidentBook:
             reversed_.state, reversed_.ends_at = "resolved", onset
             return reversed_, True
         incident = self._related(key, onset, "firing")
+        if incident is not None and until is not None and until < incident.onset:
+            return None, False  # an earlier change of the same stage, over before this one began
+        if incident is not None and id(incident) in seen:
+            return incident, False
         if incident is not None:
             return self._update(now, incident, finding, until, frame)
         old = self._related(key, onset, "resolved")
@@ -227,7 +257,9 @@ class IncidentBook:
         ended = self._related(key, onset, "resolved", same_direction=False)
         if ended is not None and abs(onset - (ended.ends_at or onset)) <= self.merge_s:
             return None, False  # the end of a resolved incident, seen again
-        if onset < now - self.recent_s:
+        if onset < now - self.recent_s or until is not None or key[3] == "down":
+            return None, False
+        if now - self.held.get(key, now) < self.hold_s:
             return None, False
         share = live_share(finding, frame, onset)
         if share is None or share < MINOR_SHARE:
@@ -238,8 +270,6 @@ class IncidentBook:
         severity = "critical" if share >= CRITICAL_SHARE else "warning"
         incident = Incident(key, finding, onset, now, now, severity, share, examples(finding, frame, onset))
         self.incidents.append(incident)
-        if until is not None:
-            incident.state, incident.ends_at = "resolved", until
         return incident, True
 
     def _update(

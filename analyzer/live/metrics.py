@@ -14,11 +14,12 @@ import math
 from collections.abc import Iterator
 
 from hopline.analyzer.live.watch import Watch
+from hopline.middleware.contract import live_metrics
+from hopline.middleware.contract.live_metrics import FINDING
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-FINDING = "hopline_live_finding"
 NOT_SHOWN = "hopline_live_findings_not_shown"
 ALERTS_SENT = "hopline_live_alerts_sent"  # _total added by the exposition
 SEND_FAILURES = "hopline_live_alert_send_failures"
@@ -30,7 +31,7 @@ STEPS = "hopline_live_steps"
 STEP_CPU = "hopline_live_step_cpu_seconds"
 EVENT_TIME = "hopline_live_event_time_seconds"
 MAX_SERIES = 100
-FINDING_LABELS = ["kind", "stage", "scope_key", "scope_value", "direction"]
+FINDING_LABELS = list(live_metrics.FINDING_LABELS)
 
 
 def finding_value(incident: dict) -> float:

@@ -1,4 +1,5 @@
-"""Every metric a dashboard or rule queries exists in what the collector really exposes.
+"""Every metric a dashboard or rule queries exists in what the collector (or, for the live
+findings, ``hopline watch --listen``) really exposes.
 
 The exposition comes from a real collector's registry (``build_collector``: ``build_metrics``,
 ingestor, joiner, store) after it ingested the golden fixture's requests (every stage, view,
@@ -24,7 +25,7 @@ from hopline.collector.app import build_collector
 from hopline.collector.config import CollectorConfig
 from hopline.dashboards import vllm_metrics
 from hopline.dashboards.provisioning import prometheus_config
-from hopline.middleware.contract import EMITTER_DROP_REASONS, EMITTER_STATS_HOP, dumps
+from hopline.middleware.contract import EMITTER_DROP_REASONS, EMITTER_STATS_HOP, dumps, live_metrics
 
 _SERIES = re.compile(r"(?<![\w:])(hopline_\w+|vllm:[\w:]+)(\{[^}]*\})?")
 _MATCHER = re.compile(r'(\w+)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"')
@@ -78,10 +79,26 @@ def exposition(tmp_path_factory: pytest.TempPathFactory, traffic) -> dict[str, l
     finally:
         collector.ingestor.close()
     samples: dict[str, list[dict[str, str]]] = defaultdict(list)
-    for family in text_string_to_metric_families(generate_latest(collector.registry).decode()):
-        for sample in family.samples:
-            samples[sample.name].append(dict(sample.labels))
+    for registry in (collector.registry, watch_registry()):
+        for family in text_string_to_metric_families(generate_latest(registry).decode()):
+            for sample in family.samples:
+                samples[sample.name].append(dict(sample.labels))
     return samples
+
+
+def watch_registry():
+    """``hopline watch --listen``'s /metrics with one firing incident (the "Findings now" table
+    and the findings annotation query it): queue x3 on replica r2."""
+    from hopline.analyzer.live.detector import LiveDetector
+    from hopline.analyzer.live.metrics import build_registry
+    from hopline.analyzer.live.watch import Watch
+
+    watch = Watch(LiveDetector())
+    watch.snapshot = [
+        {"kind": "shift", "stage": "queue", "scope": {"replica": "r2"}, "before_ms": 40.0,
+         "after_ms": 120.0, "factor": 3.0, "state": "firing", "share_since_onset": 0.1}
+    ]  # fmt: skip
+    return build_registry(watch)
 
 
 def _queried(expressions: list[tuple[str, str]]) -> list[tuple[str, str, list[tuple[str, str, str]]]]:
@@ -118,6 +135,7 @@ def test_every_hopline_series_queried_is_defined_in_metric_names(expressions):
         for m in metric_names.ALL + metric_names.EMITTER_METRICS
         for suffix in (("_bucket", "_sum", "_count") if m.kind == "histogram" else ("",))
     }
+    defined.add(live_metrics.FINDING)  # hopline watch's, named in the contract's live_metrics
     for where, name, _ in _queried(expressions):
         if name.startswith("hopline_"):
             assert name in defined, f"{where}: {name} is not in hopline.collector.metric_names"

@@ -17,7 +17,7 @@ from grafana_foundation_sdk.cog.plugins import register_default_plugins
 from grafana_foundation_sdk.models.dashboard import Dashboard as DashboardModel
 
 from hopline.dashboards import vllm_metrics
-from hopline.dashboards.base import ALERTS_EXPR
+from hopline.dashboards.base import ALERTS_EXPR, FINDINGS_EXPR
 from hopline.dashboards.promql import GRAFANA_SAMPLE_VALUES, VARIABLES
 from hopline.middleware.contract import VIEWS
 
@@ -62,9 +62,11 @@ def test_round_trips_through_the_sdk_parser_keeping_every_panel_and_query(dashbo
     assert essentials(once) == essentials(model)
     assert [v["name"] for v in once["templating"]["list"]] == [v["name"] for v in model["templating"]["list"]]
     assert once["uid"] == model["uid"] and once["title"] == model["title"]
-    # the alert annotation is the SDK's own (its query in ``expr``): a round trip keeps all of it
-    (annotation,) = once["annotations"]["list"]
-    assert annotation == model["annotations"]["list"][0] and annotation["expr"] == ALERTS_EXPR
+    # the alert and findings annotations are the SDK's own (the query in ``expr``): a round trip
+    # keeps all of them
+    alerts, findings = once["annotations"]["list"]
+    assert [alerts, findings] == model["annotations"]["list"]
+    assert (alerts["expr"], findings["expr"]) == (ALERTS_EXPR, FINDINGS_EXPR)
 
 
 @pytest.mark.parametrize("name", [LIFECYCLE, ENGINE])
@@ -134,9 +136,11 @@ def test_variables_and_alert_annotations(dashboard_models, name):
         used
     )
     annotations = [a for a in model["annotations"]["list"] if "expr" in a]
-    assert [a["expr"] for a in annotations] == [ALERTS_EXPR]
+    assert [a["expr"] for a in annotations] == [ALERTS_EXPR, FINDINGS_EXPR]
     assert 'alertname=~"Hopline.*"' in ALERTS_EXPR
-    assert annotations[0]["enable"] is True
+    # hopline watch's firing incidents, on every time series panel (the latency panels among them)
+    assert FINDINGS_EXPR == "hopline_live_finding > 0"
+    assert all(a["enable"] is True and "filter" not in a for a in annotations)
 
 
 # Grafana 11.6's dashboard JSON schema (grafana-foundation-sdk's jsonschema/dashboard, branch
@@ -191,7 +195,22 @@ def test_annotations_pass_grafanas_schema_and_carry_their_query(dashboard_models
         assert legacy == [], f"{annotation['name']}: legacy top-level keys {legacy}"
         # the query where Grafana's Prometheus annotation support reads it (prepareAnnotation moves
         # a top-level expr into its target)
-        assert annotation["datasource"]["type"] == "prometheus" and annotation["expr"] == ALERTS_EXPR
+        assert annotation["datasource"]["type"] == "prometheus"
+        assert annotation["expr"] in (ALERTS_EXPR, FINDINGS_EXPR)
+
+
+def test_the_findings_now_table_lists_hopline_watchs_firing_incidents(dashboard_models, all_panels):
+    model = dashboard_models[LIFECYCLE]
+    panels = {p["title"]: p for p in all_panels(model)}
+    table = panels["Findings now"]
+    assert table["type"] == "table" and table["gridPos"] == {"h": 6, "w": 24, "x": 0, "y": 1}  # first
+    (target,) = table["targets"]
+    assert target["expr"] == "hopline_live_finding > 0"
+    assert target["instant"] is True and target["format"] == "table"
+    (organize,) = table["transformations"]
+    assert organize["id"] == "organize" and organize["options"]["renameByName"] == {"Value": "factor"}
+    assert {"Time", "__name__"} <= set(organize["options"]["excludeByName"])
+    assert table["fieldConfig"]["defaults"]["noValue"] == "no finding firing"
 
 
 def test_lifecycle_dashboard_has_what_the_issue_asks_for(dashboard_models, all_panels):
@@ -216,7 +235,8 @@ def test_lifecycle_dashboard_has_what_the_issue_asks_for(dashboard_models, all_p
         panel = panels[f"TTFT {pct}: client, gateway, engine"]
         (target,) = panel["targets"]
         assert f'view=~"{"|".join(VIEWS)}"' in target["expr"] and "by (le, view)" in target["expr"]
-    assert {p["gridPos"]["y"] for t, p in panels.items() if t.startswith("TTFT p")} == {16}  # side by side
+    # side by side (below the "Findings now" row: 7 rows, and the overview)
+    assert {p["gridPos"]["y"] for t, p in panels.items() if t.startswith("TTFT p")} == {23}
     for title in (
         "Client TTFT distribution",
         "Queue time distribution",

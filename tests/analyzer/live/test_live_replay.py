@@ -50,14 +50,15 @@ def test_a_queue_rise_on_one_replica_is_one_alert_that_names_it_then_resolves(tm
             if detector.book.firing():
                 break
         (incident,) = detector.book.firing()
-        # onset: the window boundary at 6:00; seen 20 s later (the rise's requests finish, settle 5 s
-        # and lateness 5 s: the step at 6:20 is the first that holds 50 of r2's requests after it)
+        # onset: the window boundary at 6:00; found 20 s later (the rise's requests finish, settle 5 s
+        # and lateness 5 s: the step at 6:20 is the first that holds 50 of r2's requests after it),
+        # fired 20 s after that (found at every step for 2 windows, the default hold)
         assert (incident.finding["stage"], incident.scope, incident.finding["at"]) == (
             "queue",
             {"replica": "r2"},
             iso(360),
         )
-        assert detector.now - DEFAULT_START == 380
+        assert detector.now - DEFAULT_START == 400
         firing = wait_until("the firing notification", lambda: webhook.alerts("firing"), timeout=90)
         for part in parts:
             detector.feed(part)
@@ -89,7 +90,7 @@ def test_a_queue_rise_on_one_replica_is_one_alert_that_names_it_then_resolves(tm
     assert resolved[0]["endsAt"][:19] == end.to_json()["ends_at"][:19]
     # the printout: one line at the onset, one at the end, with the event-time seconds since onset
     assert len(lines) == 2
-    assert lines[0].startswith("[2026-01-05T10:06:20Z +20s since onset] FIRING HoplineShift{")
+    assert lines[0].startswith("[2026-01-05T10:06:40Z +40s since onset] FIRING HoplineShift{")
     assert "RESOLVED" in lines[1]
 
 

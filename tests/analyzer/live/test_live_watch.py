@@ -29,7 +29,7 @@ def test_replay_prints_the_alert_with_the_seconds_since_onset_and_its_end(tmp_pa
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()
     assert lines[0].startswith(
-        "[2026-01-05T10:03:20Z +20s since onset] FIRING HoplineShift{severity=critical, direction=up, "
+        "[2026-01-05T10:03:40Z +40s since onset] FIRING HoplineShift{severity=critical, direction=up, "
         "stage=queue, replica=r2}: queue time tripled at 10:03 on replica r2 (p50 "
     )
     assert lines[1].startswith("[2026-01-05T10:05:20Z +140s since onset] RESOLVED HoplineShift{")
@@ -43,7 +43,7 @@ def test_replay_json_is_the_alert_alertmanager_receives(tmp_path):
     run = hopline("watch", "--replay", str(path), *SHORT, "--json", timeout=300)
     assert run.returncode == 0, run.stderr
     first, last = (orjson.loads(line) for line in run.stdout.splitlines())
-    assert first["seconds_since_onset"] == 20.0
+    assert first["seconds_since_onset"] == 40.0  # found at +20 s, held 2 windows
     assert (
         first["alert"]["labels"]["replica"] == "r2" and first["alert"]["startsAt"] == "2026-01-05T10:03:00Z"
     )
@@ -91,7 +91,7 @@ def test_follow_serves_findings_and_metrics_while_the_incident_runs(tmp_path):
             {"replica": "r2"},
             "2026-01-05T10:03:00Z",
         )
-        assert finding["first_seen"] == "2026-01-05T10:03:20Z" and finding["summary"].startswith(
+        assert finding["first_seen"] == "2026-01-05T10:03:40Z" and finding["summary"].startswith(
             "queue time tripled"
         )
         metrics = httpx.get(url + "/metrics", timeout=5).text
