@@ -5,7 +5,7 @@ The watch is a child process like the rest of the stack (``process.Child``), ren
 analysis (every window of event time) never takes the CPU the load generator needs to keep time:
 the demo's final report stays the one of a run without it. Its alerts arrive on its stdout as
 ``hopline watch --json`` lines; a thread prints them above the live panel and keeps them in
-``RUN_DIR/alerts.ndjson``. When the run ends and the collector has stored the last events, the
+``RUN_DIR/alerts.log`` (JSON lines, but not ``.ndjson``: ``hopline analyze RUN`` reads only event files). When the run ends and the collector has stored the last events, the
 watch sees nothing new for ``QUIET_S``, lets event time run on without traffic (what fired
 resolves once its scope stays quiet) and exits.
 
@@ -84,7 +84,7 @@ class LiveWatch:
         logs = run_dir / "logs"
         argv = ["nice", "-n", str(NICE), *watch_argv(run_dir, seconds, alertmanager)]
         child = Child("watch", argv, logs, stdout=subprocess.PIPE)
-        live = cls(child, console, run_dir / "alerts.ndjson")
+        live = cls(child, console, run_dir / "alerts.log")
         live.path.write_bytes(b"")
         live.thread = threading.Thread(target=live._read, name="demo-live-alerts", daemon=True)
         live.thread.start()
