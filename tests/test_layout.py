@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -269,3 +270,15 @@ def test_every_package_is_in_the_distribution() -> None:
     listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     found = {module_name(init) for part in PARTS for init in (REPO / part).rglob("__init__.py")}
     assert found - listed == set()
+
+
+def test_no_symlink_is_tracked() -> None:
+    """A tracked symlink (a worktree's `.vllm -> /work/...`) breaks setup on every other checkout."""
+    git = REPO / ".git"
+    if not git.exists():
+        pytest.fail("the layout checks run on a git checkout; .git is missing")
+    listed = subprocess.run(
+        ["git", "-C", str(REPO), "ls-files", "-s"], capture_output=True, text=True, check=True
+    ).stdout
+    links = [line.split("\t", 1)[1] for line in listed.splitlines() if line.startswith("120000 ")]
+    assert links == [], f"tracked symlinks: {links}"
