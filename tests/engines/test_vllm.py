@@ -42,8 +42,6 @@ FRONTEND_TOLERANCE_S = 0.002
 # (request ID or None, max_tokens): sent all at once; with MAX_NUM_SEQS running, the rest wait.
 # Decodes of a few hundred ms each, so the five arrive well within one decode of each other.
 CONCURRENT = [("vllm-conc-1", 224), ("vllm-conc-2", 256), ("vllm-conc-3", 192), ("vllm-conc-4", 240), (None, 208)]
-# Arrival to scheduled above this means the request waited for a slot (no wait: ~20-50 ms).
-MIN_BLOCKED_S = 0.2
 SOLO = ("vllm-solo-1", 24)
 
 
@@ -233,16 +231,19 @@ def test_vllm_engine_hops_and_stats_join(tmp_path: Path) -> None:
         rows.append((request_id, stats, stages))
 
     # Real queueing: five requests at once, two slots, decodes of ~0.5 s, so three of them wait
-    # for a slot. The wait is seen without vLLM's queue_s: from arrival (middleware) to scheduled
-    # (middleware's first token - vLLM's prefill). vLLM's queue_s must account for most of it
-    # (the rest is frontend work, ~20-50 ms here); prefill in queue_s, or no queue_s, fails.
+    # for a slot at least until one of the running ones finishes its decode. vLLM's queue_s must
+    # show that wait (no queue_s fails), and can never exceed what the middleware saw from arrival
+    # to scheduled (its first token - vLLM's prefill): prefill counted in queue_s would. Frontend
+    # work (tokenizing, ~20-50 ms here, far more on a loaded machine) is the rest of that span, so
+    # the span itself says nothing about waiting for a slot.
+    shortest_decode = min(stats["decode_s"] for request_id, stats, st in rows[1:])
     blocked = {}
     for request_id, stats, st in rows:
         arrival_to_scheduled = st["engine_first"] - st["stats_prefill_s"] - st["engine_received"]
-        if arrival_to_scheduled >= MIN_BLOCKED_S:
-            blocked[request_id] = round(arrival_to_scheduled, 4)
-            assert stats["queue_s"] >= 0.5 * arrival_to_scheduled, (request_id, stats, arrival_to_scheduled)
-    assert len(blocked) >= len(CONCURRENT) - MAX_NUM_SEQS, blocked
+        assert stats["queue_s"] <= arrival_to_scheduled + FRONTEND_TOLERANCE_S, (request_id, stats, st)
+        if stats["queue_s"] >= 0.5 * shortest_decode:
+            blocked[request_id] = round(stats["queue_s"], 4)
+    assert len(blocked) >= len(CONCURRENT) - MAX_NUM_SEQS, (blocked, shortest_decode)
 
     print(f"\nvLLM ready after {startup_s:.1f} s; {len(events)} events; waited for a slot: {blocked}")
     print(f"{'request_id':34} {'queue':>7} {'prefill':>7} {'frontend':>8} {'eng_ttft':>8} {'decode':>7} {'stats_dec':>9}")
