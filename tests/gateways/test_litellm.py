@@ -130,7 +130,7 @@ def test_streaming_and_plain_requests_join_client_litellm_engine(proxy: Proxy):
         assert row["gateway"] == pytest.approx(forwarded - received, abs=1e-6) and row["gateway"] > 0
         view = "client_ttft" if is_stream else "client_e2e"
         engine = "engine_ttft" if is_stream else "engine_e2e"
-        total = row["connect"] + row["network"] + row["gateway"] + row[engine]
+        total = row["client_delay"] + row["connect"] + row["network"] + row["gateway"] + row[engine]
         assert row[view] == pytest.approx(total, abs=1e-9)
         # LiteLLM's own overhead header covers more than the gateway stage (also the work after
         # the upstream answered), on the same arrival stamp
@@ -193,7 +193,7 @@ def test_failover_is_counted_as_attempts_with_the_failed_time_in_gateway(proxy: 
     )
     assert row["gateway"] > failed_engine_s > 0
     assert row["client_ttft"] == pytest.approx(
-        row["connect"] + row["network"] + row["gateway"] + row["engine_ttft"], abs=1e-9
+        row["client_delay"] + row["connect"] + row["network"] + row["gateway"] + row["engine_ttft"], abs=1e-9
     )
 
 

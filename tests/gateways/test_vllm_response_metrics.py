@@ -100,7 +100,8 @@ def test_client_and_gateway_get_queue_and_prefill_from_an_engine_without_hopline
         assert stages["decode"] == pytest.approx(reported["engine_decode_s"])
         # what is left beyond the gateway: network plus the engine's frontend (and, for a
         # non-streaming request, minus decode too)
-        rest = stages[view] - stages["connect"] - stages["gateway"] - stages["queue"] - stages["prefill"]
+        rest = stages[view] - stages["client_delay"] - stages["connect"] - stages["gateway"]
+        rest -= stages["queue"] + stages["prefill"]
         if view == "client_e2e":
             rest -= stages["decode"]
         assert stages["upstream"] == pytest.approx(rest, abs=1e-9) and stages["upstream"] > 0
@@ -134,4 +135,6 @@ def test_litellm_drops_vllm_metrics_so_queue_needs_the_engine_plugin(proxy: Prox
         assert not set(STREAM_REPORTED) & set(event), event["hop"]
     row = timeline_of(proxy, rid)
     assert (row["queue"], row["prefill"]) == (None, None)
-    assert row["upstream"] == pytest.approx(row["client_ttft"] - row["connect"] - row["gateway"])
+    assert row["upstream"] == pytest.approx(
+        row["client_ttft"] - row["client_delay"] - row["connect"] - row["gateway"]
+    )
