@@ -62,7 +62,7 @@ def check_golden(collector):
             assert got["missing"] == spec["missing"], name
             assert {k: got[k] for k in SCOPE_SOURCES} == {k: spec["scope"].get(k) for k in SCOPE_SOURCES}, name
             for stage, want in spec["expected"].items():
-                value = got["stages"].get(stage, got["ratios"].get(stage))
+                value = got["stages"].get(stage, got["ratios"].get(stage, got["attributes"].get(stage)))
                 if want is None:
                     assert value is None, f"{name}: {stage}"
                 else:
@@ -71,12 +71,12 @@ def check_golden(collector):
             assert [h["ts"] for h in got["hops"]] == sorted(e["ts"] for e in joined[rid])
     assert collector.client.get("/v1/requests/never-seen").status_code == 404
     reg = collector.collector.registry
-    # complete_streaming and retry_after_429_then_success: service from the client, model from
-    # the engine, replica the engine's; their queue times are 60 and 30 ms
+    # complete_streaming, retry_after_429_then_success and busy_client: service from the client,
+    # model from the engine, replica the engine's; their queue times are 60, 30 and 60 ms
     scope = {"service": "kite-chat", "model": "m", "replica": "r1"}
-    assert reg.get_sample_value("hopline_stage_seconds_count", {"stage": "queue", **scope}) == 2
+    assert reg.get_sample_value("hopline_stage_seconds_count", {"stage": "queue", **scope}) == 3
     assert reg.get_sample_value("hopline_stage_seconds_sum", {"stage": "queue", **scope}) == pytest.approx(
-        0.09
+        0.15
     )
     assert reg.get_sample_value("hopline_negative_stages_total", {"stage": "frontend"}) == 1
     assert reg.get_sample_value("hopline_connections_total", {"reused": "false", **scope}) == 1
