@@ -569,7 +569,8 @@ ATTRIBUTE_SOURCES: dict[str, tuple[str, ...]] = {
 }
 
 NO_ENGINE_NO_GATEWAY = ("engine_received", "gateway_received")  # a fallback row's condition
-# P/D rows apply when the prefill instance was seen; the one-engine rows when it was not
+# P/D rows apply when the prefill instance was seen; the one-engine rows when it was not (the
+# two never both apply, so their order does not matter: the one-engine rows come first)
 PD = ("prefill_received",)
 # the prefill instance's time from arrival to its answer (its engine_e2e): out of the P/D
 # proxy's view between its two forwards, so the remainder (network) never counts it
@@ -594,22 +595,22 @@ STAGES: tuple[Stage, ...] = (
         "queue",
         "stage",
         (
-            _f("prefill_stats_queue_s", when_set=PD),  # P/D: the prefill instance's queue
             _f("stats_queue_s", when_null=PD),
             _f("engine_scheduled", "-engine_received", when_null=PD),
             _f("gateway_reported_queue_s", when_null=PD),
             _f("client_reported_queue_s", when_null=PD),
+            _f("prefill_stats_queue_s", when_set=PD),  # P/D: the prefill instance's queue
         ),
     ),
     Stage(
         "prefill",
         "stage",
         (
-            _f("prefill_stats_prefill_s", when_set=PD),  # P/D: the prefill instance's prefill
             _f("stats_prefill_s", when_null=PD),
             _f("engine_first", "-engine_scheduled", stream=True, when_null=PD),
             _f("gateway_reported_prefill_s", when_null=PD),
             _f("client_reported_prefill_s", when_null=PD),
+            _f("prefill_stats_prefill_s", when_set=PD),  # P/D: the prefill instance's prefill
         ),
     ),
     # P/D: the decode instance's time before its first token: waiting for the prefill instance's
@@ -627,42 +628,42 @@ STAGES: tuple[Stage, ...] = (
         "frontend",
         "stage",
         (
+            _f("engine_ttft", "-queue", "-prefill", when_null=PD),
             # P/D: both instances' HTTP, chat template and tokenization
             _f("prefill_last", "-prefill_received", "-queue", "-prefill", "engine_ttft", "-kv_transfer", when_set=PD),
-            _f("engine_ttft", "-queue", "-prefill", when_null=PD),
         ),
     ),
     Stage(
         "engine",
         "fallback",
         (
-            _f("prefill_last", "-prefill_received", when_set=PD, when_null=("queue",)),
             _f("engine_ttft", when_null=("queue", *PD)),
             _f("engine_e2e", stream=False, when_null=("queue", *PD)),
+            _f("prefill_last", "-prefill_received", when_set=PD, when_null=("queue",)),
         ),
     ),
     Stage(
         "network",
         "stage",
         (
+            _f("client_ttft", "-client_delay", "-connect", "-gateway", "-engine_ttft", when_null=PD),
+            _f("client_ttft", "-client_delay", "-connect", "-engine_ttft", when_null=PD),
+            _f("client_e2e", "-client_delay", "-connect", "-gateway", "-engine_e2e", stream=False, when_null=PD),
+            _f("client_e2e", "-client_delay", "-connect", "-engine_e2e", stream=False, when_null=PD),
             _f("client_ttft", "-client_delay", "-connect", "-gateway", *PREFILL_LEG_E2E, "-engine_ttft", when_set=PD),
             _f(
                 "client_e2e", "-client_delay", "-connect", "-gateway", *PREFILL_LEG_E2E, "-engine_e2e",
                 stream=False, when_set=PD,
             ),
-            _f("client_ttft", "-client_delay", "-connect", "-gateway", "-engine_ttft", when_null=PD),
-            _f("client_ttft", "-client_delay", "-connect", "-engine_ttft", when_null=PD),
-            _f("client_e2e", "-client_delay", "-connect", "-gateway", "-engine_e2e", stream=False, when_null=PD),
-            _f("client_e2e", "-client_delay", "-connect", "-engine_e2e", stream=False, when_null=PD),
         ),
     ),
     Stage(
         "upstream_network",
         "fallback",
         (
-            _f("gateway_ttft", "-gateway", *PREFILL_LEG_E2E, "-engine_ttft", when_set=PD, when_null=("client_sent",)),
             _f("gateway_ttft", "-gateway", "-engine_ttft", when_null=("client_sent", *PD)),
             _f("gateway_e2e", "-gateway", "-engine_e2e", stream=False, when_null=("client_sent", *PD)),
+            _f("gateway_ttft", "-gateway", *PREFILL_LEG_E2E, "-engine_ttft", when_set=PD, when_null=("client_sent",)),
         ),
     ),
     Stage(
