@@ -53,6 +53,8 @@ from hopline.middleware.contract import (
     FINAL_HOPS,
     HOPS,
     INPUTS,
+    LEG_HOPS,
+    PREFILL_LEG,
     RATIOS,
     STAGES,
     Formula,
@@ -77,7 +79,7 @@ SPAN = f"{ATTEMPT_SPAN_S:.1f}"
 # The event columns the query reads (everything else in the store is left where it is).
 READ_COLUMNS = tuple(
     dict.fromkeys(
-        ["request_id", "hop", "attempt", "ts", "trace_id"]
+        ["request_id", "hop", "attempt", "ts", "trace_id", "leg"]
         + [src.field for sources in SCOPE_SOURCES.values() for src in sources]
         + [attr for _, attr in HOP_ATTRS]
         + list(SOURCES)
@@ -155,6 +157,8 @@ def _aggregates() -> list[str]:
         key, value = [], []
         for rank, src in enumerate(chain):
             here = f"{_hop_in(_source_hops(src.where))} AND {src.field} IS NOT NULL"
+            if src.leg is not None:
+                here += f" AND leg = {_lit(src.leg)}"
             sign = "+" if src.first else "-"  # a first source: the lowest attempt, earliest
             key.append(f"WHEN {here} THEN ts {sign} attempt * {SPAN} + {rank * SCOPE_RANK_SPAN:.1f}")
             value.append(f"WHEN {here} THEN {src.field}")
@@ -214,6 +218,7 @@ def formula_sql(formula: Formula, values: dict[str, str]) -> str:
     """One ``Formula``: the signed sum of its terms when its conditions hold, else null."""
     total = " ".join(("+ " if sign > 0 else "- ") + f"({values[name]})" for sign, name in formula.terms)
     conditions = [f"({values[name]}) IS NULL" for name in formula.when_null]
+    conditions += [f"({values[name]}) IS NOT NULL" for name in formula.when_set]
     if formula.stream is not None:
         conditions.append(f"stream = {'TRUE' if formula.stream else 'FALSE'}")
     total = total.removeprefix("+ ")
@@ -295,6 +300,12 @@ def _stand_in(table: str = "") -> str:
     )
 
 
+def _read_hop() -> str:
+    """``contract.read_hop``: a P/D prefill leg's engine hop is read as its ``prefill.*`` name."""
+    whens = " ".join(f"WHEN {_lit(hop)} THEN {_lit(name)}" for hop, name in LEG_HOPS.items())
+    return f"CASE WHEN leg = {_lit(PREFILL_LEG)} THEN CASE hop {whens} ELSE hop END ELSE hop END AS hop"
+
+
 def _duckdb_query() -> str:
     """The whole view in DuckDB's dialect, over ``SOURCE_MARK``."""
     read = ", ".join(READ_COLUMNS)
@@ -306,7 +317,7 @@ def _duckdb_query() -> str:
     # default; a request ID is never empty, so '' is "no owner" in every dialect.
     return f"""
 WITH src AS (
-  SELECT {read} FROM {SOURCE_MARK}
+  SELECT {", ".join(_read_hop() if c == "hop" else c for c in READ_COLUMNS)} FROM {SOURCE_MARK}
 ), owners AS (
   SELECT trace_id, MAX(request_id) AS owner FROM src
   WHERE trace_id IS NOT NULL AND NOT {stand_in}

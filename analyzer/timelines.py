@@ -30,11 +30,14 @@ from functools import partial
 
 import polars as pl
 from hopline.middleware.contract import (
+    ALL_HOPS,
     ATTRIBUTE_SOURCES,
     ERROR_HOPS,
     FINAL_HOPS,
     HOPS,
     INPUTS,
+    LEG_HOPS,
+    PREFILL_LEG,
     RATIOS,
     STAGES,
     Formula,
@@ -54,7 +57,7 @@ from hopline.middleware.contract.rules import (
     scope_sources,
 )
 
-HOP_ENUM = pl.Enum(list(HOPS))
+HOP_ENUM = pl.Enum(list(ALL_HOPS))  # the hops, and a P/D prefill leg's engine hops as read (LEG_HOPS)
 # Few distinct values: categorical while grouping (4 bytes an event instead of a 16-byte view).
 LABELS = ["service", "replica", "model", "upstream", "finish_reason"]
 ATTEMPT_SPAN_S = 2.0**24  # the attempt weight in ``pick``: a power of two keeps it exact
@@ -121,7 +124,7 @@ FIRST_HOPS = ("client.sent", "gateway.received", "engine.received")  # where a r
 
 def _source_hops(where: str) -> list[str]:
     """The hops a rule-book source reads: one hop, or every hop of a component."""
-    return [where] if "." in where else [h for h in HOPS if component(h) == where]
+    return [where] if "." in where else [h for h in ALL_HOPS if component(h) == where]
 
 
 # Events of other hops carry nothing a timeline uses: dropped before grouping.
@@ -174,6 +177,8 @@ def _per_event_columns(sources: dict = SCOPE_SOURCES) -> list[pl.Expr]:
         key = value = pl
         for rank, src in enumerate(chain):
             here = hop.is_in(_source_hops(src.where)) & pl.col(src.field).is_not_null()
+            if src.leg is not None:
+                here = here & (pl.col("leg") == src.leg).fill_null(False)
             key_expr = first_key() if src.first else pick_key()
             key = key.when(here).then(key_expr + rank * SCOPE_RANK_SPAN)
             value = value.when(here).then(pl.col(src.field))
@@ -275,6 +280,7 @@ def formula_expr(formula: Formula, values: dict[str, pl.Expr]) -> pl.Expr:
         else:
             total = total + term if sign > 0 else total - term
     conditions = [values[name].is_null() for name in formula.when_null]
+    conditions += [values[name].is_not_null() for name in formula.when_set]
     if formula.stream is not None:
         conditions.append(values["stream"] == formula.stream)
     return pl.when(*conditions).then(total) if conditions else total
@@ -393,6 +399,13 @@ COLUMNS = (
 )
 
 
+def read_hop_expr() -> pl.Expr:
+    """``contract.read_hop`` on the ``HOP_ENUM`` column: a P/D prefill leg's engine hop is read as
+    its ``prefill.*`` name."""
+    hop = pl.col("hop")
+    return pl.when(pl.col("leg") == PREFILL_LEG).then(hop.replace(LEG_HOPS)).otherwise(hop)
+
+
 def resolve_by_trace(events: pl.LazyFrame) -> pl.LazyFrame:
     """``rules.TRACE_RULE`` as Polars (the reference is ``rules.resolve_by_trace``): an event whose
     request ID is its trace's stand-in takes the request ID of the trace's only owner.
@@ -442,9 +455,11 @@ def timelines(events: pl.LazyFrame, scopes: tuple[str, ...] = (), resolve: bool 
         if name not in schema and "attrs" in schema
     ]
     missing = [pl.lit(None, dtype=pl.String).alias(n) for n in extra if n not in schema and "attrs" not in schema]
+    no_leg = [] if "leg" in schema else [pl.lit(None, dtype=pl.String).alias("leg")]
     read = (
         (resolve_by_trace(events) if resolve else events)
-        .with_columns(pl.col("hop").cast(HOP_ENUM, strict=False))
+        .with_columns(pl.col("hop").cast(HOP_ENUM, strict=False), *no_leg)
+        .with_columns(hop=read_hop_expr())
         .filter(pl.col("hop").is_in(READ_HOPS))
         .with_columns(*pulled, *missing)
         .with_columns(pl.col(LABELS).cast(pl.Categorical))

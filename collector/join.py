@@ -42,6 +42,7 @@ from hopline.middleware.contract import (
     ATTRIBUTE_SOURCES,
     FINAL_HOPS,
     HOPS,
+    PREFILL_LEG,
     RATIOS,
     STAGE_NAMES,
     component,
@@ -78,7 +79,8 @@ class OpenRequest:
         self.progress: dict[str, tuple[int, bool]] = {}
         self.last_seen = now
         self.due: float | None = None  # when complete: the time it will be finished
-        # engine attempt -> (model, replica, kv_bytes) while held; None once released
+        # engine attempt (a P/D prefill instance's: -1 - attempt) -> (model, replica, kv_bytes)
+        # while held; None once released
         self.engine: dict[int, tuple[str | None, str | None, int] | None] | None = None
 
     def complete(self) -> bool:
@@ -209,6 +211,11 @@ class Joiner:
             hop = ev["hop"]
             comp, final = HOP_INFO[hop]
             attempt = ev["attempt"]
+            if comp == "engine" and ev.get("leg") == PREFILL_LEG:
+                # a P/D prefill instance (read as prefill.*): its load is its own (a slot of its
+                # own: the decode instance has the same attempt), its end is not the engine's
+                self._engine_load(req, ev, hop, -1 - attempt)
+                continue
             progress = req.progress.get(comp)
             if progress is None or attempt > progress[0]:
                 req.progress[comp] = (attempt, final)

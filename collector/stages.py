@@ -17,7 +17,16 @@ import linecache
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from hopline.middleware.contract import ATTRIBUTE_SOURCES, INPUTS, RATIOS, STAGES, Ratio, Stage
+from hopline.middleware.contract import (
+    ATTRIBUTE_SOURCES,
+    INPUTS,
+    LEG_HOPS,
+    PREFILL_LEG,
+    RATIOS,
+    STAGES,
+    Ratio,
+    Stage,
+)
 
 
 def _sum(terms: Iterable[tuple[int, str]], start: str) -> str:
@@ -33,6 +42,7 @@ def _stage_lines(stage: Stage) -> list[str]:
         if formula.stream is not None:
             conds.append(f"stream is {formula.stream}")
         conds += [f"v_{name} is None" for name in formula.when_null]
+        conds += [f"v_{name} is not None" for name in formula.when_set]
         conds += [f"v_{name} is not None" for _, name in formula.terms]
         lines.append(f"{branch} {' and '.join(conds) or 'True'}:")
         lines.append(f"    v_{stage.name} = {_sum(formula.terms, '0.0')}")
@@ -67,6 +77,7 @@ def _names() -> list[str]:
     """Every value a formula or ratio reads (inputs, attributes, earlier stages)."""
     names = {name for s in STAGES for f in s.formulas for _, name in f.terms}
     names |= {name for s in STAGES for f in s.formulas for name in f.when_null}
+    names |= {name for s in STAGES for f in s.formulas for name in f.when_set}
     names |= {name for r in RATIOS for _, name in r.numerator}
     return sorted(names - {s.name for s in STAGES})
 
@@ -90,10 +101,13 @@ def compile_evaluate() -> Callable[[dict[str, Any]], dict[str, Any]]:
 
 def pick(events: Iterable[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
     """For each hop, the event of the highest attempt, earliest ts on a tie (``contract._pick``
-    for validated events, which always carry ``attempt``)."""
+    for validated events, which always carry ``attempt``); a P/D prefill leg's engine hop is read
+    as its ``prefill.*`` name (``contract.LEG_HOPS``)."""
     chosen: dict[str, Mapping[str, Any]] = {}
     for ev in events:
         hop = ev["hop"]
+        if hop in LEG_HOPS and ev.get("leg") == PREFILL_LEG:
+            hop = LEG_HOPS[hop]
         cur = chosen.get(hop)
         if cur is None:
             chosen[hop] = ev

@@ -163,9 +163,37 @@ def _ttft(lay: Layout) -> None:
     )
 
 
+def _prefix_cache(lay: Layout) -> None:
+    """vLLM's prefix-cache hit share beside hopline's prefill of the same replica: a fall of one
+    with a rise of the other is the prefix_cache_miss finding."""
+    lay.row("Prefix cache: vLLM's hits beside hopline's prefill").line(
+        8,
+        (
+            p.graph(
+                "Prefix-cache hit share (vLLM)",
+                "Share of the prompt tokens vLLM looked up in its prefix cache that it found there, per "
+                "replica: when it falls, the replica's prefills compute what the cache used to hold "
+                "(traffic that shared a prefix went elsewhere, or the prompts stopped sharing one).",
+                "percentunit",
+                [(q.ratio(q.rate(vllm.PREFIX_CACHE_HITS, BY), q.rate(vllm.PREFIX_CACHE_QUERIES, BY)), "{{replica}}")],
+            ),
+            12,
+        ),
+        (
+            p.latency(
+                "Prefill p50 (hopline)",
+                "hopline's prefill stage per replica, beside the hit share.",
+                [(q.quantile(0.5, m.STAGE_SECONDS, BY, stage="prefill"), "{{replica}}")],
+            ),
+            12,
+        ),
+    )
+
+
 def build() -> Dashboard:
     lay = Layout(dashboard(TITLE, UID, DESCRIPTION))
     _scheduler(lay)
     _phases(lay)
     _ttft(lay)
+    _prefix_cache(lay)
     return lay.dashboard

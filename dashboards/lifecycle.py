@@ -343,6 +343,46 @@ def _outcomes_and_pitfalls(lay: Layout) -> None:
     )
 
 
+def _modern(lay: Layout) -> None:
+    """Disaggregated prefill/decode and reasoning models (the stages the contract adds for them)."""
+    by = ("replica",)
+    lay.row("Disaggregated prefill/decode and reasoning").line(
+        8,
+        (
+            p.latency(
+                "KV transfer p90 by decode replica",
+                "Disaggregated prefill/decode: the decode instance's wait for the prefill instance's KV "
+                "cache and the forward that loads it (vLLM counts WAITING_FOR_REMOTE_KVS in its queue), "
+                "per decode replica; queue and prefill are then the prefill instance's. Empty without P/D. "
+                "hopline analyze names the prefill/decode pair of a rise.",
+                [(q.quantile(0.9, m.STAGE_SECONDS, by, stage="kv_transfer"), "{{replica}}")],
+            ),
+            8,
+        ),
+        (
+            p.latency(
+                "Prefill and KV transfer (means)",
+                "Mean prefill (on the prefill instance under P/D) beside the mean KV transfer: a transfer "
+                "that grows while prefill stays is the link or the decode side, not the prompt.",
+                [
+                    (q.mean(m.STAGE_SECONDS, stage="prefill"), "prefill"),
+                    (q.mean(m.STAGE_SECONDS, stage="kv_transfer"), "KV transfer"),
+                ],
+            ),
+            8,
+        ),
+        (
+            p.latency(
+                "Reasoning before the first content token (p50)",
+                "A reasoning model's time from its first reasoning token (its TTFT) to its first content "
+                "token (what a user reads), per model; part of decode. Empty without a reasoning model.",
+                [(q.quantile(0.5, m.STAGE_SECONDS, ("model",), stage="reasoning"), "{{model}}")],
+            ),
+            8,
+        ),
+    )
+
+
 def _collector(lay: Layout) -> None:
     lay.row("Collector").line(
         7,
@@ -452,6 +492,7 @@ def build() -> Dashboard:
     _ttft(lay)
     _replicas(lay)
     _outcomes_and_pitfalls(lay)
+    _modern(lay)
     _collector(lay)
     _emitters(lay)
     _replica_heatmaps(lay)

@@ -31,6 +31,10 @@ DECODE_TIME = Metric(
     "vllm:request_decode_time_seconds", "histogram", LABELS, "Time a request spent in DECODE."
 )
 TTFT = Metric("vllm:time_to_first_token_seconds", "histogram", LABELS, "Time to first token inside vLLM.")
+PREFIX_CACHE_QUERIES = Metric(
+    "vllm:prefix_cache_queries", "counter", LABELS, "Prompt tokens looked up in the prefix cache."
+)
+PREFIX_CACHE_HITS = Metric("vllm:prefix_cache_hits", "counter", LABELS, "Prompt tokens found in the prefix cache.")
 
 ALL: tuple[Metric, ...] = (
     NUM_REQUESTS_RUNNING,
@@ -40,4 +44,6 @@ ALL: tuple[Metric, ...] = (
     PREFILL_TIME,
     DECODE_TIME,
     TTFT,
+    PREFIX_CACHE_QUERIES,
+    PREFIX_CACHE_HITS,
 )

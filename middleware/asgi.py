@@ -25,7 +25,7 @@ from time import perf_counter
 from typing import Any
 
 from hopline.middleware import clock
-from hopline.middleware.contract import new_request_id, normalize_request_id, trace_id_of
+from hopline.middleware.contract import LEGS, new_request_id, normalize_request_id, trace_id_of
 from hopline.middleware.emit import Emitter, get_emitter
 from hopline.middleware.log import logger
 from hopline.middleware.sse import MAX_JSON_BYTES, StreamReader, error_summary, response_summary
@@ -39,10 +39,14 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 _CLOCK_OFFSET = clock.OFFSET  # clock.from_perf inlined: epoch seconds = OFFSET + perf_counter()
 REQUEST_ID_HEADER = b"x-request-id"
 ATTEMPT_HEADER = b"x-hopline-attempt"
+LEG_HEADER = b"x-hopline-leg"  # a P/D proxy's leg (contract.LEGS), from GatewayHops.forwarded(leg=...)
+_LEGS = {leg.encode(): leg for leg in LEGS}
 MAX_ATTEMPT = 1000
 # A stream's chunks kept (after its first token) before they are read on the spot: bounds a
 # request's memory to this many chunk references; the result is the same either way.
 MAX_KEPT_CHUNKS = 128
+# The reader's instants (perf_counter readings) among a stream's last_token attributes
+_READER_TIMES = ("max_gap_at", "first_reasoning_at", "first_content_at")
 
 
 def resolve_emitter(emitter: Emitter | None, owner: str) -> Emitter | None:
@@ -98,6 +102,14 @@ def read_request_headers(scope: Scope) -> tuple[bytes | None, bytes | None]:
         elif name == ATTEMPT_HEADER:
             attempt = value
     return rid, attempt
+
+
+def leg_in(scope: Scope) -> str | None:
+    """The P/D leg a proxy sent in ``X-Hopline-Leg`` (``prefill`` / ``decode``); None when absent or unknown."""
+    for name, value in scope.get("headers") or ():
+        if name == LEG_HEADER:
+            return _LEGS.get(value.strip().lower())
+    return None
 
 
 def echo_request_id(message: Message, request_id: str) -> None:
@@ -169,6 +181,7 @@ class Exchange:
         "downstream",
         "emitter",
         "final",
+        "leg",
         "request_id",
         "status",
         "trace_id",
@@ -202,11 +215,14 @@ class Exchange:
         self.disconnected = False
         self.downstream = downstream  # the server's ``send``, for ``send``
         self.trace_id: str | None = None  # from ``traceparent`` (``traceparent_in``), on every event
+        self.leg: str | None = None  # an engine's P/D leg (``leg_in``), on every event
 
     def emit(self, hop: str, t: float | None = None, **attrs: Any) -> None:
         """Emit ``hop`` at ``perf_counter`` reading ``t`` (default now)."""
         if self.trace_id is not None:
             attrs["trace_id"] = self.trace_id
+        if self.leg is not None:
+            attrs["leg"] = self.leg
         self.emitter.emit(
             hop, self.request_id, None if t is None else _CLOCK_OFFSET + t, attempt=self.attempt, **attrs
         )
@@ -312,8 +328,9 @@ class Exchange:
     def _last_attrs(self, reader: StreamReader) -> dict[str, Any]:
         """The ``*.last_token`` attributes of a finished stream."""
         attrs = reader.summary()
-        if "max_gap_at" in attrs:
-            attrs["max_gap_at"] += _CLOCK_OFFSET
+        for name in _READER_TIMES:
+            if name in attrs:
+                attrs[name] += _CLOCK_OFFSET
         return attrs
 
     def _read_kept(self) -> None:
@@ -359,6 +376,8 @@ class Exchange:
         attrs["attempt"] = attempt
         if self.trace_id is not None:
             attrs["trace_id"] = self.trace_id
+        if self.leg is not None:
+            attrs["leg"] = self.leg
         return hop, self.request_id, _CLOCK_OFFSET + t, attrs
 
     def on_disconnect(self) -> None:

@@ -17,10 +17,10 @@ CAPACITY = 10_000
 
 
 class AttemptRegistry:
-    """request_id -> attempt (> 0), bounded; same process and event loop as its users.
+    """request_id -> (attempt, P/D leg), bounded; same process and event loop as its users.
 
-    Past ``capacity`` entries the oldest are forgotten (their stats then say attempt 0). An
-    entry is kept after use because ``n > 1`` finishes one request several times.
+    Past ``capacity`` entries the oldest are forgotten (their stats then say attempt 0, no leg).
+    An entry is kept after use because ``n > 1`` finishes one request several times.
     """
 
     __slots__ = ("_attempts", "attached", "capacity")
@@ -28,25 +28,31 @@ class AttemptRegistry:
     def __init__(self, capacity: int = CAPACITY) -> None:
         self.capacity = capacity
         self.attached = False
-        self._attempts: dict[str, int] = {}
+        self._attempts: dict[str, tuple[int, str | None]] = {}
 
     def attach(self) -> None:
         """A stat logger will ask: from now on attempts are remembered."""
         self.attached = True
 
-    def note(self, request_id: str, attempt: int) -> None:
-        """Remember that ``request_id`` is on ``attempt`` for its coming ``engine.stats``."""
-        if attempt <= 0 or not self.attached:
+    def note(self, request_id: str, attempt: int, leg: str | None = None) -> None:
+        """Remember that ``request_id`` is on ``attempt`` (and P/D ``leg``) for its coming ``engine.stats``."""
+        if (attempt <= 0 and leg is None) or not self.attached:
             return
         attempts = self._attempts
         attempts.pop(request_id, None)
-        attempts[request_id] = attempt
+        attempts[request_id] = (attempt, leg)
         while len(attempts) > self.capacity:
             del attempts[next(iter(attempts))]
 
     def get(self, request_id: str) -> int | None:
         """The attempt noted for ``request_id`` (None: attempt 0, the default)."""
-        return self._attempts.get(request_id)
+        found = self._attempts.get(request_id)
+        return found[0] if found is not None and found[0] > 0 else None
+
+    def leg(self, request_id: str) -> str | None:
+        """The P/D leg noted for ``request_id`` (None: not a leg of a disaggregated request)."""
+        found = self._attempts.get(request_id)
+        return None if found is None else found[1]
 
     def __len__(self) -> int:
         return len(self._attempts)

@@ -15,8 +15,9 @@ It tees ``receive`` to read ``model``, ``stream``, ``n``, ``max_tokens`` from th
 ``MAX_JSON_BYTES`` of the body (larger bodies: attributes unknown; the app always gets every byte)
 and wraps ``send`` to time the first output chunk and the last body chunk. Messages are forwarded
 as they come; nothing is buffered on the response path. A request that carries
-``X-Hopline-Attempt`` > 0 (a gateway failover) is noted in the ``AttemptRegistry`` hopline's vLLM
-stat logger reads (``hopline.middleware.attempts``), so its ``engine.stats`` event names the same attempt.
+``X-Hopline-Attempt`` > 0 (a gateway failover) or ``X-Hopline-Leg`` (a P/D proxy's leg: every event
+of the request then carries ``leg``) is noted in the ``AttemptRegistry`` hopline's vLLM stat logger
+reads (``hopline.middleware.attempts``), so its ``engine.stats`` event names the same attempt and leg.
 
 Per request this costs one ``EngineExchange`` (slotted; its bound ``receive``/``send`` replace
 closures), three events, and per streamed chunk after the first token one ``perf_counter`` and two
@@ -42,6 +43,7 @@ from hopline.middleware.asgi import (
     Send,
     adopt_request_id,
     echo_request_id,
+    leg_in,
     parse_attempt,
     read_request_headers,
     traceparent_in,
@@ -115,6 +117,8 @@ class EngineExchange(Exchange):
         attrs["attempt"] = self.attempt
         if self.trace_id is not None:
             attrs["trace_id"] = self.trace_id
+        if self.leg is not None:
+            attrs["leg"] = self.leg
         return "engine.received", self.request_id, clock.OFFSET + self.entered, attrs
 
     async def receive(self) -> Message:
@@ -202,8 +206,10 @@ class EngineMiddleware:
                 self.emitter, request_id, attempt, receive, send, entered, scope["path"]
             )
             exchange.trace_id = traceparent_in(scope)[1]
-            if attempt:
-                self.attempts.note(request_id, attempt)  # so engine.stats names the failover attempt
+            exchange.leg = leg = leg_in(scope)
+            if attempt or leg is not None:
+                # so engine.stats names the failover attempt and the P/D leg
+                self.attempts.note(request_id, attempt, leg)
         except Exception:  # noqa: BLE001 - never into the host
             self.emitter.errors += 1
             await self.app(scope, receive, send)

@@ -42,6 +42,7 @@ from hopline.middleware.asgi import (
     resolve_emitter,
     with_request_id,
 )
+from hopline.middleware.contract import LEGS
 from hopline.middleware.emit import Emitter, get_emitter
 from hopline.middleware.log import logger
 
@@ -58,12 +59,13 @@ class GatewayHops:
     first ``forwarded()``, then the attempt that call announced.
     """
 
-    __slots__ = ("_base_attempt", "_exchange", "_forwards", "_traceparent")
+    __slots__ = ("_base_attempt", "_exchange", "_forwards", "_legs", "_traceparent")
 
     def __init__(self, exchange: Exchange, traceparent: str | None = None) -> None:
         self._exchange = exchange
         self._traceparent = traceparent
         self._forwards = 0
+        self._legs: dict[str, int] | None = None  # P/D: forwards per leg
         self._base_attempt = exchange.attempt
 
     @property
@@ -78,20 +80,36 @@ class GatewayHops:
         """Emit ``gateway.admitted``: authentication and rate limiting let the request through."""
         self._exchange.emit("gateway.admitted")
 
-    def forwarded(self, upstream: str) -> dict[str, str]:
+    def forwarded(self, upstream: str, leg: str | None = None) -> dict[str, str]:
         """Emit ``gateway.forwarded`` for the next upstream attempt; return the headers to send.
 
         Args:
             upstream: the engine replica's name (not its URL: it becomes a bounded label).
+            leg: in a disaggregated prefill/decode proxy, the leg this call sends: ``"prefill"``
+                (to the prefill instance), then ``"decode"`` (to the decode instance, which
+                streams the answer). Both legs are one attempt; calling again for a leg (a retry
+                of it) is the next attempt.
 
         The first call uses the incoming attempt (or 0); each later call (failover) adds one. The
-        returned ``X-Request-Id`` and ``X-Hopline-Attempt`` headers let the engine's hops join.
+        returned ``X-Request-Id`` and ``X-Hopline-Attempt`` headers (and ``X-Hopline-Leg``) let
+        the engine's hops join.
         """
         exchange = self._exchange
-        exchange.attempt = self._base_attempt + self._forwards
-        self._forwards += 1
-        exchange.emit("gateway.forwarded", upstream=str(upstream)[:256])
+        attrs = {"upstream": str(upstream)[:256]}
+        if leg is None:
+            exchange.attempt = self._base_attempt + self._forwards
+            self._forwards += 1
+        else:
+            if leg not in LEGS:
+                raise ValueError(f"leg must be one of {', '.join(LEGS)}, got {leg!r}")
+            legs = self._legs = self._legs or {}
+            exchange.attempt = self._base_attempt + legs.get(leg, 0)
+            legs[leg] = legs.get(leg, 0) + 1
+            attrs["leg"] = leg
+        exchange.emit("gateway.forwarded", **attrs)
         headers = {"X-Request-Id": exchange.request_id, "X-Hopline-Attempt": str(exchange.attempt)}
+        if leg is not None:
+            headers["X-Hopline-Leg"] = leg
         if self._traceparent is not None:  # the engine's span stays in the caller's trace
             headers["traceparent"] = self._traceparent
         return headers

@@ -57,9 +57,21 @@ REPORTED_METRICS = {
 }
 
 
+# vLLM's per-request speculative decoding (``--per-request-spec-decode-metrics``; vLLM 0.32.0
+# ``SpeculativeDecodingMetrics`` in vllm/entrypoints/generate/base/protocol.py, filled by
+# ``RequestSpecDecodeMetrics.to_dict`` in vllm/v1/metrics/stats.py): ``metrics.speculative_decoding``,
+# read as the attribute on the right. ``mean_acceptance_length`` counts the bonus token.
+REPORTED_SPEC_DECODE = {
+    "mean_acceptance_length": "spec_acceptance_length",
+    "num_draft_tokens": "spec_draft_tokens",
+    "num_accepted_draft_tokens": "spec_accepted_tokens",
+}
+
+
 def reported_durations(metrics: Any) -> dict[str, float]:
     """``REPORTED_METRICS`` of a ``metrics`` object (a dict, or an object with those attributes)
-    as seconds; absent, null, negative or non-numeric fields are left out."""
+    as seconds, and its ``speculative_decoding`` counts (``REPORTED_SPEC_DECODE``); absent, null,
+    negative or non-numeric fields are left out."""
     out: dict[str, float] = {}
     if metrics is None:
         return out
@@ -68,6 +80,13 @@ def reported_durations(metrics: Any) -> dict[str, float]:
         value = get(field)
         if type(value) in (int, float) and 0 <= value < 1e12:
             out[attr] = value / 1000.0
+    spec = get("speculative_decoding")
+    if spec is not None:
+        spec_get = spec.get if isinstance(spec, dict) else lambda name: getattr(spec, name, None)
+        for field, attr in REPORTED_SPEC_DECODE.items():
+            value = spec_get(field)
+            if type(value) in (int, float) and 0 <= value < 1e12:
+                out[attr] = value
     return out
 
 
@@ -113,6 +132,8 @@ class StreamReader:
         "error_status",
         "finish_reason",
         "first_at",
+        "first_content_at",
+        "first_reasoning_at",
         "last_output_at",
         "malformed",
         "max_gap_at",
@@ -132,6 +153,9 @@ class StreamReader:
         # content text, their lengths, and the chunk with an empty text
         self._plain: tuple[bytes, bytes, int, int, bytes] | None = None
         self.first_at: float | None = None
+        # a reasoning model's first reasoning delta and first content delta (chat streams)
+        self.first_reasoning_at: float | None = None
+        self.first_content_at: float | None = None
         self.last_output_at: float | None = None
         self.output_chunks = 0
         self.max_gap_s: float | None = None
@@ -305,6 +329,8 @@ class StreamReader:
             return False
         self._output(ts)
         choice = choices[0]
+        if self.first_content_at is None and isinstance(choice, dict):
+            self._channels(choice.get("delta"), ts)
         return (
             len(choices) == 1
             and choice.get("finish_reason") is None
@@ -313,6 +339,16 @@ class StreamReader:
             and choice["delta"].keys() == {"content"}
             and isinstance(choice["delta"]["content"], str)
         )
+
+    def _channels(self, delta: Any, ts: float) -> None:
+        """Note the first reasoning and the first content delta (until content has come: a plain
+        content chunk, counted without decoding, only ever follows the first content delta)."""
+        if not isinstance(delta, dict):
+            return
+        if self.first_reasoning_at is None and (delta.get("reasoning_content") or delta.get("reasoning")):
+            self.first_reasoning_at = ts
+        if delta.get("content"):
+            self.first_content_at = ts
 
     def feed_object(self, chunk: Any, ts: float) -> bool:
         """Read one already-parsed chunk object (attributes ``choices``, ``usage``), as a gateway
@@ -342,6 +378,11 @@ class StreamReader:
                 self.finish_reason = reason[:32]
         if output:
             self._output(ts)
+            delta = getattr(choices[0], "delta", None) if self.first_content_at is None else None
+            if delta is not None:
+                self._channels(
+                    {name: getattr(delta, name, None) for name in ("content", "reasoning_content", "reasoning")}, ts
+                )
         return not had_output and self.first_at is not None
 
     def _output(self, ts: float) -> None:
@@ -367,6 +408,9 @@ class StreamReader:
             "max_gap_at": self.max_gap_at,
             **self.reported,
         }
+        if self.first_reasoning_at is not None:  # a reasoning model: when it began to think, and to answer
+            attrs["first_reasoning_at"] = self.first_reasoning_at
+            attrs["first_content_at"] = self.first_content_at
         return {k: v for k, v in attrs.items() if v is not None}
 
 

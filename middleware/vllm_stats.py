@@ -142,6 +142,9 @@ class HoplineStatLogger(StatLoggerBase):
         attempt = self.attempts.get(request_id)
         if attempt is not None:
             attrs["attempt"] = attempt
+        leg = self.attempts.leg(request_id)
+        if leg is not None:
+            attrs["leg"] = leg
         self._emitter.emit("engine.stats", request_id, **attrs)  # type: ignore[union-attr]
 
     def log_engine_initialized(self) -> None:

@@ -75,7 +75,7 @@ def test_the_findings_json_validates_against_its_types_and_schema(result):
     schema = findings_docs.findings_schema()
     names = schema["$defs"]["Pitfall"]["properties"]["name"]["enum"]
     assert names == ["user_vs_engine_gap", "new_connection_per_request", "long_prefill_stall", "no_max_tokens",
-                     "verbose_outputs", "failover"]  # fmt: skip
+                     "verbose_outputs", "failover", "prefix_cache_miss"]  # fmt: skip
     assert all(p["name"] in names for p in result["findings"] + result["minor"] if p["kind"] == "pitfall")
     bad = {**result, "findings": [{**result["findings"][0], "undocumented": 1}]}
     with pytest.raises(ValueError, match="undocumented"):

@@ -3,14 +3,16 @@ a renderer whose keys differ from the contract's stages fails here."""
 
 from __future__ import annotations
 
-from hopline.middleware.contract import TIME_STAGES, VIEWS
+from hopline.middleware.contract import STAGES, TIME_STAGES, VIEWS
 from hopline.middleware.contract.rules import LOOK, STAGE_ORDER, TTFT_PARTS, VIEW_LOOK
 
 
 def test_vocabulary_names_every_stage_once():
     assert sorted(STAGE_ORDER) == sorted(TIME_STAGES)
     assert tuple(VIEW_LOOK) == VIEWS
-    assert set(TTFT_PARTS) == set(TIME_STAGES) - {"decode"}
+    # everything but the phases after the first token (decode, and reasoning within it)
+    assert {s.name for s in STAGES if s.kind == "phase"} == {"decode", "reasoning"}
+    assert set(TTFT_PARTS) == set(TIME_STAGES) - {"decode", "reasoning"}
 
 
 def test_terminal_and_html_renderers_cover_exactly_the_stages():

@@ -14,6 +14,7 @@ from hopline.analyzer.findings.long_prefill_stall import LongPrefillStall
 from hopline.analyzer.findings.model import Finding
 from hopline.analyzer.findings.new_connection_per_request import NewConnectionPerRequest
 from hopline.analyzer.findings.no_max_tokens import NoMaxTokens
+from hopline.analyzer.findings.prefix_cache_miss import PrefixCacheMiss
 from hopline.analyzer.findings.shifts.detector import StageShifts
 from hopline.analyzer.findings.user_vs_engine_gap import UserVsEngineGap
 from hopline.analyzer.findings.verbose_outputs import VerboseOutputs
@@ -28,6 +29,7 @@ REGISTRY: tuple[Detector, ...] = (
     NoMaxTokens(),
     VerboseOutputs(),
     Failover(),
+    PrefixCacheMiss(),
 )
 
 

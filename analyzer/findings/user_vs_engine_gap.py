@@ -1,6 +1,8 @@
 """``user_vs_engine_gap``: users wait far longer for the first token than the engine takes;
 which of connect / network / gateway takes the difference. Its cost is the gap beyond
-``gap_min_ms``, spent in that part."""
+``gap_min_ms``, spent in that part. With disaggregated prefill/decode the engines' TTFT is the
+prefill instance's whole answer plus the decode instance's TTFT (``engine_time``): the prefill
+leg is engine time, not a gap."""
 
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ class UserVsEngineGap(Detector):
 
     def detect(self, frame: pl.DataFrame, ctx: Context) -> list[Pitfall]:
         both = frame.filter(pl.col("client_ttft").is_not_null() & pl.col("engine_ttft").is_not_null())
+        both = both.with_columns(engine_ttft=engine_time(both))
         scopes = scoped(both, "service", self.min_requests)
         hits = []
         for scope, part in scopes:
@@ -36,6 +39,7 @@ class UserVsEngineGap(Detector):
         return narrow(hits, len(scopes))
 
     def _judge(self, scope: dict, part: pl.DataFrame) -> Pitfall | None:
+        """``part``'s ``engine_ttft`` is ``engine_time``'s."""
         s = part.select(
             user=pl.col("client_ttft").median(),
             engine=pl.col("engine_ttft").median(),
@@ -66,3 +70,11 @@ class UserVsEngineGap(Detector):
             "main": main,
         }
         return pitfall(self.name, scope, part.height, evidence, summary, s["excess"], main)
+
+
+def engine_time(frame: pl.DataFrame) -> pl.Expr:
+    """The engines' part of the TTFT: the engine's TTFT, plus a P/D prefill instance's arrival to
+    its answer (``prefill_last - prefill_received``, on its own clock) where there was one."""
+    if "prefill_last" not in frame.columns or "prefill_received" not in frame.columns:
+        return pl.col("engine_ttft")
+    return pl.col("engine_ttft") + (pl.col("prefill_last") - pl.col("prefill_received")).fill_null(0.0)

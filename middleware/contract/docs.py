@@ -73,6 +73,8 @@ def _formula(formula: c.Formula) -> str:
         cond.append("streaming" if formula.stream else "non-streaming")
     if formula.when_null:
         cond.append("when " + ", ".join(formula.when_null) + " null")
+    if formula.when_set:
+        cond.append("when " + ", ".join(formula.when_set) + " set")
     return f"`{text}`" + (f" ({'; '.join(cond)})" if cond else "")
 
 
@@ -101,6 +103,18 @@ def render() -> str:
     out += _table(("attribute", "meaning"), [(f"`{k}`", v) for k, v in CLIENT_SENT_MEANINGS.items()])
     out += ["### Hops", "", "In the order a healthy streaming request meets them, by component.", ""]
     out += _table(("hop", "final", "meaning"), [(f"`{h}`", "yes" if h in r.ENDING_OF_HOP else "", HOP_MEANINGS[h]) for h in c.HOPS])
+    out += [
+        "### Disaggregated prefill/decode (P/D)",
+        "",
+        "A P/D request meets two engines under one request ID and one attempt: the P/D proxy calls "
+        "`forwarded(upstream, leg=...)` once per leg (`gateway.forwarded` with `leg`: "
+        + " then ".join(f"`{leg}`" for leg in c.LEGS)
+        + ") and sends `X-Hopline-Leg`, so each engine's events carry their `leg`. The prefill instance's engine "
+        "events are read under names of their own (never emitted), so every rule that reads `engine.*` sees the "
+        "decode instance, which streams the answer:",
+        "",
+    ]
+    out += _table(("event", "with `leg`", "is read as"), [(f"`{h}`", f"`{c.PREFILL_LEG}`", f"`{n}`") for h, n in c.LEG_HOPS.items()])
     out += [
         "## Stages",
         "",
@@ -140,7 +154,7 @@ def render() -> str:
         + [("`incomplete`", "", "otherwise", "")],
     )
     out += ["### Scope", "", "First source with a value; within a source, the event of the highest attempt carrying the field (the lowest where marked *first attempt*).", ""]
-    out += _table(("attribute", "sources"), [(f"`{k}`", ", ".join(f"{s.where} `{s.field}`" + (" (first attempt)" if s.first else "") for s in v)) for k, v in r.SCOPE_SOURCES.items()])
+    out += _table(("attribute", "sources"), [(f"`{k}`", ", ".join(f"{s.where} `{s.field}`" + (" (first attempt)" if s.first else "") + (f" (leg `{s.leg}`)" if s.leg else "") for s in v)) for k, v in r.SCOPE_SOURCES.items()])
     out += ["### Expected hops", "", "Absent ones are listed as `missing`, in this order, for the components that reported.", ""]
     out += _table(
         ("hop", "attempt", "when"),

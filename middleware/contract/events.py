@@ -64,6 +64,26 @@ def component(hop: str) -> str:
     return hop.partition(".")[0]
 
 
+# Disaggregated prefill/decode (P/D): one request meets two engines under one request ID and one
+# attempt, the prefill instance (events with ``leg`` = ``prefill``) and then the decode instance.
+# The prefill instance's engine events are read as hops of their own, ``prefill.*`` (``read_hop``;
+# never emitted, never a component of the outcome rules), so every rule that reads ``engine.*``
+# sees the decode instance, which streams the answer, and the stage table reads the prefill
+# instance by these names. A gateway.forwarded keeps its name whatever its leg: the prefill leg's
+# is the earlier, so ``gateway`` ends where the prefill leg starts.
+PREFILL_LEG = "prefill"
+DECODE_LEG = "decode"
+LEGS = (PREFILL_LEG, DECODE_LEG)
+LEG_HOPS: dict[str, str] = {hop: f"{PREFILL_LEG}.{hop.partition('.')[2]}" for hop in ENGINE_HOPS}
+PREFILL_HOPS: tuple[str, ...] = tuple(LEG_HOPS.values())
+ALL_HOPS: tuple[str, ...] = HOPS + PREFILL_HOPS  # every name an event is read as (read_hop)
+
+
+def read_hop(hop: str, leg: object) -> str:
+    """The name an event is read as: a prefill leg's engine hop is ``prefill.*`` (``LEG_HOPS``)."""
+    return LEG_HOPS.get(hop, hop) if leg == PREFILL_LEG else hop
+
+
 # Fields every event may carry, with their JSON types; everything else is an attribute.
 CORE_FIELDS = ("v", "eid", "ts", "request_id", "hop", "attempt", "service", "replica", "model")
 ATTRIBUTE_TYPES: dict[str, tuple[type, ...]] = {
@@ -113,6 +133,24 @@ ATTRIBUTE_TYPES: dict[str, tuple[type, ...]] = {
     "kv_blocks_new": (int,),
     "kv_blocks_reused": (int,),
     "kv_blocks_missed": (int,),
+    # disaggregated prefill/decode (P/D): which leg of the request an event belongs to,
+    # ``prefill`` (the instance that computes the prompt's KV) or ``decode`` (the instance the KV is
+    # transferred to, which streams the answer), set by the P/D proxy's ``forwarded(leg=...)``
+    # (gateway.forwarded) and by the engines it sent the legs to (``X-Hopline-Leg``); see LEG_HOPS
+    "leg": (str,),
+    # on engine.stats: the KV transfer as the source measured it (the decode side's wait for the
+    # remote KV: SGLang's per-request transfer time, TensorRT-LLM's kv_cache_transfer_time) and the
+    # wait for the transfer's bootstrap / allocation before it, where the source reports them
+    "kv_transfer_s": (int, float), "kv_wait_s": (int, float),
+    # on *.last_token of a stream: when the first ``content`` delta and the first
+    # ``reasoning_content`` (``reasoning``) delta came, on the component's own clock (a reasoning
+    # model thinks first: its first token is reasoning, the user reads content later)
+    "first_content_at": (int, float), "first_reasoning_at": (int, float),
+    # speculative decoding: the request's mean acceptance length (tokens per verify step, the
+    # bonus token included) and its drafted / accepted draft tokens (vLLM's per-request
+    # ``metrics.speculative_decoding``: mean_acceptance_length, num_draft_tokens,
+    # num_accepted_draft_tokens), on engine.stats or the *.last_token that read the response
+    "spec_acceptance_length": (int, float), "spec_draft_tokens": (int,), "spec_accepted_tokens": (int,),
 }
 
 # How stored events are typed (the collector's Parquet files; the analyzer reads the same):
@@ -232,7 +270,7 @@ TS_MAX = 4_102_444_800.0  # 2100-01-01T00:00:00Z: later is a broken clock, not a
 MAX_DURATION_S = 7 * 86400.0  # a week: no hop of one request lasts longer
 MAX_NESTING = 32  # levels of arrays / objects inside one unknown attribute
 MAX_EVENT_BYTES = 64 * 1024  # one event's NDJSON line
-TIMESTAMP_ATTRIBUTES = frozenset({"max_gap_at"})
+TIMESTAMP_ATTRIBUTES = frozenset({"max_gap_at", "first_content_at", "first_reasoning_at"})
 # attribute -> (lowest, highest, what the message says it must be)
 _ATTRIBUTE_BOUNDS: dict[str, tuple[float, float, str]] = {
     name: (
@@ -424,11 +462,13 @@ class Formula:
 
     ``stream``: only for streaming (True) or non-streaming (False) requests.
     ``when_null``: only when every name listed is null (a fallback row of DESIGN.md).
+    ``when_set``: only when every name listed has a value (a P/D row: the prefill leg was seen).
     """
 
     terms: tuple[tuple[int, str], ...]
     stream: bool | None = None
     when_null: tuple[str, ...] = ()
+    when_set: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -445,12 +485,15 @@ class Stage:
     formulas: tuple[Formula, ...]
 
 
-def _f(*spec: str, stream: bool | None = None, when_null: tuple[str, ...] = ()) -> Formula:
+def _f(
+    *spec: str, stream: bool | None = None, when_null: tuple[str, ...] = (), when_set: tuple[str, ...] = ()
+) -> Formula:
     """``_f("a", "-b", "-c")`` == a - b - c."""
     return Formula(
         tuple((-1, s[1:]) if s.startswith("-") else (1, s) for s in spec),
         stream=stream,
         when_null=when_null,
+        when_set=when_set,
     )
 
 
@@ -486,6 +529,17 @@ INPUTS: tuple[Input, ...] = (
     Input("client_reported_queue_s", "client.last_token", "engine_queue_s"),
     Input("client_reported_prefill_s", "client.last_token", "engine_prefill_s"),
     Input("client_reported_decode_s", "client.last_token", "engine_decode_s"),
+    # P/D: the prefill instance (LEG_HOPS), measured on its own clock
+    Input("prefill_received", "prefill.received"),
+    Input("prefill_last", "prefill.last_token"),
+    Input("prefill_stats_queue_s", "prefill.stats", "queue_s"),
+    Input("prefill_stats_prefill_s", "prefill.stats", "prefill_s"),
+    # reasoning models: the first content and the first reasoning delta, each on its reader's clock
+    *(
+        Input(f"{view}_first_{channel}", f"{view}.last_token", f"first_{channel}_at")
+        for view in ("client", "gateway", "engine")
+        for channel in ("content", "reasoning")
+    ),
 )
 # Per-request attributes that are not stage inputs: first hop in the list that carries it wins.
 ATTRIBUTE_SOURCES: dict[str, tuple[str, ...]] = {
@@ -493,7 +547,8 @@ ATTRIBUTE_SOURCES: dict[str, tuple[str, ...]] = {
     "n": ("engine.received", "client.sent"),
     "output_tokens": ("client.last_token", "engine.last_token", "engine.stats", "gateway.last_token"),
     "prompt_tokens": ("engine.stats", "engine.received", "client.last_token", "engine.last_token"),
-    "cached_tokens": ("engine.stats", "engine.last_token"),
+    # P/D: the prefill instance's cache is the one that saves prefill time
+    "cached_tokens": ("prefill.stats", "engine.stats", "engine.last_token"),
     "max_tokens": ("engine.received", "client.sent", "engine.stats"),
     "max_tokens_set": ("engine.received", "client.sent"),
     "finish_reason": ("client.last_token", "engine.last_token", "gateway.last_token"),
@@ -504,9 +559,22 @@ ATTRIBUTE_SOURCES: dict[str, tuple[str, ...]] = {
     "pool_limit": ("client.sent",),
     "loop_lag_s": ("client.sent", "client.first_token"),
     "upstream": ("gateway.forwarded",),
+    # P/D: the KV transfer and its bootstrap / allocation wait as the source reported them (the
+    # decode side first); speculative decoding's acceptance (the engine's report, else a reader's)
+    "kv_transfer_s": ("engine.stats", "prefill.stats"),
+    "kv_wait_s": ("engine.stats", "prefill.stats"),
+    "spec_acceptance_length": ("engine.stats", "engine.last_token", "gateway.last_token", "client.last_token"),
+    "spec_draft_tokens": ("engine.stats", "engine.last_token", "gateway.last_token", "client.last_token"),
+    "spec_accepted_tokens": ("engine.stats", "engine.last_token", "gateway.last_token", "client.last_token"),
 }
 
 NO_ENGINE_NO_GATEWAY = ("engine_received", "gateway_received")  # a fallback row's condition
+# P/D rows apply when the prefill instance was seen; the one-engine rows when it was not (the
+# two never both apply, so their order does not matter: the one-engine rows come first)
+PD = ("prefill_received",)
+# the prefill instance's time from arrival to its answer (its engine_e2e): out of the P/D
+# proxy's view between its two forwards, so the remainder (network) never counts it
+PREFILL_LEG_E2E = ("-prefill_last", "prefill_received")
 STAGES: tuple[Stage, ...] = (
     # views: what each component sees
     Stage("client_ttft", "view", (_f("client_first", "-client_sent", stream=True),)),
@@ -515,6 +583,10 @@ STAGES: tuple[Stage, ...] = (
     Stage("gateway_e2e", "view", (_f("gateway_last", "-gateway_received"),)),
     Stage("engine_ttft", "view", (_f("engine_first", "-engine_received", stream=True),)),
     Stage("engine_e2e", "view", (_f("engine_last", "-engine_received"),)),
+    # reasoning models: time to the first *content* token (a view's TTFT counts reasoning too)
+    Stage("client_content_ttft", "view", (_f("client_first_content", "-client_sent", stream=True),)),
+    Stage("gateway_content_ttft", "view", (_f("gateway_first_content", "-gateway_received", stream=True),)),
+    Stage("engine_content_ttft", "view", (_f("engine_first_content", "-engine_received", stream=True),)),
     # the terms of client_ttft (or of client_e2e for a non-streaming request)
     Stage("client_delay", "stage", (_f("client_delay_s"),)),
     Stage("connect", "stage", (_f("pool_wait_s", "connect_s", "tls_s"),)),
@@ -523,47 +595,75 @@ STAGES: tuple[Stage, ...] = (
         "queue",
         "stage",
         (
-            _f("stats_queue_s"),
-            _f("engine_scheduled", "-engine_received"),
-            _f("gateway_reported_queue_s"),
-            _f("client_reported_queue_s"),
+            _f("stats_queue_s", when_null=PD),
+            _f("engine_scheduled", "-engine_received", when_null=PD),
+            _f("gateway_reported_queue_s", when_null=PD),
+            _f("client_reported_queue_s", when_null=PD),
+            _f("prefill_stats_queue_s", when_set=PD),  # P/D: the prefill instance's queue
         ),
     ),
     Stage(
         "prefill",
         "stage",
         (
-            _f("stats_prefill_s"),
-            _f("engine_first", "-engine_scheduled", stream=True),
-            _f("gateway_reported_prefill_s"),
-            _f("client_reported_prefill_s"),
+            _f("stats_prefill_s", when_null=PD),
+            _f("engine_first", "-engine_scheduled", stream=True, when_null=PD),
+            _f("gateway_reported_prefill_s", when_null=PD),
+            _f("client_reported_prefill_s", when_null=PD),
+            _f("prefill_stats_prefill_s", when_set=PD),  # P/D: the prefill instance's prefill
         ),
     ),
-    Stage("frontend", "stage", (_f("engine_ttft", "-queue", "-prefill"),)),
+    # P/D: the decode instance's time before its first token: waiting for the prefill instance's
+    # KV (vLLM counts WAITING_FOR_REMOTE_KVS in its queue) and the forward that loads it and makes
+    # the first token; without the decode instance's stats, its whole TTFT (frontend included)
+    Stage(
+        "kv_transfer",
+        "stage",
+        (
+            _f("stats_queue_s", "stats_prefill_s", when_set=(*PD, "queue")),
+            _f("engine_ttft", when_set=PD),
+        ),
+    ),
+    Stage(
+        "frontend",
+        "stage",
+        (
+            _f("engine_ttft", "-queue", "-prefill", when_null=PD),
+            # P/D: both instances' HTTP, chat template and tokenization
+            _f("prefill_last", "-prefill_received", "-queue", "-prefill", "engine_ttft", "-kv_transfer", when_set=PD),
+        ),
+    ),
     Stage(
         "engine",
         "fallback",
         (
-            _f("engine_ttft", when_null=("queue",)),
-            _f("engine_e2e", stream=False, when_null=("queue",)),
+            _f("engine_ttft", when_null=("queue", *PD)),
+            _f("engine_e2e", stream=False, when_null=("queue", *PD)),
+            _f("prefill_last", "-prefill_received", when_set=PD, when_null=("queue",)),
         ),
     ),
     Stage(
         "network",
         "stage",
         (
-            _f("client_ttft", "-client_delay", "-connect", "-gateway", "-engine_ttft"),
-            _f("client_ttft", "-client_delay", "-connect", "-engine_ttft"),
-            _f("client_e2e", "-client_delay", "-connect", "-gateway", "-engine_e2e", stream=False),
-            _f("client_e2e", "-client_delay", "-connect", "-engine_e2e", stream=False),
+            _f("client_ttft", "-client_delay", "-connect", "-gateway", "-engine_ttft", when_null=PD),
+            _f("client_ttft", "-client_delay", "-connect", "-engine_ttft", when_null=PD),
+            _f("client_e2e", "-client_delay", "-connect", "-gateway", "-engine_e2e", stream=False, when_null=PD),
+            _f("client_e2e", "-client_delay", "-connect", "-engine_e2e", stream=False, when_null=PD),
+            _f("client_ttft", "-client_delay", "-connect", "-gateway", *PREFILL_LEG_E2E, "-engine_ttft", when_set=PD),
+            _f(
+                "client_e2e", "-client_delay", "-connect", "-gateway", *PREFILL_LEG_E2E, "-engine_e2e",
+                stream=False, when_set=PD,
+            ),
         ),
     ),
     Stage(
         "upstream_network",
         "fallback",
         (
-            _f("gateway_ttft", "-gateway", "-engine_ttft", when_null=("client_sent",)),
-            _f("gateway_e2e", "-gateway", "-engine_e2e", stream=False, when_null=("client_sent",)),
+            _f("gateway_ttft", "-gateway", "-engine_ttft", when_null=("client_sent", *PD)),
+            _f("gateway_e2e", "-gateway", "-engine_e2e", stream=False, when_null=("client_sent", *PD)),
+            _f("gateway_ttft", "-gateway", *PREFILL_LEG_E2E, "-engine_ttft", when_set=PD, when_null=("client_sent",)),
         ),
     ),
     Stage(
@@ -608,11 +708,22 @@ STAGES: tuple[Stage, ...] = (
             _f("client_reported_decode_s"),
         ),
     ),
+    # reasoning models: from the first reasoning delta to the first content delta (part of
+    # decode when the model thinks first), on one reader's clock: the engine's, else the nearest
+    Stage(
+        "reasoning",
+        "phase",
+        (
+            _f("engine_first_content", "-engine_first_reasoning"),
+            _f("gateway_first_content", "-gateway_first_reasoning"),
+            _f("client_first_content", "-client_first_reasoning"),
+        ),
+    ),
 )
 STAGE_NAMES = tuple(s.name for s in STAGES)
 # The terms of the TTFT sum, in the order a request meets them (DESIGN.md):
-# client_ttft == client_delay + connect + network + gateway + frontend + queue + prefill
-TTFT_STAGES = ("client_delay", "connect", "network", "gateway", "frontend", "queue", "prefill")
+# client_ttft == client_delay + connect + network + gateway + frontend + queue + prefill (+ kv_transfer: P/D)
+TTFT_STAGES = ("client_delay", "connect", "network", "gateway", "frontend", "queue", "prefill", "kv_transfer")
 # Everything that can be reported as time spent somewhere (terms, fallbacks, decode).
 TIME_STAGES = tuple(s.name for s in STAGES if s.kind != "view")
 VIEWS = ("client", "gateway", "engine")
@@ -634,10 +745,10 @@ RATIOS: tuple[Ratio, ...] = (
 
 
 def _pick(events: Iterable[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
-    """For each hop, the event of the highest attempt (earliest ts on a tie)."""
+    """For each hop (as ``read_hop`` names it), the event of the highest attempt (earliest ts on a tie)."""
     chosen: dict[str, Mapping[str, Any]] = {}
     for ev in events:
-        hop = ev["hop"]
+        hop = read_hop(ev["hop"], ev.get("leg"))
         cur = chosen.get(hop)
         key = (ev.get("attempt", 0), -ev["ts"])
         if cur is None or key > (cur.get("attempt", 0), -cur["ts"]):
@@ -674,6 +785,8 @@ def evaluate(values: dict[str, Any]) -> dict[str, float | None]:
             if formula.stream is not None and stream is not formula.stream:
                 continue
             if any(values.get(name) is not None for name in formula.when_null):
+                continue
+            if any(values.get(name) is None for name in formula.when_set):
                 continue
             total = 0.0
             for sign, name in formula.terms:

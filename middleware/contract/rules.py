@@ -37,6 +37,7 @@ from hopline.middleware.contract import (
     VIEWS,
     component,
     is_valid_trace_id,
+    read_hop,
 )
 
 COMPONENTS = ("client", "gateway", "engine")  # nearest the user first
@@ -186,11 +187,13 @@ def request_outcome(events: Iterable[Mapping[str, Any]]) -> str:
 @dataclass(frozen=True)
 class Source:
     """Read ``field`` from the events of ``where`` (a component, or one hop); ``first``: from the
-    lowest attempt carrying it instead of the highest (where a request went first, what failed)."""
+    lowest attempt carrying it instead of the highest (where a request went first, what failed);
+    ``leg``: only from events of that P/D leg (their ``leg`` attribute)."""
 
     where: str
     field: str
     first: bool = False
+    leg: str | None = None
 
 
 # A request's scope attributes: the first source with a value wins; within a source, the event
@@ -210,6 +213,11 @@ SCOPE_SOURCES: dict[str, tuple[Source, ...]] = {
     "route": (Source("gateway", "route"), Source("client", "route"), Source("engine", "route")),
     "first_replica": (Source("engine", "replica", first=True), Source("gateway.forwarded", "upstream", first=True)),
     "failed_replica": (Source("engine.error", "replica", first=True),),
+    # P/D: the instance that prefilled (its own events, read as ``prefill.*``, else where the
+    # proxy sent the prefill leg) and the one that decoded (the engine's events of the decode leg,
+    # else the proxy's decode forward); null for a request served by one engine
+    "prefill_replica": (Source("prefill", "replica"), Source("gateway.forwarded", "upstream", leg="prefill")),
+    "decode_replica": (Source("engine", "replica", leg="decode"), Source("gateway.forwarded", "upstream", leg="decode")),
 }
 # The scopes every report and metric is cut by (bounded label values); the others are searched
 # by the analyzer when present with few values.
@@ -277,15 +285,17 @@ _STREAM_RANK = {hop: rank for rank, hop in enumerate(ATTRIBUTE_SOURCES["stream"]
 
 
 # Per hop, what one pass over a request's events must note: (component, ending kind or None,
-# the scope sources it can feed as (scope name, source rank, field, attempt sign: -1 highest first)).
-_HOP_PLAN: dict[str, tuple[str, str | None, tuple[tuple[str, int, str, int], ...]]] = {}
+# the scope sources it can feed as (scope name, source rank, field, attempt sign: -1 highest
+# first, the P/D leg the source asks for or None)).
+_HOP_PLAN: dict[str, tuple[str, str | None, tuple[tuple[str, int, str, int, str | None], ...]]] = {}
+_COMPONENT_SET = frozenset(COMPONENTS)
 
 
-def _plan(hop: str) -> tuple[str, str | None, tuple[tuple[str, int, str, int], ...]]:
+def _plan(hop: str) -> tuple[str, str | None, tuple[tuple[str, int, str, int, str | None], ...]]:
     plan = _HOP_PLAN.get(hop)
     if plan is None:
         feeds = tuple(
-            (name, rank, source.field, 1 if source.first else -1)
+            (name, rank, source.field, 1 if source.first else -1, source.leg)
             for name, sources in SCOPE_SOURCES.items()
             for rank, source in enumerate(sources)
             if _in(source, hop)
@@ -305,10 +315,20 @@ def describe_request(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     best: dict[str, tuple[int, int, float, Any]] = {}  # scope name -> (rank, ±attempt, ts, value)
     stream: tuple[int, Any] | None = None
     for ev in events:
-        hop = ev["hop"]
+        leg = ev.get("leg")
+        hop = read_hop(ev["hop"], leg)
         comp, kind, feeds = _plan(hop)
         attempt = ev.get("attempt", 0)
         ts = ev["ts"]
+        for name, rank, field, sign, want_leg in feeds:
+            value = ev.get(field)
+            if value is not None and (want_leg is None or leg == want_leg):
+                key = (rank, sign * attempt, ts, value)
+                cur_best = best.get(name)
+                if cur_best is None or key[:3] < cur_best[:3]:
+                    best[name] = key
+        if comp not in _COMPONENT_SET:  # a P/D prefill leg's engine hop: read by scopes and stages only
+            continue
         if comp not in top or attempt > top[comp]:
             top[comp] = attempt
         final.setdefault(comp, None)
@@ -321,13 +341,6 @@ def describe_request(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
             cur = final[comp]
             if cur is None or (attempt, ts) > cur[:2]:
                 final[comp] = (attempt, ts, ev)
-        for name, rank, field, sign in feeds:
-            value = ev.get(field)
-            if value is not None:
-                key = (rank, sign * attempt, ts, value)
-                cur_best = best.get(name)
-                if cur_best is None or key[:3] < cur_best[:3]:
-                    best[name] = key
         if hop in _STREAM_RANK and ev.get("stream") is not None:
             rank = _STREAM_RANK[hop]
             if stream is None or rank < stream[0]:
@@ -408,6 +421,15 @@ STAGE_LOOKS: tuple[Look, ...] = (
     Look("queue", "queue", "#d62728", "red", True, "engine"),
     Look("prefill", "prefill", "#2ca02c", "green", True, "engine"),
     Look("engine", "engine", "#ff9896", "bright_red", True, "engine", ("frontend", "queue", "prefill")),
+    Look(
+        "kv_transfer", "KV transfer", "#e377c2", "bright_magenta", True, "engine",
+        phrase="KV transfer time",
+        meaning="the decode instance waited longer for the prefill instance's KV cache",
+    ),
+    Look(
+        "reasoning", "reasoning", "#c5b0d5", "bright_magenta", False, "engine",
+        meaning="the model thought longer before its first content token",
+    ),
     Look("decode", "decode", "#aec7e8", "bright_blue", False, "engine"),
 )
 VIEW_LOOKS: tuple[Look, ...] = (

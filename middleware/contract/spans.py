@@ -25,6 +25,9 @@ Versions read for the rows (cited again in tests/middleware/test_spans.py):
   ``"{role} Req {rid[:8]}"`` with ``rid``; stage spans ``prefill_waiting``, ``prefill_forward``);
   its root's ``time_in_model_prefill`` counts the queue, so queue and prefill come from the stage
   spans, never from that attribute;
+* SGLang PD mode, sgl-project/sglang main @ 00ce49e05 (``observability/req_time_stats.py``:
+  ``RequestStage``, the ``decode_transferred`` slice) and @ 02a580880 (``observability/trace.py``:
+  the root span ``f"{role} Req {rid[:8]}"``, role ``prefill`` / ``decode``, with ``bootstrap_room``);
 * opentelemetry-instrumentation-openai-v2 2.4b0 with opentelemetry-util-genai 1.3b0: CLIENT span
   ``"chat {model}"``; the first chunk is ``gen_ai.response.time_to_first_chunk`` (seconds after
   the start), which util-genai sets only when the stream wrapper reports chunks (2.4b0's own
@@ -57,7 +60,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hopline.middleware.contract import is_valid_trace_id, normalize_request_id
+from hopline.middleware.contract import DECODE_LEG, PREFILL_LEG, is_valid_trace_id, normalize_request_id
 from hopline.middleware.contract.rules import trace_stand_in
 
 # --- the table's vocabulary ------------------------------------------------------------------------
@@ -123,6 +126,7 @@ class SpanSource:
     request_id: tuple[str, ...] = ()
     stand_in: str = "span"
     model: tuple[str, ...] = ()
+    leg: str | None = None  # a P/D leg every event of the span belongs to (contract.LEGS)
     _name_re: re.Pattern | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -197,6 +201,36 @@ def _request_span_hops(stats: tuple) -> tuple[HopRow, ...]:
     )
 
 
+_SGLANG_PD = "sglang main @ 00ce49e05 (observability/req_time_stats.py), @ 02a580880 (observability/trace.py)"
+
+
+def _sglang_root(name_re: str, leg: str | None) -> SpanSource:
+    """SGLang's request span (a PD instance's names its role: its events carry that leg)."""
+    return SpanSource(
+        source="sglang" if leg is None else f"sglang.{leg}",
+        version="sglang main @ bc8b3ab1f" if leg is None else _SGLANG_PD,
+        name_re=name_re,
+        has=("rid",),
+        request_id=("gen_ai.request.id", "rid"),
+        model=("gen_ai.response.model",),
+        leg=leg,
+        hops=(
+            HopRow("engine.received", At("start"), (("max_tokens", _v("gen_ai.request.max_tokens", "int")),)),
+            HopRow("engine.first_token", At("start", plus=Value(_VLLM_LATENCY + "time_to_first_token", "s"))),
+            HopRow(
+                "engine.last_token",
+                At("end"),
+                (
+                    ("output_tokens", _v("gen_ai.usage.completion_tokens", "int")),
+                    ("prompt_tokens", _v("gen_ai.usage.prompt_tokens", "int")),
+                    ("cached_tokens", _v("gen_ai.usage.cached_tokens", "int")),
+                    ("finish_reason", _v("gen_ai.response.finish_reasons", "first")),
+                ),
+            ),
+        ),
+    )
+
+
 SPAN_SOURCES: tuple[SpanSource, ...] = (
     # TensorRT-LLM's request span: vLLM's name and kind, so it comes first and is told apart by the
     # KV-transfer time it always sets (seconds; 0.0 without disaggregated serving). No prefill or
@@ -234,28 +268,11 @@ SPAN_SOURCES: tuple[SpanSource, ...] = (
     ),
     # SGLang's request span: arrival, first token, end, tokens. Not its time_in_model_prefill
     # (first token - dispatch: it counts the queue); queue and prefill come from the stage spans.
-    SpanSource(
-        source="sglang",
-        version="sglang main @ bc8b3ab1f",
-        name_re=r"(.+ )?Req \S+",
-        has=("rid",),
-        request_id=("gen_ai.request.id", "rid"),
-        model=("gen_ai.response.model",),
-        hops=(
-            HopRow("engine.received", At("start"), (("max_tokens", _v("gen_ai.request.max_tokens", "int")),)),
-            HopRow("engine.first_token", At("start", plus=Value(_VLLM_LATENCY + "time_to_first_token", "s"))),
-            HopRow(
-                "engine.last_token",
-                At("end"),
-                (
-                    ("output_tokens", _v("gen_ai.usage.completion_tokens", "int")),
-                    ("prompt_tokens", _v("gen_ai.usage.prompt_tokens", "int")),
-                    ("cached_tokens", _v("gen_ai.usage.cached_tokens", "int")),
-                    ("finish_reason", _v("gen_ai.response.finish_reasons", "first")),
-                ),
-            ),
-        ),
-    ),
+    # In PD mode the root is named after the instance's role (``f"{role} Req {rid[:8]}"``,
+    # TraceReqContext.trace_req_start), which is the request's leg on that instance.
+    _sglang_root(r"prefill Req \S+", PREFILL_LEG),
+    _sglang_root(r"decode Req \S+", DECODE_LEG),
+    _sglang_root(r"(.+ )?Req \S+", None),
     # SGLang's scheduler stage spans (children of the request span, no request ID of their own):
     # the end of waiting is when prefill starts; prefill_forward's length is the prefill.
     SpanSource(
@@ -271,6 +288,20 @@ SPAN_SOURCES: tuple[SpanSource, ...] = (
         name="prefill_forward",
         stand_in="trace",
         hops=(HopRow("engine.stats", At("end"), (("prefill_s", _v("@duration", "s")),)),),
+    ),
+    # SGLang PD, the decode instance's wait for the KV: ``decode_transferred`` spans from its transfer
+    # queue entry to its wait queue entry (RequestStage.DECODE_TRANSFERRED, set_wait_queue_entry_time
+    # in observability/req_time_stats.py). The request's engine.stats is one event (the contract picks
+    # one per hop): where SGLang also exports the prefill instance's prefill_forward, that one ends
+    # earlier and is the one read, and the transfer stays unknown (kv_transfer falls back to the
+    # decode instance's TTFT).
+    SpanSource(
+        source="sglang.decode_transferred",
+        version=_SGLANG_PD,
+        name="decode_transferred",
+        stand_in="trace",
+        leg=DECODE_LEG,
+        hops=(HopRow("engine.stats", At("end"), (("kv_transfer_s", _v("@duration", "s")),)),),
     ),
     SpanSource(
         source="openai-v2",
@@ -447,6 +478,8 @@ def span_events(span: Mapping[str, Any], scope: Mapping[str, str]) -> tuple[str 
             return src.source, []
         request_id = trace_stand_in(trace_id, None if src.stand_in == "trace" else span.get("span_id"))
     common: dict[str, Any] = {"v": 1, "request_id": request_id, "attempt": 0, **scope}
+    if src.leg is not None:
+        common["leg"] = src.leg
     model = _read(span, [Value(a) for a in src.model])
     if model is not None:
         common["model"] = model

@@ -23,8 +23,8 @@ def cold() -> pl.DataFrame:
 
 def test_every_detector_is_registered_once_with_what_it_reads():
     names = [d.name for d in REGISTRY]
-    assert len(names) == len(set(names)) == 7
-    assert [d.kind for d in REGISTRY] == ["shift"] + ["pitfall"] * 6
+    assert len(names) == len(set(names)) == 8
+    assert [d.kind for d in REGISTRY] == ["shift"] + ["pitfall"] * 7
     assert all(d.needs and d.min_requests >= 1 for d in REGISTRY)
 
 

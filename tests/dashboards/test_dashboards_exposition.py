@@ -145,12 +145,12 @@ def test_every_vllm_series_queried_is_in_the_explicit_vllm_list(expressions):
     listed = {
         m.name + suffix
         for m in vllm_metrics.ALL
-        for suffix in (("_bucket", "_sum", "_count") if m.kind == "histogram" else ("",))
+        for suffix in {"histogram": ("_bucket", "_sum", "_count"), "counter": ("_total",)}.get(m.kind, ("",))
     }
     queried = {name for _, name, _ in _queried(expressions) if name.startswith("vllm:")}
     assert queried and queried <= listed, queried - listed
     # and every listed one is used: the list is the dashboards' dependency on vLLM, nothing more
-    assert {m.name for m in vllm_metrics.ALL} <= {re.sub(r"_(bucket|sum|count)$", "", n) for n in queried}
+    assert {m.name for m in vllm_metrics.ALL} <= {re.sub(r"_(bucket|sum|count|total)$", "", n) for n in queried}
 
 
 def test_every_vllm_series_and_label_queried_is_in_a_real_vllm_exposition(expressions):

@@ -223,7 +223,7 @@ def test_lifecycle_dashboard_has_what_the_issue_asks_for(dashboard_models, all_p
     # order and words, then the total (drawn unstacked)
     assert legends == [
         "client delay", "connect", "network", "gateway", "upstream network", "upstream", "engine frontend", "queue",
-        "prefill", "engine", "client TTFT (mean)",
+        "prefill", "engine", "KV transfer", "client TTFT (mean)",
     ]
     assert stacked["fieldConfig"]["defaults"]["custom"]["stacking"]["mode"] == "normal"
     total_ref = stacked["targets"][-1]["refId"]

@@ -184,6 +184,18 @@ def test_attempt_noted_by_the_middleware(emitter: Emitter) -> None:
     ]
 
 
+def test_pd_leg_noted_by_the_middleware_is_on_the_stats(emitter: Emitter) -> None:
+    """A P/D leg (``X-Hopline-Leg``) noted at attempt 0 is kept and named on engine.stats, so the
+    contract reads a prefill instance's stats as ``prefill.stats``; the attempt stays the default."""
+    attempts = AttemptRegistry()
+    stat_logger = HoplineStatLogger(VLLM_CONFIG, emitter=emitter, attempts=attempts)
+    attempts.note("pd-1", 0, "prefill")
+    attempts.note("pd-2", 1, "decode")
+    stat_logger.record(None, IterationStats([finished("chatcmpl-pd-1"), finished("chatcmpl-pd-2"), finished()]))
+    assert [(e["request_id"], e["attempt"], e.get("leg")) for e in emitted(emitter)] == [
+        ("pd-1", 0, "prefill"), ("pd-2", 1, "decode"), ("req-1", 0, None)]
+
+
 def test_follows_the_emitter_set_by_configure_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     """No HOPLINE_SINK, only configure(): active, also when configure() comes after vLLM built the
     logger, and it follows a later configure() to the new emitter."""

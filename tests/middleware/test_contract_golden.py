@@ -22,7 +22,8 @@ SPECS = [spec for c in CASES.values() for spec in requests_of(c).values()]
 def test_fixture_covers_every_stage_and_the_rows_design_asks_for():
     names = set(CASES)
     assert {"complete_streaming", "no_gateway", "no_client", "no_engine_split", "hosted_api",
-            "non_streaming", "failover", "client_retry", "negative_stage", "busy_client", "full_pool_hosted_api"} <= names
+            "non_streaming", "failover", "client_retry", "negative_stage", "busy_client", "full_pool_hosted_api",
+            "pd_disaggregated", "pd_without_stats_no_client", "reasoning_speculative"} <= names
     # every stage of the table takes a value in at least one case, so no formula goes untested
     seen = {k for c in SPECS for k, v in c["expected"].items() if v is not None}
     assert set(STAGE_NAMES) <= seen
@@ -61,7 +62,8 @@ def test_sum_cases_are_the_streaming_ones_with_both_ends():
         "agent_three_calls_one_trace", "busy_client", "client_cancel_mid_stream", "client_retry", "complete_streaming",
         "engine_499_after_client_finished", "error_event_client_missed", "error_in_200_stream", "failover",
         "mixed_sources_trace_join", "negative_stage", "never_finished", "no_engine_split", "no_gateway",
-        "otel_only_trace_join", "retry_after_429_then_success", "vllm_metrics_engine_middleware_without_stats",
+        "otel_only_trace_join", "pd_disaggregated", "reasoning_speculative", "retry_after_429_then_success",
+        "vllm_metrics_engine_middleware_without_stats",
     ]
 
 
@@ -70,6 +72,7 @@ def test_ttft_is_the_sum_of_its_stages(name):
     rid = next(r for r, spec in requests_of(CASES[name]).items() if spec["expected"]["client_ttft"] is not None)
     got = compute_stages(joined(CASES[name])[rid])
     engine_part = got["engine"] if got["queue"] is None else got["frontend"] + got["queue"] + got["prefill"]
+    engine_part += got["kv_transfer"] or 0.0  # P/D: the decode instance's wait for the KV and first forward
     total = got["client_delay"] + got["connect"] + got["network"] + (got["gateway"] or 0.0) + engine_part
     assert total == pytest.approx(got["client_ttft"], abs=GOLDEN["tolerance_s"])
 

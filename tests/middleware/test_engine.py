@@ -213,6 +213,26 @@ def test_failover_attempt_is_handed_to_the_vllm_stat_logger(mw):
     assert {(e["request_id"], e["attempt"]) for e in events} == {("req-9", 2), ("req-10", 0), ("req-11", 0), ("req-12", 3)}
 
 
+def test_a_pd_leg_header_tags_every_engine_event_and_the_vllm_stats(mw):
+    """A P/D proxy's ``X-Hopline-Leg`` (GatewayHops.forwarded(leg=...)): every engine event of the
+    request carries the leg, and the stat logger's engine.stats too (through the AttemptRegistry),
+    so the contract reads a prefill leg as ``prefill.*``; an unknown leg is ignored."""
+    emitter = mw.memory_emitter(service="engine", replica="p1", model="tiny")
+    attempts = AttemptRegistry()
+    app = EngineMiddleware(mw.fake_engine_app(), emitter=emitter, attempts=attempts)
+    stat_logger = HoplineStatLogger(None, emitter=emitter, attempts=attempts)
+    with mw.running_server(app) as url:
+        for rid, leg in (("pd-p", "prefill"), ("pd-d", "decode"), ("pd-x", "encode")):
+            headers = {"X-Request-Id": rid, "X-Hopline-Leg": leg}
+            assert httpx.post(url + "/v1/chat/completions", json=chat_body(), headers=headers).status_code == 200
+    assert (attempts.leg("pd-p"), attempts.get("pd-p"), attempts.leg("pd-d"), attempts.leg("pd-x")) == ("prefill", None, "decode", None)
+    assert stat_logger.attempts is attempts
+    events = mw.wait_for(emitter, lambda ev: sum(e["hop"] == "engine.last_token" for e in ev) == 3)
+    legs = {(e["request_id"], e["hop"]): e.get("leg") for e in events}
+    assert {legs[rid, hop] for rid in ("pd-p",) for hop in ("engine.received", "engine.first_token", "engine.last_token")} == {"prefill"}
+    assert legs["pd-d", "engine.last_token"] == "decode" and legs["pd-x", "engine.received"] is None
+
+
 def test_middleware_and_stat_logger_share_the_default_registry(mw):
     """vLLM constructs both itself, without arguments: they meet in the process-wide ATTEMPTS."""
     assert EngineMiddleware(mw.fake_engine_app(), emitter=mw.memory_emitter()).attempts is ATTEMPTS

@@ -186,3 +186,19 @@ def test_health_checks_pass_through_unobserved(mw):
     assert calls[0] == ("/health", None)
     assert calls[1][0] == "/v1/chat/completions" and HEX32.fullmatch(calls[1][1].decode())
     assert {e["hop"] for e in mw.events_of(emitter)} == {"gateway.received", "gateway.last_token"}
+
+
+def test_a_pd_proxy_forwards_each_leg_in_one_attempt_and_names_it(mw, monkeypatch):
+    """vLLM's disaggregated-serving proxy sends a request to a prefill instance, then to a decode
+    instance: one ``forwarded(leg=...)`` per leg, both attempt 0 (neither is a failover); a
+    retried decode leg is the next attempt. The headers tell each engine its leg."""
+    emitter = mw.memory_emitter()
+    monkeypatch.setattr(emit, "_default", emitter)
+    h = hops({"type": "http", "headers": [(b"x-request-id", b"pd-1")]})
+    assert h.forwarded("p1", leg="prefill") == {"X-Request-Id": "pd-1", "X-Hopline-Attempt": "0", "X-Hopline-Leg": "prefill"}
+    assert h.forwarded("d2", leg="decode") == {"X-Request-Id": "pd-1", "X-Hopline-Attempt": "0", "X-Hopline-Leg": "decode"}
+    assert h.forwarded("d3", leg="decode")["X-Hopline-Attempt"] == "1"
+    events = mw.events_of(emitter)
+    assert [(e["attempt"], e["upstream"], e["leg"]) for e in events] == [(0, "p1", "prefill"), (0, "d2", "decode"), (1, "d3", "decode")]
+    with pytest.raises(ValueError, match="leg must be one of prefill, decode, got 'encode'"):
+        h.forwarded("x", leg="encode")

@@ -31,7 +31,7 @@ import json
 
 import pytest
 from hopline.middleware.contract import compute_stages, validate_event
-from hopline.middleware.contract.rules import group_requests
+from hopline.middleware.contract.rules import describe_request, group_requests
 from hopline.middleware.contract.spans import SPAN_SOURCES, resource_scope, span_events
 
 T0 = 1_767_225_600_000_000_000  # 2026-01-01T00:00:00Z in ns
@@ -155,6 +155,48 @@ def test_sglang_request_span_and_stage_spans_make_one_request():
     assert got["decode"] == pytest.approx(2.5, abs=TOL)
     assert (got["prompt_tokens"], got["output_tokens"], got["cached_tokens"]) == (40, 100, 32)
     assert got["finish_reason"] == "length"
+
+
+def sglang_pd_spans():
+    """One request served by SGLang in PD mode (sgl-project/sglang main @ 00ce49e05,
+    observability/req_time_stats.py; @ 02a580880, observability/trace.py): the router's trace
+    reaches both instances, whose root spans are named after their role (``f"{role} Req
+    {rid[:8]}"``, attributes ``rid``, ``module``, ``bootstrap_room``); the decode instance's
+    ``decode_transferred`` slice runs from its transfer queue entry to its wait queue entry."""
+    rid = "9f1c2a7b44e34c6f9b4bd2d5c8f7a111"
+
+    def root(role, start_ms, ttft, e2e, span_id):
+        return {"name": f"{role} Req {rid[:8]}", "kind": "INTERNAL", "trace_id": TRACE, "span_id": span_id,
+                "start": T0 + start_ms * MS, "end": T0 + (start_ms + e2e * 1000) * MS, "status": "UNSET", "events": [],
+                "attributes": {"rid": rid, "module": "sglang::request", "bootstrap_room": "0x1f",
+                               "gen_ai.latency.time_to_first_token": ttft, "gen_ai.latency.e2e": e2e,
+                               "gen_ai.usage.prompt_tokens": 4000, "gen_ai.usage.completion_tokens": 1 if role == "prefill" else 100}}
+
+    transferred = {"name": "decode_transferred", "kind": "INTERNAL", "trace_id": TRACE, "span_id": "ddddddddddddddd1",
+                   "start": T0 + 30 * MS, "end": T0 + 290 * MS, "attributes": {}, "events": []}
+    return [root("prefill", 10, 0.25, 0.26, "aaaaaaaaaaaaaaa1"), root("decode", 5, 0.3, 2.3, "aaaaaaaaaaaaaaa2"), transferred]
+
+
+def test_sglang_pd_roots_name_their_leg_and_the_decode_transfer_is_an_attribute():
+    """The prefill instance's events are read as ``prefill.*``: ``engine`` is its whole time (no
+    stage spans here), ``kv_transfer`` the decode instance's TTFT, and the decode side's transfer
+    slice (260 ms) its reported transfer time."""
+    events, sources = [], []
+    for span, replica in zip(sglang_pd_spans(), ("p1", "d1", "d1")):
+        source, evs = span_events(span, {"service": "sglang", "replica": replica})
+        sources.append(source)
+        events += [validate_event(e) for e in evs]
+    assert sources == ["sglang.prefill", "sglang.decode", "sglang.decode_transferred"]
+    assert {e["leg"] for e in events} == {"prefill", "decode"}
+    (rid, evs), = group_requests(events).items()
+    # a span says nothing of streaming (the client's events do): stream as in the test above
+    got = compute_stages([{**e, "stream": True} if e["hop"] == "engine.received" else e for e in evs])
+    assert got["engine"] == pytest.approx(0.26, abs=TOL)  # the prefill instance: arrival to its end
+    assert got["kv_transfer"] == pytest.approx(0.3, abs=TOL)  # the decode instance's TTFT
+    assert got["kv_transfer_s"] == pytest.approx(0.26, abs=TOL)
+    assert got["decode"] == pytest.approx(2.0, abs=TOL) and got["queue"] is None
+    scope = describe_request(evs)["scope"]
+    assert (scope["prefill_replica"], scope["decode_replica"], scope["replica"]) == ("p1", "d1", "d1")
 
 
 def openai_v2_span(**attrs):

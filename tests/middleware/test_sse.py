@@ -263,3 +263,63 @@ def test_take_plain_counts_only_the_learnt_chunk_and_tracks_the_gap():
     assert reader.take_plain(chat({"content": "c"}), 4.5)
     assert not reader.take_plain(chat({}, "length"), 5.0) and not reader.take_plain(DONE, 5.0)
     assert (reader.output_chunks, reader.max_gap_s, reader.max_gap_at) == (3, 3.0, 1.0)
+
+
+# A reasoning model's stream as vLLM 0.32.0 sends it with a reasoning parser: role chunk, the
+# thinking as ``reasoning_content`` deltas (vllm/entrypoints/openai/chat_completion/serving.py
+# puts the parser's reasoning there), then the answer as ``content``.
+REASONING_STREAM = [
+    ROLE,
+    chat({"reasoning_content": "let"}),
+    chat({"reasoning_content": " me think"}),
+    chat({"content": "42"}),
+    chat({"content": "."}),
+    chat({}, "stop"),
+    DONE,
+]
+
+
+def test_a_reasoning_stream_reports_its_first_reasoning_and_first_content_delta():
+    """TTFT counts the first reasoning delta (chunk 1); the user reads content from chunk 3."""
+    reader, firsts = read(REASONING_STREAM, [10.0, 10.5, 11.0, 12.5, 13.0, 13.1, 13.2])
+    assert firsts == [1] and reader.first_at == 10.5
+    summary = reader.summary()
+    assert (summary["first_reasoning_at"], summary["first_content_at"]) == (10.5, 12.5)
+    assert summary["output_chunks"] == 4
+
+
+def test_first_content_is_read_the_same_through_the_plain_chunk_fast_path():
+    """Content after reasoning, fed in one batch (as the middlewares read kept chunks): the
+    template learnt from the first content chunk counts the rest without decoding."""
+    reader = StreamReader()
+    assert reader.feed(REASONING_STREAM[0], 0.0) is False
+    assert reader.feed(REASONING_STREAM[1], 1.0) is True
+    rest = REASONING_STREAM[2:] + [chat({"content": "x"})] * 5
+    reader.feed_batch(rest, [2.0 + i for i in range(len(rest))])
+    assert (reader.first_reasoning_at, reader.first_content_at) == (1.0, 3.0)
+    assert reader.output_chunks == 9
+
+
+def test_a_stream_without_reasoning_first_reports_neither_time():
+    """A plain answer (and one whose reasoning comes after content) adds no attribute: TTFT is
+    already the first content token."""
+    assert "first_content_at" not in read(STREAM)[0].summary()
+    late = read([ROLE, chat({"content": "a"}), chat({"reasoning_content": "b"}), DONE])[0].summary()
+    assert "first_reasoning_at" not in late and "first_content_at" not in late
+
+
+def test_vllm_per_request_spec_decode_metrics_are_read_from_the_usage_chunk():
+    """``--per-request-spec-decode-metrics`` (vLLM 0.32.0 ``SpeculativeDecodingMetrics``, from
+    ``RequestSpecDecodeMetrics.to_dict``): mean acceptance length with the bonus token, drafts."""
+    spec = {
+        "mean_acceptance_length": 2.5, "draft_acceptance_rate": 0.5, "acceptance_histogram": [10, 20, 30],
+        "num_spec_steps": 60, "num_accepted_draft_tokens": 90, "num_draft_tokens": 180, "num_spec_tokens": 3,
+    }
+    usage = chat(None, usage={"prompt_tokens": 7, "completion_tokens": 150},
+                 metrics={"queue_time_ms": 5.0, "speculative_decoding": spec})
+    summary = read([ROLE, chat({"content": "a"}), usage, DONE])[0].summary()
+    assert (summary["spec_acceptance_length"], summary["spec_draft_tokens"], summary["spec_accepted_tokens"]) == (2.5, 180, 90)
+    assert summary["engine_queue_s"] == 0.005
+    body = orjson.dumps({"choices": [], "metrics": {"speculative_decoding": {**spec, "num_draft_tokens": -1}}})
+    assert "spec_draft_tokens" not in response_summary(body)  # a negative count is dropped, never an error
+    assert response_summary(body)["spec_acceptance_length"] == 2.5

@@ -36,7 +36,11 @@ def context_of(
             moved[stage] = {"before_ms": round(b * 1e3, 3), "after_ms": round(a * 1e3, 3)}
     lb = load(frame, span[0], det.at)
     la = load(frame, det.at, math.nextafter(span[1], math.inf) if det.until is None else det.until)
-    covariates = {k: round(la[k] / lb[k] - 1, 3) for k in lb if k in COVARIATES and lb[k] and la[k] is not None}
+    covariates = {
+        k: round(la[k] / lb[k] - 1, 3)
+        for k in lb
+        if k in COVARIATES and lb[k] and la[k] is not None and det.stage in COVARIATE_STAGES.get(k, (det.stage,))
+    }
     return {
         "unchanged": unchanged,
         "moved": moved,
@@ -47,7 +51,10 @@ def context_of(
     }
 
 
-COVARIATES = ("arrivals_per_s", "concurrency", "prompt_tokens_p50", "cache_hit_ratio")
+COVARIATES = ("arrivals_per_s", "concurrency", "prompt_tokens_p50", "cache_hit_ratio", "spec_acceptance_length_p50")
+# A covariate said only with shifts of these stages: speculative decoding's acceptance length sets
+# how many tokens a decode step yields, nothing before the first token.
+COVARIATE_STAGES = {"spec_acceptance_length_p50": ("decode",)}
 
 
 def load(frame: pl.DataFrame, lo: float, hi: float) -> dict[str, float | None]:
@@ -64,12 +71,14 @@ def load(frame: pl.DataFrame, lo: float, hi: float) -> dict[str, float | None]:
         ((start + e2e().fill_null(0.0)).clip(lo, hi) - start.clip(lo, hi)).sum()
     ).item()
     prompt, cached = inside["prompt_tokens"].sum(), inside["cached_tokens"].sum()
+    accept = inside["spec_acceptance_length"].median() if "spec_acceptance_length" in inside.columns else None
     return {
         "span_s": span,
         "arrivals_per_s": inside.height / span,
         "concurrency": busy / span if busy else None,
         "prompt_tokens_p50": inside["prompt_tokens"].median(),
         "cache_hit_ratio": cached / prompt if prompt else None,
+        "spec_acceptance_length_p50": accept,
     }
 
 

@@ -26,6 +26,7 @@ COVARIATE_WORDS = {
     "concurrency": ("concurrency", "{:.1f}"),
     "prompt_tokens_p50": ("prompt length", "{:.0f} tokens"),
     "cache_hit_ratio": ("cache hits", "{:.0%}"),
+    "spec_acceptance_length_p50": ("speculative decoding's acceptance length", "{:.1f} tokens"),
 }
 
 
@@ -96,6 +97,19 @@ def scope_words(scope: dict[str, str]) -> str:
     return " for ".join(f"{k} {v}" for k, v in scope.items())
 
 
+# A disaggregated (P/D) pair: the prefill instance and the decode one (``replica`` is the decode
+# instance where the request was disaggregated: the one that streamed the answer).
+PAIR_FROM, PAIR_TO = "prefill_replica", ("decode_replica", "replica")
+
+
+def place_words(scope: dict[str, str]) -> str:
+    """Where, in a sentence: ``on replica r2``; a P/D pair ``between p1 and d2``."""
+    to = next((scope[k] for k in PAIR_TO if k in scope), None)
+    if PAIR_FROM in scope and to is not None and len(scope) == 2:
+        return f"between {scope[PAIR_FROM]} and {to}"
+    return f"on {scope_words(scope)}"
+
+
 def label(shift: Change) -> str:
     """How the stage (or, for ``connect``, the part of it) that moved is said."""
     return STAGE_WORDS.get(shift.part or shift.stage, shift.stage)
@@ -115,12 +129,12 @@ def rise_meaning(shift: Change) -> str:
 
 def summary(shift: Change) -> str:
     """The shift's one sentence: what moved, when, where, by how much, and what moved with it."""
-    where = scope_words(shift.scope)
+    where = place_words(shift.scope) if shift.scope else ""
     change, values = headline_words(shift.before_ms, shift.after_ms, shift.statistic)
     text = (
         f"{label(shift)} {change} at {clock(shift.at)}"
         f"{'' if shift.until is None else ' until ' + clock(shift.until)}"
-        f"{' on ' + where if where else ''} {values}"
+        f"{' ' + where if where else ''} {values}"
     )
     meaning = rise_meaning(shift)
     if meaning:

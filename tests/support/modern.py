@@ -1,0 +1,161 @@
+"""Hop-event logs of modern serving (issue 25), with their truth known by construction: a
+disaggregated prefill/decode (P/D) deployment behind a proxy, prefix caching on replicas, a
+reasoning model with speculative decoding. Tests only.
+
+Each request's durations are drawn around a median with a lognormal spread; an incident changes
+them for the requests of its scope from ``at_s`` on. Events carry the contract's fields the way
+hopline's emitters write them: the P/D proxy one ``gateway.forwarded`` per leg (``leg``), each
+engine its leg on every event, the vLLM stat logger ``engine.stats``.
+
+    log = pd_log(seed=1, slow_pair=("p1", "d2"))   # the decode side of p1 -> d2 waits 5x longer for the KV
+    log = cache_log(seed=1)                         # r2's prefix-cache hits fall from ~78% to ~6% at 10:05
+    log = reasoning_log(seed=1)                     # r1's acceptance length halves at 10:05, its decode doubles
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import numpy as np
+import polars as pl
+from hopline.analyzer.io import SCHEMA
+
+START = datetime(2026, 12, 3, 10, 0, tzinfo=UTC).timestamp()
+INCIDENT_S = 300.0  # 10:05
+DURATION_S = 900.0
+
+
+def _spread(rng: np.random.Generator, median: float, n: int, sigma: float = 0.25) -> np.ndarray:
+    return median * np.exp(rng.normal(0.0, sigma, n))
+
+
+def _frame(rows: list[dict]) -> pl.DataFrame:
+    return pl.DataFrame([{k: r.get(k) for k in SCHEMA} for r in rows], schema=SCHEMA)
+
+
+def _ev(ts: float, rid: str, hop: str, **attrs) -> dict:
+    return {"v": 1, "ts": float(ts), "request_id": rid, "hop": hop, "attempt": 0, **attrs}
+
+
+def _ends(rid: str, first: float, last: float, tokens: int, service: str, extra: dict | None = None) -> list[dict]:
+    """The proxy's and the client's first and last token, 2 and 4 ms after the engine's."""
+    extra = extra or {}
+    return [
+        _ev(first + 0.002, rid, "gateway.first_token", service="proxy", replica="gw-0"),
+        _ev(last + 0.002, rid, "gateway.last_token", service="proxy", replica="gw-0", output_tokens=tokens),
+        _ev(first + 0.004, rid, "client.first_token", service=service),
+        _ev(last + 0.004, rid, "client.last_token", service=service, output_tokens=tokens, finish_reason="stop", **extra),
+    ]
+
+
+def pd_log(seed: int, slow_pair: tuple[str, str] = ("p1", "d2"), factor: float = 5.0, rate: float = 4.0) -> pl.DataFrame:
+    """P/D through a proxy: prefill on p1 or p2, decode on d1 or d2. From 10:05 the decode side of
+    ``slow_pair`` waits ``factor`` times longer for the KV (vLLM counts it in the decode
+    instance's queue); prefill and decode stay as they were."""
+    rng = np.random.default_rng(seed)
+    n = int(DURATION_S * rate)
+    t = START + np.sort(rng.uniform(0, DURATION_S, n))
+    pre = rng.choice(["p1", "p2"], n)
+    dec = rng.choice(["d1", "d2"], n)
+    p_queue, p_prefill, p_front = _spread(rng, 0.02, n), _spread(rng, 0.04, n), _spread(rng, 0.005, n)
+    d_wait, d_forward, d_front = _spread(rng, 0.015, n), _spread(rng, 0.005, n), _spread(rng, 0.003, n)
+    decode = _spread(rng, 2.0, n, 0.1)
+    slow = (t >= START + INCIDENT_S) & (pre == slow_pair[0]) & (dec == slow_pair[1])
+    d_wait = np.where(slow, d_wait * factor, d_wait)
+    rows: list[dict] = []
+    for i in range(n):
+        rid = f"pd-{seed}-{i}"
+        p_recv = t[i] + 0.005
+        p_last = p_recv + p_front[i] + p_queue[i] + p_prefill[i]
+        d_fwd = p_last + 0.003
+        d_recv = d_fwd + 0.002
+        d_first = d_recv + d_front[i] + d_wait[i] + d_forward[i]
+        d_last = d_first + decode[i]
+        p, d = str(pre[i]), str(dec[i])
+        rows += [
+            _ev(t[i], rid, "client.sent", service="chat", stream=True, conn_reused=True),
+            _ev(t[i] + 0.002, rid, "gateway.received", service="proxy", replica="gw-0"),
+            _ev(t[i] + 0.003, rid, "gateway.forwarded", service="proxy", replica="gw-0", upstream=p, leg="prefill"),
+            _ev(p_recv, rid, "engine.received", replica=p, model="m", stream=False, max_tokens=1, leg="prefill"),
+            _ev(p_last, rid, "engine.last_token", replica=p, output_tokens=1, leg="prefill"),
+            _ev(p_last, rid, "engine.stats", replica=p, queue_s=p_queue[i], prefill_s=p_prefill[i], decode_s=0.0,
+                prompt_tokens=3000, cached_tokens=0, output_tokens=1, leg="prefill"),
+            _ev(d_fwd, rid, "gateway.forwarded", service="proxy", replica="gw-0", upstream=d, leg="decode"),
+            _ev(d_recv, rid, "engine.received", replica=d, model="m", stream=True, n=1, leg="decode"),
+            _ev(d_first, rid, "engine.first_token", replica=d, leg="decode"),
+            _ev(d_last, rid, "engine.last_token", replica=d, output_tokens=101, leg="decode"),
+            _ev(d_last, rid, "engine.stats", replica=d, queue_s=d_wait[i], prefill_s=d_forward[i], decode_s=decode[i],
+                prompt_tokens=3000, output_tokens=101, leg="decode"),
+            *_ends(rid, d_first, d_last, 101, "chat"),
+        ]
+    return _frame(rows)
+
+
+def _unified(
+    rng: np.random.Generator, rid: str, t: float, replica: str, prefill_s: float, cached: int, prompt: int,
+    decode_s: float, tokens: int, last_extra: dict | None = None, stats_extra: dict | None = None,
+) -> list[dict]:
+    """One request served by one engine (client, proxy, engine with stats)."""
+    recv = t + 0.004
+    queue, front = float(_spread(rng, 0.01, 1)[0]), 0.004
+    first = recv + front + queue + prefill_s
+    last = first + decode_s
+    return [
+        _ev(t, rid, "client.sent", service="chat", stream=True, conn_reused=True),
+        _ev(t + 0.002, rid, "gateway.received", service="proxy", replica="gw-0"),
+        _ev(t + 0.003, rid, "gateway.forwarded", service="proxy", replica="gw-0", upstream=replica),
+        _ev(recv, rid, "engine.received", replica=replica, model="m", stream=True, n=1),
+        _ev(first, rid, "engine.first_token", replica=replica),
+        _ev(last, rid, "engine.last_token", replica=replica, output_tokens=tokens),
+        _ev(last, rid, "engine.stats", replica=replica, queue_s=queue, prefill_s=prefill_s, decode_s=decode_s,
+            prompt_tokens=prompt, cached_tokens=cached, output_tokens=tokens, **(stats_extra or {})),
+        *_ends(rid, first, last, tokens, "chat", last_extra),
+    ]
+
+
+def cache_log(seed: int, rate: float = 6.0, per_token_s: float = 9e-5) -> pl.DataFrame:
+    """Prefix caching on r1, r2, r3 with a shared 1,560-token system prompt of 2,000. Until 10:05
+    the traffic that shares it lands on r2 (78% of r2's prompt tokens hit its cache); from then on
+    it lands on r1 and r3, and r2's hits fall to 6%: its prefill (0.09 ms per computed token)
+    rises about fourfold."""
+    rng = np.random.default_rng(seed)
+    n = int(DURATION_S * rate)
+    t = START + np.sort(rng.uniform(0, DURATION_S, n))
+    replica = rng.choice(["r1", "r2", "r3"], n)
+    after = t >= START + INCIDENT_S
+    share = np.where(replica == "r2", np.where(after, 0.06, 0.78), np.where(after, 0.6, 0.4))
+    cached = np.round(2000 * np.clip(share + rng.normal(0, 0.03, n), 0, 1)).astype(int)
+    prefill = (2000 - cached) * per_token_s * np.exp(rng.normal(0, 0.1, n))
+    decode = _spread(rng, 1.0, n, 0.1)
+    rows: list[dict] = []
+    for i in range(n):
+        rows += _unified(rng, f"pc-{seed}-{i}", t[i], str(replica[i]), prefill[i], int(cached[i]), 2000, decode[i], 51)
+    return _frame(rows)
+
+
+def reasoning_log(seed: int, rate: float = 4.0) -> pl.DataFrame:
+    """A reasoning model with speculative decoding on r1 and r2: each answer thinks for ~1.2 s
+    before its first content token. From 10:05 r1's drafts are accepted half as often (mean
+    acceptance length 3.0 -> 1.5) and its decode doubles."""
+    rng = np.random.default_rng(seed)
+    n = int(DURATION_S * rate)
+    t = START + np.sort(rng.uniform(0, DURATION_S, n))
+    replica = rng.choice(["r1", "r2"], n)
+    worse = (t >= START + INCIDENT_S) & (replica == "r1")
+    accept = np.where(worse, 1.5, 3.0) * np.exp(rng.normal(0, 0.05, n))
+    decode = _spread(rng, 2.0, n, 0.1) * np.where(worse, 2.0, 1.0)
+    think = _spread(rng, 1.2, n, 0.1)
+    rows: list[dict] = []
+    for i in range(n):
+        rid = f"rs-{seed}-{i}"
+        prefill = float(_spread(rng, 0.05, 1)[0])
+        # the engine's first token is reasoning; its first content comes ``think`` seconds later
+        first_at = t[i] + 0.004 + 0.004 + prefill + 0.012  # about the engine's first token (on the client's clock: +0.004)
+        extra = {"first_reasoning_at": first_at + 0.004, "first_content_at": first_at + 0.004 + think[i]}
+        rows += _unified(
+            rng, rid, t[i], str(replica[i]), prefill, 0, 500, decode[i], 201,
+            last_extra=extra,
+            stats_extra={"spec_acceptance_length": float(accept[i]), "spec_draft_tokens": 200,
+                         "spec_accepted_tokens": int(round(200 * (accept[i] - 1) / 3))},
+        )
+    return _frame(rows)
