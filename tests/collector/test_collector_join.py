@@ -62,7 +62,7 @@ def check_golden(collector):
             assert got["missing"] == spec["missing"], name
             assert {k: got[k] for k in SCOPE_SOURCES} == {k: spec["scope"].get(k) for k in SCOPE_SOURCES}, name
             for stage, want in spec["expected"].items():
-                value = got["stages"].get(stage, got["ratios"].get(stage))
+                value = got["stages"].get(stage, got["ratios"].get(stage, got["attributes"].get(stage)))
                 if want is None:
                     assert value is None, f"{name}: {stage}"
                 else:
@@ -223,6 +223,27 @@ def test_in_flight_and_kv_bytes_follow_engine_hops_in_any_order():
     feed(joiner, event("engine.received", "k3", t, model="m", replica="r1", prompt_tokens=5, stream=True))
     assert registry.get_sample_value("hopline_requests_in_flight", labels) == 1
     assert registry.get_sample_value("hopline_kv_cache_bytes", labels) == 10 * bpt
+
+
+def test_a_pd_prefill_leg_neither_finishes_the_request_nor_shares_the_decode_instances_load():
+    """Engine-only P/D (SGLang PD spans, or engines without a client): the prefill instance's last
+    token is not the request's end, and each instance holds its own in-flight slot, though both
+    legs are attempt 0."""
+    joiner, registry, _ = make_joiner(grace_s=0)
+    t = 1767225600.0
+    feed(joiner, event("engine.received", "pd1", t, model="m", replica="p1", stream=False, leg="prefill"))
+    feed(joiner, event("engine.received", "pd1", t + 0.3, model="m", replica="d1", stream=True, leg="decode"))
+    assert registry.get_sample_value("hopline_requests_in_flight", {"model": "m", "replica": "p1"}) == 1
+    feed(joiner, event("engine.last_token", "pd1", t + 0.25, replica="p1", leg="prefill"))
+    assert "pd1" in joiner.open  # the decode instance has not finished
+    assert registry.get_sample_value("hopline_requests_in_flight", {"model": "m", "replica": "p1"}) == 0
+    assert registry.get_sample_value("hopline_requests_in_flight", {"model": "m", "replica": "d1"}) == 1
+    feed(joiner, event("engine.first_token", "pd1", t + 0.4, replica="d1", leg="decode"),
+         event("engine.last_token", "pd1", t + 1.4, replica="d1", leg="decode"))  # fmt: skip
+    got = joiner.lookup("pd1")
+    assert got["state"] == "complete" and got["stages"]["kv_transfer"] == pytest.approx(0.1, abs=1e-6)
+    assert got["stages"]["engine"] == pytest.approx(0.25, abs=1e-6) and got["prefill_replica"] == "p1"
+    assert registry.get_sample_value("hopline_requests_in_flight", {"model": "m", "replica": "d1"}) == 0
 
 
 def test_labels_are_capped_to_other():
