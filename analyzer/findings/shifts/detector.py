@@ -12,7 +12,7 @@ import numpy as np
 import polars as pl
 from hopline.analyzer.findings.detector import Context, Detector
 from hopline.analyzer.findings.model import Shift
-from hopline.analyzer.findings.shifts.context import connect_part, context_of
+from hopline.analyzer.findings.shifts.context import CONNECT_PARTS, connect_part, context_of
 from hopline.analyzer.findings.shifts.incidents import Change, cap_reversals, clusters, incidents
 from hopline.analyzer.findings.shifts.scopes import cell, fold_explained, key, narrowest
 from hopline.analyzer.findings.shifts.stats import (
@@ -59,23 +59,36 @@ def _search(frame: pl.DataFrame, window_s: float, dims: tuple[str, ...], cfg: Sh
     return Search(frame, stages, boundaries, scopes, tested, dims, {}, z_crit)
 
 
+def _scope_frames(search: Search) -> None:
+    """Each searched scope's requests into ``search.frames`` (in the frame's order, by start): one
+    ``partition_by`` per attribute instead of a filter of the whole frame per value."""
+    frame = search.frame
+    search.frames[key({})] = frame
+    for dim, values in search.tested.items():
+        keyed = frame.with_columns(pl.col(dim).cast(pl.String).alias(_PART_KEY))
+        parts = keyed.partition_by(_PART_KEY, as_dict=True, maintain_order=True, include_key=False)
+        for value in values:
+            search.frames[key({dim: value})] = parts[(value,)]
+
+
+_PART_KEY = "__scope_value"
+
+
 def _detections(search: Search, cfg: ShiftConfig, seed: int) -> dict[str, list[Detection]]:
     """Every stage's detections in every scope (a seeded subsample of a scope beyond
     ``max_requests``); fills ``search.frames``."""
     rng = np.random.default_rng(seed)
     found: dict[str, list[Detection]] = {s: [] for s in search.stages}
+    _scope_frames(search)
     for scope in search.scopes:
-        sub = search.frame
-        for dim, value in scope.items():
-            sub = sub.filter(pl.col(dim).cast(pl.String) == value)
-        search.frames[key(scope)] = sub
-        scale = 1.0
+        sub = search.frames[key(scope)]
+        scale, rows = 1.0, slice(None)
         if sub.height > cfg.max_requests:
             scale = sub.height / cfg.max_requests
-            sub = sub[np.sort(rng.choice(sub.height, cfg.max_requests, replace=False))]
-        starts = sub["start"].to_numpy()
+            rows = np.sort(rng.choice(sub.height, cfg.max_requests, replace=False))
+        starts = sub["start"].to_numpy()[rows]
         for stage in search.stages:
-            values = sub[stage].to_numpy()
+            values = sub[stage].to_numpy()[rows]
             keep = ~np.isnan(values)
             for det in detect(starts[keep], values[keep], search.boundaries, search.z_crit, cfg, stage, scope):
                 det.after_n = round(det.after_n * scale)  # requests, not sampled ones
@@ -122,6 +135,20 @@ def _excess(frame: pl.DataFrame, det: Detection) -> float:
     return excess_s(before, after)
 
 
+# What the shift detector reads of a request (the rest of the timelines is left out before the
+# frame is sorted and split by scope): its start, the stages, the scope attributes, and what
+# ``context`` says moved with a change (end-to-end views, prompt and cached tokens, connect's parts).
+READ_COLUMNS = (
+    "start", *SHIFT_STAGES, "client_e2e", "gateway_e2e", "engine_e2e", "prompt_tokens", "cached_tokens",
+    *(c for cols in CONNECT_PARTS.values() for c in cols),
+)  # fmt: skip
+
+
+def _read_columns(timelines: pl.DataFrame, dims: tuple[str, ...]) -> list[str]:
+    wanted = dict.fromkeys((*READ_COLUMNS, *dims))
+    return [c for c in timelines.columns if c in wanted]
+
+
 def find_shifts(
     timelines: pl.DataFrame,
     window_s: float,
@@ -135,7 +162,7 @@ def find_shifts(
     searched besides all traffic; ``seed`` the subsample of scopes above ``max_requests``.
     """
     cfg = config
-    frame = timelines.filter(pl.col("start").is_not_null()).sort("start")
+    frame = timelines.select(_read_columns(timelines, dims)).filter(pl.col("start").is_not_null()).sort("start")
     if frame.height < 2 * cfg.min_side:
         return []
     search = _search(frame, window_s, dims, cfg)
