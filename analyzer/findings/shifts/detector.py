@@ -37,7 +37,7 @@ class Search:
     scopes: list[dict[str, str]]
     tested: dict[str, list[str]]  # attribute -> its values searched
     dims: tuple[str, ...]  # every scope attribute (a change of all traffic is confined along them)
-    frames: dict[str, pl.DataFrame]  # scope key -> its requests
+    frames: ScopeFrames  # scope key -> its requests
     z_crit: float
 
 
@@ -56,39 +56,57 @@ def _search(frame: pl.DataFrame, window_s: float, dims: tuple[str, ...], cfg: Sh
             tested[dim] = values
             scopes += [{dim: v} for v in values]
     z_crit = z_threshold(cfg.alpha, len(scopes) * len(stages) * max(len(boundaries), 1))
-    return Search(frame, stages, boundaries, scopes, tested, dims, {}, z_crit)
+    return Search(frame, stages, boundaries, scopes, tested, dims, ScopeFrames(frame, _scope_rows(frame, tested)), z_crit)
 
 
-def _scope_frames(search: Search) -> None:
-    """Each searched scope's requests into ``search.frames`` (in the frame's order, by start): one
-    ``partition_by`` per attribute instead of a filter of the whole frame per value."""
-    frame = search.frame
-    search.frames[key({})] = frame
-    for dim, values in search.tested.items():
-        keyed = frame.with_columns(pl.col(dim).cast(pl.String).alias(_PART_KEY))
-        parts = keyed.partition_by(_PART_KEY, as_dict=True, maintain_order=True, include_key=False)
+class ScopeFrames(dict):
+    """Scope key -> its requests (in the frame's order, by start), gathered from the scope's row
+    indices the first time it is asked for: the detection itself reads numpy columns only, and
+    few scopes' frames are ever needed (a hit's, its dimension's other values)."""
+
+    def __init__(self, frame: pl.DataFrame, rows: dict[str, np.ndarray]) -> None:
+        super().__init__()
+        self.frame = frame
+        self.rows = rows
+
+    def __missing__(self, scope_key: str) -> pl.DataFrame:
+        rows = self.rows[scope_key]
+        sub = self[scope_key] = self.frame if rows is None else self.frame[rows]
+        return sub
+
+
+def _scope_rows(frame: pl.DataFrame, tested: dict[str, list[str]]) -> dict[str, np.ndarray | None]:
+    """Each searched scope's row indices in ``frame`` (ascending; None: all of them)."""
+    rows: dict[str, np.ndarray | None] = {key({}): None}
+    for dim, values in tested.items():
+        grouped = frame.select(pl.col(dim).cast(pl.String)).with_row_index(_ROW).group_by(dim).agg(pl.col(_ROW))
+        index = dict(zip(grouped[dim].to_list(), grouped[_ROW], strict=True))
         for value in values:
-            search.frames[key({dim: value})] = parts[(value,)]
+            rows[key({dim: value})] = index[value].to_numpy().astype(np.int64)
+    return rows
 
 
-_PART_KEY = "__scope_value"
+_ROW = "__row"
 
 
 def _detections(search: Search, cfg: ShiftConfig, seed: int) -> dict[str, list[Detection]]:
     """Every stage's detections in every scope (a seeded subsample of a scope beyond
-    ``max_requests``); fills ``search.frames``."""
+    ``max_requests``), read as numpy columns of the rows of each scope."""
     rng = np.random.default_rng(seed)
     found: dict[str, list[Detection]] = {s: [] for s in search.stages}
-    _scope_frames(search)
+    rows_of = search.frames.rows
+    columns = {name: search.frame[name].to_numpy() for name in ("start", *search.stages)}
     for scope in search.scopes:
-        sub = search.frames[key(scope)]
-        scale, rows = 1.0, slice(None)
-        if sub.height > cfg.max_requests:
-            scale = sub.height / cfg.max_requests
-            rows = np.sort(rng.choice(sub.height, cfg.max_requests, replace=False))
-        starts = sub["start"].to_numpy()[rows]
+        rows = rows_of[key(scope)]
+        height = search.frame.height if rows is None else len(rows)
+        scale = 1.0
+        if height > cfg.max_requests:
+            scale = height / cfg.max_requests
+            picked = np.sort(rng.choice(height, cfg.max_requests, replace=False))
+            rows = picked if rows is None else rows[picked]
+        starts = columns["start"] if rows is None else columns["start"][rows]
         for stage in search.stages:
-            values = sub[stage].to_numpy()[rows]
+            values = columns[stage] if rows is None else columns[stage][rows]
             keep = ~np.isnan(values)
             for det in detect(starts[keep], values[keep], search.boundaries, search.z_crit, cfg, stage, scope):
                 det.after_n = round(det.after_n * scale)  # requests, not sampled ones
