@@ -105,7 +105,8 @@ def run_hopline_seven(files: list[Path]) -> pl.DataFrame:
 def run_analyze(files: list[Path]) -> pl.DataFrame:
     from hopline.analyzer.cli import analyze_files
 
-    result, _ = analyze_files(files)
+    analysis, _ = analyze_files(files)
+    result = analysis.to_json()  # report.Analysis since 2026-12-02 (the findings decided once)
     print(json.dumps({"requests": result["requests"], "sample": result.get("sample"),
                       "findings": len(result["findings"])}), file=sys.stderr)  # fmt: skip
     return pl.DataFrame()
