@@ -11,7 +11,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import polars as pl
+from hopline.analyzer import quantiles
 from hopline.middleware.contract import STAGES, TIME_STAGES, TTFT_STAGES
 from hopline.middleware.contract.rules import TTFT_PARTS as RULES_TTFT_PARTS
 from hopline.middleware.contract.durations import parse_duration
@@ -120,7 +122,7 @@ def complete_split() -> pl.Expr:
     ).fill_null(False)
 
 
-def _stage_aggs(stages: tuple[str, ...] = REPORTED) -> list[pl.Expr]:
+def _stage_aggs(stages: tuple[str, ...] = REPORTED, with_quantiles: bool = True) -> list[pl.Expr]:
     split = pl.col("_split")
     ttft_total = pl.col("_ttft").filter(split).sum()
     aggs: list[pl.Expr] = [pl.len().alias("count"), split.sum().alias("split_requests")]
@@ -128,9 +130,10 @@ def _stage_aggs(stages: tuple[str, ...] = REPORTED) -> list[pl.Expr]:
         col = pl.col(stage)
         aggs.append(col.count().alias(f"{stage}:n"))
         aggs.append((col.mean() * 1e3).alias(f"{stage}:mean_ms"))
-        aggs += [
-            (col.quantile(q, "linear") * 1e3).alias(f"{stage}:{name}_ms") for name, q in QUANTILES.items()
-        ]
+        if with_quantiles:
+            aggs += [
+                (col.quantile(q, "linear") * 1e3).alias(f"{stage}:{name}_ms") for name, q in QUANTILES.items()
+            ]
         # share of TTFT: over the requests with a complete split only, so the parts add up to 100%
         aggs.append((col.filter(split).fill_null(0.0).sum() / ttft_total).alias(f"{stage}:share_of_ttft"))
         both = col.is_not_null() & pl.col("_e2e").is_not_null()
@@ -192,13 +195,132 @@ def _num(value: float | None, digits: int = 4) -> float | None:
     return round(float(value), digits)
 
 
+STATS_COLUMNS = (*REPORTED, "_ttft", "_e2e", "_split", "negative")  # what ``_stage_aggs`` reads
+
+
+def scope_stats(timelines: pl.DataFrame, dims: tuple[str, ...] = ()) -> tuple[dict, dict[str, list[dict]]]:
+    """``stage_stats``' row of all the requests, and the rows of each value of each of ``dims``
+    (sorted by value, null left out): the same numbers, with every quantile taken from one numpy
+    sort of a stage per scope (``quantiles``) instead of one Polars sort per quantile."""
+    views = _with_views(timelines.lazy()).select(
+        *(pl.col(d).cast(pl.String) for d in dims), *STATS_COLUMNS
+    ).collect()  # fmt: skip
+    values = {stage: quantiles.values_of(views[stage]) for stage in REPORTED}
+    if any(v is None for v in values.values()):  # a NaN or a negative zero: Polars sorts them its way
+        overall = stage_stats(timelines.lazy()).collect().row(0, named=True)
+        return overall, {dim: _polars_scope_rows(timelines, dim) for dim in dims}
+    overall = views.select(_stage_aggs(with_quantiles=False)).row(0, named=True) | _quantile_row(values, None)
+    groups = {dim: quantiles.row_groups(views, dim) for dim in dims}
+    names = {dim: sorted(groups[dim]) for dim in dims}
+    sums = _scope_sums(views, values, groups, names)
+    return overall, {
+        dim: [{dim: name} | _figures(sums[dim], i) | _quantile_row(values, groups[dim][name]) for i, name in enumerate(names[dim])]
+        for dim in dims
+    }  # fmt: skip
+
+
+MAX_CELLS = 1 << 16  # scope sums by cells of every dimension at once while there are at most this many
+
+
+def _scope_sums(views: pl.DataFrame, values: dict[str, np.ndarray], groups: dict, names: dict) -> dict[str, dict]:
+    """``_sums`` of each value of each dimension (``names[dim][i]``'s rows ``groups[dim][name]``;
+    index ``len(names[dim])``: rows without a value). The rows are summed once into cells of
+    every dimension (a value of each), each dimension's sums then from the cells': one pass over
+    the requests instead of one per dimension. Dimensions with too many cells: one pass each."""
+    sizes = [len(names[dim]) + 1 for dim in names]
+    if math.prod(sizes) > MAX_CELLS and len(names) > 1:
+        return {d: _scope_sums(views, values, {d: groups[d]}, {d: names[d]})[d] for d in names}
+    cell = np.zeros(views.height, dtype=np.intp)
+    stride = 1
+    strides = {}
+    for dim, size in zip(names, sizes):
+        codes = np.full(views.height, size - 1, dtype=np.intp)
+        for i, name in enumerate(names[dim]):
+            codes[groups[dim][name]] = i
+        cell += codes * stride
+        strides[dim] = stride
+        stride *= size
+    per_cell = _sums(views, values, cell, stride)
+    out = {}
+    for dim, size in zip(names, sizes):
+        of_cell = np.arange(stride) // strides[dim] % size
+        out[dim] = {k: np.bincount(of_cell, v, size) for k, v in per_cell.items()}
+    return out
+
+
+def _sums(views: pl.DataFrame, values: dict[str, np.ndarray], codes: np.ndarray, bins: int) -> dict[str, np.ndarray]:
+    """Per code (``np.bincount``: one pass a sum): what ``_stage_aggs``' counts, means and shares
+    are made of. Float sums may differ from Polars' in the last bits (the summation's order);
+    every figure is rounded far above them."""
+
+    def total(weights: np.ndarray | None) -> np.ndarray:
+        return np.bincount(codes, weights, bins).astype(np.float64)
+
+    split = views["_split"].to_numpy()
+    ttft_v, e2e_v = (views[c].fill_null(0.0).to_numpy() for c in ("_ttft", "_e2e"))
+    has_e2e = views["_e2e"].is_not_null().to_numpy()
+    out = {
+        "count": total(None),
+        "split_requests": total(split),
+        "negative_requests": total(views["negative"].list.len().gt(0).fill_null(False).to_numpy()),
+        "_ttft": total(np.where(split, ttft_v, 0.0)),
+    }
+    for stage, x in values.items():
+        present = ~np.isnan(x)
+        x0 = np.where(present, x, 0.0)
+        both = present & has_e2e
+        out |= {
+            f"{stage}:n": total(present),
+            f"{stage}:sum": total(x0),
+            f"{stage}:split_sum": total(np.where(split, x0, 0.0)),
+            f"{stage}:both_sum": total(np.where(both, x0, 0.0)),
+            f"{stage}:both_e2e": total(np.where(both, e2e_v, 0.0)),
+        }
+    return out
+
+
+def _figures(sums: dict[str, np.ndarray], i: int) -> dict[str, float | int | None]:
+    """Group ``i``'s counts, means (ms) and shares from ``_sums``, as the Polars row has them
+    (counts as int; 0 / 0 as None)."""
+
+    def ratio(a: float, b: float) -> float | None:
+        return None if b == 0 else a / b  # Polars' NaN or inf: None in the stage table
+
+    out: dict[str, float | int | None] = {k: int(sums[k][i]) for k in ("count", "split_requests", "negative_requests")}
+    for stage in REPORTED:
+        n = sums[f"{stage}:n"][i]
+        out[f"{stage}:n"] = int(n)
+        mean = ratio(float(sums[f"{stage}:sum"][i]), float(n))
+        out[f"{stage}:mean_ms"] = None if mean is None else mean * 1e3
+        out[f"{stage}:share_of_ttft"] = ratio(float(sums[f"{stage}:split_sum"][i]), float(sums["_ttft"][i]))
+        out[f"{stage}:share_of_e2e"] = ratio(float(sums[f"{stage}:both_sum"][i]), float(sums[f"{stage}:both_e2e"][i]))
+    return out
+
+
+def _quantile_row(values: dict[str, np.ndarray], rows: np.ndarray | None) -> dict[str, float | None]:
+    out = {}
+    for stage, column in values.items():
+        found = quantiles.of_rows(column, rows, tuple(QUANTILES.values()))
+        out |= {f"{stage}:{name}_ms": None if v is None else v * 1e3 for name, v in zip(QUANTILES, found)}
+    return out
+
+
+def _polars_scope_rows(timelines: pl.DataFrame, dim: str) -> list[dict]:
+    frame = stage_stats(timelines.lazy(), [dim]).with_columns(pl.col(dim).cast(pl.String)).collect()
+    return list(frame.filter(pl.col(dim).is_not_null()).sort(dim).iter_rows(named=True))
+
+
 def by_scope(timelines: pl.LazyFrame, scopes: tuple[str, ...] = SCOPES) -> dict[str, list[dict]]:
     """Per scope dimension, per value: count, the stage table and the dominant stage."""
+    return scope_tables(scope_stats(timelines.collect(), scopes)[1])
+
+
+def scope_tables(rows_by_dim: dict[str, list[dict]]) -> dict[str, list[dict]]:
+    """``by_scope`` from ``scope_stats``' rows of each dimension."""
     out: dict[str, list[dict]] = {}
-    frames = [stage_stats(timelines, [dim]).with_columns(pl.col(dim).cast(pl.String)) for dim in scopes]
-    for dim, frame in zip(scopes, pl.collect_all(frames)):
+    for dim, stats in rows_by_dim.items():
         rows = []
-        for row in frame.filter(pl.col(dim).is_not_null()).sort(dim).iter_rows(named=True):
+        for row in stats:
             table = stage_table(row)
             rows.append(
                 {

@@ -94,7 +94,7 @@ def analysis(
     start, end = timelines["start"].min(), timelines["start"].max()
     span = (end - start) if n else 0.0
     window_s = attribution.choose_window(window, span or 0.0)
-    overall = attribution.stage_stats(timelines.lazy()).collect().row(0, named=True) if n else {}
+    overall, scope_rows = attribution.scope_stats(timelines, by) if n else ({}, {})
     stages = attribution.stage_table(overall) if n else {}
     ctx = Context(window_s=window_s, scopes=by, kv_bytes_per_token=kv_bytes_per_token)
     decided = find(timelines, ctx)
@@ -128,9 +128,7 @@ def analysis(
             "requests": int(timelines["missing"].list.len().gt(0).sum()) if n else 0,
             "by_hop": _counts(missing),
         },
-        "by_scope": attribution.by_scope(timelines.lazy(), by)
-        if n
-        else {},
+        "by_scope": attribution.scope_tables(scope_rows),
     }
     if n:
         series = attribution.windowed(timelines.lazy(), window_s).with_columns(

@@ -16,6 +16,9 @@ The log is a store bucketed by request (``gen_large.py --buckets``: ``bucket=K``
   same output as the DuckDB query's;
 * ``analyze``: ``hopline analyze --json``'s whole analysis (``cli.analyze_files``: the table,
   then the findings on it, a seeded sample of requests beyond the budget's);
+* ``anchor``: issue 26's anchor, an independently written DuckDB query (``ANCHOR_SQL``,
+  ``../shared/reference/perf-anchor-duckdb.sql`` or ``$HOPLINE_BENCH_ANCHOR_SQL``),
+  the reference the ratios are taken against when it runs;
 * ``duckdb``: the contract's stage table as one query over every file (only the inputs the 7
   stages need; grouped by a 64-bit hash of ``request_id``; hop times as a plain ``min`` of
   the pick ``ts - attempt * 2**24``, attributes ``arg_min_null`` by it; 2 threads,
@@ -102,7 +105,8 @@ def run_hopline_seven(files: list[Path]) -> pl.DataFrame:
 def run_analyze(files: list[Path]) -> pl.DataFrame:
     from hopline.analyzer.cli import analyze_files
 
-    result, _ = analyze_files(files)
+    analysis, _ = analyze_files(files)
+    result = analysis.to_json()  # report.Analysis since 2026-12-02 (the findings decided once)
     print(json.dumps({"requests": result["requests"], "sample": result.get("sample"),
                       "findings": len(result["findings"])}), file=sys.stderr)  # fmt: skip
     return pl.DataFrame()
@@ -196,7 +200,35 @@ def run_duckdb(files: list[Path]) -> pl.DataFrame:
         subprocess.run(["rm", "-rf", spill], check=False)
 
 
-ENGINES = {"hopline": run_hopline, "hopline-seven": run_hopline_seven, "analyze": run_analyze, "duckdb": run_duckdb}
+# issue 26's anchor query, kept beside the checkout (``../shared/reference/``, as the issue names it)
+ANCHOR_SQL = Path(os.environ.get("HOPLINE_BENCH_ANCHOR_SQL", HERE.parents[2] / "shared/reference/perf-anchor-duckdb.sql"))
+
+
+def run_anchor(files: list[Path]) -> pl.DataFrame:
+    """The anchor of issue 26: an independently written DuckDB query (``ANCHOR_SQL``:
+    three group-bys by hop family on an ENUM, ``arg_min`` for the attempt pick, FULL JOINs), its
+    file path and temp directory replaced by the store's files and a fresh spill folder; its
+    ``SET`` lines as written (2 threads, 8 GB)."""
+    import duckdb
+
+    spill = tempfile.mkdtemp(prefix="duckdb-anchor-", dir=os.environ.get("TMPDIR"))
+    text = ANCHOR_SQL.read_text()
+    text = text.replace("'/tmp/perf-d/events-5m.parquet'", "[" + ", ".join(f"'{f}'" for f in files) + "]")
+    text = text.replace("'/tmp/perf-d/duck-tmp'", f"'{spill}'")
+    code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("--"))
+    statements = [part.strip() for part in code.split(";") if part.strip()]
+    con = duckdb.connect()
+    try:
+        for statement in statements[:-1]:
+            con.execute(statement)
+        return pl.from_arrow(con.sql(statements[-1]).to_arrow_table())  # type: ignore[return-value]
+    finally:
+        con.close()
+        subprocess.run(["rm", "-rf", spill], check=False)
+
+
+ENGINES = {"hopline": run_hopline, "hopline-seven": run_hopline_seven, "analyze": run_analyze, "duckdb": run_duckdb,
+           "anchor": run_anchor}  # fmt: skip
 
 
 # --- the harness ---------------------------------------------------------------------------------
@@ -251,16 +283,17 @@ def main() -> None:
             tables[engine] = pl.read_parquet(result)
             result.unlink()
         print(engine, json.dumps(rows[engine]), flush=True)
-    if "duckdb" in rows and not rows["duckdb"]["killed"]:
-        ref = rows["duckdb"]
+    reference = next((e for e in ("anchor", "duckdb") if e in rows and not rows[e]["killed"]), None)
+    if reference is not None:
+        ref = rows[reference]
         for engine, row in rows.items():
-            print(f"{engine}: wall {row['seconds'] / ref['seconds']:.2f}x, CPU {row['cpu_s'] / ref['cpu_s']:.2f}x DuckDB; "
+            print(f"{engine}: wall {row['seconds'] / ref['seconds']:.2f}x, CPU {row['cpu_s'] / ref['cpu_s']:.2f}x {reference}; "
                   f"{row['seconds'] / args.requests * 1e6:.2f} s and {row['cpu_s'] / args.requests * 1e6:.2f} CPU-s "
                   "per million requests")  # fmt: skip
-    for engine in ("hopline", "hopline-seven"):
-        if engine in tables and "duckdb" in tables:
-            verdict = same(tables[engine], tables["duckdb"], 1e-9)
-            print(f"{engine} vs duckdb:", "equal" if verdict is None else "DIFFERENT: " + verdict)
+    for engine in ("hopline", "hopline-seven", "duckdb"):
+        if engine in tables and reference in tables and engine != reference:
+            verdict = same(tables[engine], tables[reference], 1e-9)
+            print(f"{engine} vs {reference}:", "equal" if verdict is None else "DIFFERENT: " + verdict)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import polars as pl
-from hopline.analyzer.findings.common import ms
+from hopline.analyzer.findings.common import columns, ms
 from hopline.analyzer.findings.detector import Context, Detector
 from hopline.analyzer.findings.model import Pitfall, Scope, Shift, pitfall, to_second
 from hopline.analyzer.findings.shifts.scopes import in_scope
@@ -48,7 +48,9 @@ class LongPrefillStall(Detector):
         """Long prefills and the output gaps that line up with them, per replica, on the engine's
         own clock (prefill interval = [engine_first - prefill, engine_first]; the stalled
         request's ``engine_max_gap_at``), matched with an as-of join: skew-free by construction."""
-        base = engine_rows(frame)
+        read = columns(frame, "replica", "request_id", "prefill", "prompt_tokens", "engine_first", "engine_max_gap_at",
+                       "engine_max_gap_s")  # fmt: skip
+        base = engine_rows(read)
         if base.height == 0:
             return []
         long = long_prefills(base, self)  # base is already what long_prefills filters to

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import polars as pl
-from hopline.analyzer.findings.common import ms, narrow, scoped
+from hopline.analyzer.findings.common import columns, ms, narrow, scoped
 from hopline.analyzer.findings.detector import Context, Detector
 from hopline.analyzer.findings.model import Pitfall, pitfall
 
@@ -20,7 +20,8 @@ class NewConnectionPerRequest(Detector):
     min_requests: int = 20  # a scope needs this many requests to be judged
 
     def detect(self, frame: pl.DataFrame, ctx: Context) -> list[Pitfall]:
-        known = frame.filter(pl.col("conn_reused").is_not_null())
+        read = columns(frame, "conn_reused", "service", "connect", "client_ttft", "client_e2e")
+        known = read.filter(pl.col("conn_reused").is_not_null())
         scopes = scoped(known, "service", self.min_requests)
         hits = []
         for scope, part in scopes:

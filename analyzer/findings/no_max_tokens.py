@@ -20,7 +20,7 @@ class NoMaxTokens(Detector):
 
     def detect(self, frame: pl.DataFrame, ctx: Context) -> list[Pitfall]:
         """Requests sent without max_tokens whose output ran past the capped requests' p90 (per model)."""
-        if frame.filter(pl.col("max_tokens_set") == False).height == 0:
+        if not frame["max_tokens_set"].eq(False).any():
             return []
         capped_p90 = (
             frame.filter(pl.col("max_tokens_set") == True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import polars as pl
-from hopline.analyzer.findings.common import ms, narrow, scoped
+from hopline.analyzer.findings.common import columns, ms, narrow, scoped
 from hopline.analyzer.findings.detector import Context, Detector
 from hopline.analyzer.findings.model import Pitfall, pitfall
 
@@ -26,7 +26,9 @@ class UserVsEngineGap(Detector):
     min_requests: int = 20  # a scope needs this many requests to be judged
 
     def detect(self, frame: pl.DataFrame, ctx: Context) -> list[Pitfall]:
-        both = frame.filter(pl.col("client_ttft").is_not_null() & pl.col("engine_ttft").is_not_null())
+        both = columns(frame, "client_ttft", "engine_ttft", "service", *PARTS, "prefill_last", "prefill_received").filter(
+            pl.col("client_ttft").is_not_null() & pl.col("engine_ttft").is_not_null()
+        )
         both = both.with_columns(engine_ttft=engine_time(both))
         scopes = scoped(both, "service", self.min_requests)
         hits = []

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
+from hopline.analyzer.findings.common import columns
 from hopline.analyzer.findings.detector import Context, Detector
 from hopline.analyzer.findings.model import Pitfall, Scope, Shift, iso_utc, pitfall, to_second
 
@@ -47,7 +48,8 @@ class VerboseOutputs(Detector):
         ``verbose_factor``-fold or its length-capped share jumped."""
         keys = [k for k in CALLER if k in frame.columns and frame[k].null_count() < frame.height]
         capped = pl.col("max_tokens_set").fill_null(True) if "max_tokens_set" in frame.columns else pl.lit(True)
-        rows = frame.filter(
+        read = columns(frame, *keys, "output_tokens", "max_tokens_set", "start", "finish_reason", "decode")
+        rows = read.filter(
             pl.col("output_tokens").is_not_null()
             & (pl.col("output_tokens") > 0)
             & pl.col("start").is_not_null()

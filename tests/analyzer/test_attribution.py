@@ -113,3 +113,52 @@ def test_goodput_and_culprit(tl):
     assert good["goodput_rps"] == pytest.approx(expected / span, rel=1e-3)
     assert good["culprit"] == "queue"
     assert good["targets"] == {"ttft_ms": 250.0, "itl_ms": 50.0}
+
+
+def _same_row(fast: dict, polars_row: dict) -> None:
+    """``scope_stats``' row against ``stage_stats``' (Polars): counts and quantiles exactly, means
+    and shares to the last bits (summed in another order); Polars' NaN / inf (0 / 0) is None."""
+    for key, want in polars_row.items():
+        got = fast[key]
+        if isinstance(want, float) and not np.isfinite(want):
+            assert got is None or not np.isfinite(got), key
+        elif isinstance(want, float) and not key.endswith(("p50_ms", "p90_ms", "p99_ms")):
+            assert got == pytest.approx(want, rel=1e-12), key
+        else:
+            assert got == want, key
+
+
+def _same_as_polars(frame: pl.DataFrame, dims: tuple[str, ...]) -> dict[str, list[dict]]:
+    overall, by = attribution.scope_stats(frame, dims)
+    _same_row(overall, attribution.stage_stats(frame.lazy()).collect().row(0, named=True))
+    for dim in dims:
+        want = attribution.stage_stats(frame.lazy(), [dim]).filter(pl.col(dim).is_not_null()).sort(dim).collect()
+        assert [row[dim] for row in by[dim]] == want[dim].to_list() and len(by[dim]) >= 1
+        for fast, row in zip(by[dim], want.iter_rows(named=True), strict=True):
+            _same_row(fast, row)
+    return by
+
+
+def test_scope_stats_equal_polars_stage_stats(tl, monkeypatch):
+    """The report's numbers (numpy sorts and sums, cells of every scope at once) are
+    ``stage_stats``' (Polars' group-by): overall and for every value of every scope; the same
+    with each dimension alone (too many cells of all of them)."""
+    frame = tl.with_columns(
+        gateway_replica=pl.when(pl.col("replica") == "r1").then(pl.lit(None)).otherwise(pl.col("service"))
+    )
+    dims = ("replica", "service", "model", "gateway_replica")
+    by = _same_as_polars(frame, dims)
+    assert sum(r["count"] for r in by["gateway_replica"]) < frame.height  # r1's requests have none
+    monkeypatch.setattr(attribution, "MAX_CELLS", 1)
+    _same_as_polars(frame, dims)
+
+
+def test_scope_stats_leave_a_nan_to_polars(tl):
+    """A NaN stage (its place among equal values is the sort's): Polars' own group-by."""
+    dims = ("replica", "service")
+    nan = tl.with_columns(pl.when(pl.col("replica") == "r2").then(float("nan")).otherwise(pl.col("queue")).alias("queue"))
+    overall, by = attribution.scope_stats(nan, dims)
+    _same_row(overall, attribution.stage_stats(nan.lazy()).collect().row(0, named=True))
+    assert np.isnan(overall["queue:mean_ms"])
+    r2 = by["replica"][1]
+    assert r2["replica"] == "r2" and np.isnan(r2["queue:p50_ms"])  # as Polars has it

@@ -12,7 +12,7 @@ import numpy as np
 import polars as pl
 from hopline.analyzer.findings.detector import Context, Detector
 from hopline.analyzer.findings.model import Shift
-from hopline.analyzer.findings.shifts.context import connect_part, context_of
+from hopline.analyzer.findings.shifts.context import CONNECT_PARTS, connect_part, context_of
 from hopline.analyzer.findings.shifts.incidents import Change, cap_reversals, clusters, incidents
 from hopline.analyzer.findings.shifts.scopes import cell, fold_explained, key, narrowest
 from hopline.analyzer.findings.shifts.stats import (
@@ -37,7 +37,7 @@ class Search:
     scopes: list[dict[str, str]]
     tested: dict[str, list[str]]  # attribute -> its values searched
     dims: tuple[str, ...]  # every scope attribute (a change of all traffic is confined along them)
-    frames: dict[str, pl.DataFrame]  # scope key -> its requests
+    frames: ScopeFrames  # scope key -> its requests
     z_crit: float
 
 
@@ -56,26 +56,57 @@ def _search(frame: pl.DataFrame, window_s: float, dims: tuple[str, ...], cfg: Sh
             tested[dim] = values
             scopes += [{dim: v} for v in values]
     z_crit = z_threshold(cfg.alpha, len(scopes) * len(stages) * max(len(boundaries), 1))
-    return Search(frame, stages, boundaries, scopes, tested, dims, {}, z_crit)
+    return Search(frame, stages, boundaries, scopes, tested, dims, ScopeFrames(frame, _scope_rows(frame, tested)), z_crit)
+
+
+class ScopeFrames(dict):
+    """Scope key -> its requests (in the frame's order, by start), gathered from the scope's row
+    indices the first time it is asked for: the detection itself reads numpy columns only, and
+    few scopes' frames are ever needed (a hit's, its dimension's other values)."""
+
+    def __init__(self, frame: pl.DataFrame, rows: dict[str, np.ndarray]) -> None:
+        super().__init__()
+        self.frame = frame
+        self.rows = rows
+
+    def __missing__(self, scope_key: str) -> pl.DataFrame:
+        rows = self.rows[scope_key]
+        sub = self[scope_key] = self.frame if rows is None else self.frame[rows]
+        return sub
+
+
+def _scope_rows(frame: pl.DataFrame, tested: dict[str, list[str]]) -> dict[str, np.ndarray | None]:
+    """Each searched scope's row indices in ``frame`` (ascending; None: all of them)."""
+    rows: dict[str, np.ndarray | None] = {key({}): None}
+    for dim, values in tested.items():
+        grouped = frame.select(pl.col(dim).cast(pl.String)).with_row_index(_ROW).group_by(dim).agg(pl.col(_ROW))
+        index = dict(zip(grouped[dim].to_list(), grouped[_ROW], strict=True))
+        for value in values:
+            rows[key({dim: value})] = index[value].to_numpy().astype(np.int64)
+    return rows
+
+
+_ROW = "__row"
 
 
 def _detections(search: Search, cfg: ShiftConfig, seed: int) -> dict[str, list[Detection]]:
     """Every stage's detections in every scope (a seeded subsample of a scope beyond
-    ``max_requests``); fills ``search.frames``."""
+    ``max_requests``), read as numpy columns of the rows of each scope."""
     rng = np.random.default_rng(seed)
     found: dict[str, list[Detection]] = {s: [] for s in search.stages}
+    rows_of = search.frames.rows
+    columns = {name: search.frame[name].to_numpy() for name in ("start", *search.stages)}
     for scope in search.scopes:
-        sub = search.frame
-        for dim, value in scope.items():
-            sub = sub.filter(pl.col(dim).cast(pl.String) == value)
-        search.frames[key(scope)] = sub
+        rows = rows_of[key(scope)]
+        height = search.frame.height if rows is None else len(rows)
         scale = 1.0
-        if sub.height > cfg.max_requests:
-            scale = sub.height / cfg.max_requests
-            sub = sub[np.sort(rng.choice(sub.height, cfg.max_requests, replace=False))]
-        starts = sub["start"].to_numpy()
+        if height > cfg.max_requests:
+            scale = height / cfg.max_requests
+            picked = np.sort(rng.choice(height, cfg.max_requests, replace=False))
+            rows = picked if rows is None else rows[picked]
+        starts = columns["start"] if rows is None else columns["start"][rows]
         for stage in search.stages:
-            values = sub[stage].to_numpy()
+            values = columns[stage] if rows is None else columns[stage][rows]
             keep = ~np.isnan(values)
             for det in detect(starts[keep], values[keep], search.boundaries, search.z_crit, cfg, stage, scope):
                 det.after_n = round(det.after_n * scale)  # requests, not sampled ones
@@ -122,6 +153,20 @@ def _excess(frame: pl.DataFrame, det: Detection) -> float:
     return excess_s(before, after)
 
 
+# What the shift detector reads of a request (the rest of the timelines is left out before the
+# frame is sorted and split by scope): its start, the stages, the scope attributes, and what
+# ``context`` says moved with a change (end-to-end views, prompt and cached tokens, connect's parts).
+READ_COLUMNS = (
+    "start", *SHIFT_STAGES, "client_e2e", "gateway_e2e", "engine_e2e", "prompt_tokens", "cached_tokens",
+    *(c for cols in CONNECT_PARTS.values() for c in cols),
+)  # fmt: skip
+
+
+def _read_columns(timelines: pl.DataFrame, dims: tuple[str, ...]) -> list[str]:
+    wanted = dict.fromkeys((*READ_COLUMNS, *dims))
+    return [c for c in timelines.columns if c in wanted]
+
+
 def find_shifts(
     timelines: pl.DataFrame,
     window_s: float,
@@ -135,7 +180,7 @@ def find_shifts(
     searched besides all traffic; ``seed`` the subsample of scopes above ``max_requests``.
     """
     cfg = config
-    frame = timelines.filter(pl.col("start").is_not_null()).sort("start")
+    frame = timelines.select(_read_columns(timelines, dims)).filter(pl.col("start").is_not_null()).sort("start")
     if frame.height < 2 * cfg.min_side:
         return []
     search = _search(frame, window_s, dims, cfg)

@@ -41,7 +41,13 @@ class ShiftConfig:
 
 def _average_ranks(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Ranks 1..n, ties sharing their average rank (as Mann-Whitney wants), and the size of each
-    group of equal values (for the variance's tie correction)."""
+    group of equal values (for the variance's tie correction), in the order of the values.
+
+    Values ranked to the millisecond are whole numbers over a range rarely much wider than their
+    count: they are counted (``np.bincount``, linear) instead of sorted; the same numbers."""
+    counted = _counted_ranks(values)
+    if counted is not None:
+        return counted
     order = np.argsort(values, kind="stable")
     sorted_vals = values[order]
     _, first, counts = np.unique(sorted_vals, return_index=True, return_counts=True)
@@ -49,6 +55,27 @@ def _average_ranks(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     ranks = np.empty(len(values))
     ranks[order] = np.repeat(avg, counts)
     return ranks, counts
+
+
+COUNTED_RANGE = 4  # count instead of sort while the values' range is at most this many times their count
+
+
+def _counted_ranks(values: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """``_average_ranks`` of whole numbers by counting them, or None when they are not whole or
+    spread too widely for counting to pay."""
+    n = len(values)
+    if n == 0:
+        return None
+    lo, hi = values.min(), values.max()
+    if not (math.isfinite(lo) and math.isfinite(hi)) or hi - lo > COUNTED_RANGE * n + 1024:
+        return None
+    offsets = (values - lo).astype(np.int64)
+    if not np.array_equal(offsets, values - lo):
+        return None
+    per_value = np.bincount(offsets)
+    below = np.cumsum(per_value) - per_value  # values smaller than each: its group's first index
+    avg = below + (per_value + 1) / 2.0
+    return avg[offsets], per_value[per_value > 0]
 
 
 def split_z(values: np.ndarray, splits: np.ndarray) -> np.ndarray:
