@@ -158,6 +158,7 @@ def _excess(frame: pl.DataFrame, det: Detection) -> float:
 # ``context`` says moved with a change (end-to-end views, prompt and cached tokens, connect's parts).
 READ_COLUMNS = (
     "start", *SHIFT_STAGES, "client_e2e", "gateway_e2e", "engine_e2e", "prompt_tokens", "cached_tokens",
+    "spec_acceptance_length",
     *(c for cols in CONNECT_PARTS.values() for c in cols),
 )  # fmt: skip
 
