@@ -63,8 +63,9 @@ class LiveConfig:
         return self.step_s or self.window_s
 
 
-def _finished(pending: pl.DataFrame, now: float, cfg: LiveConfig) -> pl.Series:
-    """The request IDs in ``pending`` that are finished at ``now`` (see the module doc)."""
+def _finished(pending: pl.DataFrame, now: float, cfg: LiveConfig, idle_s: float) -> pl.Series:
+    """The request IDs in ``pending`` that are finished at ``now`` (see the module doc; a request
+    without an event for ``idle_s`` is finished as it is)."""
     comp = pl.col("hop").str.split_exact(".", 1).struct.field("field_0")
     final = pl.col("hop").is_in([h for hops in FINAL_HOPS.values() for h in hops])
     reached = [(comp == c).any().alias(c) for c in OUTERMOST]
@@ -77,11 +78,11 @@ def _finished(pending: pl.DataFrame, now: float, cfg: LiveConfig) -> pl.Series:
         .then(pl.col("gateway_end"))
         .otherwise(pl.col("engine_end"))
     )
-    done = (outer_ended & (pl.col("last") <= now - cfg.settle_s)) | (pl.col("last") <= now - cfg.idle_s)
+    done = (outer_ended & (pl.col("last") <= now - cfg.settle_s)) | (pl.col("last") <= now - idle_s)
     return per.filter(done)["request_id"]
 
 
-def _running_since(pending: pl.DataFrame, now: float, cfg: LiveConfig) -> float:
+def _running_since(pending: pl.DataFrame, now: float, idle_s: float) -> float:
     """The earliest first event of the requests still running (not idle for ``idle_s``): every
     request that started before it has finished."""
     if pending.height == 0:
@@ -89,7 +90,7 @@ def _running_since(pending: pl.DataFrame, now: float, cfg: LiveConfig) -> float:
     per = pending.group_by("request_id").agg(
         pl.col("ts").min().alias("first"), pl.col("ts").max().alias("last")
     )
-    running = per.filter(pl.col("last") > now - cfg.idle_s)["first"].min()
+    running = per.filter(pl.col("last") > now - idle_s)["first"].min()
     return now if running is None else min(float(running), now)
 
 
@@ -125,6 +126,7 @@ class LiveDetector:
         self.cpu_s = 0.0  # process CPU seconds spent in steps
         self.findings: list[dict] = []  # the last step's findings (all of them)
         self._extra = tuple(d for d in cfg.scopes if d not in SCOPE_SOURCES)
+        self._idle_s = cfg.idle_s  # a request without an event this long is finished (``drain``: settle_s)
 
     def feed(self, events: pl.DataFrame) -> list[Incident]:
         """Add a batch of events (``io.SCHEMA`` columns); run the steps the watermark passed."""
@@ -158,33 +160,41 @@ class LiveDetector:
             return []
         changed: list[Incident] = []
         while self.next_step <= self.newest or (
-            self.pending.height and self.next_step <= self.newest + self.config.idle_s + self.config.every_s
+            self.pending.height and self.next_step <= self.newest + self._idle_s + self.config.every_s
         ):
             changed += self.step(self.next_step)
             self.next_step += self.config.every_s
         return _unique(changed)
 
     def drain(self) -> list[Incident]:
-        """The end of the stream for good (a demo's last request, a log that will not grow): after
-        ``flush``, time runs on without events, in strides of a tenth of the horizon, until no
-        incident fires (a shift then resolves once its scope stayed quiet, see ``incidents``) or
-        the horizon and four strides passed."""
+        """The end of the stream for good (a demo's last request, a log that will not grow): a
+        request without its final hop will never get one, so it is finished as it is once
+        settled (not after ``idle_s``); after ``flush``, time runs on without events, in strides
+        of a tenth of the horizon, until no incident fires (a shift then resolves once its scope
+        stayed quiet, see ``incidents``) or the horizon and four strides passed. Those strides
+        only resolve: the analysis of a horizon that empties without new requests is not news,
+        and an end is dated at most the newest event (``IncidentBook.step``), so Alertmanager
+        gets an ``endsAt`` it has passed already, not one in the future."""
+        self._idle_s = self.config.settle_s
         changed = self.flush()
         if self.newest is None or self.next_step is None:
             return changed
         stride = max(self.config.every_s, self.config.horizon_s / 10)
         end = self.newest + self.config.horizon_s + 4 * stride
         while self.book.firing() and self.next_step <= end:
-            changed += self.step(self.next_step)
+            changed += self.step(self.next_step, analyse=False)
             self.next_step += stride
         return _unique(changed)
 
-    def step(self, now: float) -> list[Incident]:
+    def step(self, now: float, analyse: bool = True) -> list[Incident]:
         """One step at event time ``now``: finished requests into the horizon, the analysis on
-        it, the incident book updated."""
+        it (``analyse``; else no finding: the firing incidents are only checked for their end),
+        the incident book updated."""
         started = time.process_time()
         cfg = self.config
-        done = _finished(self.pending, now, cfg) if self.pending.height else pl.Series([], dtype=pl.String)
+        done = pl.Series([], dtype=pl.String)
+        if self.pending.height:
+            done = _finished(self.pending, now, cfg, self._idle_s)
         if done.len():
             finished = self.pending.filter(pl.col("request_id").is_in(done.implode()))
             self.pending = self.pending.filter(~pl.col("request_id").is_in(done.implode()))
@@ -196,9 +206,9 @@ class LiveDetector:
             self.horizon = self.horizon.filter(pl.col("start") >= now - cfg.horizon_s)
         frame = self.horizon if self.horizon is not None else pl.DataFrame()
         if frame.height:
-            frame = _survivors(frame, _running_since(self.pending, now, cfg))
-        self.findings = findings_now(frame, cfg.window_s, cfg.scopes)
-        changed = self.book.step(now, self.findings, frame)
+            frame = _survivors(frame, _running_since(self.pending, now, self._idle_s))
+        self.findings = findings_now(frame, cfg.window_s, cfg.scopes) if analyse else []
+        changed = self.book.step(now, self.findings, frame, newest=self.newest)
         self.now = now
         self.steps += 1
         self.cpu_s += time.process_time() - started

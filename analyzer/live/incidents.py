@@ -168,6 +168,7 @@ class IncidentBook:
     hold_s: float = 0.0
     incidents: list[Incident] = field(default_factory=list)
     held: dict[tuple, float] = field(default_factory=dict)  # fingerprint -> first step it was found
+    latest: float = -math.inf  # this step's time, or the newest event's if earlier (``step``)
     suppressed: int = 0  # incidents not opened because max_firing were firing
 
     @property
@@ -177,9 +178,14 @@ class IncidentBook:
     def firing(self) -> list[Incident]:
         return [i for i in self.incidents if i.state == "firing"]
 
-    def step(self, now: float, findings: list[dict], frame: pl.DataFrame) -> list[Incident]:
+    def step(
+        self, now: float, findings: list[dict], frame: pl.DataFrame, newest: float | None = None
+    ) -> list[Incident]:
+        """``newest``: the newest event's time. Past it (a replay's end, a drained stream) event
+        time runs on without events: what ends or begins then is dated at most ``newest``."""
         changed: dict[int, Incident] = {}
         seen: set[int] = set()
+        self.latest = now if newest is None else min(now, newest)
         found = {fingerprint(f) for f in findings if not f.get("until")}
         self.held = {k: self.held.get(k, now) for k in found}
         for finding in findings:  # the most important first: the one an incident shows
@@ -195,7 +201,7 @@ class IncidentBook:
             incident.absent_steps += 1
             ended = self._gone(now, incident, frame)
             if ended is not None:
-                incident.state, incident.ends_at = "resolved", ended
+                incident.state, incident.ends_at = "resolved", min(ended, self.latest)
                 changed[id(incident)] = incident
         self.incidents = [
             i for i in self.incidents if i.state == "firing" or (i.ends_at or now) >= now - self.horizon_s
@@ -238,7 +244,7 @@ class IncidentBook:
     ) -> tuple[Incident | None, bool]:
         """The incident this finding belongs to (None: none) and whether it changed; an incident
         ``seen`` in this step already took a more important finding and keeps it."""
-        key, onset = fingerprint(finding), onset_of(finding, now)
+        key, onset = fingerprint(finding), onset_of(finding, self.latest)
         until = to_epoch(finding["until"]) if finding.get("until") else None
         reversed_ = self._related(key, onset, "firing", same_direction=False)
         if finding["kind"] == "shift" and reversed_ is not None:
@@ -277,7 +283,8 @@ class IncidentBook:
     ) -> tuple[Incident, bool]:
         """The incident with its newest finding, and whether what an alert shows changed."""
         incident.last_seen = now
-        incident.onset = onset_of(finding, now)  # the analysis places it better as requests come
+        if finding.get("at"):  # the analysis places it better as requests come (a pitfall: first seen)
+            incident.onset = onset_of(finding, now)
         if fingerprint(finding) != incident.key:  # a nested scope: keep the labels, take the words
             finding = finding | {"scope": incident.finding["scope"]}
         if until is not None:
