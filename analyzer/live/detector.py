@@ -115,7 +115,9 @@ class LiveDetector:
     def __post_init__(self) -> None:
         cfg = self.config
         hold = 2 * cfg.window_s if cfg.hold_s is None else cfg.hold_s
-        self.book = IncidentBook(cfg.window_s, cfg.horizon_s, recent_s=cfg.recent_s, hold_s=hold)
+        self.book = IncidentBook(
+            cfg.window_s, cfg.horizon_s, recent_s=cfg.recent_s, hold_s=hold, dims=cfg.scopes
+        )
         self.pending = pl.DataFrame(schema=SCHEMA)
         self.horizon: pl.DataFrame | None = None
         self.newest: float | None = None  # the newest event ts seen

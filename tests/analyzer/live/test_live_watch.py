@@ -30,7 +30,7 @@ def test_replay_prints_the_alert_with_the_seconds_since_onset_and_its_end(tmp_pa
     lines = run.stdout.splitlines()
     assert lines[0].startswith(
         "[2026-01-05T10:03:40Z +40s since onset] FIRING HoplineShift{severity=critical, direction=up, "
-        "stage=queue, replica=r2}: queue time tripled at 10:03 on replica r2 (p50 "
+        "stage=queue, replica=r2, model=llama-3.1-8b}: queue time tripled at 10:03 on replica r2 (p50 "
     )
     assert lines[1].startswith("[2026-01-05T10:05:20Z +140s since onset] RESOLVED HoplineShift{")
     assert "until 10:05 on replica r2" in lines[1]
