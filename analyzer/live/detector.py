@@ -35,6 +35,20 @@ OUTERMOST = ("client", "gateway", "engine")  # the first one a request reached t
 # What a request's end decides (its decode, end-to-end time, speed): unknown for the requests still
 # running, so the horizon's newest rows would hold only the short ones (see ``_survivors``).
 END_COLUMNS = tuple(c for c in COLUMNS if c == "decode" or c.endswith(("_e2e", "_itl", "_last", "_decode_s")))
+# Timeline columns the horizon does not keep: no detector and not the incident book reads them (the
+# raw hop times but the engine's first token, the durations the stages were computed from, IDs,
+# pool and loop gauges, the per-request lists of missing and negative stages). A third of a row's
+# bytes; ``tests/analyzer/live/test_live_horizon.py`` checks that the findings do not change.
+NOT_KEPT = frozenset(
+    (
+        "trace_id", "attempts", "client_first", "client_last", "gateway_received", "gateway_forwarded",
+        "gateway_first", "gateway_last", "engine_received", "engine_scheduled", "engine_last",
+        "client_delay_s", "stats_queue_s", "stats_prefill_s", "stats_decode_s", "gateway_reported_queue_s",
+        "gateway_reported_prefill_s", "gateway_reported_decode_s", "client_reported_queue_s",
+        "client_reported_prefill_s", "client_reported_decode_s", "pool_full", "pool_limit", "loop_lag_s",
+        "gateway_upstream", "client_max_gap_s", "client_max_gap_at", "negative", "missing",
+    )
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -200,7 +214,8 @@ class LiveDetector:
         if done.len():
             finished = self.pending.filter(pl.col("request_id").is_in(done.implode()))
             self.pending = self.pending.filter(~pl.col("request_id").is_in(done.implode()))
-            rows = timelines(finished.lazy(), scopes=self._extra).collect()
+            rows = timelines(finished.lazy(), scopes=self._extra)
+            rows = rows.select(c for c in rows.collect_schema().names() if c not in NOT_KEPT).collect()
             self.finished_requests += rows.height
             parts = [self.horizon, rows] if self.horizon is not None else [rows]
             self.horizon = pl.concat(parts, how="diagonal_relaxed")
