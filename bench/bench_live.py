@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/bench_live.py [--seeds 10] [--rate 20] [--scale-rate 200] [--scale-minutes 10]
     .venv/bin/python bench/bench_live.py --clean-hours 6 --clean-rate 100 [--clean-step 60]
+    .venv/bin/python bench/bench_live.py --memory-rate 1000 --memory-minutes 3 --scope-values 50 [--keep-all]
     .venv/bin/python bench/bench_live.py --demo-runs DIR   (DIR/X from: hopline demo --seconds 60
                                                             --scenario X --out DIR/X --json > DIR/X.json)
 
@@ -73,6 +74,36 @@ def scale_run(rate: float, minutes: float) -> dict:
     detector.flush()
     return {"cpu_s": detector.cpu_s, "requests": detector.finished_requests, "steps": detector.steps,
             "incidents": len(detector.incidents()), "horizon_rows": detector.horizon.height}  # fmt: skip
+
+
+def memory_run(rate: float, minutes: float, values: int, keep_all: bool) -> dict:
+    """Clean traffic at ``rate`` over ``values`` replicas for ``minutes`` through a ``LiveDetector``
+    with its defaults: the horizon's bytes per request (polars' ``estimated_size``) and what a full
+    30 min horizon at ``rate`` would hold; CPU per finished request. ``keep_all``: every timeline
+    column kept (the horizon before ``detector.NOT_KEPT``)."""
+    import resource
+
+    from hopline.analyzer.live import detector as live_detector
+
+    if keep_all:
+        live_detector.NOT_KEPT = frozenset()
+    replicas = tuple(f"r{i}" for i in range(values))
+    events = generate(duration_s=minutes * 60, rate=rate, seed=98, replicas=replicas)
+    detector = LiveDetector(LiveConfig())
+    wall = time.perf_counter()
+    for part in batches(events, detector.config.every_s):
+        detector.feed(part)
+    detector.flush()
+    rows = detector.horizon.height
+    per_row = detector.horizon.estimated_size() / rows
+    full = LiveConfig().horizon_s * rate
+    return {"rate": rate, "minutes": minutes, "scope_values": values, "keep_all": keep_all,
+            "requests": detector.finished_requests, "steps": detector.steps, "horizon_rows": rows,
+            "bytes_per_row": round(per_row, 1), "horizon_mib": round(per_row * rows / 2**20, 1),
+            "horizon_30min_mib": round(per_row * full / 2**20, 1),
+            "cpu_ms_per_request": round(detector.cpu_s / detector.finished_requests * 1e3, 3),
+            "cpu_s_per_step": round(detector.cpu_s / detector.steps, 3), "wall_s": round(time.perf_counter() - wall, 1),
+            "max_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}  # fmt: skip
 
 
 DEMO_SETTINGS = dict(settle_s=1.0, lateness_s=1.0, hold_s=5.0)  # demo/live.py's watch
@@ -190,7 +221,15 @@ def main() -> None:
     parser.add_argument("--clean-hours", type=float, help="False alarms: replay this many hours of clean traffic.")
     parser.add_argument("--clean-rate", type=float, default=100.0, help="Its mean requests/s.")
     parser.add_argument("--clean-step", type=float, help="Run the analysis every this many s (default: window).")
+    parser.add_argument("--memory-rate", type=float, help="Horizon bytes and CPU at this many requests/s.")
+    parser.add_argument("--memory-minutes", type=float, default=3.0)
+    parser.add_argument("--scope-values", type=int, default=50, help="Replicas in the --memory-rate run.")
+    parser.add_argument("--keep-all", action="store_true", help="--memory-rate: keep every timeline column.")
     args = parser.parse_args()
+    if args.memory_rate:
+        run = memory_run(args.memory_rate, args.memory_minutes, args.scope_values, args.keep_all)
+        print(orjson_line(run), flush=True)
+        return
     if args.clean_hours:
         print(orjson_line(false_alarms(args.clean_hours, args.clean_rate, args.clean_step)), flush=True)
         return

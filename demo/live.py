@@ -7,7 +7,9 @@ the demo's final report stays the one of a run without it. Its alerts arrive on 
 ``hopline watch --json`` lines; a thread prints them above the live panel and keeps them in
 ``RUN_DIR/alerts.log`` (JSON lines, but not ``.ndjson``: ``hopline analyze RUN`` reads only event files). When the run ends and the collector has stored the last events, the
 watch sees nothing new for ``QUIET_S``, lets event time run on without traffic (what fired
-resolves once its scope stays quiet) and exits.
+resolves once its scope stays quiet, its ``endsAt`` no later than the run's last event: the
+watch's event time runs minutes past the wall clock then, and Alertmanager, on the wall clock,
+would hold an alert ending in its future as firing until then), sends the resolves and exits.
 
 ``--alertmanager URL`` (repeatable; else ``HOPLINE_ALERTMANAGER_URL``) goes to the watch, which
 sends the live findings there as ``hopline watch`` does.

@@ -234,7 +234,9 @@ def _evidence(finding: dict, share: float | None) -> str:
 def payload(incident: dict, *, store: str | None = None, generator_url: str | None = None) -> dict:
     """One alert for Alertmanager's ``POST /api/v2/alerts`` from an incident's JSON
     (``Incident.to_json``): labels = its fingerprint and severity, annotations = the sentence,
-    evidence, example requests and the ``hopline timeline`` command for the first of them."""
+    evidence, example requests and the ``hopline timeline`` command for the first of them. The
+    attributes every request in its scope shared (``common``: a one-replica deployment's replica)
+    are labels too, after the scope's."""
     labels = {
         "alertname": ALERTNAMES.get(incident["kind"], "HoplineFinding"),
         "severity": incident["severity"],
@@ -245,6 +247,8 @@ def payload(incident: dict, *, store: str | None = None, generator_url: str | No
     else:
         labels["pitfall"] = incident["name"]
     labels |= {scope_label(k): str(v) for k, v in sorted((incident.get("scope") or {}).items())}
+    for k, v in sorted((incident.get("common") or {}).items()):  # every request in scope had it
+        labels.setdefault(scope_label(k), str(v))
     examples = incident.get("examples") or []
     annotations = {
         "summary": incident["summary"],

@@ -35,6 +35,22 @@ OUTERMOST = ("client", "gateway", "engine")  # the first one a request reached t
 # What a request's end decides (its decode, end-to-end time, speed): unknown for the requests still
 # running, so the horizon's newest rows would hold only the short ones (see ``_survivors``).
 END_COLUMNS = tuple(c for c in COLUMNS if c == "decode" or c.endswith(("_e2e", "_itl", "_last", "_decode_s")))
+# Timeline columns the horizon does not keep: no detector and not the incident book reads them (the
+# raw hop times but the engine's first token, the durations the stages were computed from, IDs,
+# pool and loop gauges, the per-request lists of missing and negative stages, the request's
+# parameters and outcome the stages already reflect, the per-token speeds an SLO reads): 47% of a
+# row's bytes. ``tests/analyzer/live/test_live_horizon.py`` checks that the findings do not change.
+NOT_KEPT = frozenset(
+    (
+        "trace_id", "attempts", "client_first", "client_last", "gateway_received", "gateway_forwarded",
+        "gateway_first", "gateway_last", "engine_received", "engine_scheduled", "engine_last",
+        "client_delay_s", "stats_queue_s", "stats_prefill_s", "stats_decode_s", "gateway_reported_queue_s",
+        "gateway_reported_prefill_s", "gateway_reported_decode_s", "client_reported_queue_s",
+        "client_reported_prefill_s", "client_reported_decode_s", "pool_full", "pool_limit", "loop_lag_s",
+        "gateway_upstream", "client_max_gap_s", "client_max_gap_at", "negative", "missing", "stream", "n",
+        "max_tokens", "outcome", "client_itl", "gateway_itl", "engine_itl",
+    )
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -63,8 +79,9 @@ class LiveConfig:
         return self.step_s or self.window_s
 
 
-def _finished(pending: pl.DataFrame, now: float, cfg: LiveConfig) -> pl.Series:
-    """The request IDs in ``pending`` that are finished at ``now`` (see the module doc)."""
+def _finished(pending: pl.DataFrame, now: float, cfg: LiveConfig, idle_s: float) -> pl.Series:
+    """The request IDs in ``pending`` that are finished at ``now`` (see the module doc; a request
+    without an event for ``idle_s`` is finished as it is)."""
     comp = pl.col("hop").str.split_exact(".", 1).struct.field("field_0")
     final = pl.col("hop").is_in([h for hops in FINAL_HOPS.values() for h in hops])
     reached = [(comp == c).any().alias(c) for c in OUTERMOST]
@@ -77,11 +94,11 @@ def _finished(pending: pl.DataFrame, now: float, cfg: LiveConfig) -> pl.Series:
         .then(pl.col("gateway_end"))
         .otherwise(pl.col("engine_end"))
     )
-    done = (outer_ended & (pl.col("last") <= now - cfg.settle_s)) | (pl.col("last") <= now - cfg.idle_s)
+    done = (outer_ended & (pl.col("last") <= now - cfg.settle_s)) | (pl.col("last") <= now - idle_s)
     return per.filter(done)["request_id"]
 
 
-def _running_since(pending: pl.DataFrame, now: float, cfg: LiveConfig) -> float:
+def _running_since(pending: pl.DataFrame, now: float, idle_s: float) -> float:
     """The earliest first event of the requests still running (not idle for ``idle_s``): every
     request that started before it has finished."""
     if pending.height == 0:
@@ -89,7 +106,7 @@ def _running_since(pending: pl.DataFrame, now: float, cfg: LiveConfig) -> float:
     per = pending.group_by("request_id").agg(
         pl.col("ts").min().alias("first"), pl.col("ts").max().alias("last")
     )
-    running = per.filter(pl.col("last") > now - cfg.idle_s)["first"].min()
+    running = per.filter(pl.col("last") > now - idle_s)["first"].min()
     return now if running is None else min(float(running), now)
 
 
@@ -114,7 +131,9 @@ class LiveDetector:
     def __post_init__(self) -> None:
         cfg = self.config
         hold = 2 * cfg.window_s if cfg.hold_s is None else cfg.hold_s
-        self.book = IncidentBook(cfg.window_s, cfg.horizon_s, recent_s=cfg.recent_s, hold_s=hold)
+        self.book = IncidentBook(
+            cfg.window_s, cfg.horizon_s, recent_s=cfg.recent_s, hold_s=hold, dims=cfg.scopes
+        )
         self.pending = pl.DataFrame(schema=SCHEMA)
         self.horizon: pl.DataFrame | None = None
         self.newest: float | None = None  # the newest event ts seen
@@ -125,6 +144,7 @@ class LiveDetector:
         self.cpu_s = 0.0  # process CPU seconds spent in steps
         self.findings: list[dict] = []  # the last step's findings (all of them)
         self._extra = tuple(d for d in cfg.scopes if d not in SCOPE_SOURCES)
+        self._idle_s = cfg.idle_s  # a request without an event this long is finished (``drain``: settle_s)
 
     def feed(self, events: pl.DataFrame) -> list[Incident]:
         """Add a batch of events (``io.SCHEMA`` columns); run the steps the watermark passed."""
@@ -158,37 +178,46 @@ class LiveDetector:
             return []
         changed: list[Incident] = []
         while self.next_step <= self.newest or (
-            self.pending.height and self.next_step <= self.newest + self.config.idle_s + self.config.every_s
+            self.pending.height and self.next_step <= self.newest + self._idle_s + self.config.every_s
         ):
             changed += self.step(self.next_step)
             self.next_step += self.config.every_s
         return _unique(changed)
 
     def drain(self) -> list[Incident]:
-        """The end of the stream for good (a demo's last request, a log that will not grow): after
-        ``flush``, time runs on without events, in strides of a tenth of the horizon, until no
-        incident fires (a shift then resolves once its scope stayed quiet, see ``incidents``) or
-        the horizon and four strides passed."""
+        """The end of the stream for good (a demo's last request, a log that will not grow): a
+        request without its final hop will never get one, so it is finished as it is once
+        settled (not after ``idle_s``); after ``flush``, time runs on without events, in strides
+        of a tenth of the horizon, until no incident fires (a shift then resolves once its scope
+        stayed quiet, see ``incidents``) or the horizon and four strides passed. Those strides
+        only resolve: the analysis of a horizon that empties without new requests is not news,
+        and an end is dated at most the newest event (``IncidentBook.step``), so Alertmanager
+        gets an ``endsAt`` it has passed already, not one in the future."""
+        self._idle_s = self.config.settle_s
         changed = self.flush()
         if self.newest is None or self.next_step is None:
             return changed
         stride = max(self.config.every_s, self.config.horizon_s / 10)
         end = self.newest + self.config.horizon_s + 4 * stride
         while self.book.firing() and self.next_step <= end:
-            changed += self.step(self.next_step)
+            changed += self.step(self.next_step, analyse=False)
             self.next_step += stride
         return _unique(changed)
 
-    def step(self, now: float) -> list[Incident]:
+    def step(self, now: float, analyse: bool = True) -> list[Incident]:
         """One step at event time ``now``: finished requests into the horizon, the analysis on
-        it, the incident book updated."""
+        it (``analyse``; else no finding: the firing incidents are only checked for their end),
+        the incident book updated."""
         started = time.process_time()
         cfg = self.config
-        done = _finished(self.pending, now, cfg) if self.pending.height else pl.Series([], dtype=pl.String)
+        done = pl.Series([], dtype=pl.String)
+        if self.pending.height:
+            done = _finished(self.pending, now, cfg, self._idle_s)
         if done.len():
             finished = self.pending.filter(pl.col("request_id").is_in(done.implode()))
             self.pending = self.pending.filter(~pl.col("request_id").is_in(done.implode()))
-            rows = timelines(finished.lazy(), scopes=self._extra).collect()
+            rows = timelines(finished.lazy(), scopes=self._extra)
+            rows = rows.select(c for c in rows.collect_schema().names() if c not in NOT_KEPT).collect()
             self.finished_requests += rows.height
             parts = [self.horizon, rows] if self.horizon is not None else [rows]
             self.horizon = pl.concat(parts, how="diagonal_relaxed")
@@ -196,9 +225,9 @@ class LiveDetector:
             self.horizon = self.horizon.filter(pl.col("start") >= now - cfg.horizon_s)
         frame = self.horizon if self.horizon is not None else pl.DataFrame()
         if frame.height:
-            frame = _survivors(frame, _running_since(self.pending, now, cfg))
-        self.findings = findings_now(frame, cfg.window_s, cfg.scopes)
-        changed = self.book.step(now, self.findings, frame)
+            frame = _survivors(frame, _running_since(self.pending, now, self._idle_s))
+        self.findings = findings_now(frame, cfg.window_s, cfg.scopes) if analyse else []
+        changed = self.book.step(now, self.findings, frame, newest=self.newest)
         self.now = now
         self.steps += 1
         self.cpu_s += time.process_time() - started

@@ -27,6 +27,15 @@ Each step (``IncidentBook.step``) reads the findings on the horizon at event tim
   the offline report weighs a finding over the whole log, which on a 30-minute horizon would
   hide a fresh incident for its first minutes); severity is ``critical`` from
   ``CRITICAL_SHARE`` on, ``warning`` below, set when it opens (a label: it must not change);
+- two scopes are one place when their keys nest (``{}``, ``{"replica": "r2"}``) or when the
+  requests of one since the onset are nearly all (``SAME_PLACE``) the other's: a batch job pinned
+  to r2 is ``{"service": "batch-eval"}`` and ``{"replica": "r2"}`` at once, and the analysis names
+  one then the other as requests come; they share one hold and one incident, which opens with the
+  scope the newest analysis names (the one ``hopline analyze`` names once it has seen more);
+- ``common``: the searched attributes (``dims``) not in its scope whose value every request in
+  its scope since the onset shared, when it opens (a one-replica deployment's ``{}`` is replica
+  r1): the alert carries them as labels too, so that a route on ``replica`` matches; the finding's
+  scope and sentence stay those of ``hopline analyze``;
 - a firing incident whose finding is gone for ``absent_steps`` steps resolves when its stage, in
   its scope, over the last ``recent_check_s``, is nearer its level before than after (a shift
   whose onset left the horizon is gone from the findings but may still hold: it keeps firing),
@@ -49,6 +58,7 @@ from hopline.middleware.contract.times import to_epoch
 ALERTNAMES = {"shift": "HoplineShift", "pitfall": "HoplinePitfall"}
 CRITICAL_SHARE = 0.05  # users' time added since the onset, from which an incident is critical
 EXAMPLES = 3  # request IDs an alert names
+SAME_PLACE = 0.8  # the share of one scope's requests in another from which they are one place
 
 
 def direction(finding: dict) -> str:
@@ -104,6 +114,37 @@ def examples(finding: dict, frame: pl.DataFrame, onset: float, n: int = EXAMPLES
     return rows["request_id"].head(n).to_list()
 
 
+def common_values(scope: dict, dims: tuple[str, ...], frame: pl.DataFrame, onset: float) -> dict[str, str]:
+    """The attributes of ``dims`` outside ``scope`` with one value (not null) on every request in
+    ``scope`` since ``onset``."""
+    rows = since(frame, onset, scope)
+    found: dict[str, str] = {}
+    for dim in dims:
+        if dim in scope or dim not in rows.columns or rows.height == 0:
+            continue
+        values = rows[dim].cast(pl.String)
+        if values.null_count() == 0 and values.n_unique() == 1:
+            found[dim] = values[0]
+    return found
+
+
+def same_place(a: dict, b: dict, frame: pl.DataFrame, start: float) -> bool:
+    """Scopes ``a`` and ``b`` are one place: their keys nest, or ``SAME_PLACE`` of the requests of
+    one of them since ``start`` are the other's."""
+    if _nested(tuple(a.items()), tuple(b.items())):
+        return True
+    if "start" not in frame.columns:
+        return False
+    rows = frame.filter(pl.col("start") >= start)
+    if rows.height == 0:
+        return False
+    in_a, in_b = (in_scope(a).fill_null(False), in_scope(b).fill_null(False))
+    counts = rows.select(in_a.sum().alias("a"), in_b.sum().alias("b"), (in_a & in_b).sum().alias("ab"))
+    n_a, n_b, both = counts.row(0)
+    smaller = min(n_a, n_b)
+    return smaller > 0 and both >= SAME_PLACE * smaller
+
+
 def returned(finding: dict, frame: pl.DataFrame, start: float, min_requests: int = 20) -> bool | None:
     """Whether the stage, in scope, since ``start``, is nearer its level before than after (its
     statistic's ratio); None with fewer than ``min_requests`` requests to tell."""
@@ -132,6 +173,7 @@ class Incident:
     state: str = "firing"
     ends_at: float | None = None
     absent_steps: int = 0
+    common: dict[str, str] = field(default_factory=dict)  # see the module doc; set when it opens
 
     @property
     def scope(self) -> dict[str, str]:
@@ -148,11 +190,17 @@ class Incident:
             "severity": self.severity,
             "share_since_onset": None if self.share is None else round(self.share, 4),
             "examples": self.examples,
+            "common": self.common,
         }
 
 
 def _nested(a: tuple, b: tuple) -> bool:
     return set(a) <= set(b) or set(b) <= set(a)
+
+
+def _place(key: tuple) -> tuple:
+    """What a fingerprint says besides its scope: alert name, subject, direction."""
+    return (key[0], key[1], key[3])
 
 
 @dataclass
@@ -166,8 +214,11 @@ class IncidentBook:
     absent_steps: int = 3
     max_firing: int = 200
     hold_s: float = 0.0
+    dims: tuple[str, ...] = ()  # the scope attributes searched (``common``)
     incidents: list[Incident] = field(default_factory=list)
     held: dict[tuple, float] = field(default_factory=dict)  # fingerprint -> first step it was found
+    latest: float = -math.inf  # this step's time, or the newest event's if earlier (``step``)
+    frame: pl.DataFrame = field(default_factory=pl.DataFrame)  # this step's requests
     suppressed: int = 0  # incidents not opened because max_firing were firing
 
     @property
@@ -177,11 +228,16 @@ class IncidentBook:
     def firing(self) -> list[Incident]:
         return [i for i in self.incidents if i.state == "firing"]
 
-    def step(self, now: float, findings: list[dict], frame: pl.DataFrame) -> list[Incident]:
+    def step(
+        self, now: float, findings: list[dict], frame: pl.DataFrame, newest: float | None = None
+    ) -> list[Incident]:
+        """``newest``: the newest event's time. Past it (a replay's end, a drained stream) event
+        time runs on without events: what ends or begins then is dated at most ``newest``."""
         changed: dict[int, Incident] = {}
         seen: set[int] = set()
-        found = {fingerprint(f) for f in findings if not f.get("until")}
-        self.held = {k: self.held.get(k, now) for k in found}
+        self.latest = now if newest is None else min(now, newest)
+        self.frame = frame
+        self.held = self._hold(now, [f for f in findings if not f.get("until")], frame)
         for finding in findings:  # the most important first: the one an incident shows
             incident, news = self._apply(now, finding, frame, seen)
             if incident is not None:
@@ -195,12 +251,26 @@ class IncidentBook:
             incident.absent_steps += 1
             ended = self._gone(now, incident, frame)
             if ended is not None:
-                incident.state, incident.ends_at = "resolved", ended
+                incident.state, incident.ends_at = "resolved", min(ended, self.latest)
                 changed[id(incident)] = incident
         self.incidents = [
             i for i in self.incidents if i.state == "firing" or (i.ends_at or now) >= now - self.horizon_s
         ]
         return list(changed.values())
+
+    def _hold(self, now: float, findings: list[dict], frame: pl.DataFrame) -> dict[tuple, float]:
+        """Fingerprint -> the first step it was found at every step since: its own, or that of
+        one held in the same place (``same_place``) whose scope the analysis now names otherwise."""
+        held: dict[tuple, float] = {}
+        for finding in findings:
+            key = fingerprint(finding)
+            first = self.held.get(key, now)
+            for other, since_ in self.held.items():
+                if other != key and _place(other) == _place(key) and since_ < first:
+                    if same_place(dict(other[2]), dict(key[2]), frame, onset_of(finding, self.latest)):
+                        first = since_
+            held[key] = min(held.get(key, now), first)
+        return held
 
     def _gone(self, now: float, incident: Incident, frame: pl.DataFrame) -> float | None:
         """When it ended (None: it has not): now, or for a scope gone quiet, its last request's
@@ -221,7 +291,12 @@ class IncidentBook:
     def _related(self, key: tuple, onset: float, state: str, same_direction: bool = True) -> Incident | None:
         for incident in reversed(self.incidents):  # the newest first: a key may have ended twice
             k = incident.key
-            if incident.state != state or k[:2] != key[:2] or not _nested(k[2], key[2]):
+            if incident.state != state or k[:2] != key[:2]:
+                continue
+            if not _nested(k[2], key[2]) and not (
+                k[3] == key[3]
+                and same_place(incident.scope, dict(key[2]), self.frame, min(onset, incident.onset))
+            ):
                 continue
             if (k[3] == key[3]) != same_direction:
                 continue
@@ -238,7 +313,7 @@ class IncidentBook:
     ) -> tuple[Incident | None, bool]:
         """The incident this finding belongs to (None: none) and whether it changed; an incident
         ``seen`` in this step already took a more important finding and keeps it."""
-        key, onset = fingerprint(finding), onset_of(finding, now)
+        key, onset = fingerprint(finding), onset_of(finding, self.latest)
         until = to_epoch(finding["until"]) if finding.get("until") else None
         reversed_ = self._related(key, onset, "firing", same_direction=False)
         if finding["kind"] == "shift" and reversed_ is not None:
@@ -269,6 +344,7 @@ class IncidentBook:
             return None, False
         severity = "critical" if share >= CRITICAL_SHARE else "warning"
         incident = Incident(key, finding, onset, now, now, severity, share, examples(finding, frame, onset))
+        incident.common = common_values(incident.scope, self.dims, frame, onset)
         self.incidents.append(incident)
         return incident, True
 
@@ -277,7 +353,8 @@ class IncidentBook:
     ) -> tuple[Incident, bool]:
         """The incident with its newest finding, and whether what an alert shows changed."""
         incident.last_seen = now
-        incident.onset = onset_of(finding, now)  # the analysis places it better as requests come
+        if finding.get("at"):  # the analysis places it better as requests come (a pitfall: first seen)
+            incident.onset = onset_of(finding, now)
         if fingerprint(finding) != incident.key:  # a nested scope: keep the labels, take the words
             finding = finding | {"scope": incident.finding["scope"]}
         if until is not None:

@@ -72,6 +72,7 @@ def test_a_queue_rise_on_one_replica_is_one_alert_that_names_it_then_resolves(tm
         "replica": "r2",
         "direction": "up",
         "severity": "critical",
+        "model": "llama-3.1-8b",  # every request on r2 was for it (the log has one model)
     }
     summary = firing[0]["annotations"]["summary"]
     assert summary.startswith("queue time tripled at 10:06 on replica r2 (p50 ")

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import httpx
 import orjson
 import polars as pl
 from hopline.analyzer.live.metrics import FINDING
+from hopline.middleware.contract.times import to_epoch
 from support.cli import hopline
 from support.servers import closed_port_url, free_port, wait_until
 from support.synth import StageShift, generate, write_ndjson
@@ -17,6 +19,9 @@ from support.synth import StageShift, generate, write_ndjson
 # two replicas at 20 requests/s for 7 minutes; queue x3 on r2 from 3:00 to 5:00
 RISE = StageShift("queue", 3.0, at_s=180, until_s=300, scope={"replica": "r2"})
 SHORT = ("--horizon", "4m", "--recent", "2m")
+# the demo's watch for a 60 s run (demo/live.py): 1 s windows, a horizon of twice the run
+DEMO = ("--window", "1s", "--horizon", "140s", "--recent", "70s", "--settle", "1s", "--lateness", "1s",
+        "--hold", "5s")  # fmt: skip
 
 
 def log(seed: int = 7) -> pl.DataFrame:
@@ -30,7 +35,7 @@ def test_replay_prints_the_alert_with_the_seconds_since_onset_and_its_end(tmp_pa
     lines = run.stdout.splitlines()
     assert lines[0].startswith(
         "[2026-01-05T10:03:40Z +40s since onset] FIRING HoplineShift{severity=critical, direction=up, "
-        "stage=queue, replica=r2}: queue time tripled at 10:03 on replica r2 (p50 "
+        "stage=queue, replica=r2, model=llama-3.1-8b}: queue time tripled at 10:03 on replica r2 (p50 "
     )
     assert lines[1].startswith("[2026-01-05T10:05:20Z +140s since onset] RESOLVED HoplineShift{")
     assert "until 10:05 on replica r2" in lines[1]
@@ -126,3 +131,39 @@ def test_follow_serves_findings_and_metrics_while_the_incident_runs(tmp_path):
         proc.terminate()
         proc.wait(timeout=30)
     assert "FIRING HoplineShift" in proc.stdout.read()
+
+
+def test_follow_until_quiet_on_traffic_that_just_ended_resolves_at_alertmanager_at_once(tmp_path):
+    """What the demo's watch does (its settings): 70 s of traffic up to a moment ago (event time =
+    the wall clock), queue x3 on r2 from 40 s, still on when it stops; the watch sees nothing new, lets event time run on and
+    resolves. Its ``endsAt`` is no later than the last event, so a real Alertmanager (whose clock
+    is the wall clock) notifies the resolve at once, not once event time's end is reached there
+    (minutes of drained event time later)."""
+    from support.alertmanager import alertmanager_with_webhook
+
+    rise = StageShift("queue", 3.0, at_s=40, scope={"replica": "r2"})  # no end
+    events = generate(duration_s=70, rate=30, seed=7, replicas=("r1", "r2"), incidents=[rise])
+    events = events.with_columns(pl.col("ts") + (time.time() - 2 - events["ts"].max()))  # ends now
+    folder = tmp_path / "store"
+    folder.mkdir()
+    write_ndjson(events.sort("ts"), folder / "events.ndjson")
+    with alertmanager_with_webhook(tmp_path) as (am, webhook):
+        watch = subprocess.run(
+            [sys.executable, "-m", "hopline.analyzer.live", "--follow", str(folder), *DEMO, "--json",
+             "--poll", "0.2s", "--until-quiet", "2s", "--alertmanager", am.url],
+            capture_output=True, text=True, timeout=600, check=False,
+        )  # fmt: skip
+        assert watch.returncode == 0, watch.stderr[-3000:]
+        lines = [orjson.loads(x)["alert"] for x in watch.stdout.splitlines()]
+        queue = [a for a in lines if a["labels"].get("stage") == "queue"]
+        assert [bool(a.get("endsAt")) for a in queue] == [False, True], lines
+        assert queue[1]["labels"] == queue[0]["labels"] and queue[0]["labels"]["replica"] == "r2"
+        assert to_epoch(queue[1]["endsAt"]) <= events["ts"].max()  # not in Alertmanager's future
+        hooked = wait_until(
+            "the resolved notification",
+            lambda: [a for a in webhook.alerts("resolved") if a["labels"].get("stage") == "queue"],
+            timeout=60,
+        )
+    assert hooked[0]["labels"] == queue[0]["labels"]
+    assert hooked[0]["annotations"]["summary"] == queue[1]["annotations"]["summary"]  # as it resolved
+    assert "on replica r2" in hooked[0]["annotations"]["summary"]
