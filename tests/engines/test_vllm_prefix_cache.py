@@ -324,6 +324,8 @@ def test_the_hit_share_fall_is_a_finding_that_brings_the_prefill_rise(run: Run) 
         shares = [hit_share([a for a in run.answers if pick(a, t)]) for t in splits]
         reported = miss["evidence"][f"hit_share_{side}"]
         assert min(shares) - 0.001 <= reported <= max(shares) + 0.001, (side, miss["evidence"], shares)
-    assert miss["evidence"]["hit_share_after"] == 0.0, miss["evidence"]
+    # a fall to nothing: the after side holds no hit but of calls sent before the change and
+    # after the window boundary the finding split at
+    assert miss["evidence"]["hit_share_after"] <= 0.1 * miss["evidence"]["hit_share_before"], miss["evidence"]
     assert [s["stage"] for s in miss["with_shifts"]] == ["prefill"], miss
     assert "land elsewhere" not in miss["summary"], miss["summary"]
