@@ -34,26 +34,17 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+import test_vllm as vllm
 from hopline.analyzer.io import scan_events
 from hopline.analyzer.timelines import timelines
 from hopline.middleware.client import instrument
-from hopline.middleware.contract import TTFT_STAGES, compute_stages, negative_stages, normalize_request_id
+from hopline.middleware.contract import TTFT_STAGES, compute_stages, negative_stages
 from hopline.middleware.contract.rules import describe_request
 from hopline.middleware.emit import Emitter
 from hopline.middleware.gateway import GatewayHops
+from support.chat_stream import chat_stream
 from support.pd_proxy import pd_proxy_app
 from support.servers import running_server
-from test_vllm import (
-    MODEL,
-    STARTUP_TIMEOUT_S,
-    free_port,
-    read_events,
-    start_server,
-    stop_server,
-    tail,
-    vllm_dir,
-    wait_ready,
-)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
@@ -95,25 +86,14 @@ def connector(folder: Path) -> tuple[str, ...]:
 def ask(client: httpx.Client, url: str, ticket: tuple[str, ...]) -> dict[str, Any]:
     """One streaming chat call whose prompt no instance has seen (its first words are new)."""
     body = {
-        "model": MODEL,
+        "model": vllm.MODEL,
         "messages": [{"role": "user", "content": f"Ticket {' '.join(ticket)}. {TEXT}"}],
         "stream": True,
         "max_tokens": MAX_TOKENS,
         "ignore_eos": True,
         "stream_options": {"include_usage": True},
     }
-    ids, usage = set(), None
-    with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
-        assert r.status_code == 200, r.read()
-        for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = orjson.loads(line[6:])
-            assert "error" not in chunk, chunk
-            ids.add(chunk["id"])
-            usage = chunk.get("usage") or usage
-    assert len(ids) == 1 and usage is not None, (ids, usage)
-    return {"request_id": normalize_request_id(ids.pop()), "usage": usage}
+    return chat_stream(client, url + "/v1/chat/completions", body)
 
 
 def through_proxy(run: Run, mode: str, upstreams: dict[str, str], tickets: Iterator[tuple[str, ...]]) -> None:
@@ -138,7 +118,7 @@ def through_proxy(run: Run, mode: str, upstreams: dict[str, str], tickets: Itera
 def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     """P and D once; the requests through the proxy without legs, then with them (when hopline has
     them). The engines write one file each; their events are split by request afterwards."""
-    root = vllm_dir()
+    root = vllm.vllm_dir()
     tmp = tmp_path_factory.mktemp("pd")
     (tmp / "kv").mkdir()
     modes = ("attempts", "legs") if HAS_LEGS else ("attempts",)
@@ -147,9 +127,9 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     )
     for folder in result.events.values():
         folder.mkdir()
-    ports = {name: free_port() for name in result.logs}
+    ports = {name: vllm.free_port() for name in result.logs}
     procs = {
-        name: start_server(
+        name: vllm.start_server(
             root, ports[name], tmp / f"{name}.ndjson", log, extra_args=connector(tmp / "kv"), replica=name
         )
         for name, log in result.logs.items()
@@ -157,7 +137,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     try:
         with ThreadPoolExecutor(2) as pool:  # both start at once
             waits = [
-                pool.submit(wait_ready, procs[n], ports[n], result.logs[n], 2 * STARTUP_TIMEOUT_S)
+                pool.submit(vllm.wait_ready, procs[n], ports[n], result.logs[n], 2 * vllm.STARTUP_TIMEOUT_S)
                 for n in procs
             ]
             for f in waits:
@@ -168,7 +148,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             through_proxy(result, mode, upstreams, tickets)
     finally:
         for proc in procs.values():
-            stop_server(proc)
+            vllm.stop_server(proc)
     split_engine_events(tmp, result)
     yield result
 
@@ -178,7 +158,7 @@ def split_engine_events(tmp: Path, run: Run) -> None:
     mode_of = {a["request_id"]: mode for mode, answers in run.answers.items() for a in answers}
     for name in run.logs:
         lines: dict[str, list[bytes]] = defaultdict(list)
-        for event in read_events(tmp / f"{name}.ndjson"):
+        for event in vllm.read_events(tmp / f"{name}.ndjson"):
             lines[mode_of.get(event["request_id"], "attempts")].append(orjson.dumps(event))
         for mode, found in lines.items():
             (run.events[mode] / f"{name}.ndjson").write_bytes(b"\n".join(found) + b"\n")
@@ -187,7 +167,7 @@ def split_engine_events(tmp: Path, run: Run) -> None:
 def by_request(folder: Path) -> dict[str, list[dict[str, Any]]]:
     grouped: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for path in sorted(folder.glob("*.ndjson")):
-        for event in read_events(path):
+        for event in vllm.read_events(path):
             grouped[event["request_id"]].append(event)
     return grouped
 
@@ -198,7 +178,7 @@ def check_legs_ran(run: Run, mode: str, attempts: dict[str, int]) -> None:
     for answer in run.answers[mode]:
         events = grouped[answer["request_id"]]
         stats = {e["replica"]: e for e in events if e["hop"] == "engine.stats"}
-        assert sorted(stats) == ["d1", "p1"], (answer, events, tail(run.logs["d1"]))
+        assert sorted(stats) == ["d1", "p1"], (answer, events, vllm.tail(run.logs["d1"]))
         prefill, decode = stats["p1"], stats["d1"]
         usage = answer["usage"]
         assert (prefill["attempt"], prefill["output_tokens"]) == (attempts["p1"], 1), prefill
@@ -235,7 +215,7 @@ def test_the_kv_came_through_the_connector_without_legs(run: Run) -> None:
         forwarded = sorted((e["attempt"], e["upstream"]) for e in events if e["hop"] == "gateway.forwarded")
         assert forwarded == [(0, "p1"), (1, "d1")], forwarded
     check_legs_ran(run, "attempts", {"p1": 0, "d1": 1})
-    hits = tail(run.logs["d1"], 100_000).count("External Cache Hit!")
+    hits = vllm.tail(run.logs["d1"], 100_000).count("External Cache Hit!")
     assert hits >= sum(len(a) for a in run.answers.values()), f"d1 logged {hits} connector hits"
 
 

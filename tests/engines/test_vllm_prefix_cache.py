@@ -36,29 +36,18 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import orjson
 import pytest
+import test_vllm as vllm
 from hopline.analyzer.findings.registry import REGISTRY
 from hopline.analyzer.io import scan_events
 from hopline.analyzer.timelines import timelines
 from hopline.middleware.client import instrument
-from hopline.middleware.contract import normalize_request_id
 from hopline.middleware.emit import Emitter
-from test_vllm import (
-    MODEL,
-    STARTUP_TIMEOUT_S,
-    free_port,
-    read_events,
-    start_server,
-    stop_server,
-    tail,
-    vllm_dir,
-    wait_ready,
-)
+from support.chat_stream import chat_stream
 from test_vllm_flood import BIGGER
 
 # vLLM starts in 20-45 s alone, in minutes on a machine busy with other work
-STARTUP_WAIT_S = 2 * STARTUP_TIMEOUT_S
+STARTUP_WAIT_S = 2 * vllm.STARTUP_TIMEOUT_S
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
 SERVE_ARGS = (
@@ -131,7 +120,7 @@ def messages(question: int, phase: str) -> list[dict[str, str]]:
 def ask(client: httpx.Client, port: int, question: int, phase: str) -> Answer:
     """One streaming chat call; vLLM's request ID and usage as the response gave them."""
     body = {
-        "model": MODEL,
+        "model": vllm.MODEL,
         "messages": messages(question, phase),
         "stream": True,
         "max_tokens": MAX_TOKENS,
@@ -139,22 +128,11 @@ def ask(client: httpx.Client, port: int, question: int, phase: str) -> Answer:
         "stream_options": {"include_usage": True},
     }
     start = time.time()
-    ids, usage = set(), None
-    with client.stream("POST", f"http://127.0.0.1:{port}/v1/chat/completions", json=body) as r:
-        assert r.status_code == 200, r.read()
-        for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = orjson.loads(line[6:])
-            assert "error" not in chunk, chunk
-            ids.add(chunk["id"])
-            usage = chunk.get("usage") or usage
-    assert len(ids) == 1 and usage is not None, (ids, usage)
+    seen = chat_stream(client, f"http://127.0.0.1:{port}/v1/chat/completions", body)
+    usage = seen["usage"]
     details = usage.get("prompt_tokens_details")
     assert details is not None and type(details.get("cached_tokens")) is int, usage  # the flag took
-    return Answer(
-        normalize_request_id(ids.pop()), phase, start, usage["prompt_tokens"], details["cached_tokens"]
-    )
+    return Answer(seen["request_id"], phase, start, usage["prompt_tokens"], details["cached_tokens"])
 
 
 def user(
@@ -196,49 +174,52 @@ def scenario(port: int, emitter: Emitter, run: Run) -> None:
 
 
 def analyze(events: Path) -> dict[str, Any]:
-    analysed = subprocess.run(
-        [str(Path(sys.executable).parent / "hopline"), "analyze", str(events), "--json", "--window", WINDOW],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert analysed.returncode == 0, analysed.stderr[-2000:]
-    return json.loads(analysed.stdout)
+    """``hopline analyze --json`` on the recorded events (the CLI next to this interpreter)."""
+    command = [
+        str(Path(sys.executable).parent / "hopline"),
+        "analyze",
+        str(events),
+        "--json",
+        "--window",
+        WINDOW,
+    ]
+    return json.loads(subprocess.check_output(command, text=True, timeout=300))
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     """One vLLM, both phases, then the analysis: shared by the tests below."""
-    root = vllm_dir()
+    root = vllm.vllm_dir()
     tmp = tmp_path_factory.mktemp("prefix")
     result = Run(events=tmp / "events", log=tmp / "serve.log")
     result.events.mkdir()
-    port = free_port()
-    proc = start_server(
+    port = vllm.free_port()
+    proc = vllm.start_server(
         root, port, result.events / "engine.ndjson", result.log, max_num_seqs=4, extra_args=SERVE_ARGS
     )
     emitter = Emitter(f"file:{result.events / 'client.ndjson'}")
     try:
-        wait_ready(proc, port, result.log, STARTUP_WAIT_S)
+        vllm.wait_ready(proc, port, result.log, STARTUP_WAIT_S)
         scenario(port, emitter, result)
     finally:
         emitter.close()
-        stop_server(proc)
+        vllm.stop_server(proc)
     result.analysis = analyze(result.events)
     yield result
 
 
 def test_cached_tokens_are_vllms_own_per_request(run: Run) -> None:
     stats = {
-        e["request_id"]: e for e in read_events(run.events / "engine.ndjson") if e["hop"] == "engine.stats"
+        e["request_id"]: e
+        for e in vllm.read_events(run.events / "engine.ndjson")
+        if e["hop"] == "engine.stats"
     }
     frame, _ = scan_events([run.events])
     table = timelines(frame).select("request_id", "cached_tokens", "prompt_tokens").collect()
     reported = {row["request_id"]: row for row in table.iter_rows(named=True)}
     for answer in run.answers:
         mine = stats.get(answer.request_id)
-        assert mine is not None, (answer, f"server log:\n{tail(run.log)}")
+        assert mine is not None, (answer, f"server log:\n{vllm.tail(run.log)}")
         assert (mine["cached_tokens"], mine["prompt_tokens"]) == (
             answer.cached_tokens,
             answer.prompt_tokens,

@@ -25,26 +25,16 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import orjson
 import pytest
+import test_vllm as vllm
 from hopline.middleware import contract
 from hopline.middleware.client import instrument
-from hopline.middleware.contract import compute_stages, normalize_request_id
+from hopline.middleware.contract import compute_stages
 from hopline.middleware.emit import Emitter
-from test_vllm import (
-    MODEL,
-    STARTUP_TIMEOUT_S,
-    free_port,
-    read_events,
-    start_server,
-    stop_server,
-    tail,
-    vllm_dir,
-    wait_ready,
-)
+from support.chat_stream import chat_stream
 
 # vLLM starts in 20-45 s alone, in minutes on a machine busy with other work
-STARTUP_WAIT_S = 2 * STARTUP_TIMEOUT_S
+STARTUP_WAIT_S = 2 * vllm.STARTUP_TIMEOUT_S
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]
 
 HERE = Path(__file__).resolve().parent
@@ -67,7 +57,7 @@ def ask(client: httpx.Client, port: int, question: int) -> dict[str, Any]:
     """One streaming chat call; per output chunk, in order, the kinds of text its delta carried
     (``reasoning``, ``content``, or both), and the usage."""
     body = {
-        "model": MODEL,
+        "model": vllm.MODEL,
         "messages": [{"role": "user", "content": f"Question {question}: why is the sky blue?"}],
         "stream": True,
         "max_tokens": MAX_TOKENS,
@@ -76,41 +66,33 @@ def ask(client: httpx.Client, port: int, question: int) -> dict[str, Any]:
         "thinking_token_budget": BUDGET,
         "stream_options": {"include_usage": True},
     }
-    ids, kinds, usage = set(), [], None
-    with client.stream("POST", f"http://127.0.0.1:{port}/v1/chat/completions", json=body) as r:
-        assert r.status_code == 200, r.read()
-        for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = orjson.loads(line[6:])
-            assert "error" not in chunk, chunk
-            ids.add(chunk["id"])
-            usage = chunk.get("usage") or usage
-            for choice in chunk.get("choices", []):
-                delta = choice.get("delta", {})
-                carried = "+".join(kind for kind in ("reasoning", "content") if delta.get(kind))
-                if carried:
-                    kinds.append(carried)
-    assert len(ids) == 1 and usage is not None, (ids, usage)
-    return {"request_id": normalize_request_id(ids.pop()), "kinds": kinds, "usage": usage}
+    seen = chat_stream(client, f"http://127.0.0.1:{port}/v1/chat/completions", body)
+    kinds = []
+    for chunk in seen["chunks"]:
+        for choice in chunk.get("choices", []):
+            delta = choice.get("delta", {})
+            carried = "+".join(kind for kind in ("reasoning", "content") if delta.get(kind))
+            if carried:
+                kinds.append(carried)
+    return {"request_id": seen["request_id"], "kinds": kinds, "usage": seen["usage"]}
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
-    root = vllm_dir()
+    root = vllm.vllm_dir()
     tmp = tmp_path_factory.mktemp("reasoning")
     result = Run(events=tmp / "events", log=tmp / "serve.log")
     result.events.mkdir()
-    port = free_port()
-    proc = start_server(root, port, result.events / "engine.ndjson", result.log, extra_args=SERVE_ARGS)
+    port = vllm.free_port()
+    proc = vllm.start_server(root, port, result.events / "engine.ndjson", result.log, extra_args=SERVE_ARGS)
     emitter = Emitter(f"file:{result.events / 'client.ndjson'}")
     try:
-        wait_ready(proc, port, result.log, STARTUP_WAIT_S)
+        vllm.wait_ready(proc, port, result.log, STARTUP_WAIT_S)
         with instrument(httpx.Client(timeout=120), emitter=emitter, service="chat") as client:
             result.streams = [ask(client, port, i) for i in range(REQUESTS)]
     finally:
         emitter.close()
-        stop_server(proc)
+        vllm.stop_server(proc)
     yield result
 
 
@@ -118,7 +100,7 @@ def last_tokens(run: Run) -> dict[str, dict[str, dict[str, Any]]]:
     """Per request ID, its ``*.last_token`` events by component."""
     found: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
     for path in sorted(run.events.glob("*.ndjson")):
-        for event in read_events(path):
+        for event in vllm.read_events(path):
             if event["hop"].endswith(".last_token"):
                 found[event["request_id"]][event["hop"].partition(".")[0]] = event
     return found
@@ -134,7 +116,7 @@ def test_the_stream_thinks_first_and_hopline_counts_its_thoughts_as_output(run: 
         thinking = kinds.index("content") if "content" in kinds else len(kinds)
         if thinking < len(kinds) and kinds[thinking - 1] == "reasoning+content":
             thinking -= 1
-        assert 1 <= thinking <= BUDGET, (kinds, tail(run.log))
+        assert 1 <= thinking <= BUDGET, (kinds, vllm.tail(run.log))
         assert set(kinds[:thinking]) == {"reasoning"}, kinds
         assert set(kinds[thinking:]) <= {"reasoning+content", "content"} and "content" in kinds, kinds
         assert kinds.count("reasoning+content") <= 1, kinds
@@ -156,7 +138,7 @@ def test_first_reasoning_and_first_content_are_told_apart(run: Run) -> None:
     stage table's content TTFT and reasoning phase come from them."""
     grouped: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for path in sorted(run.events.glob("*.ndjson")):
-        for event in read_events(path):
+        for event in vllm.read_events(path):
             grouped[event["request_id"]].append(event)
     for stream in run.streams:
         events = grouped[stream["request_id"]]

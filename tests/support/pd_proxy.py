@@ -25,6 +25,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from hopline.middleware.emit import Emitter
 from hopline.middleware.gateway import GatewayHops, GatewayMiddleware, hops
+from starlette.background import BackgroundTask
 
 
 def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
@@ -67,15 +68,9 @@ def pd_proxy_app(
         )
         answer = await upstream.send(req, stream=True)
 
-        async def relay():
-            try:
-                async for chunk in answer.aiter_raw():
-                    yield chunk
-            finally:
-                await answer.aclose()
-
+        kind = answer.headers.get("content-type")
         return StreamingResponse(
-            relay(), status_code=answer.status_code, media_type=answer.headers.get("content-type")
+            answer.aiter_raw(), answer.status_code, media_type=kind, background=BackgroundTask(answer.aclose)
         )
 
     return app
