@@ -83,12 +83,13 @@ def start_server(
     log_path: Path,
     max_num_seqs: int = MAX_NUM_SEQS,
     extra_args: tuple[str, ...] = (),
+    replica: str = "r1",
 ) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HOPLINE_", "VLLM_PLUGINS"))}
     env.update(
         HOPLINE_SINK=f"file:{sink_path}",
         HOPLINE_SERVICE="vllm-test",
-        HOPLINE_REPLICA="r1",
+        HOPLINE_REPLICA=replica,
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
         VLLM_NO_USAGE_STATS="1",
@@ -108,9 +109,9 @@ def start_server(
         return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def wait_ready(proc: subprocess.Popen, port: int, log_path: Path) -> float:
+def wait_ready(proc: subprocess.Popen, port: int, log_path: Path, timeout_s: float = STARTUP_TIMEOUT_S) -> float:
     t0 = time.monotonic()
-    while time.monotonic() - t0 < STARTUP_TIMEOUT_S:
+    while time.monotonic() - t0 < timeout_s:
         if proc.poll() is not None:
             pytest.fail(f"vllm serve exited with {proc.returncode} during startup:\n{tail(log_path)}")
         try:
@@ -119,7 +120,7 @@ def wait_ready(proc: subprocess.Popen, port: int, log_path: Path) -> float:
         except httpx.TransportError:
             pass
         time.sleep(0.5)
-    pytest.fail(f"vllm serve not ready after {STARTUP_TIMEOUT_S} s:\n{tail(log_path)}")
+    pytest.fail(f"vllm serve not ready after {timeout_s:g} s:\n{tail(log_path)}")
 
 
 def stop_server(proc: subprocess.Popen) -> None:
