@@ -57,6 +57,8 @@ class PrefixCacheMiss(Detector):
     max_ratio: float = 0.5
     alpha: float = 1e-3
     same_moment_windows: float = 2.0
+    # the other replicas' hit share must rise this much (absolute) to say the requests moved there
+    moved: float = 0.05
 
     def detect(self, frame: pl.DataFrame, ctx: Context) -> list[Pitfall]:
         dim = cache_dim(frame)
@@ -70,7 +72,9 @@ class PrefixCacheMiss(Detector):
         misses = [m for v, p in sorted(parts) if (m := self._fall(str(v), p, origin, ctx, z_crit)) is not None]
         if not misses:
             return []
-        if len(parts) > 1 and len(misses) == len(parts) and self._one_moment(misses, ctx):
+        if rows[dim].n_unique() == 1 or (
+            len(parts) > 1 and len(misses) == len(parts) and self._one_moment(misses, ctx)
+        ):  # one replica served everything, or every replica fell at once: a change of all traffic
             return [self._finding({}, rows, misses, origin, ctx)]
         return [self._finding({dim: m.value}, rows, [m], origin, ctx) for m in misses]
 
@@ -121,12 +125,10 @@ class PrefixCacheMiss(Detector):
             o_before, o_after = share(others.filter(pl.col("start") < at)), share(others.filter(pl.col("start") >= at))
             evidence |= {"others_hit_share_before": round(o_before, 4), "others_hit_share_after": round(o_after, 4)}
             where = f"on {dim.replace('_', ' ')} {value}"
-            why = (
-                f"requests that used to land on {value} now land elsewhere (hits on the other replicas "
-                f"{o_before:.0%} → {o_after:.0%})"
-                if o_after >= 0.8 * o_before
-                else f"the other replicas' hits fell too ({o_before:.0%} → {o_after:.0%})"
-            )
+            why = rerouted_or_not(value, o_before, o_after, self.moved)
+        elif len(misses) == 1 and (dim := cache_dim(rows)) and rows[dim].n_unique() == 1:
+            where = f"on {dim.replace('_', ' ')} {misses[0].value}, which served all traffic,"
+            why = "the prompts no longer share their prefix"
         else:
             where, why = "on every replica", "the prompts no longer share their prefix"
         summary = (
@@ -143,6 +145,18 @@ class PrefixCacheMiss(Detector):
             if same and found.at is not None and abs(found.at - rise.at) <= self.same_moment_windows * ctx.window_s:
                 return found.scope
         return None
+
+
+def rerouted_or_not(value: str, before: float, after: float, moved: float) -> str:
+    """Why ``value``'s hits fell, read from the other replicas' hit shares over the same moment:
+    theirs rose (the requests that shared a prefix are routed there now), fell too, or held (the
+    requests still on ``value`` no longer share a prefix its cache holds)."""
+    seen = f"({before:.0%} → {after:.0%})"
+    if after >= before + moved:
+        return f"requests that used to land on {value} now land elsewhere (hits on the other replicas {seen[1:-1]})"
+    if after < 0.8 * before:
+        return f"the other replicas' hits fell too {seen}"
+    return f"the other replicas' hits held {seen}: the requests on {value} no longer share a prefix its cache holds"
 
 
 def cache_dim(frame: pl.DataFrame) -> str:

@@ -102,3 +102,28 @@ def test_reasoning_and_content_time_in_the_ttft_table_and_acceptance_length_with
     assert shift.stage == "decode" and shift.scope == {"replica": "r1"}
     assert "acceptance length on r1 3.0 tokens → 1.5 tokens" in shift.sentence
 
+
+
+def test_on_the_only_replica_a_miss_is_all_traffics_and_names_no_routing():
+    """r2 alone (the log's other replicas taken out): no request can have moved elsewhere, so the
+    miss is all traffic's, says the prompts changed, and holds the prefill rise of all traffic
+    (found by the real prefix-cache test on one vLLM: it named a routing cause and a separate rise)."""
+    frame = frame_of(cache_log(1)).filter(pl.col("replica") == "r2")
+    miss, *rest = top_level(frame)
+    assert isinstance(miss, Pitfall) and miss.name == "prefix_cache_miss" and miss.scope == {}
+    assert "land elsewhere" not in miss.sentence and "which served all traffic" in miss.sentence
+    assert "no longer share their prefix" in miss.sentence
+    assert [(s.stage, s.scope) for s in miss.with_shifts] == [("prefill", {})]
+    assert not any(isinstance(f, Shift) and f.stage == "prefill" for f in rest)
+
+
+def test_when_the_other_replicas_hits_hold_the_miss_names_no_routing():
+    """r2 falls while the others' hit shares stay where they were: nothing says the requests moved."""
+    frame = frame_of(cache_log(2))
+    held = pl.col("replica") != "r2"
+    frame = frame.with_columns(
+        cached_tokens=pl.when(held).then(pl.col("prompt_tokens") * 4 // 10).otherwise(pl.col("cached_tokens"))
+    )
+    (miss,) = PrefixCacheMiss().detect(frame, Context(window_s=WINDOW_S))
+    assert miss.scope == {"replica": "r2"} and "land elsewhere" not in miss.sentence
+    assert "the other replicas' hits held (40% → 40%)" in miss.sentence

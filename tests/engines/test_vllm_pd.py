@@ -21,7 +21,6 @@ contract's evaluator and the analyzer's, and the request is scoped to both insta
 
 from __future__ import annotations
 
-import inspect
 import itertools
 import json
 from collections import defaultdict
@@ -64,7 +63,6 @@ WORDS = ("quick", "brown", "fox", "lazy", "dog", "world", "tiny", "model", "serv
 
 
 # hopline's P/D legs (issue 25): GatewayHops.forwarded(upstream, leg=...)
-HAS_LEGS = "leg" in inspect.signature(GatewayHops.forwarded).parameters
 
 
 @dataclass
@@ -121,7 +119,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     root = vllm.vllm_dir()
     tmp = tmp_path_factory.mktemp("pd")
     (tmp / "kv").mkdir()
-    modes = ("attempts", "legs") if HAS_LEGS else ("attempts",)
+    modes = ("attempts", "legs")
     result = Run(
         events={m: tmp / m for m in modes}, logs={name: tmp / f"{name}.log" for name in ("p1", "d1")}
     )
@@ -226,7 +224,6 @@ def test_stages_add_up_to_the_client_ttft_without_legs(run: Run) -> None:
     )
 
 
-@pytest.mark.skipif(not HAS_LEGS, reason="needs hopline's P/D legs, GatewayHops.forwarded(leg=) (issue 25)")
 def test_with_legs_the_stages_are_each_instances_own_and_add_up(run: Run) -> None:
     grouped = by_request(run.events["legs"])
     check_legs_ran(run, "legs", {"p1": 0, "d1": 0})

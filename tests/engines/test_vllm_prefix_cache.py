@@ -38,7 +38,6 @@ from typing import Any
 import httpx
 import pytest
 import test_vllm as vllm
-from hopline.analyzer.findings.registry import REGISTRY
 from hopline.analyzer.io import scan_events
 from hopline.analyzer.timelines import timelines
 from hopline.middleware.client import instrument
@@ -283,10 +282,8 @@ def test_analyze_names_the_cache_hit_fall_with_the_prefill_rise(run: Run) -> Non
 
 
 # issue 25's hit-share finding (analyzer/findings/prefix_cache_miss.py)
-HAS_MISS_FINDING = "prefix_cache_miss" in {d.name for d in REGISTRY}
 
 
-@pytest.mark.skipif(not HAS_MISS_FINDING, reason="needs the prefix_cache_miss finding (issue 25)")
 def test_the_hit_share_fall_is_a_finding_that_brings_the_prefill_rise(run: Run) -> None:
     """One ``prefix_cache_miss`` at the change, its hit shares those of vLLM's usage figures, with
     the prefill rise as the rise it brought; one replica served everything, so the cause it names

@@ -129,10 +129,8 @@ def test_the_stream_thinks_first_and_hopline_counts_its_thoughts_as_output(run: 
 
 
 # hopline's reasoning timings (issue 25): first_reasoning_at / first_content_at on *.last_token
-HAS_CHANNELS = "first_content_at" in contract.ATTRIBUTE_TYPES
 
 
-@pytest.mark.skipif(not HAS_CHANNELS, reason="needs first_reasoning_at/first_content_at (issue 25)")
 def test_first_reasoning_and_first_content_are_told_apart(run: Run) -> None:
     """Each reader notes when the thought began (its first token) and when the answer began; the
     stage table's content TTFT and reasoning phase come from them."""
