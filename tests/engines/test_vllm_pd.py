@@ -40,7 +40,6 @@ from hopline.middleware.client import instrument
 from hopline.middleware.contract import TTFT_STAGES, compute_stages, negative_stages
 from hopline.middleware.contract.rules import describe_request
 from hopline.middleware.emit import Emitter
-from hopline.middleware.gateway import GatewayHops
 from support.chat_stream import chat_stream
 from support.pd_proxy import pd_proxy_app
 from support.servers import running_server

@@ -27,7 +27,6 @@ from typing import Any
 import httpx
 import pytest
 import test_vllm as vllm
-from hopline.middleware import contract
 from hopline.middleware.client import instrument
 from hopline.middleware.contract import compute_stages
 from hopline.middleware.emit import Emitter
