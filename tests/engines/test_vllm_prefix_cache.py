@@ -277,7 +277,9 @@ def test_analyze_names_the_cache_hit_fall_with_the_prefill_rise(run: Run) -> Non
     context = shift["context"]
     assert "cache_hit_ratio" in context["moved_with"], context
     before, after = context["before"]["cache_hit_ratio"], context["after"]["cache_hit_ratio"]
-    assert before >= 0.5 and after <= 0.05, context
+    # a fall to nothing: the after side holds no hit but of calls sent before the change and after
+    # the window boundary the shift split at (as the miss finding's test below)
+    assert before >= 0.5 and after <= 0.1 * before, context
     assert "cache hits" in shift["summary"], shift["summary"]
 
 
