@@ -30,8 +30,16 @@ Each step (``IncidentBook.step``) reads the findings on the horizon at event tim
 - two scopes are one place when their keys nest (``{}``, ``{"replica": "r2"}``) or when the
   requests of one since the onset are nearly all (``SAME_PLACE``) the other's: a batch job pinned
   to r2 is ``{"service": "batch-eval"}`` and ``{"replica": "r2"}`` at once, and the analysis names
-  one then the other as requests come; they share one hold and one incident, which opens with the
-  scope the newest analysis names (the one ``hopline analyze`` names once it has seen more);
+  one then the other as requests come; they share one hold and one incident. Of such sibling
+  scopes (keys that do not nest) named during the hold, it opens with the broadest (the most
+  requests since the onset): the analysis names the replica only once the replica's other
+  requests show the rise too (``findings.shifts.scopes.fold_explained``; before, too few of them
+  to tell, it names the job, the smaller), which is what ``hopline analyze`` names on the whole
+  log. A scope whose requests all share a sibling's value that holds more requests
+  (``broader_sibling``: the job's requests are all on r2, which serves others too) is held twice
+  as long before it opens, so that the analysis sees enough of the sibling's other requests to
+  tell. Once open, a sibling's finding keeps the incident firing, but the words stay those of
+  the incident's own scope (its labels): the sentence never names another place than the labels;
 - ``common``: the searched attributes (``dims``) not in its scope whose value every request in
   its scope since the onset shared, when it opens (a one-replica deployment's ``{}`` is replica
   r1): the alert carries them as labels too, so that a route on ``replica`` matches; the finding's
@@ -128,6 +136,19 @@ def common_values(scope: dict, dims: tuple[str, ...], frame: pl.DataFrame, onset
     return found
 
 
+def broader_sibling(scope: dict, dims: tuple[str, ...], frame: pl.DataFrame, onset: float) -> dict | None:
+    """A scope of one attribute outside ``scope`` whose value all of ``scope``'s requests since
+    ``onset`` share and which holds more of them, but not all traffic (the replica a batch job is
+    pinned to, serving other services too); None when there is none."""
+    if not scope:
+        return None
+    mine, everyone = since(frame, onset, scope).height, since(frame, onset).height
+    for dim, value in common_values(scope, dims, frame, onset).items():
+        if mine < since(frame, onset, {dim: value}).height < everyone:
+            return {dim: value}
+    return None
+
+
 def same_place(a: dict, b: dict, frame: pl.DataFrame, start: float) -> bool:
     """Scopes ``a`` and ``b`` are one place: their keys nest, or ``SAME_PLACE`` of the requests of
     one of them since ``start`` are the other's."""
@@ -217,6 +238,7 @@ class IncidentBook:
     dims: tuple[str, ...] = ()  # the scope attributes searched (``common``)
     incidents: list[Incident] = field(default_factory=list)
     held: dict[tuple, float] = field(default_factory=dict)  # fingerprint -> first step it was found
+    named: dict[tuple, tuple[float, dict]] = field(default_factory=dict)  # fingerprint -> (last step, finding)
     latest: float = -math.inf  # this step's time, or the newest event's if earlier (``step``)
     frame: pl.DataFrame = field(default_factory=pl.DataFrame)  # this step's requests
     suppressed: int = 0  # incidents not opened because max_firing were firing
@@ -234,14 +256,18 @@ class IncidentBook:
         """``newest``: the newest event's time. Past it (a replay's end, a drained stream) event
         time runs on without events: what ends or begins then is dated at most ``newest``."""
         changed: dict[int, Incident] = {}
-        seen: set[int] = set()
+        seen: dict[int, bool] = {}  # incidents found in this step -> whether a finding gave its words
         self.latest = now if newest is None else min(now, newest)
         self.frame = frame
-        self.held = self._hold(now, [f for f in findings if not f.get("until")], frame)
+        ongoing = [f for f in findings if not f.get("until")]
+        self.held = self._hold(now, ongoing, frame)
+        keep_s = 2 * self.hold_s + self.merge_s
+        self.named = {k: v for k, v in self.named.items() if v[0] >= now - keep_s}
+        self.named.update((fingerprint(f), (now, f)) for f in reversed(ongoing))  # the first wins
         for finding in findings:  # the most important first: the one an incident shows
-            incident, news = self._apply(now, finding, frame, seen)
+            incident, news, worded = self._apply(now, finding, frame, seen)
             if incident is not None:
-                seen.add(id(incident))
+                seen[id(incident)] = seen.get(id(incident), False) or worded
                 if news:
                     changed[id(incident)] = incident
         for incident in self.firing():
@@ -309,50 +335,85 @@ class IncidentBook:
         return None
 
     def _apply(
-        self, now: float, finding: dict, frame: pl.DataFrame, seen: set[int]
-    ) -> tuple[Incident | None, bool]:
-        """The incident this finding belongs to (None: none) and whether it changed; an incident
-        ``seen`` in this step already took a more important finding and keeps it."""
+        self, now: float, finding: dict, frame: pl.DataFrame, seen: dict[int, bool]
+    ) -> tuple[Incident | None, bool, bool]:
+        """The incident this finding belongs to (None: none), whether it changed and whether the
+        finding gave it its words; an incident ``seen`` in this step already took a more
+        important finding's words and keeps them."""
         key, onset = fingerprint(finding), onset_of(finding, self.latest)
         until = to_epoch(finding["until"]) if finding.get("until") else None
         reversed_ = self._related(key, onset, "firing", same_direction=False)
         if finding["kind"] == "shift" and reversed_ is not None:
             reversed_.state, reversed_.ends_at = "resolved", onset
-            return reversed_, True
+            return reversed_, True, True
         incident = self._related(key, onset, "firing")
         if incident is not None and until is not None and until < incident.onset:
-            return None, False  # an earlier change of the same stage, over before this one began
-        if incident is not None and id(incident) in seen:
-            return incident, False
+            return None, False, False  # an earlier change of the same stage, over before this one began
+        if incident is not None and seen.get(id(incident)):
+            return incident, False, False
         if incident is not None:
             return self._update(now, incident, finding, until, frame)
         old = self._related(key, onset, "resolved")
         if old is not None and onset <= (old.ends_at or now) + self.window_s:
-            return None, False
+            return None, False, False
         ended = self._related(key, onset, "resolved", same_direction=False)
         if ended is not None and abs(onset - (ended.ends_at or onset)) <= self.merge_s:
-            return None, False  # the end of a resolved incident, seen again
+            return None, False, False  # the end of a resolved incident, seen again
         if onset < now - self.recent_s or until is not None or key[3] == "down":
-            return None, False
-        if now - self.held.get(key, now) < self.hold_s:
-            return None, False
+            return None, False, False
+        opened = self._open(now, key, finding, frame)
+        return opened, opened is not None, opened is not None
+
+    def _open(self, now: float, key: tuple, finding: dict, frame: pl.DataFrame) -> Incident | None:
+        """A new incident for this finding, in the broadest sibling scope named during its hold,
+        once held long enough and costing enough (see the module doc); None: not yet, or not."""
+        held_since = self.held.get(key, now)
+        key, finding = self._broadest_named(key, finding, frame, held_since)
+        onset = onset_of(finding, self.latest)
+        hold = self.hold_s * (2 if broader_sibling(dict(key[2]), self.dims, frame, onset) else 1)
+        if now - held_since < hold:
+            return None
         share = live_share(finding, frame, onset)
         if share is None or share < MINOR_SHARE:
-            return None, False
+            return None
         if len(self.firing()) >= self.max_firing:
             self.suppressed += 1
-            return None, False
+            return None
         severity = "critical" if share >= CRITICAL_SHARE else "warning"
         incident = Incident(key, finding, onset, now, now, severity, share, examples(finding, frame, onset))
         incident.common = common_values(incident.scope, self.dims, frame, onset)
         self.incidents.append(incident)
-        return incident, True
+        return incident
+
+    def _broadest_named(
+        self, key: tuple, finding: dict, frame: pl.DataFrame, held_since: float
+    ) -> tuple[tuple, dict]:
+        """Of ``key`` and the sibling scopes in its place named since ``held_since`` (keys that
+        do not nest: ``{service: batch-eval}`` and ``{replica: r2}``), the one with the most
+        requests since the onset, with its newest finding."""
+        onset = onset_of(finding, self.latest)
+        best, most = (key, finding), since(frame, onset, dict(key[2])).height
+        for other, (seen_at, found) in self.named.items():
+            if other == key or _place(other) != _place(key) or seen_at < held_since or _nested(other[2], key[2]):
+                continue
+            if not same_place(dict(other[2]), dict(key[2]), frame, onset):
+                continue
+            n = since(frame, onset, dict(other[2])).height
+            if n > most:
+                best, most = (other, found), n
+        return best
 
     def _update(
         self, now: float, incident: Incident, finding: dict, until: float | None, frame: pl.DataFrame
-    ) -> tuple[Incident, bool]:
-        """The incident with its newest finding, and whether what an alert shows changed."""
+    ) -> tuple[Incident, bool, bool]:
+        """The incident with its newest finding, whether what an alert shows changed and whether
+        the finding gave the words. A sibling scope's finding (one place, keys that do not nest)
+        only keeps it firing: the words stay those of the incident's own scope, its labels."""
         incident.last_seen = now
+        if fingerprint(finding) != incident.key and not _nested(fingerprint(finding)[2], incident.key[2]):
+            if until is not None:  # the place's change is over, whichever of its scopes says so
+                incident.state, incident.ends_at = "resolved", until
+            return incident, until is not None, False
         if finding.get("at"):  # the analysis places it better as requests come (a pitfall: first seen)
             incident.onset = onset_of(finding, now)
         if fingerprint(finding) != incident.key:  # a nested scope: keep the labels, take the words
@@ -364,4 +425,4 @@ class IncidentBook:
         incident.share = live_share(finding, frame, incident.onset)
         if not same:
             incident.examples = examples(finding, frame, incident.onset)
-        return incident, not same
+        return incident, not same, True

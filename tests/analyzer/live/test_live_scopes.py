@@ -6,13 +6,14 @@
 - A batch job pinned to replica r2 (service batch-eval only on r2, from the rise on): the
   analysis of the first seconds may name ``{service: batch-eval}``, later ``{replica: r2}``; both
   hold the same requests, so they are one place, share one hold, and the incident opens with the
-  scope the analysis names when the hold is over, the one ``hopline analyze`` names on the log.
+  broadest of them named during the hold, the one ``hopline analyze`` names on the log.
 """
 
 from __future__ import annotations
 
 import polars as pl
 import pytest
+from hopline.analyzer.findings.model import iso_utc
 from hopline.analyzer.live.alertmanager import payload
 from hopline.analyzer.live.detect import findings_now
 from hopline.analyzer.live.detector import LiveConfig, LiveDetector
@@ -95,11 +96,47 @@ def test_the_pinned_jobs_scope_and_the_replicas_are_one_place_and_it_opens_as_an
     (opened,) = book.step(t + 20, [found], frame)
     assert opened.scope == {"replica": "r2"} and opened.finding["summary"] == found["summary"]
     assert opened.common == {"model": "llama-3.1-8b"}  # r2 serves two services: service is no label
-    # the job's scope named again later: the same incident (its words, r2's labels), no second alert
-    (updated,) = book.step(t + 30, [early], frame)
-    assert updated is opened and len(book.incidents) == 1 and updated.scope == {"replica": "r2"}
-    assert payload(updated.to_json())["labels"]["replica"] == "r2"
-    assert book.step(t + 40, [early], frame) == [] and len(book.incidents) == 1
+    # the job's scope named again later: the same incident, still firing, with r2's labels and
+    # r2's words (the sentence never names another place than the labels); no second alert
+    assert book.step(t + 30, [early], frame) == [] and book.step(t + 40, [early], frame) == []
+    (still,) = book.firing()
+    assert still is opened and len(book.incidents) == 1 and still.last_seen == t + 40
+    assert still.finding["summary"] == found["summary"] and still.absent_steps == 0
+    assert payload(still.to_json())["labels"]["replica"] == "r2"
+    # the job's scope seen ended: the place's change is over
+    (ended,) = book.step(t + 50, [early | {"until": iso_utc(t + 45)}], frame)
+    assert ended is opened and ended.state == "resolved"
+
+
+def test_it_opens_with_the_broadest_scope_named_during_the_hold(pinned):
+    """The analysis named the replica at one step of the hold and the job at the others, the
+    step that ends the hold included: the alert names the replica, with its words."""
+    frame, _, found = pinned
+    early = found | {"scope": {"service": "batch-eval"}, "summary": "queue time tripled on batch-eval"}
+    book = IncidentBook(window_s=10.0, horizon_s=600.0, recent_s=120.0, hold_s=20.0, dims=DIMS)
+    t = DEFAULT_START + AT + 30
+    assert book.step(t, [early], frame) == [] and book.step(t + 10, [found], frame) == []
+    (opened,) = book.step(t + 20, [early], frame)
+    assert opened.scope == {"replica": "r2"} and opened.finding["summary"] == found["summary"]
+
+
+def test_a_scope_inside_a_broader_sibling_is_held_twice_as_long(pinned):
+    """All of the job's requests are on r2, which serves kite-chat too: naming the job may be
+    the first seconds' view (too few of r2's other requests to tell), so it waits two holds. If
+    the replica is named meanwhile, the alert names it; if not, the job."""
+    frame, _, found = pinned
+    early = found | {"scope": {"service": "batch-eval"}, "summary": "queue time tripled on batch-eval"}
+    t = DEFAULT_START + AT + 30
+    book = IncidentBook(window_s=10.0, horizon_s=600.0, recent_s=120.0, hold_s=20.0, dims=DIMS)
+    for step in range(4):  # 0 to 30 s: held, not yet twice the hold
+        assert book.step(t + 10 * step, [early], frame) == []
+    (opened,) = book.step(t + 40, [found], frame)
+    assert opened.scope == {"replica": "r2"}
+    book = IncidentBook(window_s=10.0, horizon_s=600.0, recent_s=120.0, hold_s=20.0, dims=DIMS)
+    for step in range(4):
+        assert book.step(t + 10 * step, [early], frame) == []
+    (opened,) = book.step(t + 40, [early], frame)
+    assert opened.scope == {"service": "batch-eval"} and opened.common == {"replica": "r2", "model": "llama-3.1-8b"}
 
 
 def test_a_scope_that_shares_few_requests_is_another_place(pinned):
