@@ -162,6 +162,9 @@ class SimRequest:
     # a delay on the response path, where hopline stamps it
     first_sent: float | None = None
     last_sent: float | None = None
+    # when the stream's last chunk ([DONE]) had gone out and the stream ended: the server's last
+    # body message, where hopline's engine.last_token is stamped, follows at once
+    end_sent: float | None = None
     prefill_left: int = 0
     generated: int = 0
     finish_reason: str | None = None
@@ -196,6 +199,7 @@ class SimRequest:
             **self.intervals(),
             "first_sent_late_s": None if self.first_sent is None else self.first_sent - self.first_token,
             "last_sent_late_s": None if self.last_sent is None else self.last_sent - self.last_token,
+            "end_sent_late_s": None if self.end_sent is None else self.end_sent - self.last_token,
         }
 
 
@@ -518,10 +522,14 @@ class Engine:
             if include_usage:
                 yield _sse({**chunk, "choices": [], "usage": self._usage(r)})
             yield b"data: [DONE]\n\n"
+            r.end_sent = clock.now()
         finally:
             if r.finish_reason is None:
                 r.aborted = True  # the client went away: stop generating for it
-            self._write_truth(r)
+            try:  # written after the stream's end went out: a slow disk is not on the response path
+                asyncio.get_running_loop().call_soon(self._write_truth, r)
+            except RuntimeError:  # closed outside the event loop
+                self._write_truth(r)
 
     async def _complete(self, r: SimRequest, meta: dict[str, Any]) -> Response:
         try:

@@ -143,21 +143,23 @@ def test_stages_agree_with_the_simulators_true_intervals(demo_run) -> None:
     assert (frame["queue"] - frame["queue_s"]).abs().max() < 1e-6
     assert (frame["prefill"] - frame["prefill_s"]).abs().max() < 1e-6
     # decode and the engine's TTFT come from the middleware's hops: measured independently
-    # (each within the tolerance plus however late the simulator's chunk with the first / last
-    # token left after that token's pass ended: a busy host's delay on the response path, which
-    # hopline rightly sees)
+    # (each within the tolerance plus however late the simulator's chunk with the first token,
+    # and its stream's end, left after that token's pass ended: a busy host's delay on the
+    # response path, which hopline rightly sees; engine.last_token is the stream's end)
     streamed = frame.filter(pl.col("stream_truth"))
     first_late, last_late = streamed["first_sent_late_s"], streamed["last_sent_late_s"]
+    end_late = streamed["end_sent_late_s"]
     # never early, but for the simulator's loop waking from its sleep a fraction of a ms before the
     # pass's end (measured: 0.5 ms)
-    assert first_late.min() > -0.002 and last_late.min() > -0.002
+    assert first_late.min() > -0.002 and last_late.min() > -0.002 and end_late.min() > -0.002
+    assert (end_late >= last_late).all()  # the stream ends after its last token's chunk
     first_late, last_late = first_late.clip(lower_bound=0), last_late.clip(lower_bound=0)
-    decode_off = (streamed["decode"] - streamed["decode_s"]).abs() - first_late - last_late
+    decode_off = (streamed["decode"] - streamed["decode_s"]).abs() - first_late - end_late.clip(lower_bound=0)
     assert decode_off.max() < TOLERANCE_S, streamed.filter(decode_off == decode_off.max()).row(0, named=True)
     engine_ttft_truth = streamed["first_token"] - streamed["received"]
     ttft_off = (streamed["engine_ttft"] - engine_ttft_truth).abs() - first_late
     assert ttft_off.max() < TOLERANCE_S, streamed.filter(ttft_off == ttft_off.max()).row(0, named=True)
-    assert (first_late + last_late).median() < TOLERANCE_S / 5  # a late loop is the exception, not the rule
+    assert (first_late + end_late).median() < TOLERANCE_S / 5  # a late loop is the exception, not the rule
     assert frame["output_tokens"].to_list() == frame["output_tokens_truth"].to_list()
 
 
