@@ -25,12 +25,16 @@ class Context:
     ``window_s``: the window width (candidate change times are its boundaries); ``scopes``: the
     attributes searched for a narrower scope besides all traffic; ``kv_bytes_per_token``: the
     model's KV-cache bytes per token, when known (``hopline budget``); ``seed``: the seeded
-    subsample of a scope beyond a detector's request cap."""
+    subsample of a scope beyond a detector's request cap; ``complete_before``: live detection's
+    horizon holds the requests that finished, so of those that started at or after this time some
+    are still running and missing, and those present have no end yet (``live.detector``): what is
+    measured over time (the load after a change) stops there (None: every request is complete)."""
 
     window_s: float
     scopes: tuple[str, ...] = DEFAULT_SCOPES
     kv_bytes_per_token: int | None = None
     seed: int = 0
+    complete_before: float | None = None
 
 
 class Detector:

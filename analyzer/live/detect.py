@@ -16,10 +16,14 @@ from hopline.analyzer.findings.rank import find
 from hopline.analyzer.report import scopes_to_search
 
 
-def findings_now(frame: pl.DataFrame, window_s: float, scopes: tuple[str, ...]) -> list[dict]:
+def findings_now(
+    frame: pl.DataFrame, window_s: float, scopes: tuple[str, ...], complete_before: float | None = None
+) -> list[dict]:
     """Every finding (shifts and pitfalls, minor ones too) on ``frame``, ``window_s`` windows,
-    searched in ``scopes`` (plus the attributes ``hopline analyze`` adds by itself)."""
+    searched in ``scopes`` (plus the attributes ``hopline analyze`` adds by itself);
+    ``complete_before``: see ``findings.detector.Context``."""
     if frame.height == 0:
         return []
-    decided = find(frame, Context(window_s=window_s, scopes=scopes_to_search(frame, scopes)))
+    ctx = Context(window_s=window_s, scopes=scopes_to_search(frame, scopes), complete_before=complete_before)
+    decided = find(frame, ctx)
     return [f.to_json() for f in (*decided.findings, *decided.minor)]

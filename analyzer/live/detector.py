@@ -224,9 +224,10 @@ class LiveDetector:
         if self.horizon is not None:
             self.horizon = self.horizon.filter(pl.col("start") >= now - cfg.horizon_s)
         frame = self.horizon if self.horizon is not None else pl.DataFrame()
+        cut = _running_since(self.pending, now, self._idle_s)
         if frame.height:
-            frame = _survivors(frame, _running_since(self.pending, now, self._idle_s))
-        self.findings = findings_now(frame, cfg.window_s, cfg.scopes) if analyse else []
+            frame = _survivors(frame, cut)
+        self.findings = findings_now(frame, cfg.window_s, cfg.scopes, complete_before=cut) if analyse else []
         changed = self.book.step(now, self.findings, frame, newest=self.newest)
         self.now = now
         self.steps += 1

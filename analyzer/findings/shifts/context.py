@@ -19,8 +19,9 @@ def context_of(
     frame: pl.DataFrame, det: Detection, stages: list[str], cfg: ShiftConfig, span: tuple[float, float]
 ) -> dict:
     """Other stages and the load, before vs after, in the finding's scope. ``span``: the log's
-    first and last request start; the before interval runs from the first to the change, the
-    after interval from the change to its end (``until``) or the last."""
+    first and last request start (live: the last complete one, ``Context.complete_before``); the
+    before interval runs from the first to the change, the after interval from the change to its
+    end (``until``) or the last."""
     before = frame.filter(pl.col("start") < det.at)
     after = frame.filter(after_change(det))
     unchanged, moved = [], {}
@@ -35,7 +36,8 @@ def context_of(
         elif abs(a - b) * 1e3 >= cfg.min_abs_ms:
             moved[stage] = {"before_ms": round(b * 1e3, 3), "after_ms": round(a * 1e3, 3)}
     lb = load(frame, span[0], det.at)
-    la = load(frame, det.at, math.nextafter(span[1], math.inf) if det.until is None else det.until)
+    last = math.nextafter(span[1], math.inf)
+    la = load(frame, det.at, last if det.until is None else min(det.until, last))
     covariates = {
         k: round(la[k] / lb[k] - 1, 3)
         for k in lb

@@ -114,12 +114,21 @@ def _detections(search: Search, cfg: ShiftConfig, seed: int) -> dict[str, list[D
     return found
 
 
-def _changes(search: Search, found: dict[str, list[Detection]], window_s: float, cfg: ShiftConfig) -> list[Change]:
+def _changes(
+    search: Search,
+    found: dict[str, list[Detection]],
+    window_s: float,
+    cfg: ShiftConfig,
+    complete_before: float | None = None,
+) -> list[Change]:
     """Each stage's detections clustered by time, each cluster in its narrowest scope (a cell of
-    two attributes where one moved), with what moved with it."""
+    two attributes where one moved), with what moved with it (the load up to ``complete_before``:
+    see ``findings.detector.Context``)."""
     changes = []
     within_s = cfg.cluster_windows * window_s
     span = (float(search.frame["start"].min()), float(search.frame["start"].max()))
+    if complete_before is not None:
+        span = (span[0], min(span[1], complete_before))
     for dets in found.values():
         for group in clusters(dets, within_s):
             for hit in narrowest(group, search.tested, search.frames, cfg, search.dims):
@@ -174,18 +183,20 @@ def find_shifts(
     dims: tuple[str, ...] = ("replica", "service", "model"),
     config: ShiftConfig = ShiftConfig(),
     seed: int = 0,
+    complete_before: float | None = None,
 ) -> list[Change]:
     """Shifts in ``timelines`` (collected), each in its narrowest scope, largest impact first.
 
     ``window_s`` sets the candidate change times (window boundaries); ``dims`` the scopes
-    searched besides all traffic; ``seed`` the subsample of scopes above ``max_requests``.
+    searched besides all traffic; ``seed`` the subsample of scopes above ``max_requests``;
+    ``complete_before``: see ``findings.detector.Context``.
     """
     cfg = config
     frame = timelines.select(_read_columns(timelines, dims)).filter(pl.col("start").is_not_null()).sort("start")
     if frame.height < 2 * cfg.min_side:
         return []
     search = _search(frame, window_s, dims, cfg)
-    changes = _changes(search, _detections(search, cfg, seed), window_s, cfg)
+    changes = _changes(search, _detections(search, cfg, seed), window_s, cfg, complete_before)
     spread = max(cfg.cluster_windows * window_s, cfg.onset_spread_s)
     changes = fold_explained(changes, frame, list(search.tested), spread, cfg)
     leads = incidents(changes, cfg.onset_windows * window_s)
@@ -207,5 +218,7 @@ class StageShifts(Detector):
         return 2 * self.config.min_side  # find_shifts needs this many, on the two sides of a change
 
     def detect(self, frame: pl.DataFrame, ctx: Context) -> list[Shift]:
-        found = find_shifts(frame, ctx.window_s, dims=ctx.scopes, config=self.config, seed=ctx.seed)
+        found = find_shifts(
+            frame, ctx.window_s, dims=ctx.scopes, config=self.config, seed=ctx.seed, complete_before=ctx.complete_before
+        )
         return [change.finding() for change in found]

@@ -17,6 +17,7 @@ from hopline.analyzer.live.detector import LiveConfig, LiveDetector
 from hopline.analyzer.live.watch import Watch
 from support.alertmanager import alertmanager_with_webhook
 from support.servers import wait_until
+from hopline.middleware.contract.times import to_epoch
 from support.synth import DEFAULT_START, StageShift, generate
 
 REPLICAS = ("r1", "r2", "r3", "r4")
@@ -111,3 +112,23 @@ def test_a_clean_log_raises_no_alert(tmp_path, seed):
     assert detector.finished_requests == events["request_id"].n_unique()
     assert detector.incidents() == [] and held == [] and webhook.alerts() == []
     assert sender.stats.sent == {}  # nothing was ever posted
+
+
+def test_the_load_a_live_finding_reports_is_measured_on_finished_requests_only():
+    """The horizon's newest requests are partly still running (absent) and partly finished
+    early (their end columns nulled, ``detector._survivors``): counted as they are, r2's
+    concurrency after the onset read 24.5 -> 8.2, a fall that never happened (the log's load is
+    flat). The load after a change stops where the requests are complete (``Context.complete_before``)."""
+    events = generate(duration_s=900, rate=20, seed=3, replicas=REPLICAS, incidents=[RISE])
+    detector = LiveDetector(CONFIG)
+    for part in batches(events):
+        detector.feed(part)
+        if detector.book.firing():
+            break
+    (incident,) = detector.book.firing()
+    context = incident.finding["context"]
+    before, after = context["before"]["concurrency"], context["after"]["concurrency"]
+    assert after is not None and abs(after / before - 1) < 0.25, context
+    assert "concurrency" not in context["moved_with"] and "arrivals_per_s" not in context["moved_with"]
+    assert "concurrency" not in incident.finding["summary"], incident.finding["summary"]
+    assert context["after"]["span_s"] < detector.now - to_epoch(incident.finding["at"])  # stops before now
