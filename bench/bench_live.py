@@ -3,6 +3,7 @@
     .venv/bin/python bench/bench_live.py [--seeds 10] [--rate 20] [--scale-rate 200] [--scale-minutes 10]
     .venv/bin/python bench/bench_live.py --clean-hours 6 --clean-rate 100 [--clean-step 60]
     .venv/bin/python bench/bench_live.py --memory-rate 1000 --memory-minutes 3 --scope-values 50 [--keep-all]
+    .venv/bin/python bench/bench_live.py --sampled-rate 1000 --sample 0.0625 --sample-horizon 600 --sample-replicas 4 50
     .venv/bin/python bench/bench_live.py --demo-runs DIR   (DIR/X from: hopline demo --seconds 60
                                                             --scenario X --out DIR/X --json > DIR/X.json)
 
@@ -104,6 +105,48 @@ def memory_run(rate: float, minutes: float, values: int, keep_all: bool) -> dict
             "cpu_ms_per_request": round(detector.cpu_s / detector.finished_requests * 1e3, 3),
             "cpu_s_per_step": round(detector.cpu_s / detector.steps, 3), "wall_s": round(time.perf_counter() - wall, 1),
             "max_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}  # fmt: skip
+
+
+def sampled_run(rate: float, n_replicas: int, sample: float, horizon_s: float, seed: int) -> dict:
+    """Production rates: ``rate`` requests/s over ``n_replicas`` replicas, 10 minutes clean and then
+    queue time x3 on replica r2 (generated a minute at a time, to bound the bench's memory), through
+    a ``LiveDetector`` analysing ``sample`` of the requests with a ``horizon_s`` horizon, until the
+    first incident fires (or 3 minutes after the onset). The detector's CPU (steps and the sampling
+    in ``feed``) per request of all traffic and per second of event time (a core's share at that
+    rate in real time); the delay from the first affected request to the step that fired."""
+    replicas = tuple(f"r{i}" for i in range(1, n_replicas + 1))
+    cfg = LiveConfig(horizon_s=horizon_s, recent_s=min(300.0, horizon_s / 2), sample=sample)
+    detector = LiveDetector(cfg)
+    cpu = wall = 0.0
+    total, first_hit = 0, None
+    for minute in range(13):
+        rise = [StageShift("queue", 3.0, at_s=0, scope={"replica": "r2"})] if minute >= 10 else []
+        chunk = generate(duration_s=60, rate=rate, seed=seed * 1000 + minute, replicas=replicas,
+                         start=DEFAULT_START + 60 * minute, incidents=rise)  # fmt: skip
+        total += chunk["request_id"].n_unique()
+        if minute == 10:
+            r2 = chunk.filter((pl.col("hop") == "engine.received") & (pl.col("replica") == "r2"))["request_id"]
+            sent = chunk.filter((pl.col("hop") == "client.sent") & pl.col("request_id").is_in(r2.implode()))
+            first_hit = float(sent["ts"].min())
+        for part in batches(chunk, cfg.every_s):
+            c0, w0 = time.process_time(), time.perf_counter()
+            detector.feed(part)
+            cpu += time.process_time() - c0
+            wall += time.perf_counter() - w0
+            if detector.book.firing():
+                break
+        if detector.book.firing():
+            break
+    fired = detector.book.firing()
+    hit = bool(fired) and fired[0].finding.get("stage") == "queue" and fired[0].scope == {"replica": "r2"}
+    span = (detector.now or DEFAULT_START) - DEFAULT_START
+    return {"rate": rate, "replicas": n_replicas, "sample": sample, "horizon_s": horizon_s, "seed": seed,
+            "fired": [f"{i.key[1]} {i.scope}" for i in fired], "named_r2": hit,
+            "delay_s": round(detector.now - first_hit, 1) if hit and first_hit else None,
+            "requests": total, "analysed": detector.finished_requests, "horizon_rows": detector.horizon.height,
+            "steps": detector.steps, "cpu_s": round(cpu, 1), "wall_s": round(wall, 1),
+            "cpu_us_per_request": round(cpu / total * 1e6, 1), "core_share": round(cpu / span, 4),
+            "step_cpu_s_last": round(detector.cpu_s / max(detector.steps, 1), 3)}  # fmt: skip
 
 
 DEMO_SETTINGS = dict(settle_s=1.0, lateness_s=1.0, hold_s=5.0)  # demo/live.py's watch
@@ -225,7 +268,18 @@ def main() -> None:
     parser.add_argument("--memory-minutes", type=float, default=3.0)
     parser.add_argument("--scope-values", type=int, default=50, help="Replicas in the --memory-rate run.")
     parser.add_argument("--keep-all", action="store_true", help="--memory-rate: keep every timeline column.")
+    parser.add_argument("--sampled-rate", type=float, help="Delay and CPU at this many requests/s, sampled.")
+    parser.add_argument("--sample", type=float, nargs="+", default=[0.0625], help="--sampled-rate: fractions.")
+    parser.add_argument("--sample-horizon", type=float, default=600.0)
+    parser.add_argument("--sample-replicas", type=int, nargs="+", default=[4, 50])
     args = parser.parse_args()
+    if args.sampled_rate:
+        for n in args.sample_replicas:
+            for fraction in args.sample:
+                for seed in range(args.seeds):
+                    run = sampled_run(args.sampled_rate, n, fraction, args.sample_horizon, seed)
+                    print(orjson_line(run), flush=True)
+        return
     if args.memory_rate:
         run = memory_run(args.memory_rate, args.memory_minutes, args.scope_values, args.keep_all)
         print(orjson_line(run), flush=True)

@@ -221,7 +221,7 @@ def scope_label(key: str) -> str:
 
 def _evidence(finding: dict, share: float | None) -> str:
     """The numbers behind the sentence, one line of ``name=value``."""
-    names = ("statistic", "before_ms", "after_ms", "factor", "affected_requests", "impact_s")
+    names = ("statistic", "before_ms", "after_ms", "factor", "affected_requests", "impact_s", "sample")
     parts = [f"{n}={finding[n]}" for n in names if finding.get(n) is not None]
     parts += [
         f"{k}={v}" for k, v in (finding.get("evidence") or {}).items() if isinstance(v, int | float | str)

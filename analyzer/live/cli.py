@@ -121,7 +121,14 @@ Lateness = Annotated[
 
 
 def live_config(
-    by: str, window: str, horizon: str, recent: str, settle: str, lateness: str, hold: str | None
+    by: str,
+    window: str,
+    horizon: str,
+    recent: str,
+    settle: str,
+    lateness: str,
+    hold: str | None,
+    sample: float = 1.0,
 ) -> LiveConfig:
     """The detector's settings from the options (ValueError: which one is wrong)."""
     dims = tuple(d.strip() for d in by.split(",") if d.strip())
@@ -134,6 +141,7 @@ def live_config(
         lateness_s=parse_duration(lateness),
         hold_s=parse_duration(hold) if hold is not None else None,
         scopes=dims,
+        sample=sample,
     )
 
 
@@ -179,11 +187,18 @@ def watch_command(
     json_out: Annotated[
         bool, typer.Option("--json", help="Print each alert as the JSON Alertmanager receives.")
     ] = False,
+    sample: Annotated[
+        float,
+        typer.Option(
+            help="Analyse this fraction of the requests (the same ones on every watcher, by request ID): "
+            "for hundreds of requests/s and more; a finding's counts are then the sample's."
+        ),
+    ] = 1.0,
 ) -> None:
     if bool(replay_paths) == bool(follow):
         raise UsageError("give --replay PATH or --follow PATH (one of them)")
     try:
-        cfg = live_config(by, window, horizon, recent, settle, lateness, hold)
+        cfg = live_config(by, window, horizon, recent, settle, lateness, hold, sample)
         urls = alertmanager_urls(alertmanager)
         sender = AlertSender(urls, resend_s=parse_duration(resend)) if urls else None
         poll_s = parse_duration(poll)

@@ -13,12 +13,20 @@ on skewed clocks), is the watermark; every ``step_s`` of it (the window by defau
 runs the analysis on the horizon (``detect.findings_now``) and hands the findings to the
 incident book (``incidents``). Nothing reads the wall clock: a recorded log replays through it at
 any speed and gives the same incidents at the same event times.
+
+A step re-analyses the whole horizon, so its cost grows with requests/s x horizon. Above a few
+hundred requests/s, ``sample`` < 1 keeps a fixed fraction of the requests: those whose ID's
+BLAKE2b digest falls below it (``sampled``), the same requests on every watcher, shard and run,
+with all their events. Every figure of a finding is then the sample's (its quantiles estimate the
+traffic's, its counts are the sample's); each finding carries ``sample`` and an alert's evidence
+says it. bench/README.md measures the cost and the detection delay it buys.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from hashlib import blake2b
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -64,11 +72,14 @@ class LiveConfig:
     lateness_s: float = 5.0  # the watermark trails the newest event by this much
     hold_s: float | None = None  # found at every step this long before it fires (None: 2 windows)
     scopes: tuple[str, ...] = attribution.SCOPES
+    sample: float = 1.0  # the fraction of requests analysed (``sampled``; see the module doc)
 
     def __post_init__(self) -> None:
         for name in ("window_s", "horizon_s", "recent_s", "settle_s", "idle_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
+        if not 0 < self.sample <= 1:
+            raise ValueError(f"sample must be a fraction in (0, 1], got {self.sample!r}")
         if self.horizon_s < 2 * self.recent_s:
             raise ValueError(
                 f"horizon_s ({self.horizon_s:g}) must be at least twice recent_s ({self.recent_s:g})"
@@ -77,6 +88,15 @@ class LiveConfig:
     @property
     def every_s(self) -> float:
         return self.step_s or self.window_s
+
+
+def sampled(ids: pl.Series, fraction: float) -> pl.Series:
+    """Whether each request ID is in the sample: its BLAKE2b digest's first 8 bytes, as a fraction
+    of 2**64, are below ``fraction`` (a hash that is the same in every process and version)."""
+    cut = fraction * 2**64
+    digest = lambda i: int.from_bytes(blake2b(i.encode(), digest_size=8).digest(), "big")
+    kept = [i for i in ids.unique().drop_nulls().to_list() if digest(i) < cut]
+    return ids.is_in(pl.Series(kept, dtype=pl.String).implode()).fill_null(False)
 
 
 def _finished(pending: pl.DataFrame, now: float, cfg: LiveConfig, idle_s: float) -> pl.Series:
@@ -140,6 +160,7 @@ class LiveDetector:
         self.next_step: float | None = None
         self.now: float | None = None  # the last step's event time
         self.finished_requests = 0
+        self.events_not_sampled = 0  # events of requests outside the sample (``LiveConfig.sample``)
         self.steps = 0
         self.cpu_s = 0.0  # process CPU seconds spent in steps
         self.findings: list[dict] = []  # the last step's findings (all of them)
@@ -156,12 +177,16 @@ class LiveDetector:
                 for n, t in SCHEMA.items()
             ]
         )
+        top, first = events["ts"].max(), events["ts"].min()
+        if self.config.sample < 1:
+            kept = events.filter(sampled(events["request_id"], self.config.sample))
+            self.events_not_sampled += events.height - kept.height
+            events = kept
         self.pending = pl.concat([self.pending, events], how="vertical")
-        top = events["ts"].max()
         self.newest = top if self.newest is None else max(self.newest, top)
         every = self.config.every_s
         if self.next_step is None:
-            self.next_step = math.floor(events["ts"].min() / every) * every + every
+            self.next_step = math.floor(first / every) * every + every
         watermark = self.newest - self.config.lateness_s
         if watermark - self.next_step > self.config.horizon_s:  # a gap longer than the horizon
             self.next_step = math.floor((watermark - self.config.horizon_s) / every) * every
@@ -228,6 +253,8 @@ class LiveDetector:
         if frame.height:
             frame = _survivors(frame, cut)
         self.findings = findings_now(frame, cfg.window_s, cfg.scopes, complete_before=cut) if analyse else []
+        if cfg.sample < 1:
+            self.findings = [f | {"sample": cfg.sample} for f in self.findings]
         changed = self.book.step(now, self.findings, frame, newest=self.newest)
         self.now = now
         self.steps += 1

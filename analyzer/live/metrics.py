@@ -30,6 +30,8 @@ FINISHED = "hopline_live_finished_requests"
 STEPS = "hopline_live_steps"
 STEP_CPU = "hopline_live_step_cpu_seconds"
 EVENT_TIME = "hopline_live_event_time_seconds"
+SAMPLE = "hopline_live_sample_ratio"
+NOT_SAMPLED = "hopline_live_events_not_sampled"
 MAX_SERIES = 100
 FINDING_LABELS = list(live_metrics.FINDING_LABELS)
 
@@ -80,6 +82,10 @@ class LiveCollector(Collector):
         )
         yield GaugeMetricFamily(
             EVENT_TIME, "Event time of the last step (Unix seconds)", value=detector.now or 0.0
+        )
+        yield GaugeMetricFamily(SAMPLE, "The fraction of requests analysed (--sample)", value=detector.config.sample)
+        yield CounterMetricFamily(
+            NOT_SAMPLED, "Events of requests outside the sample", value=detector.events_not_sampled
         )
         yield from self._sender()
 
