@@ -4,6 +4,9 @@
     .venv/bin/python bench/bench_live.py --clean-hours 6 --clean-rate 100 [--clean-step 60]
     .venv/bin/python bench/bench_live.py --memory-rate 1000 --memory-minutes 3 --scope-values 50 [--keep-all]
     .venv/bin/python bench/bench_live.py --sampled-rate 1000 --sample 0.0625 --sample-horizon 600 --sample-replicas 4 50
+    .venv/bin/python bench/bench_live.py --sampled-rate 1000 --sample 0.0625 --sample-horizon 1800 --sample-replicas 50 \
+        --seeds 1 --sample-clean-minutes 60
+    .venv/bin/python bench/bench_live.py --read-cost --sample 0.25 0.0625
     .venv/bin/python bench/bench_live.py --demo-runs DIR   (DIR/X from: hopline demo --seconds 60
                                                             --scenario X --out DIR/X --json > DIR/X.json)
 
@@ -107,20 +110,27 @@ def memory_run(rate: float, minutes: float, values: int, keep_all: bool) -> dict
             "max_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}  # fmt: skip
 
 
-def sampled_run(rate: float, n_replicas: int, sample: float, horizon_s: float, seed: int) -> dict:
+def sampled_run(
+    rate: float, n_replicas: int, sample: float, horizon_s: float, seed: int, clean_minutes: float | None = None
+) -> dict:
     """Production rates: ``rate`` requests/s over ``n_replicas`` replicas, 10 minutes clean and then
     queue time x3 on replica r2 (generated a minute at a time, to bound the bench's memory), through
     a ``LiveDetector`` analysing ``sample`` of the requests with a ``horizon_s`` horizon, until the
     first incident fires (or 3 minutes after the onset). The detector's CPU (steps and the sampling
     in ``feed``) per request of all traffic and per second of event time (a core's share at that
-    rate in real time); the delay from the first affected request to the step that fired."""
+    rate in real time); the delay from the first affected request to the step that fired.
+    ``clean_minutes``: no incident, that long, every alert counted; the process' peak RSS."""
+    import resource
+
     replicas = tuple(f"r{i}" for i in range(1, n_replicas + 1))
     cfg = LiveConfig(horizon_s=horizon_s, recent_s=min(300.0, horizon_s / 2), sample=sample)
     detector = LiveDetector(cfg)
+    opened: list = []
+    detector.on_step = lambda now, changed: opened.extend(i for i in changed if i.first_seen == now)
     cpu = wall = 0.0
     total, first_hit = 0, None
-    for minute in range(13):
-        rise = [StageShift("queue", 3.0, at_s=0, scope={"replica": "r2"})] if minute >= 10 else []
+    for minute in range(13 if clean_minutes is None else int(clean_minutes)):
+        rise = [StageShift("queue", 3.0, at_s=0, scope={"replica": "r2"})] if minute >= 10 and clean_minutes is None else []
         chunk = generate(duration_s=60, rate=rate, seed=seed * 1000 + minute, replicas=replicas,
                          start=DEFAULT_START + 60 * minute, incidents=rise)  # fmt: skip
         total += chunk["request_id"].n_unique()
@@ -133,9 +143,9 @@ def sampled_run(rate: float, n_replicas: int, sample: float, horizon_s: float, s
             detector.feed(part)
             cpu += time.process_time() - c0
             wall += time.perf_counter() - w0
-            if detector.book.firing():
+            if detector.book.firing() and clean_minutes is None:
                 break
-        if detector.book.firing():
+        if detector.book.firing() and clean_minutes is None:
             break
     fired = detector.book.firing()
     hit = bool(fired) and fired[0].finding.get("stage") == "queue" and fired[0].scope == {"replica": "r2"}
@@ -146,7 +156,32 @@ def sampled_run(rate: float, n_replicas: int, sample: float, horizon_s: float, s
             "requests": total, "analysed": detector.finished_requests, "horizon_rows": detector.horizon.height,
             "steps": detector.steps, "cpu_s": round(cpu, 1), "wall_s": round(wall, 1),
             "cpu_us_per_request": round(cpu / total * 1e6, 1), "core_share": round(cpu / span, 4),
-            "step_cpu_s_last": round(detector.cpu_s / max(detector.steps, 1), 3)}  # fmt: skip
+            "step_cpu_s_last": round(detector.cpu_s / max(detector.steps, 1), 3), "alerts": len(opened),
+            "horizon_mib": round(detector.horizon.estimated_size("mb"), 1),
+            "max_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}  # fmt: skip
+
+
+def read_cost(fractions: list[float], rounds: int = 5) -> dict:
+    """What following the store costs per event (``feed.Tail.poll``: read, translate, sample,
+    parse and validate), unsampled and at each fraction, on 2 minutes of generated traffic at
+    100 requests/s written as NDJSON: process CPU, best of ``rounds``, alternating."""
+    import tempfile
+
+    from hopline.analyzer.live.feed import Tail
+    from support.synth import write_ndjson
+
+    events = generate(duration_s=120, rate=100, seed=7, replicas=REPLICAS)
+    folder = Path(tempfile.mkdtemp())
+    write_ndjson(events, folder / "events.ndjson")
+    best: dict[float, float] = {}
+    for _ in range(rounds):
+        for fraction in [1.0, *fractions]:
+            tail = Tail([folder], sample=fraction)
+            c0 = time.process_time()
+            tail.poll()
+            took = time.process_time() - c0
+            best[fraction] = min(best.get(fraction, took), took)
+    return {"events": events.height, **{f"us_per_event_sample_{f:g}": round(t / events.height * 1e6, 2) for f, t in best.items()}}
 
 
 DEMO_SETTINGS = dict(settle_s=1.0, lateness_s=1.0, hold_s=5.0)  # demo/live.py's watch
@@ -272,12 +307,19 @@ def main() -> None:
     parser.add_argument("--sample", type=float, nargs="+", default=[0.0625], help="--sampled-rate: fractions.")
     parser.add_argument("--sample-horizon", type=float, default=600.0)
     parser.add_argument("--sample-replicas", type=int, nargs="+", default=[4, 50])
+    parser.add_argument("--sample-clean-minutes", type=float, help="--sampled-rate: clean traffic this long.")
+    parser.add_argument("--read-cost", action="store_true", help="Following the store: CPU per event, by --sample.")
     args = parser.parse_args()
+    if args.read_cost:
+        print(orjson_line(read_cost(args.sample)), flush=True)
+        return
     if args.sampled_rate:
         for n in args.sample_replicas:
             for fraction in args.sample:
                 for seed in range(args.seeds):
-                    run = sampled_run(args.sampled_rate, n, fraction, args.sample_horizon, seed)
+                    run = sampled_run(
+                        args.sampled_rate, n, fraction, args.sample_horizon, seed, args.sample_clean_minutes
+                    )
                     print(orjson_line(run), flush=True)
         return
     if args.memory_rate:

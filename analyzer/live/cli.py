@@ -87,10 +87,12 @@ def run_replay(watch: Watch, paths: list[Path], every_s: float) -> ScanReport:
 def run_follow(watch: Watch, paths: list[Path], poll_s: float, until_quiet_s: float | None = None) -> None:
     """Feed what the files grow by; with ``until_quiet_s``, stop once nothing new came for that
     long (wall clock, counted from the first event) and finish the stream (``LiveDetector.drain``)."""
-    tail = Tail(paths)
+    tail = Tail(paths, sample=watch.detector.config.sample)
     last_news: float | None = None
     while True:
         batch = tail.poll()
+        watch.detector.events_not_sampled += tail.not_sampled
+        tail.not_sampled = 0
         if batch.height:
             watch.detector.feed(batch)
             last_news = time.monotonic()

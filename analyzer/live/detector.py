@@ -36,7 +36,7 @@ from hopline.analyzer.io import SCHEMA
 from hopline.analyzer.live.detect import findings_now
 from hopline.analyzer.live.incidents import Incident, IncidentBook
 from hopline.analyzer.timelines import COLUMNS, timelines
-from hopline.middleware.contract import FINAL_HOPS
+from hopline.middleware.contract import FINAL_HOPS, normalize_request_id
 from hopline.middleware.contract.rules import SCOPE_SOURCES
 
 OUTERMOST = ("client", "gateway", "engine")  # the first one a request reached tells when it ended
@@ -90,12 +90,17 @@ class LiveConfig:
         return self.step_s or self.window_s
 
 
+def in_sample(request_id: str, fraction: float) -> bool:
+    """Whether a request is in the sample: the BLAKE2b digest of its ID (normalized, so that an
+    engine's ``chatcmpl-<id>`` is its ID) has its first 8 bytes, as a fraction of 2**64, below
+    ``fraction``: the same in every process, shard and Python version."""
+    digest = blake2b(normalize_request_id(request_id).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") < fraction * 2**64
+
+
 def sampled(ids: pl.Series, fraction: float) -> pl.Series:
-    """Whether each request ID is in the sample: its BLAKE2b digest's first 8 bytes, as a fraction
-    of 2**64, are below ``fraction`` (a hash that is the same in every process and version)."""
-    cut = fraction * 2**64
-    digest = lambda i: int.from_bytes(blake2b(i.encode(), digest_size=8).digest(), "big")
-    kept = [i for i in ids.unique().drop_nulls().to_list() if digest(i) < cut]
+    """Whether each request ID is in the sample (``in_sample``); a null ID is not."""
+    kept = [i for i in ids.unique().drop_nulls().to_list() if in_sample(i, fraction)]
     return ids.is_in(pl.Series(kept, dtype=pl.String).implode()).fill_null(False)
 
 

@@ -75,3 +75,28 @@ def test_the_sample_and_what_it_left_out_are_on_metrics():
     assert f"{SAMPLE} 0.5" in text
     left = next(float(x.split()[1]) for x in text.splitlines() if x.startswith(NOT_SAMPLED + "_total "))
     assert left == detector.events_not_sampled > 0
+
+
+def test_following_with_a_sample_reads_only_the_sampled_requests_lines(tmp_path):
+    from hopline.analyzer import io
+    from hopline.analyzer.io import ScanReport
+    from hopline.analyzer.live.feed import Tail
+    from support.synth import write_ndjson
+
+    # engine.stats names requests as vLLM does (chatcmpl-<id>): the same request, the same verdict
+    events = generate(duration_s=30, rate=20, seed=6, replicas=REPLICAS, engine_id_prefix=True)
+    log = tmp_path / "events.ndjson"
+    write_ndjson(events, log)
+    with log.open("ab") as f:
+        f.write(b'{"broken": \n')  # a line with no ID the pattern finds: read, and reported
+    lines = log.read_bytes().count(b"\n")
+    everything = io.parse_ndjson(log.read_bytes(), str(log), ScanReport())
+    tail = Tail([log], sample=0.25)
+    got = tail.poll()
+    want = everything.filter(sampled(everything["request_id"], 0.25))
+    assert 0 < got.height == want.height < everything.height
+    assert sorted(got["request_id"].unique()) == sorted(want["request_id"].unique())
+    assert (got.group_by("request_id").len().sort("request_id")["len"].to_list()
+            == want.group_by("request_id").len().sort("request_id")["len"].to_list())  # fmt: skip
+    assert tail.not_sampled == everything.height - want.height
+    assert tail.report.bad_lines == 1 and f"events.ndjson:{lines}" in str(tail.report.__dict__)
