@@ -362,9 +362,12 @@ def describe_request(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
             cur = final[comp]
             if cur is None or (attempt, ts) > cur[:2]:
                 final[comp] = (attempt, ts, ev)
-        if stream_rank is not None and ev.get("stream") is not None:
-            if stream is None or stream_rank < stream[0]:
-                stream = (stream_rank, ev["stream"])
+        if (
+            stream_rank is not None
+            and ev.get("stream") is not None
+            and (stream is None or stream_rank < stream[0])
+        ):
+            stream = (stream_rank, ev["stream"])
     ending: dict[str, str | None] = {}
     for comp, chosen in final.items():
         if chosen is None or chosen[0] != top[comp]:  # no last word, or only for an earlier attempt
