@@ -314,6 +314,11 @@ def _describe(value: object) -> str:
 # other type goes through the full ``isinstance`` check, which accepts subclasses or says why not.
 _EXACT_ATTRIBUTE_TYPES = {name: frozenset(types) for name, types in ATTRIBUTE_TYPES.items()}
 _SCOPE_FIELDS = ("service", "replica", "model")
+# Request IDs seen already in hopline's form (no engine prefix, the rule's characters): the
+# events of one request share their ID, so the prefix and pattern checks run once per request,
+# not per event. Bounded: emptied when full.
+_PLAIN_IDS: set[str] = set()
+_PLAIN_IDS_MAX = 8192
 
 
 def validate_event(obj: object) -> dict[str, Any]:
@@ -330,10 +335,11 @@ def validate_event(obj: object) -> dict[str, Any]:
         raise EventError(f"event must be a JSON object, got {type(obj).__name__}")
     event = dict(obj)
     get = event.get
-    if get("hop") == EMITTER_STATS_HOP:  # an emitter's health report: no request (end of module)
+    hop = get("hop")
+    if hop == EMITTER_STATS_HOP:  # an emitter's health report: no request (end of module)
         return validate_emitter_stats(event)
     v = get("v", VERSION)
-    if v != VERSION or isinstance(v, bool):
+    if v != VERSION or (type(v) is not int and isinstance(v, bool)):  # an exact int needs no bool check
         raise EventError(f"unsupported contract version v={_describe(v)} (this reader knows v=1)")
     event["v"] = VERSION
     ts = get("ts")
@@ -344,25 +350,29 @@ def validate_event(obj: object) -> dict[str, Any]:
         raise EventError(f"ts must be positive Unix epoch seconds before 2100, got {_describe(ts)}")
     else:
         event["ts"] = float(ts)
-    hop = get("hop")
     if type(hop) is not str or hop not in HOP_SET:  # a list or an object is unhashable: not `in`
         raise EventError(f"unknown hop {_describe(hop)}")
     raw_rid = get("request_id", _MISSING)
     if raw_rid is _MISSING:
         raise EventError("request_id is missing")
     # a plain string already in hopline's form (the usual case) needs no normalizing
-    if (
-        type(raw_rid) is not str
-        or raw_rid.startswith(ENGINE_ID_PREFIXES)
-        or not _REQUEST_ID_RE.fullmatch(raw_rid)
-    ):
-        rid = normalize_request_id(raw_rid)
-        if rid is None:
-            raise EventError(
-                f"request_id must be 1-{REQUEST_ID_MAX} characters of [A-Za-z0-9._:-], got "
-                f"{_describe(raw_rid)}"
-            )
-        event["request_id"] = rid
+    if type(raw_rid) is not str or raw_rid not in _PLAIN_IDS:
+        if (
+            type(raw_rid) is not str
+            or raw_rid.startswith(ENGINE_ID_PREFIXES)
+            or not _REQUEST_ID_RE.fullmatch(raw_rid)
+        ):
+            rid = normalize_request_id(raw_rid)
+            if rid is None:
+                raise EventError(
+                    f"request_id must be 1-{REQUEST_ID_MAX} characters of [A-Za-z0-9._:-], got "
+                    f"{_describe(raw_rid)}"
+                )
+            event["request_id"] = rid
+        else:
+            if len(_PLAIN_IDS) >= _PLAIN_IDS_MAX:
+                _PLAIN_IDS.clear()
+            _PLAIN_IDS.add(raw_rid)
     attempt = get("attempt", 0)
     exact_int = type(attempt) is int
     if (
