@@ -323,7 +323,8 @@ def describe_request(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     """
     top: dict[str, int] = {}  # component -> highest attempt
     final: dict[str, tuple[int, float, Mapping[str, Any]] | None] = {}
-    attempts: dict[str, set[int]] = {}  # hop -> attempts seen
+    # hop -> its highest attempt: the component's highest attempt reached the hop iff they are equal
+    hop_top: dict[str, int] = {}
     best: dict[str, tuple[tuple[int, int, float], Any]] = {}  # scope name -> ((rank, ±attempt, ts), value)
     stream: tuple[int, Any] | None = None
     plans = _HOP_PLAN
@@ -341,10 +342,13 @@ def describe_request(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
                 continue
             for name, rank, sign, want_leg in targets:
                 if want_leg is None or leg == want_leg:
-                    key = (rank, sign * attempt, ts)
                     cur_best = best.get(name)
-                    if cur_best is None or key < cur_best[0]:
-                        best[name] = (key, value)
+                    if cur_best is None:
+                        best[name] = ((rank, sign * attempt, ts), value)
+                    elif rank <= cur_best[0][0]:  # a lower-ranked source never wins
+                        key = (rank, sign * attempt, ts)
+                        if key < cur_best[0]:
+                            best[name] = (key, value)
         if comp is None:
             continue
         highest = top.get(comp)
@@ -353,11 +357,8 @@ def describe_request(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
             final[comp] = None
         elif attempt > highest:
             top[comp] = attempt
-        seen = attempts.get(hop)
-        if seen is None:
-            attempts[hop] = {attempt}
-        else:
-            seen.add(attempt)
+        if hop not in hop_top or attempt > hop_top[hop]:
+            hop_top[hop] = attempt
         if kind is not None:
             cur = final[comp]
             if cur is None or (attempt, ts) > cur[:2]:
@@ -383,8 +384,7 @@ def describe_request(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
             continue
         if exp.stream is not None and flag is not exp.stream:
             continue
-        have = attempts.get(exp.hop, ())
-        if (top[comp] not in have) if exp.final_attempt else not have:
+        if exp.hop not in hop_top or (exp.final_attempt and hop_top[exp.hop] != top[comp]):
             missing.append(exp.hop)
     scope = {name: (best[name][1] if name in best else None) for name in SCOPE_SOURCES}
     return {"outcome": outcome_of(ending), "scope": scope, "missing": missing}
