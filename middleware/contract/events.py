@@ -314,6 +314,18 @@ def _describe(value: object) -> str:
 # other type goes through the full ``isinstance`` check, which accepts subclasses or says why not.
 _EXACT_ATTRIBUTE_TYPES = {name: frozenset(types) for name, types in ATTRIBUTE_TYPES.items()}
 _SCOPE_FIELDS = ("service", "replica", "model")
+# field -> None for a core field (checked by name above the attribute pass), else the attribute's
+# (exact types, bounds or None); a field not in it is an unknown attribute
+_FIELD_CHECKS: dict[str, tuple[frozenset[type], tuple[float, float, str] | None] | None] = {
+    **dict.fromkeys(CORE_FIELDS),
+    **{name: (_EXACT_ATTRIBUTE_TYPES[name], _ATTRIBUTE_BOUNDS.get(name)) for name in ATTRIBUTE_TYPES},
+}
+_UNKNOWN = object()
+# Request IDs seen already in hopline's form (no engine prefix, the rule's characters): the
+# events of one request share their ID, so the prefix and pattern checks run once per request,
+# not per event. Bounded: emptied when full.
+_PLAIN_IDS: set[str] = set()
+_PLAIN_IDS_MAX = 8192
 
 
 def validate_event(obj: object) -> dict[str, Any]:
@@ -330,10 +342,11 @@ def validate_event(obj: object) -> dict[str, Any]:
         raise EventError(f"event must be a JSON object, got {type(obj).__name__}")
     event = dict(obj)
     get = event.get
-    if get("hop") == EMITTER_STATS_HOP:  # an emitter's health report: no request (end of module)
+    hop = get("hop")
+    if hop == EMITTER_STATS_HOP:  # an emitter's health report: no request (end of module)
         return validate_emitter_stats(event)
     v = get("v", VERSION)
-    if v != VERSION or isinstance(v, bool):
+    if v != VERSION or (type(v) is not int and isinstance(v, bool)):  # an exact int needs no bool check
         raise EventError(f"unsupported contract version v={_describe(v)} (this reader knows v=1)")
     event["v"] = VERSION
     ts = get("ts")
@@ -344,25 +357,29 @@ def validate_event(obj: object) -> dict[str, Any]:
         raise EventError(f"ts must be positive Unix epoch seconds before 2100, got {_describe(ts)}")
     else:
         event["ts"] = float(ts)
-    hop = get("hop")
     if type(hop) is not str or hop not in HOP_SET:  # a list or an object is unhashable: not `in`
         raise EventError(f"unknown hop {_describe(hop)}")
     raw_rid = get("request_id", _MISSING)
     if raw_rid is _MISSING:
         raise EventError("request_id is missing")
     # a plain string already in hopline's form (the usual case) needs no normalizing
-    if (
-        type(raw_rid) is not str
-        or raw_rid.startswith(ENGINE_ID_PREFIXES)
-        or not _REQUEST_ID_RE.fullmatch(raw_rid)
-    ):
-        rid = normalize_request_id(raw_rid)
-        if rid is None:
-            raise EventError(
-                f"request_id must be 1-{REQUEST_ID_MAX} characters of [A-Za-z0-9._:-], got "
-                f"{_describe(raw_rid)}"
-            )
-        event["request_id"] = rid
+    if type(raw_rid) is not str or raw_rid not in _PLAIN_IDS:
+        if (
+            type(raw_rid) is not str
+            or raw_rid.startswith(ENGINE_ID_PREFIXES)
+            or not _REQUEST_ID_RE.fullmatch(raw_rid)
+        ):
+            rid = normalize_request_id(raw_rid)
+            if rid is None:
+                raise EventError(
+                    f"request_id must be 1-{REQUEST_ID_MAX} characters of [A-Za-z0-9._:-], got "
+                    f"{_describe(raw_rid)}"
+                )
+            event["request_id"] = rid
+        else:
+            if len(_PLAIN_IDS) >= _PLAIN_IDS_MAX:
+                _PLAIN_IDS.clear()
+            _PLAIN_IDS.add(raw_rid)
     attempt = get("attempt", 0)
     exact_int = type(attempt) is int
     if (
@@ -377,21 +394,24 @@ def validate_event(obj: object) -> dict[str, Any]:
         value = get(name)
         if value is not None and (not isinstance(value, str) or len(value) > 256):
             raise EventError(f"{name} must be a string of at most 256 characters, got {_describe(value)}")
-    exact = _EXACT_ATTRIBUTE_TYPES
-    bounds = _ATTRIBUTE_BOUNDS
-    for name in exact.keys() & event.keys():
-        value = event[name]
-        if value is None:
+    checks = _FIELD_CHECKS
+    unknown = False
+    for name, value in event.items():  # the known attributes, in the event's order
+        check = checks.get(name, _UNKNOWN)
+        if check is None or value is None:
             continue
-        if type(value) not in exact[name]:
+        if check is _UNKNOWN:
+            unknown = True
+            continue
+        exact, bound = check
+        if type(value) not in exact:
             types = ATTRIBUTE_TYPES[name]
             if not isinstance(value, types) or (bool not in types and isinstance(value, bool)):
                 expected = " or ".join(t.__name__ for t in types)
                 raise EventError(f"{name} must be {expected}, got {_describe(value)}")
-        bound = bounds.get(name)
         if bound is not None and not bound[0] <= value <= bound[1]:  # NaN fails too
             raise EventError(f"{name} must be {bound[2]}, got {_describe(value)}")
-    if not event.keys() <= _KNOWN_FIELDS:  # unknown attributes (rare): any JSON, within bounds
+    if unknown:  # unknown attributes (rare): any JSON, within bounds
         for name in event.keys() - _KNOWN_FIELDS:
             value = event[name]
             if type(value) in (dict, list, int):

@@ -32,12 +32,13 @@ from typing import Any
 from hopline.middleware.contract import (
     ATTRIBUTE_SOURCES,
     FINAL_HOPS,
+    LEG_HOPS,
+    PREFILL_LEG,
     TIME_STAGES,
     TTFT_STAGES,
     VIEWS,
     component,
     is_valid_trace_id,
-    read_hop,
 )
 
 COMPONENTS = ("client", "gateway", "engine")  # nearest the user first
@@ -284,67 +285,90 @@ EXPECTED_HOPS: tuple[Expected, ...] = (
 _STREAM_RANK = {hop: rank for rank, hop in enumerate(ATTRIBUTE_SOURCES["stream"])}
 
 
-# Per hop, what one pass over a request's events must note: (component, ending kind or None,
-# the scope sources it can feed as (scope name, source rank, field, attempt sign: -1 highest
-# first, the P/D leg the source asks for or None)).
-_HOP_PLAN: dict[str, tuple[str, str | None, tuple[tuple[str, int, str, int, str | None], ...]]] = {}
+# Per hop (as read: ``read_hop``), what one pass over a request's events must note: (its
+# component, None for a P/D prefill leg's ``prefill.*`` hop, which only scopes read; its ending
+# kind or None; the scope sources it can feed, grouped by the field they read: (field, ((scope
+# name, source rank, attempt sign: -1 highest first, the P/D leg the source asks for or None),
+# ...)); its rank as a source of ``stream`` or None). Made once per hop name (``_plan``).
+_Feeds = tuple[tuple[str, tuple[tuple[str, int, int, str | None], ...]], ...]
+_HOP_PLAN: dict[str, tuple[str | None, str | None, _Feeds, int | None]] = {}
 _COMPONENT_SET = frozenset(COMPONENTS)
 
 
-def _plan(hop: str) -> tuple[str, str | None, tuple[tuple[str, int, str, int, str | None], ...]]:
+def _plan(hop: str) -> tuple[str | None, str | None, _Feeds, int | None]:
     plan = _HOP_PLAN.get(hop)
     if plan is None:
-        feeds = tuple(
-            (name, rank, source.field, 1 if source.first else -1, source.leg)
-            for name, sources in SCOPE_SOURCES.items()
-            for rank, source in enumerate(sources)
-            if _in(source, hop)
-        )
-        plan = _HOP_PLAN[hop] = (component(hop), ENDING_OF_HOP.get(hop), feeds)
+        feeds: dict[str, list[tuple[str, int, int, str | None]]] = {}
+        for name, sources in SCOPE_SOURCES.items():
+            for rank, source in enumerate(sources):
+                if _in(source, hop):
+                    feeds.setdefault(source.field, []).append((name, rank, 1 if source.first else -1, source.leg))
+        comp = component(hop)
+        if comp not in _COMPONENT_SET:  # a P/D prefill leg's engine hop: read by scopes and stages only
+            plan = (None, None, tuple((f, tuple(t)) for f, t in feeds.items()), None)
+        else:
+            plan = (comp, ENDING_OF_HOP.get(hop), tuple((f, tuple(t)) for f, t in feeds.items()), _STREAM_RANK.get(hop))
+        _HOP_PLAN[hop] = plan
     return plan
+
+
+_EXPECTED = tuple((exp, component(exp.hop)) for exp in EXPECTED_HOPS)  # each with its component
 
 
 def describe_request(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     """Outcome, scope and missing hops of one request (what the golden fixture holds per case).
 
-    One pass over the events (the collector calls this for every finished request).
+    One pass over the events (the collector calls this for every finished request): each hop's
+    plan (``_plan``) is made once per process, and a field feeding several scopes is read once.
     """
     top: dict[str, int] = {}  # component -> highest attempt
     final: dict[str, tuple[int, float, Mapping[str, Any]] | None] = {}
-    attempts: dict[str, set[int]] = {}  # hop -> attempts seen
-    best: dict[str, tuple[int, int, float, Any]] = {}  # scope name -> (rank, ±attempt, ts, value)
+    # hop -> its highest attempt: the component's highest attempt reached the hop iff they are equal
+    hop_top: dict[str, int] = {}
+    best: dict[str, tuple[tuple[int, int, float], Any]] = {}  # scope name -> ((rank, ±attempt, ts), value)
     stream: tuple[int, Any] | None = None
+    plans = _HOP_PLAN
     for ev in events:
+        hop = ev["hop"]
         leg = ev.get("leg")
-        hop = read_hop(ev["hop"], leg)
-        comp, kind, feeds = _plan(hop)
+        if leg == PREFILL_LEG:
+            hop = LEG_HOPS.get(hop, hop)  # read_hop
+        comp, kind, feeds, stream_rank = plans.get(hop) or _plan(hop)
         attempt = ev.get("attempt", 0)
         ts = ev["ts"]
-        for name, rank, field, sign, want_leg in feeds:
+        for field, targets in feeds:
             value = ev.get(field)
-            if value is not None and (want_leg is None or leg == want_leg):
-                key = (rank, sign * attempt, ts, value)
-                cur_best = best.get(name)
-                if cur_best is None or key[:3] < cur_best[:3]:
-                    best[name] = key
-        if comp not in _COMPONENT_SET:  # a P/D prefill leg's engine hop: read by scopes and stages only
+            if value is None:
+                continue
+            for name, rank, sign, want_leg in targets:
+                if want_leg is None or leg == want_leg:
+                    cur_best = best.get(name)
+                    if cur_best is None:
+                        best[name] = ((rank, sign * attempt, ts), value)
+                    elif rank <= cur_best[0][0]:  # a lower-ranked source never wins
+                        key = (rank, sign * attempt, ts)
+                        if key < cur_best[0]:
+                            best[name] = (key, value)
+        if comp is None:
             continue
-        if comp not in top or attempt > top[comp]:
+        highest = top.get(comp)
+        if highest is None:
             top[comp] = attempt
-        final.setdefault(comp, None)
-        seen = attempts.get(hop)
-        if seen is None:
-            attempts[hop] = {attempt}
-        else:
-            seen.add(attempt)
+            final[comp] = None
+        elif attempt > highest:
+            top[comp] = attempt
+        if hop not in hop_top or attempt > hop_top[hop]:
+            hop_top[hop] = attempt
         if kind is not None:
             cur = final[comp]
             if cur is None or (attempt, ts) > cur[:2]:
                 final[comp] = (attempt, ts, ev)
-        if hop in _STREAM_RANK and ev.get("stream") is not None:
-            rank = _STREAM_RANK[hop]
-            if stream is None or rank < stream[0]:
-                stream = (rank, ev["stream"])
+        if (
+            stream_rank is not None
+            and ev.get("stream") is not None
+            and (stream is None or stream_rank < stream[0])
+        ):
+            stream = (stream_rank, ev["stream"])
     ending: dict[str, str | None] = {}
     for comp, chosen in final.items():
         if chosen is None or chosen[0] != top[comp]:  # no last word, or only for an earlier attempt
@@ -355,16 +379,14 @@ def describe_request(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         ending[comp] = "cancel" if kind == "error" and is_cancel(ev.get("status"), ev.get("error")) else kind
     flag = None if stream is None else stream[1]
     missing = []
-    for exp in EXPECTED_HOPS:
-        comp = component(exp.hop)
+    for exp, comp in _EXPECTED:
         if comp not in top or ending[comp] in exp.unless:
             continue
         if exp.stream is not None and flag is not exp.stream:
             continue
-        have = attempts.get(exp.hop, ())
-        if (top[comp] not in have) if exp.final_attempt else not have:
+        if exp.hop not in hop_top or (exp.final_attempt and hop_top[exp.hop] != top[comp]):
             missing.append(exp.hop)
-    scope = {name: (best[name][3] if name in best else None) for name in SCOPE_SOURCES}
+    scope = {name: (best[name][1] if name in best else None) for name in SCOPE_SOURCES}
     return {"outcome": outcome_of(ending), "scope": scope, "missing": missing}
 
 

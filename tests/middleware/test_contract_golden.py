@@ -119,3 +119,46 @@ def test_fixture_covers_the_trace_rule():
     """Only OTel sources, mixed sources, and a trace with several requests (which stay apart)."""
     assert {"otel_only_trace_join", "mixed_sources_trace_join", "agent_three_calls_one_trace"} <= set(CASES)
     assert len(requests_of(CASES["agent_three_calls_one_trace"])) == 4  # three calls + one unplaced stand-in
+
+
+def test_pd_failover_reads_each_scope_from_its_own_leg_and_attempt():
+    """Beyond the fixture: a P/D request whose decode leg fails over (attempt 0 on d1 errs, attempt 1
+    prefilled on p2 and decoded on d2). One ``replica`` or ``upstream`` value feeds several scopes
+    at once, each with its own leg and attempt rule: replica / decode_replica the highest attempt's
+    decode instance (d2), first_replica the lowest (d1), failed_replica the erring one (d1),
+    prefill_replica the highest attempt's prefill instance (p2). The prefill legs' ``stream: false``
+    is never the request's flag (their hops are ``prefill.*``, no component), so the gateway's
+    first token is expected and missing here."""
+    t = 1_700_000_000.0
+
+    def ev(dt, hop, attempt=0, **attrs):
+        return validate_event({"ts": t + dt, "request_id": "pd-failover", "hop": hop, "attempt": attempt, **attrs})
+
+    gw = {"service": "gw", "replica": "gw-pd"}
+    events = [
+        ev(0.00, "gateway.received", **gw),
+        ev(0.01, "gateway.forwarded", 0, leg="prefill", upstream="p1", **gw),
+        ev(0.02, "engine.received", 0, leg="prefill", replica="p1", stream=False, service="vllm"),
+        ev(0.10, "engine.last_token", 0, leg="prefill", replica="p1"),
+        ev(0.11, "gateway.forwarded", 0, leg="decode", upstream="d1", **gw),
+        ev(0.12, "engine.received", 0, leg="decode", replica="d1", stream=True, service="vllm"),
+        ev(0.13, "engine.error", 0, leg="decode", replica="d1", status=500),
+        ev(0.20, "gateway.forwarded", 1, leg="prefill", upstream="p2", **gw),
+        ev(0.21, "engine.received", 1, leg="prefill", replica="p2", stream=False, service="vllm"),
+        ev(0.30, "engine.last_token", 1, leg="prefill", replica="p2"),
+        ev(0.31, "gateway.forwarded", 1, leg="decode", upstream="d2", **gw),
+        ev(0.32, "engine.received", 1, leg="decode", replica="d2", stream=True, service="vllm"),
+        ev(0.40, "engine.first_token", 1, leg="decode", replica="d2"),
+        ev(0.90, "engine.last_token", 1, leg="decode", replica="d2"),
+        ev(0.91, "gateway.last_token", 1, **gw),
+    ]
+    described = describe_request(events)
+    assert described["outcome"] == "ok"
+    assert described["missing"] == ["gateway.first_token"]  # streamed: the decode leg's engine.received
+    scope = described["scope"]
+    assert (scope["replica"], scope["decode_replica"], scope["first_replica"], scope["failed_replica"]) == (
+        "d2", "d2", "d1", "d1"
+    )
+    assert scope["prefill_replica"] == "p2" and scope["service"] == "gw" and scope["gateway_replica"] == "gw-pd"
+    # the arrival order does not matter here (no two candidates of one scope tie)
+    assert describe_request(events[::-1]) == described

@@ -8,8 +8,17 @@ import os
 import random
 import re
 
+import pytest
 from hopline.middleware.client import _traceparent
-from hopline.middleware.contract import is_valid_trace_id, new_eid, new_request_id, normalize_request_id
+from hopline.middleware.contract import (
+    EventError,
+    events,
+    is_valid_trace_id,
+    new_eid,
+    new_request_id,
+    normalize_request_id,
+    validate_event,
+)
 
 
 def test_ids_have_their_form():
@@ -54,3 +63,22 @@ def test_a_fresh_traceparent_is_valid_w3c():
     version, trace_id, span_id, flags = header.split("-")
     assert (version, flags) == ("00", "01")
     assert is_valid_trace_id(trace_id) and re.fullmatch(r"[0-9a-f]{16}", span_id) and span_id != "0" * 16
+
+
+def test_validation_remembers_only_plain_ids_and_forgets_them_within_its_bound():
+    """validate_event skips the prefix and pattern checks for an ID it saw in hopline's form: an
+    engine-prefixed ID is still stripped after its bare form was seen, a bad ID is refused every
+    time, and the remembered set never grows past its bound."""
+    def rid_of(request_id):
+        return validate_event({"ts": 1.7e9, "hop": "engine.received", "request_id": request_id})["request_id"]
+
+    assert rid_of("abc-1") == "abc-1" and rid_of("abc-1") == "abc-1"
+    assert rid_of("chatcmpl-abc-1") == "abc-1"  # stripped though its bare form is remembered
+    assert "abc-1" in events._PLAIN_IDS and "chatcmpl-abc-1" not in events._PLAIN_IDS
+    for _ in range(2):
+        with pytest.raises(EventError, match="request_id must be 1-64 characters"):
+            rid_of("a b")
+    assert "a b" not in events._PLAIN_IDS
+    for i in range(events._PLAIN_IDS_MAX + 10):
+        assert rid_of(f"id-{i}") == f"id-{i}"
+    assert len(events._PLAIN_IDS) <= events._PLAIN_IDS_MAX
