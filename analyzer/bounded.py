@@ -27,7 +27,7 @@ import math
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -181,14 +181,44 @@ def build_table(
     try:
         parts = folder / "timelines"
         parts.mkdir()
-        for number, events in enumerate(bucket_events(groups, folder, budget.bucket_events)):
-            frame = built(events)
-            frame.write_parquet(parts / f"part-{number:05d}.parquet")
+        held = _built_parts(groups, folder, parts, budget, built)
+        if held is not None:  # the whole table fits the statistics' share: never written
+            shutil.rmtree(folder, ignore_errors=True)
+            frame = pl.concat(held, how="vertical")  # bucket_events yields at least one bucket here
+            return Table(frame.lazy(), frame.height)
         frame = pl.scan_parquet(sorted(parts.glob("*.parquet")))
         return Table(frame, frame.select(pl.len()).collect().item(), folder)
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise
+
+
+def _built_parts(
+    groups: list[list[Scanned]],
+    folder: Path,
+    parts: Path,
+    budget: Budget,
+    built: Callable[[pl.LazyFrame], pl.DataFrame],
+) -> list[pl.DataFrame] | None:
+    """Each bucket's timelines (``built``), held in memory while all of them together have at
+    most ``budget.sample_requests`` requests (the statistics' half of the budget, which would
+    read them whole anyway; a bucket's build keeps within the other half); past that, written to
+    ``parts`` as Parquet, and None. At 1M requests writing the table and reading it back cost
+    ~4.5 of ~60 CPU-s."""
+    held: list[pl.DataFrame] | None = []
+    rows = 0
+    for number, events in enumerate(bucket_events(groups, folder, budget.bucket_events)):
+        frame = built(events)
+        rows += frame.height
+        if held is not None and rows > budget.sample_requests:
+            for earlier, part in enumerate(held):
+                part.write_parquet(parts / f"part-{earlier:05d}.parquet")
+            held = None
+        if held is not None:
+            held.append(frame)
+        else:
+            frame.write_parquet(parts / f"part-{number:05d}.parquet")
+    return held
 
 
 def sample(table: Table, requests: int) -> pl.LazyFrame:

@@ -32,7 +32,10 @@ from rich.text import Text
 
 
 def _counts(series: pl.Series) -> dict[str, int]:
-    return {str(k): int(v) for k, v in series.value_counts(sort=True).iter_rows()}
+    """Values and how often, most first, equal counts by value (``value_counts(sort=True)`` left
+    ties in any order, different from run to run; ``bounded.exact_totals`` orders them so)."""
+    counted = series.alias("value").value_counts(name="len").sort("len", "value", descending=[True, False])
+    return {str(k): int(v) for k, v in counted.iter_rows()}
 
 
 MAX_AUTO_SCOPE_VALUES = 16  # a scope attribute with more values is searched only when asked for

@@ -114,6 +114,27 @@ def test_bucket_count_and_the_rules_that_cross_buckets(log_dir, tmp_path, monkey
     assert retried["attempts"] == 2 and retried["client_ttft"] == pytest.approx(0.2)
 
 
+def test_a_table_within_the_statistics_budget_is_held_the_same_as_one_written(log_dir, tmp_path):
+    """Buckets whose timelines together fit ``sample_requests`` are held in memory (no work
+    folder left, nothing written); past it every part goes to Parquet, the held ones included.
+    The two tables are the same, request for request (each bucket's group-by leaves its rows in
+    no set order), dtypes included (Enum, lists)."""
+    scanned, _ = io.scan_each(event_files([log_dir]))
+    held = bounded.build_table(scanned, (), SMALL, work_dir=tmp_path)
+    written = bounded.build_table(scanned, (), bounded.Budget(SMALL.bucket_events, 1), work_dir=tmp_path)
+    try:
+        assert held.folder is None and written.folder is not None
+        assert [p.name for p in tmp_path.iterdir()] == [written.folder.name]
+        parts = sorted((written.folder / "timelines").glob("*.parquet"))
+        assert len(parts) > 1  # the log is really split, the parts held before the spill written too
+        assert held.requests == written.requests == REQUESTS + 2
+        assert _sorted(held.frame.collect()).equals(_sorted(written.frame.collect()))
+        assert held.frame.collect_schema() == written.frame.collect_schema()
+    finally:
+        held.close()
+        written.close()
+
+
 @pytest.mark.parametrize("budget", [bounded.Budget.of(), SMALL], ids=["one-bucket", "buckets"])
 def test_a_table_of_some_columns_holds_those_of_the_whole_table(log_dir, budget):
     """``build_table(columns=...)`` (Polars computes only the aggregations they need) gives the

@@ -6,6 +6,7 @@ import io
 from dataclasses import replace
 from datetime import UTC, datetime
 
+import polars as pl
 import pytest
 from hopline.analyzer import report
 from hopline.analyzer.findings import Context, Pitfall, Shift
@@ -190,3 +191,14 @@ def test_a_pitfall_is_folded_only_into_a_rise_of_its_stage_in_its_scope_and_time
         (cause,), left = caused_by_shifts([rise], [pitfall], ctx)
         assert left == [pitfall]
         assert cause.with_pitfalls == ()
+
+
+def test_counts_with_equal_counts_are_ordered_by_name_on_every_run():
+    """Outcomes, negative stages and missing hops: most first, ties by name (Polars'
+    ``value_counts(sort=True)`` left ties in an order that changed from run to run, so the same log
+    gave different JSON), as the sampled path's exact totals (``bounded._counts``) order them."""
+    hops = ["engine.last_token", "client.first_token", "gateway.last_token", "client.first_token", "b", "a"]
+    for _ in range(20):
+        got = report._counts(pl.Series("missing", hops).shuffle())
+        assert list(got.items()) == [("client.first_token", 2), ("a", 1), ("b", 1), ("engine.last_token", 1),
+                                     ("gateway.last_token", 1)]  # fmt: skip

@@ -538,3 +538,29 @@ def test_a_bursts_onset_is_not_pulled_early_by_stray_slow_requests_before_it():
     end_ms = np.array([3000.0, 2800.0, 4000.0, 1287.0, 0.01, 0.01, 0.01, 0.01])
     until = edge(end_t, end_ms, np.array([2.0, 4.0, 6.0, 8.0, 10.0]), 0, 8, 2800.0, 0.0, ShiftConfig(), True)
     assert until == 4.0
+
+
+@pytest.mark.parametrize("kind", ["lognormal", "ms_ties", "few_values", "infinities", "zeros"])
+def test_quantiles_from_one_sort_are_numpys_to_the_bit(kind):
+    """``excess_s`` takes as many quantiles as requests after a change; numpy partitions around
+    every one of them (seconds on 1M requests), ``quantiles_linear`` reads them off one sort. Equal
+    bit for bit to ``np.quantile(values, q)`` on 100 random arrays of each kind: lognormal times,
+    millisecond-rounded ones (many ties), five distinct values, with +-inf, with -0.0 and 0.0
+    mixed (numpy's own path); ``excess_s`` likewise."""
+    from hopline.analyzer.findings.shifts.stats import excess_s, quantiles_linear
+
+    rng = np.random.default_rng(["lognormal", "ms_ties", "few_values", "infinities", "zeros"].index(kind))
+    for _ in range(100):
+        n, m = int(rng.integers(1, 2000)), int(rng.integers(1, 2000))
+        values = {
+            "lognormal": lambda: rng.lognormal(0, 1, n),
+            "ms_ties": lambda: np.round(rng.lognormal(-3, 1, n), 3),
+            "few_values": lambda: rng.integers(0, 5, n).astype(float),
+            "infinities": lambda: np.concatenate([rng.normal(0, 1, n), [np.inf, -np.inf]]),
+            "zeros": lambda: rng.choice([0.0, -0.0, 1.0], n),
+        }[kind]()
+        q = (np.arange(m) + 0.5) / m
+        assert quantiles_linear(values, q).tobytes() == np.quantile(values, q).tobytes()
+        after = rng.lognormal(0, 1, m)
+        want = np.float64(np.sum(np.sort(after) - np.quantile(values, q)))
+        assert np.float64(excess_s(values.copy(), after)).tobytes() == want.tobytes()

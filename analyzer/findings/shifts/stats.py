@@ -368,7 +368,31 @@ def excess_s(before: np.ndarray, after: np.ndarray) -> float:
     if len(before) == 0 or len(after) == 0:
         return 0.0
     q = (np.arange(len(after)) + 0.5) / len(after)
-    return float(np.sum(after - np.quantile(before, q)))
+    return float(np.sum(after - quantiles_linear(before, q)))
+
+
+def quantiles_linear(values: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """``np.quantile(values, q)`` (method "linear") to the bit, from one sort: numpy partitions
+    around every requested index, which for as many quantiles as requests (``excess_s``) cost
+    ~4 CPU-s on 1M requests against ~0.1 s for the sort. The same steps as numpy's ``_quantile``
+    and ``_lerp`` (numpy 2.x) on the sorted values; a -0.0, whose place among zeros the
+    partition and the sort may choose differently, and a NaN go to numpy."""
+    n = len(values)
+    if n == 0 or np.isnan(values).any() or np.any((values == 0) & np.signbit(values)):
+        return np.quantile(values, q)
+    ordered = np.sort(values)
+    virtual = (n - 1) * q
+    previous = np.floor(virtual)
+    following = previous + 1
+    above = virtual >= n - 1
+    previous[above], following[above] = -1, -1
+    previous, following = previous.astype(np.intp), following.astype(np.intp)
+    gamma = np.asanyarray(virtual - previous, dtype=virtual.dtype)
+    a, b = ordered[previous], ordered[following]
+    diff = b - a
+    out = np.add(a, diff * gamma)
+    np.subtract(b, diff * (1 - gamma), out=out, where=gamma >= 0.5, casting="unsafe")
+    return out
 
 
 def after_change(det: Detection) -> pl.Expr:
