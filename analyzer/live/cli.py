@@ -30,6 +30,9 @@ Replay a recorded log as fast as it goes (event time, never the wall clock):
 Follow the collector's store (or a file sink's NDJSON) and alert through Alertmanager:
 [bold]hopline watch --follow /var/lib/hopline --alertmanager http://alertmanager:9093 --listen 0.0.0.0:9800[/bold]
 
+At hundreds of requests/s and more, analyse a fixed sixteenth of the requests (chosen by request ID):
+[bold]hopline watch --follow /var/lib/hopline --sample 0.0625 --horizon 10m[/bold]
+
 Each alert is printed as Alertmanager receives it, with the event-time seconds since its onset:
 [2026-01-05T10:06:40Z +40s since onset] FIRING HoplineShift{severity=critical, direction=up, stage=queue, replica=r2, model=llama-3.1-8b}: queue time tripled at 10:06 on replica r2 (p50 39 → 126 ms); ...
 """

@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import math
 import time
-from hashlib import blake2b
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from hashlib import blake2b
 
 import polars as pl
 from hopline.analyzer import attribution

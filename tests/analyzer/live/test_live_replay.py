@@ -15,9 +15,9 @@ import pytest
 from hopline.analyzer.live.alertmanager import AlertSender
 from hopline.analyzer.live.detector import LiveConfig, LiveDetector
 from hopline.analyzer.live.watch import Watch
+from hopline.middleware.contract.times import to_epoch
 from support.alertmanager import alertmanager_with_webhook
 from support.servers import wait_until
-from hopline.middleware.contract.times import to_epoch
 from support.synth import DEFAULT_START, StageShift, generate
 
 REPLICAS = ("r1", "r2", "r3", "r4")

@@ -59,7 +59,7 @@ def test_a_sample_outside_0_1_is_refused(fraction):
 def test_watch_refuses_a_bad_sample_with_a_clear_error(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "hopline.analyzer.live", "--replay", str(tmp_path), "--sample", "2"],
-        capture_output=True, text=True, timeout=120,
+        check=False, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 2 and "sample must be a fraction in (0, 1], got 2.0" in proc.stderr, proc.stderr
 
