@@ -33,8 +33,8 @@ from pathlib import Path
 
 import polars as pl
 from hopline.analyzer import report
-from hopline.analyzer.io import Scanned, ScanReport
 from hopline.analyzer.findings.model import iso_utc
+from hopline.analyzer.io import Scanned, ScanReport
 from hopline.analyzer.timelines import resolve_by_trace, timelines
 
 BUCKET_FOLDER = re.compile(r"^bucket=(\d+)$")
@@ -170,8 +170,7 @@ def build_table(
     whole table's CPU); all of them by default."""
 
     def built(events: pl.LazyFrame) -> pl.DataFrame:
-        frame = timelines(events, scopes=scopes, resolve=False)
-        return (frame if columns is None else frame.select(columns)).collect(engine="in-memory")
+        return timelines(events, scopes=scopes, resolve=False, columns=columns).collect(engine="in-memory")
 
     groups = input_buckets(scanned)
     if len(groups) <= 1 and sum(s.rows for s in scanned) <= budget.bucket_events:

@@ -4,24 +4,20 @@ The Polars expressions here are generated from ``contract.INPUTS``, ``ATTRIBUTE_
 ``STAGES`` and ``RATIOS`` (the same objects ``contract.compute_stages`` evaluates in plain
 Python), so the collector and the analyzer cannot disagree; ``tests/golden_stages.json`` checks it.
 
-Query shape (the part that decides speed and memory on tens of millions of events): one
-streaming ``group_by`` whose aggregations are plain ``min`` / ``max`` / ``min_by`` of columns
-computed beforehand, row-wise. No window expression: ``over()`` does not stream and
-materialised every event (13.7 GiB for 59M events). The contract picks, per hop, the event of
-the highest attempt (earliest ``ts`` on a tie): the minimum of ``pick = ts - attempt * 2**24``
-(exact in float64 for Unix timestamps; correctly ordered while one hop's attempts of one request
-lie within 2**24 s = 194 days). A column ``_k:<hop>`` holds the pick on that hop's events only;
-a hop's time is its ``min`` (``ts`` comes back by adding the attempt, the whole number of spans
-between the pick and any time of the request), an attribute of a hop is a ``min_by`` it, and an
-attribute read from the first of several hops that carries it is a coalesce over them.
-
-The group key is ``request_id`` itself. ``bounded`` runs this on Polars' in-memory engine a
-bucket of at most ~6M events at a time, where the string key holds the same memory as the two
-64-bit hashes it replaced and costs less CPU (5.9M events: 8.6 instead of 10.3 CPU-s for the 7
-stages, 21.6 instead of 23.2 for every column), with no collision possible. (On the streaming
-engine over a whole 59M-event log the hashes held 7.7 GiB where the string held 13.7: its
-group-by buffers the rows of keys not in its hot table, so every byte an event carries into it
-counts 59M times. That is why low-cardinality labels are categorical while grouping.)
+Query shape (the part that decides speed and memory on tens of millions of events): the
+contract picks, per hop, the event of the highest attempt (earliest ``ts`` on a tie; the first in
+the log on an exact tie, as ``contract.request_inputs`` does): the minimum of
+``pick = ts - attempt * 2**24`` (exact in float64 for Unix timestamps; correctly ordered while
+one hop's attempts of one request lie within 2**24 s = 194 days). Scope attributes and a
+component's ending are chosen the same way by their own keys (``_keyed_columns``). The events
+are reduced to one row per request by ``picks.per_request``: each (request, hop) cell's chosen
+event found once, each key's once, every output column a gather at those rows (2.4M events:
+~2 CPU-s). ``aggregated`` is the same step as one Polars ``group_by`` of ~130 ``min`` /
+``min_by`` aggregations (6.3 CPU-s there, and on an exact tie it took either event, differently
+from run to run): the reference the tests hold ``picks`` to, and the fallback should two request
+IDs share a hash. ``columns`` narrows it all: only what the asked columns are computed from is
+read, keyed and gathered. No window expression anywhere: ``over()`` does not stream and
+materialised every event (13.7 GiB for 59M events).
 """
 
 from __future__ import annotations
@@ -29,6 +25,7 @@ from __future__ import annotations
 from functools import partial
 
 import polars as pl
+from hopline.analyzer import picks
 from hopline.middleware.contract import (
     ALL_HOPS,
     ATTRIBUTE_SOURCES,
@@ -161,15 +158,29 @@ def _source(name: str, hop: str) -> str:
     return f"_{name}@{hop}"
 
 
-def _per_event_columns(sources: dict = SCOPE_SOURCES) -> list[pl.Expr]:
-    """Row-wise columns the single group_by aggregates: each read hop's pick (null on other
-    hops' events), a hop's first time, each component's time, request-level keys."""
+def _hop_columns() -> list[pl.Expr]:
+    """Row-wise columns the reference ``group_by`` aggregates per hop: each read hop's pick (null on
+    other hops' events), a hop's first time, each component's time and attempt."""
     hop = pl.col("hop")
     key = pick_key()
     cols = [pl.when(hop == h).then(key).alias(_hop_key(h)) for h in READ_HOPS]
     cols += [pl.when(hop == h).then(pl.col("ts")).alias(f"_first:{h}") for h in FIRST_HOPS]
-    in_comp = {comp: hop.is_in([h for h in HOPS if component(h) == comp]) for comp in COMPONENTS}
-    cols += [pl.when(in_comp[comp]).then(pl.col("ts")).alias(f"_ts:{comp}") for comp in COMPONENTS]
+    for comp in COMPONENTS:
+        in_comp = hop.is_in(_component_hops(comp))
+        cols.append(pl.when(in_comp).then(pl.col("ts")).alias(f"_ts:{comp}"))
+        cols.append(pl.when(in_comp).then(pl.col("attempt")).alias(f"_att:{comp}"))
+    return cols
+
+
+def _component_hops(comp: str) -> list[str]:
+    return [h for h in HOPS if component(h) == comp]
+
+
+def _keyed_columns(sources: dict = SCOPE_SOURCES) -> list[pl.Expr]:
+    """Row-wise keys and values of the choices among several hops: one per scope attribute, one
+    per component's ending."""
+    hop = pl.col("hop")
+    cols = []
     # one key and value per scope attribute (rules.SCOPE_SOURCES), so each is one aggregation:
     # the first source the event belongs to and carries the field; its rank, then the pick
     # (highest attempt, earliest; a ``first`` source: lowest attempt, earliest) orders the candidates
@@ -188,7 +199,6 @@ def _per_event_columns(sources: dict = SCOPE_SOURCES) -> list[pl.Expr]:
         final = hop.is_in(list(FINAL_HOPS[comp]))
         cols.append(pl.when(final).then(-(pl.col("ts") + pl.col("attempt").cast(pl.Float64) * ATTEMPT_SPAN_S))
                     .alias(f"_endkey:{comp}"))
-        cols.append(pl.when(in_comp[comp]).then(pl.col("attempt")).alias(f"_att:{comp}"))
     cancel = pl.col("status").is_in(list(CANCEL_STATUSES)) | pl.col("error").is_in(list(CANCEL_ERRORS))
     cols.append(cancel.fill_null(False).alias("_cancel"))
     return cols
@@ -214,6 +224,65 @@ def _aggregations(sources: dict = SCOPE_SOURCES) -> list[pl.Expr]:
         aggs.append(pl.col(f"_att:{comp}").max().alias(f"_top:{comp}"))
     aggs.append((pl.col("attempt").max() + 1).alias("attempts"))  # tries seen by any component
     return aggs
+
+
+def aggregated(read: pl.LazyFrame, sources: dict, traced: bool) -> pl.LazyFrame:
+    """The per-request step as one Polars ``group_by`` (the reference ``picks.per_request`` is held
+    to): ``read`` is the per-event frame with ``_keyed_columns``."""
+    trace = pl.col("trace_id").max() if traced else pl.lit(None, pl.String)
+    return (
+        read.with_columns(_hop_columns())
+        .group_by(pl.col("request_id"))
+        .agg(trace.alias("trace_id"), *_aggregations(sources))
+    )
+
+
+def picks_plan(sources: dict) -> picks.Plan:
+    """``_aggregations`` as ``picks.per_request`` builds them: by the event each one reads."""
+    hop_columns = {_hop_pick(h): (h, "_pick") for h in TIMED_HOPS}
+    hop_columns |= {_hop_attr(h, a): (h, a) for h, a in HOP_ATTRS}
+    hop_columns |= {_source(name, h): (h, name) for name, hops in SOURCES.items() for h in hops}
+    keyed = {name: (f"_key:{name}", f"_val:{name}") for name in {**sources, **FAILURE_SOURCES}}
+    for comp in COMPONENTS:
+        end = f"_endkey:{comp}"
+        keyed |= {f"_endhop:{comp}": (end, "hop"), f"_endcancel:{comp}": (end, "_cancel"), end: (end, end)}
+    earliest: dict[str, list[str] | None] = {"_ts:request": None}
+    earliest |= {f"_first:{h}": [h] for h in FIRST_HOPS}
+    earliest |= {f"_seen:{comp}": _component_hops(comp) for comp in COMPONENTS}
+    tops: dict[str, list[str] | None] = {f"_top:{comp}": _component_hops(comp) for comp in COMPONENTS}
+    tops["attempts"] = None
+    return picks.Plan(hop_columns, keyed, earliest, tops, frozenset({"attempts"}))
+
+
+def _per_request(read: pl.LazyFrame, sources: dict, traced: bool, need: set[str]) -> pl.LazyFrame:
+    """``aggregated``'s columns in ``need``, built by ``picks.per_request`` when the plan is
+    collected (the Polars ``group_by`` if it declines). Only the per-event columns those read are
+    computed and read (Polars prunes ``read`` to them)."""
+    full = aggregated(read, sources, traced).collect_schema()
+    schema = pl.Schema({name: dtype for name, dtype in full.items() if name in need or name == "request_id"})
+    plan = picks_plan(sources).only(set(schema))
+    reads = ["request_id", "hop", "ts", "attempt", *(["trace_id"] if "trace_id" in schema and traced else [])]
+    reads += [c for c in plan.reads() if c not in reads and c != "_pick"]
+
+    def run() -> pl.DataFrame:
+        events = read.select(*reads, pick_key().alias("_pick")).collect()
+        frame = picks.per_request(events, plan, schema)
+        if frame is None:
+            frame = aggregated(read, sources, traced).select(list(schema)).collect()
+        return frame
+
+    return pl.defer(run, schema=schema)
+
+
+def _needed(columns: list[str], layers: list[dict[str, pl.Expr]]) -> set[str]:
+    """``columns`` and every column they are computed from through ``layers`` (each computed
+    from the ones before it and the per-request aggregations)."""
+    need = set(columns)
+    for layer in reversed(layers):
+        for name, expr in layer.items():
+            if name in need:
+                need |= set(expr.meta.root_names())
+    return need
 
 
 def _attempt_of(pick: pl.Expr) -> pl.Expr:
@@ -434,7 +503,32 @@ def resolve_by_trace(events: pl.LazyFrame) -> pl.LazyFrame:
     return pl.concat([events.filter(~stand_in.fill_null(False)), placed])
 
 
-def timelines(events: pl.LazyFrame, scopes: tuple[str, ...] = (), resolve: bool = True) -> pl.LazyFrame:
+def per_event(events: pl.LazyFrame, sources: dict) -> pl.LazyFrame:
+    """The events a timeline reads, each with its read hop, its scope attributes beyond the rule
+    book's (``sources``: ``rules.scope_sources``; from their own column or the JSON of unknown
+    fields) and the keys of the choices among several hops (``_keyed_columns``)."""
+    extra = [name for name in sources if name not in SCOPE_SOURCES]
+    schema = events.collect_schema()
+    pulled = [
+        pl.col("attrs").str.json_path_match(f'$["{name}"]').alias(name)
+        for name in extra
+        if name not in schema and "attrs" in schema
+    ]
+    missing = [pl.lit(None, dtype=pl.String).alias(n) for n in extra if n not in schema and "attrs" not in schema]
+    no_leg = [] if "leg" in schema else [pl.lit(None, dtype=pl.String).alias("leg")]
+    return (
+        events.with_columns(pl.col("hop").cast(HOP_ENUM, strict=False), *no_leg)
+        .with_columns(hop=read_hop_expr())
+        .filter(pl.col("hop").is_in(READ_HOPS))
+        .with_columns(*pulled, *missing)
+        .with_columns(pl.col(LABELS).cast(pl.Categorical))
+        .with_columns(_keyed_columns(sources))
+    )
+
+
+def timelines(
+    events: pl.LazyFrame, scopes: tuple[str, ...] = (), resolve: bool = True, columns: tuple[str, ...] | None = None
+) -> pl.LazyFrame:
     """One row per request (columns ``COLUMNS``, then one per extra scope): hop times, attributes,
     stages, ratios, status.
 
@@ -445,37 +539,16 @@ def timelines(events: pl.LazyFrame, scopes: tuple[str, ...] = (), resolve: bool 
     (rules.scope_sources) from their own column or from the JSON of unknown fields (``attrs``).
     ``resolve=False`` when ``resolve_by_trace`` was applied already, to the whole log (a bucket of
     it holds only some of a trace's owners, and could resolve a stand-in the whole log does not).
+    ``columns``: only these (only what they are computed from is read and aggregated; the 7
+    stages and ``replica`` need a third of the whole table's work).
     """
     sources = scope_sources(scopes)
     extra = [name for name in sources if name not in SCOPE_SOURCES]
-    schema = events.collect_schema()
-    pulled = [
-        pl.col("attrs").str.json_path_match(f'$["{name}"]').alias(name)
-        for name in extra
-        if name not in schema and "attrs" in schema
-    ]
-    missing = [pl.lit(None, dtype=pl.String).alias(n) for n in extra if n not in schema and "attrs" not in schema]
-    no_leg = [] if "leg" in schema else [pl.lit(None, dtype=pl.String).alias("leg")]
-    read = (
-        (resolve_by_trace(events) if resolve else events)
-        .with_columns(pl.col("hop").cast(HOP_ENUM, strict=False), *no_leg)
-        .with_columns(hop=read_hop_expr())
-        .filter(pl.col("hop").is_in(READ_HOPS))
-        .with_columns(*pulled, *missing)
-        .with_columns(pl.col(LABELS).cast(pl.Categorical))
-        .with_columns(_per_event_columns(sources))
-    )
-    rid = pl.col("request_id")
-    trace = pl.col("trace_id").max() if "trace_id" in events.collect_schema() else pl.lit(None, pl.String)
-    per_request = (
-        read.group_by(rid)
-        .agg(trace.alias("trace_id"), *_aggregations(sources))
-        .with_columns(pl.col(pl.Categorical).cast(pl.String))
-        .with_columns(**_sourced())
-    )
+    read = per_event(resolve_by_trace(events) if resolve else events, sources)
     values = _inputs()
     attributes = {name: values[name] for name in ATTRIBUTE_SOURCES}
     values = stage_exprs(values)
+    sourced = _sourced()
     row = {
         "start": pl.coalesce(
             pl.col("_first:client.sent"), pl.col("_first:gateway.received"), pl.col("_first:engine.received")
@@ -489,8 +562,15 @@ def timelines(events: pl.LazyFrame, scopes: tuple[str, ...] = (), resolve: bool 
         "error": pl.col(_attr("error")),
         **{name: values[name] for name in STAGE_COLUMNS + RATIO_COLUMNS},
     }
+    status = {"outcome": _outcome(), "negative": _negative(), "missing": _missing()}
+    wanted = [*COLUMNS, *extra] if columns is None else list(columns)
+    need = _needed(wanted, [sourced, row, status])
+    traced = "trace_id" in events.collect_schema()
     return (
-        per_request.with_columns(**row)
-        .with_columns(outcome=_outcome(), negative=_negative(), missing=_missing())
-        .select(*COLUMNS, *extra)
+        _per_request(read, sources, traced, need)
+        .with_columns(pl.col(pl.Categorical).cast(pl.String))
+        .with_columns(**{name: expr for name, expr in sourced.items() if name in need})
+        .with_columns(**{name: expr for name, expr in row.items() if name in need})
+        .with_columns(**{name: expr for name, expr in status.items() if name in need})
+        .select(wanted)
     )

@@ -1,0 +1,203 @@
+"""The per-request step of ``timelines()`` with numpy: which event each hop, scope and ending
+takes, found once per kind of choice instead of once per output column.
+
+``timelines()`` reduces a request's events to one row through ~130 aggregations (a hop's time and
+attributes: a ``min`` / ``min_by`` of its pick; a scope attribute: a ``min_by`` of its source key;
+a component's ending; first times; attempts). In one Polars ``group_by`` each of them is its own
+pass with its own gather per group: 6.3 of the 7.4 CPU-s of ``timelines()`` on 2.4M events.
+Most of them choose the same event: every attribute of a hop comes from that hop's chosen event.
+So here a request's rows are found once (a 64-bit hash of ``request_id``, checked against the
+strings), each (request, hop) cell's chosen event once (two ``np.minimum.at``: the smallest pick,
+then the first row holding it, as Polars' ``min_by`` takes the first on a tie), each scope key's
+and each ending's chosen event once, and every output column is a gather of its source column at
+those rows. A request's row order is the hash's; the caller sorts what it shows.
+
+The output is ``timelines.aggregated()``'s frame column for column, value for value
+(tests/analyzer/test_picks.py holds the two together on logs with retries, ties, legs, errors and
+missing fields). Should two request IDs share a hash (never seen; ~1e-7 for 5M requests), the
+caller gets None and runs the Polars reference instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+HASH_SEED = 11
+
+
+@dataclass(frozen=True)
+class Groups:
+    """Rows -> requests: each row's request number, how many, each request's first row."""
+
+    of_row: np.ndarray
+    count: int
+    first_row: np.ndarray
+
+
+def request_hashes(request_id: pl.Series) -> pl.Series:
+    return request_id.hash(HASH_SEED)
+
+
+def request_groups(request_id: pl.Series) -> Groups | None:
+    """The requests of ``request_id``'s rows (numbered in hash order), or None when two IDs share a
+    64-bit hash."""
+    hashes = request_hashes(request_id)
+    of_row = hashes.rank("dense").to_numpy().astype(np.int64) - 1
+    count = int(of_row.max()) + 1 if len(of_row) else 0
+    first = hashes.is_first_distinct().arg_true().to_numpy()
+    first_row = np.empty(count, dtype=np.int64)
+    first_row[of_row[first]] = first
+    if len(of_row) and not (request_id.gather(first_row[of_row]) == request_id).all():
+        return None
+    return Groups(of_row, count, first_row)
+
+
+def first_smallest(group: np.ndarray, size: int, key: pl.Series) -> tuple[np.ndarray, np.ndarray]:
+    """Per group (0..size-1): the smallest ``key`` (inf when none) and the first row holding it
+    (``len(key)`` when none); rows whose key is null take no part, as in Polars' ``min_by``."""
+    if key.has_nulls():
+        index = key.is_not_null().arg_true().to_numpy()
+        g, k = group[index], key.drop_nulls().to_numpy()
+    else:
+        index, g, k = None, group, key.to_numpy()
+    smallest = np.full(size, np.inf)
+    np.minimum.at(smallest, g, k)
+    won = np.flatnonzero(k == smallest[g])
+    chosen = np.full(size, len(key), dtype=np.int64)
+    np.minimum.at(chosen, g[won], won if index is None else index[won])
+    return smallest, chosen
+
+
+def masked_min(group: np.ndarray, size: int, values: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Per group, the smallest of ``values`` on rows where ``mask`` holds (inf when none)."""
+    out = np.full(size, np.inf)
+    np.minimum.at(out, group[mask], values[mask])
+    return out
+
+
+def masked_max(group: np.ndarray, size: int, values: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Per group, the largest of integer ``values`` (never negative) on rows where ``mask`` holds
+    (-1 when none)."""
+    out = np.full(size, -1, dtype=np.int64)
+    np.maximum.at(out, group[mask], values[mask].astype(np.int64))
+    return out
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What ``per_request`` builds, by kind (output names as ``timelines._aggregations`` has them).
+
+    ``hop_columns``: output -> (hop, column) read from the hop's chosen event (the smallest
+    ``_pick`` of the hop's rows); ``keyed``: output -> (key, column) read from the row with the
+    smallest ``key``; ``earliest``: output -> the hops whose earliest ``ts`` it is (None: all);
+    ``tops``: output -> the hops whose largest ``attempt`` it is (None: all; ``plus_one``: the
+    outputs that add one)."""
+
+    hop_columns: Mapping[str, tuple[str, str]]
+    keyed: Mapping[str, tuple[str, str]]
+    earliest: Mapping[str, Sequence[str] | None]
+    tops: Mapping[str, Sequence[str] | None]
+    plus_one: frozenset[str] = frozenset()
+
+    def only(self, names: set[str]) -> Plan:
+        """The outputs in ``names`` alone."""
+        def keep(parts: Mapping) -> dict:
+            return {name: how for name, how in parts.items() if name in names}
+
+        return Plan(keep(self.hop_columns), keep(self.keyed), keep(self.earliest), keep(self.tops), self.plus_one)
+
+    def reads(self) -> list[str]:
+        """The per-event columns the outputs read (besides ``request_id``, ``hop``, ``ts``, ``attempt``)."""
+        columns = ["_pick"] if self.hop_columns else []
+        columns += [column for _, column in self.hop_columns.values()]
+        columns += [part for key, column in self.keyed.values() for part in (key, column)]
+        return list(dict.fromkeys(columns))
+
+
+def row_index(rows: np.ndarray, missing: int) -> pl.Series:
+    """``rows`` as a gather index: null where it is ``missing`` (a gather reads null there)."""
+    return _nullable(rows, rows == missing, pl.UInt32, "rows")
+
+
+def _nullable(values: np.ndarray, missing: np.ndarray, dtype: pl.DataType, name: str) -> pl.Series:
+    series = pl.Series(name, values).cast(dtype)
+    return series.scatter(np.flatnonzero(missing), None) if missing.any() else series
+
+
+class _Rows:
+    """The per-event frame with the numbers every choice needs, read once."""
+
+    def __init__(self, events: pl.DataFrame, groups: Groups) -> None:
+        self.events, self.groups = events, groups
+        hop = events["hop"]
+        self.categories: list[str] = hop.dtype.categories.to_list()  # type: ignore[union-attr]
+        self.hop = hop.to_physical().to_numpy().astype(np.int64)
+
+    def of_hops(self, hops: Sequence[str] | None) -> np.ndarray:
+        if hops is None:
+            return np.ones(self.events.height, dtype=bool)
+        return np.isin(self.hop, [self.categories.index(h) for h in hops if h in self.categories])
+
+    def hop_choices(self, hops: set[str]) -> dict[str, np.ndarray]:
+        """Each hop's chosen row per request (null when the hop is absent)."""
+        width, count = len(self.categories), self.groups.count
+        cell = self.groups.of_row * width + self.hop
+        _, chosen = first_smallest(cell, count * width, self.events["_pick"])
+        chosen = chosen.reshape(count, width)
+        return {hop: row_index(chosen[:, self.categories.index(hop)], self.events.height) for hop in hops}
+
+
+def per_request(events: pl.DataFrame, plan: Plan, schema: pl.Schema) -> pl.DataFrame | None:
+    """One row per request of ``events`` (the per-event frame ``timelines`` groups: ``hop``,
+    ``ts``, ``attempt``, ``_pick``, the keys and the columns read), typed and ordered as
+    ``schema``; None when two request IDs share a hash (see the module docstring) or an event has
+    no ``attempt`` (the reader fills it in; a frame made another way goes to the reference)."""
+    if events["attempt"].has_nulls():
+        return None
+    groups = request_groups(events["request_id"])
+    if groups is None:
+        return None
+    rows = _Rows(events, groups)
+    chosen = rows.hop_choices({hop for hop, _ in plan.hop_columns.values()}) if plan.hop_columns else {}
+    for key, _ in plan.keyed.values():
+        if key not in chosen:
+            row = first_smallest(groups.of_row, groups.count, events[key])[1]
+            chosen[key] = row_index(row, events.height)
+    # every column read at a chosen event: one select, so Polars runs the gathers together
+    read = {"request_id": ("request_id", pl.Series(groups.first_row))}
+    read |= {name: (column, chosen[hop]) for name, (hop, column) in plan.hop_columns.items()}
+    read |= {name: (column, chosen[key]) for name, (key, column) in plan.keyed.items()}
+    gathered = events.select(pl.col(column).gather(pl.lit(at)).alias(name) for name, (column, at) in read.items())
+    out = dict(zip(gathered.columns, gathered.get_columns()))
+    if "trace_id" in schema:
+        out["trace_id"] = _trace_ids(events, groups)
+    ts = events["ts"].to_numpy()
+    for name, hops in plan.earliest.items():
+        earliest = masked_min(groups.of_row, groups.count, ts, rows.of_hops(hops))
+        out[name] = _nullable(earliest, np.isinf(earliest), pl.Float64, name)
+    attempt = events["attempt"]
+    for name, hops in plan.tops.items():
+        top = masked_max(groups.of_row, groups.count, attempt.to_numpy(), rows.of_hops(hops))
+        out[name] = _nullable(top + (name in plan.plus_one), top < 0, attempt.dtype, name)
+    return pl.DataFrame(out).select(list(schema)).cast(dict(schema))
+
+
+def _trace_ids(events: pl.DataFrame, groups: Groups) -> pl.Series:
+    """The largest ``trace_id`` of each request's events (null when none carries one)."""
+    out = pl.Series("trace_id", [None] * groups.count, dtype=pl.String)
+    if "trace_id" not in events.columns:
+        return out
+    trace = events["trace_id"]
+    carried = trace.is_not_null()
+    if not carried.any():
+        return out.cast(trace.dtype)
+    largest = (
+        pl.DataFrame({"g": groups.of_row[carried.to_numpy()], "t": trace.filter(carried)})
+        .group_by("g")
+        .agg(pl.col("t").max())
+    )
+    return out.cast(trace.dtype).scatter(largest["g"].to_numpy(), largest["t"])
