@@ -3,6 +3,7 @@
     /work/venv/bin/python bench/bench_collector.py            # everything (a few minutes)
     /work/venv/bin/python bench/bench_collector.py --only ingest|http|memory
     /work/venv/bin/python bench/bench_collector.py --only otlp     # one 100,000-span POST /v1/traces vs /healthz
+    /work/venv/bin/python bench/bench_collector.py --only ingest-live --rounds 2   # paced, detector off vs on
 
 Ingest: batches of 1,000 events (12 hops per request: client, gateway and engine with stats),
 metrics and the durable store on (fsync per batch), measured as wall time and as the process's
@@ -13,6 +14,14 @@ path's parts, to show where the time goes.
 HTTP: ``python -m hopline.collector`` in its own process (pinned to CPU 0 when taskset exists),
 posted to by 2 client threads here (pinned to CPU 1) with NDJSON bodies of 1,000 events; the
 server's CPU time comes from /proc.
+
+Ingest with the live detector (``--only ingest-live``): the same 12-hop requests paced at
+``--live-rate`` requests/s (1,000: 12,000 events/s) for ``--live-seconds`` into a fresh store
+(fsync=batch, the collector's defaults otherwise), through ``Ingestor.ingest`` in this process,
+alternately without and with ``hopline watch --follow STORE --sample S --horizon 10m --listen``
+in its own process. Printed per run: this process's CPU per event, the watch's CPU (from the
+first body to when its finished-request count stops moving) as a share of a core and per
+request, its peak RSS (VmHWM) and what it took in (from its /metrics).
 
 Memory (in a fresh process): 1M requests through the ingest path (4 engine hops each; 10% never
 finish: no last_token / stats), RSS sampled at 100k / 500k / 1M requests. ``--max-open`` (20,000
@@ -331,6 +340,144 @@ def bench_memory(total: int, max_open: int) -> None:
     shutil.rmtree(tmp)
 
 
+# -- paced ingest with the live detector following the store -----------------------------------
+
+
+def _paced_bodies(rate: int, seconds: float, prefix: str) -> list[bytes]:
+    """``rate`` requests/s for ``seconds`` as 1,000-event bodies, event time starting now (the
+    lines are joined a batch at a time: 1.4M separate lines would hold ~4 KiB of RSS each)."""
+    t = time.time()
+    lines = (
+        line
+        for i in range(int(rate * seconds))
+        for line in full_request(f"{prefix}-{i:09d}", t + i / rate)
+    )
+    bodies = []
+    while batch := list(itertools.islice(lines, BATCH)):
+        bodies.append(b"\n".join(batch) + b"\n")
+    return bodies
+
+
+def _metric(text: str, name: str) -> float | None:
+    for line in text.splitlines():
+        if line.startswith(name) and line[len(name)] in " {":
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def _start_watch(data_dir: Path, sample: float) -> tuple[subprocess.Popen, str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    exe = Path(sys.executable).with_name("hopline")  # the console script of this venv
+    cmd = [str(exe) if exe.exists() else "hopline", "watch", "--follow", str(data_dir), "--sample", str(sample),
+           "--horizon", "10m", "--listen", f"127.0.0.1:{port}"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}/metrics"
+    for _ in range(600):
+        try:
+            httpx.get(url, timeout=1)
+            return proc, url
+        except httpx.TransportError:
+            if proc.poll() is not None:
+                raise SystemExit(f"hopline watch exited with {proc.returncode}: {' '.join(cmd)}") from None
+            time.sleep(0.1)
+    raise SystemExit("hopline watch did not answer on --listen within 60 s")
+
+
+def _peak_rss(pid: int) -> int:
+    """VmHWM: the process's peak resident set, bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def _live_phase(rate: int, seconds: float, watch: bool, sample: float, prefix: str) -> dict[str, float]:
+    """One paced run into a fresh store, with or without ``hopline watch --follow`` on it."""
+    bodies = _paced_bodies(rate, seconds, prefix)
+    n = len(bodies) * BATCH
+    tmp = Path(tempfile.mkdtemp(prefix="hopline-bench-live-"))
+    c = build_collector(CollectorConfig(data_dir=tmp, fsync="batch"))
+    c.store.open()
+    proc, url = _start_watch(tmp, sample) if watch else (None, "")
+    interval = 1.0 / (rate * 12 / BATCH)  # seconds between two 1,000-event bodies
+    behind = 0.0
+
+    async def run() -> None:
+        nonlocal behind
+        start = time.perf_counter()
+        for k, body in enumerate(bodies):
+            wait = start + k * interval - time.perf_counter()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            else:
+                behind = max(behind, -wait)
+            await c.ingestor.ingest(body)
+
+    out: dict[str, float] = {}
+    try:
+        w_cpu0 = _proc_cpu(proc.pid) if proc else 0.0
+        wall0, cpu0 = time.perf_counter(), time.process_time()
+        asyncio.run(run())
+        wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+        out.update(events=n, wall=wall, us_per_event=cpu / n * 1e6, behind=behind)
+        if proc is not None:
+            finished = -1.0
+            for _ in range(30):  # let the watch read the tail (it polls every second)
+                time.sleep(1.0)
+                now = _metric(httpx.get(url, timeout=5).text, "hopline_live_finished_requests_total") or 0.0
+                if now == finished:
+                    break
+                finished = now
+            watch_cpu = _proc_cpu(proc.pid) - w_cpu0
+            watched = time.perf_counter() - wall0  # the ingest, then until the watch read it all
+            text = httpx.get(url, timeout=5).text
+            out.update(
+                watch_cpu_share=watch_cpu / watched,
+                watch_us_per_request=watch_cpu / (n / 12) * 1e6,
+                watch_peak_rss=_peak_rss(proc.pid),
+                watch_rss=psutil.Process(proc.pid).memory_info().rss,
+                watch_finished=_metric(text, "hopline_live_finished_requests_total") or 0.0,
+                watch_not_sampled=_metric(text, "hopline_live_events_not_sampled_total") or 0.0,
+                watch_steps=_metric(text, "hopline_live_steps_total") or 0.0,
+            )
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=30)
+        c.ingestor.close()
+        shutil.rmtree(tmp)
+    return out
+
+
+def bench_ingest_live(rate: int, seconds: float, rounds: int, sample: float) -> None:
+    """Paced ingest, detector off vs on, alternated (off, on, on, off, ...)."""
+    print(f"## paced ingest: {rate:,} requests/s ({rate * 12:,} events/s) for {seconds:.0f} s a run, fsync=batch; "
+          f"detector: hopline watch --follow STORE --sample {sample} --horizon 10m in its own process")  # fmt: skip
+    print(f"load average at start {os.getloadavg()[0]:.1f}")
+    print("| run | detector | collector µs CPU/event | events per CPU-second (k) | wall s | max lag behind pace s "
+          "| watch CPU share of a core | watch CPU µs per request | watch peak RSS MiB | watch finished requests "
+          "| watch steps | load |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    per: dict[bool, list[float]] = {False: [], True: []}
+    for r in range(rounds):
+        for watch in (False, True) if r % 2 == 0 else (True, False):
+            res = _live_phase(rate, seconds, watch, sample, f"l{r}{int(watch)}")
+            per[watch].append(res["us_per_event"])
+            w = (
+                f"{res['watch_cpu_share'] * 100:.1f}% | {res['watch_us_per_request']:.0f} | "
+                f"{res['watch_peak_rss'] / 2**20:.0f} | {res['watch_finished']:,.0f} | {res['watch_steps']:.0f}"
+                if watch
+                else "- | - | - | - | -"
+            )
+            print(f"| {r + 1} | {'on' if watch else 'off'} | {res['us_per_event']:.2f} | "
+                  f"{1e3 / res['us_per_event']:.1f} | {res['wall']:.1f} | {res['behind']:.2f} | {w} | "
+                  f"{os.getloadavg()[0]:.1f} |")  # fmt: skip
+    off, on = (sum(per[k]) / len(per[k]) for k in (False, True))
+    print(f"mean collector µs CPU/event: off {off:.2f}, on {on:.2f} (on / off {on / off:.2f})")
+
+
 # -- a large OTLP request vs /healthz ------------------------------------------------------------
 
 
@@ -396,7 +543,10 @@ def bench_otlp(spans: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", choices=("ingest", "http", "memory", "otlp"))
+    parser.add_argument("--only", choices=("ingest", "ingest-live", "http", "memory", "otlp"))
+    parser.add_argument("--live-rate", type=int, default=1000, help="--only ingest-live: requests/s")
+    parser.add_argument("--live-seconds", type=float, default=30.0, help="--only ingest-live: seconds a run")
+    parser.add_argument("--live-sample", type=float, default=0.0625, help="--only ingest-live: hopline watch --sample")
     parser.add_argument("--spans", type=int, default=100_000, help="spans in the OTLP request (--only otlp)")
     parser.add_argument(
         "--requests", type=int, default=20_000, help="requests for the throughput runs (x12 events)"
@@ -411,6 +561,8 @@ def main() -> None:
         bench_http(args.requests)
     if args.only == "otlp":
         bench_otlp(args.spans)
+    if args.only == "ingest-live":
+        bench_ingest_live(args.live_rate, args.live_seconds, args.rounds, args.live_sample)
     if args.only == "memory":
         bench_memory(args.memory_requests, args.max_open)
     elif args.only is None:  # in a fresh process: RSS must not include the runs above

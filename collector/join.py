@@ -84,7 +84,13 @@ class OpenRequest:
         self.engine: dict[int, tuple[str | None, str | None, int] | None] | None = None
 
     def complete(self) -> bool:
-        return bool(self.progress) and all(final for _, final in self.progress.values())
+        progress = self.progress
+        if not progress:
+            return False
+        for _, final in progress.values():  # a loop, not all() over a generator: called per final hop
+            if not final:
+                return False
+        return True
 
 
 class FinishedRequest:

@@ -20,6 +20,7 @@ expects its own to be untouched.
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -180,12 +181,15 @@ _ITL = tuple((f"{view}_itl", view) for view in names.VIEW_LABEL_VALUES)
 
 @dataclass(frozen=True)
 class ScopedChildren:
-    """The histogram children a finished request of one (service, model, replica) observes on:
-    (key in the computed stages, child) pairs, bound once per scope rather than per request."""
+    """The children a finished request of one (service, model, replica) observes on, bound once
+    per scope rather than per request: histograms as (key in the computed stages, child) pairs,
+    and the counters by their other label (outcome, connection reuse), bound on first use."""
 
     stages: tuple[tuple[str, HistogramChild], ...]
     views: tuple[tuple[str, HistogramChild], ...]
     tokens: tuple[tuple[str, HistogramChild], ...]
+    requests: dict[str, Any]  # outcome -> hopline_requests_total child
+    connections: dict[bool, Any]  # conn_reused -> hopline_connections_total child
 
 
 class Recorder:
@@ -273,6 +277,8 @@ class Recorder:
                     ("prompt_tokens", m.prompt_tokens.labels(*scope)),
                     ("output_tokens", m.output_tokens.labels(*scope)),
                 ),
+                requests={},
+                connections={},
             )
         return plan
 
@@ -284,33 +290,52 @@ class Recorder:
         outcome: str,
         negative: list[str],
     ) -> None:
-        """One finished request: stages, views, tokens, outcome, connection reuse, max_tokens."""
+        """One finished request: stages, views, tokens, outcome, connection reuse, max_tokens.
+
+        The observations are ``HistogramChild.observe`` inlined (a bisect and three stores each,
+        ~17 per request), the request's exemplar and time shared by all of them."""
         exemplar = {"request_id": request_id}
         now = time.time()
         plan = self._scoped(scope)
         get = stages.get
-        child = self._child
         m = self.m
         for name in negative:
-            child(m.negative_stages, (name,)).inc()
-        for stage, histogram in plan.stages:
+            self._child(m.negative_stages, (name,)).inc()
+        for stage, h in plan.stages:
             value = get(stage)
             if value is not None and stage not in negative:
-                histogram.observe(value, exemplar, now)
-        for key, histogram in plan.views:
+                i = bisect_left(h.upper, value)
+                h.counts[i] += 1
+                h.sum += value
+                h.exemplars[i] = (exemplar, value, now)
+        for key, h in plan.views:
             value = get(key)
             if value is not None and value >= 0:
-                histogram.observe(value, exemplar, now)
-        for key, histogram in plan.tokens:
+                i = bisect_left(h.upper, value)
+                h.counts[i] += 1
+                h.sum += value
+                h.exemplars[i] = (exemplar, value, now)
+        for key, h in plan.tokens:
             value = get(key)
             if value is not None:
-                histogram.observe(value, exemplar, now)
-        child(m.requests, (outcome, *scope)).inc()
+                i = bisect_left(h.upper, value)
+                h.counts[i] += 1
+                h.sum += value
+                h.exemplars[i] = (exemplar, value, now)
+        counter = plan.requests.get(outcome)
+        if counter is None:
+            counter = plan.requests[outcome] = self._child(m.requests, (outcome, *scope))
+        counter.inc()
         reused = get("conn_reused")
         if reused is not None:
-            child(m.connections, ("true" if reused else "false", *scope)).inc()
+            counter = plan.connections.get(bool(reused))
+            if counter is None:
+                counter = plan.connections[bool(reused)] = self._child(
+                    m.connections, ("true" if reused else "false", *scope)
+                )
+            counter.inc()
         if get("max_tokens_set") is False:
-            child(m.without_max_tokens, scope).inc()
+            self._child(m.without_max_tokens, scope).inc()
 
     def incomplete(self, missing: str, outcome: str, scope: tuple[str, str, str]) -> None:
         """A request given up before every hop arrived: by its first missing hop, and by outcome."""

@@ -78,6 +78,21 @@ def test_duplicates_are_dropped_and_counted(collector):
     assert collector.collector.registry.get_sample_value("hopline_events_duplicate_total") == 3
 
 
+def test_a_batch_with_repeats_stores_its_new_lines_byte_for_byte_in_order(collector):
+    """The lines of a batch are serialized into one buffer; when some are duplicates, the new ones
+    are cut out of it: each stored exactly as validated and serialized (``contract.dumps``)."""
+    from hopline.middleware.contract import dumps, validate_event
+
+    first = [event("client.sent", f"cut-{i}", 1767225600.0 + i, stream=True) for i in range(3)]
+    assert collector.client.post("/v1/events", content=ndjson(first[:1]), headers=NDJSON).json()["accepted"] == 1
+    batch = [first[0], first[1], first[1], {**first[2], "request_id": "cmpl-cut-2", "ts": 1767225602}, first[0]]
+    r = collector.client.post("/v1/events", content=ndjson(batch), headers=NDJSON)
+    assert r.json() == {"accepted": 2, "duplicates": 3, "rejected": []}
+    files = sorted((collector.collector.config.data_dir / "events").glob("date=*/hour=*/*.ndjson"))
+    stored = b"".join(path.read_bytes() for path in files)
+    assert stored == b"".join(dumps(validate_event(e)) for e in (first[0], first[1], batch[3]))
+
+
 def test_unknown_content_type_is_415(collector):
     r = collector.client.post("/v1/events", content=b"x", headers={"Content-Type": "text/plain"})
     assert r.status_code == 415

@@ -82,3 +82,19 @@ def test_validation_remembers_only_plain_ids_and_forgets_them_within_its_bound()
     for i in range(events._PLAIN_IDS_MAX + 10):
         assert rid_of(f"id-{i}") == f"id-{i}"
     assert len(events._PLAIN_IDS) <= events._PLAIN_IDS_MAX
+
+
+def test_an_owned_event_is_normalized_in_place_as_the_copy_would_be():
+    """``validate_event(obj, owned=True)`` (the collector's ingest: a dict just decoded) returns
+    the very dict, normalized exactly as the copying call normalizes a copy (same keys, same
+    order, same values); without ``owned`` the caller's dict is left untouched."""
+    raw = {"ts": 1_700_000_000, "request_id": "chatcmpl-xyz", "hop": "engine.received", "stream": True, "zz": [1]}
+    copied = validate_event(dict(raw))
+    mine = dict(raw)
+    owned = validate_event(mine, owned=True)
+    assert owned is mine and list(owned.items()) == list(copied.items())
+    assert owned["request_id"] == "xyz" and type(owned["ts"]) is float and (owned["v"], owned["attempt"]) == (1, 0)
+    untouched = dict(raw)
+    assert validate_event(untouched) is not untouched and untouched == raw
+    with pytest.raises(EventError, match="unknown hop"):
+        validate_event({**raw, "hop": "nope"}, owned=True)
