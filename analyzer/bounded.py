@@ -1,7 +1,7 @@
 """Analysing a log of any size in bounded memory: timelines one bucket of requests at a time,
 statistics on the per-request table.
 
-``timelines()`` is one group-by over every event; its memory grows with the events it holds
+``timelines()`` reduces every event it is given at once; its memory grows with the events it holds
 (≈ 130 bytes an event: 5M requests, 59M events, 7.6 GiB). Here the events are split into
 buckets by a hash of ``request_id`` — every event of a request lands in the same bucket — and
 each bucket's timelines are built alone and written once to a Parquet table in a work folder.

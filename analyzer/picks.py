@@ -8,13 +8,15 @@ pass with its own gather per group: 6.3 of the 7.4 CPU-s of ``timelines()`` on 2
 Most of them choose the same event: every attribute of a hop comes from that hop's chosen event.
 So here a request's rows are found once (a 64-bit hash of ``request_id``, checked against the
 strings), each (request, hop) cell's chosen event once (two ``np.minimum.at``: the smallest pick,
-then the first row holding it, as Polars' ``min_by`` takes the first on a tie), each scope key's
-and each ending's chosen event once, and every output column is a gather of its source column at
-those rows. A request's row order is the hash's; the caller sorts what it shows.
+then the first row holding it: on an exact tie the first event in the log, as the contract's
+``request_inputs`` takes it), each scope key's and each ending's chosen event once, and every
+output column is a gather of its source column at those rows. A request's row order is the
+hash's; the caller sorts what it shows.
 
 The output is ``timelines.aggregated()``'s frame column for column, value for value
-(tests/analyzer/test_picks.py holds the two together on logs with retries, ties, legs, errors and
-missing fields). Should two request IDs share a hash (never seen; ~1e-7 for 5M requests), the
+(tests/analyzer/test_picks.py holds the two together on logs with retries, legs, errors and
+missing fields), but on an exact tie with other attributes, where the group_by took either
+event, differently from run to run. Should two request IDs share a hash (never seen; ~1e-7 for 5M requests), the
 caller gets None and runs the Polars reference instead.
 """
 
@@ -58,7 +60,7 @@ def request_groups(request_id: pl.Series) -> Groups | None:
 
 def first_smallest(group: np.ndarray, size: int, key: pl.Series) -> tuple[np.ndarray, np.ndarray]:
     """Per group (0..size-1): the smallest ``key`` (inf when none) and the first row holding it
-    (``len(key)`` when none); rows whose key is null take no part, as in Polars' ``min_by``."""
+    (``len(key)`` when none); rows whose key is null take no part."""
     if key.has_nulls():
         index = key.is_not_null().arg_true().to_numpy()
         g, k = group[index], key.drop_nulls().to_numpy()
