@@ -282,7 +282,8 @@ def main() -> None:
                         result = run_variant(args, setup, variant, f"{variant}-r{rnd}-a{attempt}")
                         break
                     except (httpx.HTTPError, RuntimeError, pytest.fail.Exception) as exc:
-                        print(f"== round {rnd + 1}, {variant}: run failed ({str(exc)[:300]!r}); again")
+                        why = f"{type(exc).__name__}: {str(exc)[:300]}"
+                        print(f"== round {rnd + 1}, {variant}: run failed ({why}); again")
                 else:
                     sys.exit("three failed runs in a row")
                 results[variant].append(result)
