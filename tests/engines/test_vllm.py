@@ -84,7 +84,11 @@ def start_server(
     max_num_seqs: int = MAX_NUM_SEQS,
     extra_args: tuple[str, ...] = (),
     replica: str = "r1",
+    venv: str = "venv",
+    middleware: bool = True,
 ) -> subprocess.Popen:
+    """``vllm serve`` from ``root/venv`` (``venv-nohop``: the same vLLM without hopline, hence
+    without its stat logger); ``middleware=False`` leaves hopline's ASGI middleware out."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HOPLINE_", "VLLM_PLUGINS"))}
     env.update(
         HOPLINE_SINK=f"file:{sink_path}",
@@ -99,11 +103,11 @@ def start_server(
         XDG_CACHE_HOME=str(root / "cache"),
     )
     cmd = [
-        str(root / "venv" / "bin" / "python"), str(HERE / "vllm_cli.py"), "serve", str(root / "tiny"),
+        str(root / venv / "bin" / "python"), str(HERE / "vllm_cli.py"), "serve", str(root / "tiny"),
         "--host", "127.0.0.1", "--port", str(port), "--served-model-name", MODEL,
         "--dtype", "float32", "--max-model-len", "512", "--max-num-seqs", str(max_num_seqs),
         "--enforce-eager", "--kv-cache-memory-bytes", "64M", "--enable-request-id-headers",
-        "--middleware", "hopline.middleware.engine.EngineMiddleware", *extra_args,
+        *(("--middleware", "hopline.middleware.engine.EngineMiddleware") if middleware else ()), *extra_args,
     ]  # fmt: skip
     with open(log_path, "wb") as log:
         return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
