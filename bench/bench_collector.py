@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import itertools
 import os
 import shutil
@@ -48,6 +49,14 @@ import httpx
 import orjson
 import psutil
 from hopline.collector.app import build_collector
+
+try:
+    from hopline.collector.app import tune_gc
+except ImportError:  # an older hopline run through PYTHONPATH: its server only froze the heap
+
+    def tune_gc() -> None:
+        gc.freeze()
+
 from hopline.collector.config import CollectorConfig
 from hopline.middleware.contract import new_eid, validate_event
 
@@ -174,6 +183,7 @@ def bench_ingest(requests: int, rounds: int) -> None:
     batches = batches_of(lines)
     n = len(lines)
     objs = [orjson.loads(x) for x in lines]
+    tune_gc()  # as the collector's server does at start
     rows: dict[str, list[float]] = {}
     for r in range(rounds):
         order = ["batch", "none"] if r % 2 == 0 else ["none", "batch"]
