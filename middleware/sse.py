@@ -220,11 +220,14 @@ class StreamReader:
             return False
         head, tail, h, t, empty = plain
         n = len(chunk)
-        if n > h + t and chunk[:h] == head and chunk[n - t :] == tail:
-            text = chunk[h : n - t]
+        if n > h + t and chunk.startswith(head) and chunk.endswith(tail):
             # one JSON string: no '"' in it and not ending in a backslash that would escape the
-            # closing quote; else (an answer with quotes) every quote escaped, checked exactly
-            if (34 in text or text[-1] == 92) and _JSON_STRING_BODY.fullmatch(text) is None:
+            # closing quote; else (an answer with quotes) every quote escaped, checked exactly.
+            # Searched in place: no slice of the chunk is made for a plain text.
+            end = n - t
+            if (
+                chunk.find(b'"', h, end) >= 0 or chunk[end - 1] == 92
+            ) and _JSON_STRING_BODY.fullmatch(chunk, h, end) is None:
                 return False
             self.output_chunks += 1
             last = self.last_output_at

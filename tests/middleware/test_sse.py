@@ -323,3 +323,21 @@ def test_vllm_per_request_spec_decode_metrics_are_read_from_the_usage_chunk():
     body = orjson.dumps({"choices": [], "metrics": {"speculative_decoding": {**spec, "num_draft_tokens": -1}}})
     assert "spec_draft_tokens" not in response_summary(body)  # a negative count is dropped, never an error
     assert response_summary(body)["spec_acceptance_length"] == 2.5
+
+
+def test_take_plain_searching_in_place_agrees_with_exact_parsing_on_random_texts():
+    """take_plain checks the text inside the chunk without slicing it; on texts full of quotes,
+    backslashes, escapes and control characters it must count exactly what parsing counts."""
+    import random
+
+    rng = random.Random(26)
+    alphabet = ['"', "\\", "a", " ", "\n", "é", "\\u00e9", "'", "}", ":", "\x01"]
+    for _ in range(300):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 8)))
+        fast, exact = StreamReader(), StreamReader()
+        for reader in (fast, exact):
+            reader.feed(chat({"content": "first"}), 1.0)
+        chunk = chat({"content": text})
+        fast.feed(chunk, 2.0)
+        exact._feed_exact(chunk, 2.0)
+        assert (fast.output_chunks, fast.max_gap_s, fast.malformed) == (exact.output_chunks, exact.max_gap_s, exact.malformed), text
