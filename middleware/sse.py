@@ -210,9 +210,10 @@ class StreamReader:
         while i < n:
             chunk = chunks[i]
             m = len(chunk)
-            if m > h + t and chunk.startswith(head) and chunk.endswith(tail):
-                end = m - t
-                if (chunk.find(b'"', h, end) >= 0 or chunk[end - 1] == 92) and fullmatch(chunk, h, end) is None:
+            # slices and ``in``, not startswith/endswith/find: fewer instructions (callgrind)
+            if m > h + t and chunk[:h] == head and chunk[m - t :] == tail:
+                text = chunk[h : m - t]
+                if (34 in text or text[-1] == 92) and fullmatch(text) is None:
                     break
                 ts = times[i]
                 count += 1
@@ -255,14 +256,11 @@ class StreamReader:
             return False
         head, tail, h, t, empty = plain
         n = len(chunk)
-        if n > h + t and chunk.startswith(head) and chunk.endswith(tail):
+        if n > h + t and chunk[:h] == head and chunk[n - t :] == tail:
+            text = chunk[h : n - t]
             # one JSON string: no '"' in it and not ending in a backslash that would escape the
-            # closing quote; else (an answer with quotes) every quote escaped, checked exactly.
-            # Searched in place: no slice of the chunk is made for a plain text.
-            end = n - t
-            if (
-                chunk.find(b'"', h, end) >= 0 or chunk[end - 1] == 92
-            ) and _JSON_STRING_BODY.fullmatch(chunk, h, end) is None:
+            # closing quote; else (an answer with quotes) every quote escaped, checked exactly
+            if (34 in text or text[-1] == 92) and _JSON_STRING_BODY.fullmatch(text) is None:
                 return False
             self.output_chunks += 1
             last = self.last_output_at
