@@ -104,6 +104,30 @@ def read_request_headers(scope: Scope) -> tuple[bytes | None, bytes | None]:
     return rid, attempt
 
 
+def scan_request_headers(scope: Scope) -> tuple[bytes | None, bytes | None, bytes | None, bytes | None]:
+    """The raw ``X-Request-Id``, ``X-Hopline-Attempt``, ``traceparent`` and ``X-Hopline-Leg``
+    values of an ASGI scope, in one pass over its headers (the engine's per-request setup): the
+    same values ``read_request_headers`` (the last of each), ``traceparent_in`` and ``leg_in``
+    (the first of each) read."""
+    rid = attempt = traceparent = leg = None
+    for name, value in scope.get("headers") or ():
+        if name == REQUEST_ID_HEADER:
+            rid = value
+        elif name == ATTEMPT_HEADER:
+            attempt = value
+        elif name == b"traceparent":
+            if traceparent is None:
+                traceparent = value
+        elif name == LEG_HEADER and leg is None:
+            leg = value
+    return rid, attempt, traceparent, leg
+
+
+def leg_of(raw: bytes | None) -> str | None:
+    """A raw ``X-Hopline-Leg`` value as a known leg (``contract.LEGS``); None when absent or unknown."""
+    return None if raw is None else _LEGS.get(raw.strip().lower())
+
+
 def leg_in(scope: Scope) -> str | None:
     """The P/D leg a proxy sent in ``X-Hopline-Leg`` (``prefill`` / ``decode``); None when absent or unknown."""
     for name, value in scope.get("headers") or ():
@@ -117,6 +141,12 @@ def echo_request_id(message: Message, request_id: str) -> None:
     caller can find its request (``hopline timeline ID``) from the response alone."""
     value = request_id.encode()
     headers = message.get("headers") or ()
+    for k, _ in headers:
+        if len(k) == 12 and k.lower() == REQUEST_ID_HEADER:
+            break
+    else:  # the usual case: none there, so no filtering (the same list as below, in one copy)
+        message["headers"] = [*headers, (REQUEST_ID_HEADER, value)]
+        return
     echoed = [v for k, v in headers if k.lower() == REQUEST_ID_HEADER]
     if echoed == [value]:
         return  # the app already answers with it (vLLM's --enable-request-id-headers): no copy
@@ -135,8 +165,11 @@ def traceparent_in(scope: Scope) -> tuple[str | None, str | None]:
     return None, None
 
 
-def with_request_id(scope: Scope, request_id: str) -> Scope:
-    """A shallow copy of ``scope`` whose headers carry exactly one ``x-request-id: request_id``."""
+def with_request_id(scope: Scope, request_id: str, present: bool = True) -> Scope:
+    """A shallow copy of ``scope`` whose headers carry exactly one ``x-request-id: request_id``
+    (``present`` False: the caller knows the scope has none, so there is nothing to filter out)."""
+    if not present:
+        return {**scope, "headers": [*(scope.get("headers") or ()), (REQUEST_ID_HEADER, request_id.encode())]}
     headers = [(k, v) for k, v in scope.get("headers") or () if k != REQUEST_ID_HEADER]
     headers.append((REQUEST_ID_HEADER, request_id.encode()))
     new = dict(scope)

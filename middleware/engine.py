@@ -43,13 +43,13 @@ from hopline.middleware.asgi import (
     Send,
     adopt_request_id,
     echo_request_id,
-    leg_in,
+    leg_of,
     parse_attempt,
-    read_request_headers,
-    traceparent_in,
     resolve_emitter,
+    scan_request_headers,
     with_request_id,
 )
+from hopline.middleware.contract import new_request_id, trace_id_of
 from hopline.middleware.attempts import ATTEMPTS, AttemptRegistry
 from hopline.middleware.emit import Emitter
 from hopline.middleware.sse import MAX_JSON_BYTES, request_summary
@@ -197,16 +197,22 @@ class EngineMiddleware:
             return
         entered = perf_counter()
         try:
-            raw_id, raw_attempt = read_request_headers(scope)
-            request_id = adopt_request_id(raw_id, "engine")
-            if raw_id is None or raw_id != request_id.encode():
-                scope = with_request_id(scope, request_id)
+            # one pass over the headers; a fresh ID is added without filtering (none was there)
+            raw_id, raw_attempt, raw_trace, raw_leg = scan_request_headers(scope)
+            if raw_id is None:
+                request_id = new_request_id()
+                scope = with_request_id(scope, request_id, present=False)
+            else:
+                request_id = adopt_request_id(raw_id, "engine")
+                if raw_id != request_id.encode():
+                    scope = with_request_id(scope, request_id)
             attempt = parse_attempt(raw_attempt)
             exchange = EngineExchange(
                 self.emitter, request_id, attempt, receive, send, entered, scope["path"]
             )
-            exchange.trace_id = traceparent_in(scope)[1]
-            exchange.leg = leg = leg_in(scope)
+            if raw_trace is not None:
+                exchange.trace_id = trace_id_of(raw_trace)
+            exchange.leg = leg = leg_of(raw_leg)
             if attempt or leg is not None:
                 # so engine.stats names the failover attempt and the P/D leg
                 self.attempts.note(request_id, attempt, leg)

@@ -183,13 +183,49 @@ class StreamReader:
         arrived: a middleware keeps a stream's chunks after its first token and reads them here
         in one loop, once per batch, rather than once per chunk between the server's own code.
         """
-        take_plain, feed_exact = self.take_plain, self._feed_exact
-        for chunk, ts in zip(chunks, times):
-            if chunk and not take_plain(chunk, ts):
+        feed_exact = self._feed_exact
+        i, n = 0, len(chunks)
+        while i < n:
+            if self._plain is not None and not (self._buf or self._data):
+                i = self._take_plain_run(chunks, times, i)
+                if i >= n:
+                    break
+            chunk, ts = chunks[i], times[i]
+            i += 1
+            if chunk and not self.take_plain(chunk, ts):
                 feed_exact(chunk, ts)
                 if self.error is not None:
                     return ts
         return None
+
+    def _take_plain_run(self, chunks: list[bytes], times: list[float], i: int) -> int:
+        """``take_plain`` over ``chunks[i:]`` in one loop, with the template and the counts in
+        locals, up to the first chunk it declines (returned: its index; ``len(chunks)`` when it
+        took them all). The same checks and bookkeeping as ``take_plain``, once per chunk; only
+        the per-chunk call and attribute reads are saved (the batch path of a long stream)."""
+        head, tail, h, t, empty = self._plain  # type: ignore[misc]
+        count, last, gap_s, gap_at = self.output_chunks, self.last_output_at, self.max_gap_s, self.max_gap_at
+        fullmatch = _JSON_STRING_BODY.fullmatch
+        n = len(chunks)
+        while i < n:
+            chunk = chunks[i]
+            m = len(chunk)
+            # slices and ``in``, not startswith/endswith/find: fewer instructions (callgrind)
+            if m > h + t and chunk[:h] == head and chunk[m - t :] == tail:
+                text = chunk[h : m - t]
+                if (34 in text or text[-1] == 92) and fullmatch(text) is None:
+                    break
+                ts = times[i]
+                count += 1
+                gap = ts - last  # type: ignore[operator]  # a template is learnt from an output chunk
+                if gap_s is None or gap > gap_s:
+                    gap_s, gap_at = gap, last
+                last = ts
+            elif m and not (m == h + t and chunk == empty):
+                break
+            i += 1
+        self.output_chunks, self.last_output_at, self.max_gap_s, self.max_gap_at = count, last, gap_s, gap_at
+        return i
 
     def _feed_exact(self, chunk: bytes, ts: float) -> bool:
         if chunk == _DONE_EVENT and not (self._buf or self._data):

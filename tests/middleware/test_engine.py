@@ -346,3 +346,50 @@ def test_an_error_event_after_many_chunks_is_exact_and_memory_stays_bounded(mw):
     failure = mw.one(events, "engine.error")
     assert (failure["error"], failure["status"]) == ("stream_error:InternalServerError", 500)
     assert "SECRET" not in orjson.dumps(events).decode()
+
+
+HEADER_CASES = [
+    [],
+    [(b"host", b"h"), (b"content-type", b"application/json")],
+    [(b"x-request-id", b"abc-1"), (b"x-hopline-attempt", b"2")],
+    [(b"x-request-id", b"a"), (b"x-request-id", b"b"), (b"x-hopline-attempt", b"1"), (b"x-hopline-attempt", b"x")],
+    [(b"traceparent", b"00-" + b"1" * 32 + b"-" + b"2" * 16 + b"-01"), (b"traceparent", b"00-" + b"3" * 32 + b"-" + b"4" * 16 + b"-01")],
+    [(b"traceparent", b"garbage"), (b"traceparent", b"00-" + b"3" * 32 + b"-" + b"4" * 16 + b"-01")],
+    [(b"x-hopline-leg", b" Prefill "), (b"x-hopline-leg", b"decode")],
+    [(b"x-hopline-leg", b"sideways"), (b"x-request-id", b"\xff\xfe"), (b"traceparent", b"ff-" + b"1" * 32 + b"-" + b"2" * 16 + b"-01")],
+]
+
+
+@pytest.mark.parametrize("headers", HEADER_CASES)
+def test_the_one_pass_header_scan_reads_what_the_three_readers_read(headers):
+    """The engine's setup reads its four headers in one pass; the values (and so every event)
+    must be those the separate readers give (the last ID and attempt, the first traceparent and leg)."""
+    from hopline.middleware.asgi import leg_in, leg_of, read_request_headers, scan_request_headers, traceparent_in
+    from hopline.middleware.contract import trace_id_of
+
+    scope = {"type": "http", "headers": headers}
+    rid, attempt, trace, leg = scan_request_headers(scope)
+    assert (rid, attempt) == read_request_headers(scope)
+    assert (None if trace is None else trace_id_of(trace)) == traceparent_in(scope)[1]
+    assert leg_of(leg) == leg_in(scope)
+
+
+@pytest.mark.parametrize("headers", [None, [], [(b"content-type", b"text/event-stream")],
+                                     [(b"X-Request-Id", b"other"), (b"a", b"b")],
+                                     [(b"x-request-id", b"rid1")], [(b"x-request-id", b"rid1"), (b"x-request-id", b"rid1")]])
+def test_echo_and_inserted_id_are_the_same_headers_as_the_filtering_path(headers):
+    """The fast paths (no ``x-request-id`` there: append without filtering) give the headers the
+    filtering path gives."""
+    from hopline.middleware.asgi import REQUEST_ID_HEADER, echo_request_id, with_request_id
+
+    message = {"type": "http.response.start", "status": 200}
+    if headers is not None:
+        message["headers"] = list(headers)
+    echo_request_id(message, "rid1")
+    expected = [(k, v) for k, v in headers or () if k.lower() != REQUEST_ID_HEADER] + [(REQUEST_ID_HEADER, b"rid1")]
+    if [v for k, v in headers or () if k.lower() == REQUEST_ID_HEADER] == [b"rid1"]:
+        expected = list(headers)  # the app already answers with it: left as it was
+    assert list(message["headers"]) == expected
+    scope = {"type": "http", "path": "/x", "headers": [(k, v) for k, v in headers or () if k != REQUEST_ID_HEADER]}
+    assert with_request_id(scope, "rid1", present=False) == with_request_id(scope, "rid1")
+    assert scope["headers"] == [(k, v) for k, v in headers or () if k != REQUEST_ID_HEADER]  # the caller's scope untouched

@@ -323,3 +323,55 @@ def test_vllm_per_request_spec_decode_metrics_are_read_from_the_usage_chunk():
     body = orjson.dumps({"choices": [], "metrics": {"speculative_decoding": {**spec, "num_draft_tokens": -1}}})
     assert "spec_draft_tokens" not in response_summary(body)  # a negative count is dropped, never an error
     assert response_summary(body)["spec_acceptance_length"] == 2.5
+
+
+def test_take_plain_searching_in_place_agrees_with_exact_parsing_on_random_texts():
+    """take_plain checks the text inside the chunk without slicing it; on texts full of quotes,
+    backslashes, escapes and control characters it must count exactly what parsing counts."""
+    import random
+
+    rng = random.Random(26)
+    alphabet = ['"', "\\", "a", " ", "\n", "é", "\\u00e9", "'", "}", ":", "\x01"]
+    for _ in range(300):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 8)))
+        fast, exact = StreamReader(), StreamReader()
+        for reader in (fast, exact):
+            reader.feed(chat({"content": "first"}), 1.0)
+        chunk = chat({"content": text})
+        fast.feed(chunk, 2.0)
+        exact._feed_exact(chunk, 2.0)
+        assert (fast.output_chunks, fast.max_gap_s, fast.malformed) == (exact.output_chunks, exact.max_gap_s, exact.malformed), text
+
+
+def test_feed_batch_gives_what_feeding_one_by_one_gives():
+    """The batch path (runs of plain chunks in one loop) must end with every count, time and
+    label equal to feeding the same chunks one at a time: plain runs broken by quoted texts, empty
+    chunks, the empty-text chunk, a split event, irregular gaps, the finish, usage and [DONE]."""
+    import random
+
+    rng = random.Random(7)
+    texts = ["a", ' "q" ', "b\\\\", "", "c"]
+    for _ in range(50):
+        body = [chat({"role": "assistant", "content": ""}), chat({"content": "first"})]
+        for _ in range(rng.randint(0, 40)):
+            kind = rng.random()
+            if kind < 0.05:
+                body.append(b"")
+            elif kind < 0.1:
+                split = chat({"content": "split"})
+                body += [split[:20], split[20:]]
+            else:
+                body.append(chat({"content": rng.choice(texts)}))
+        body += [chat({}, "length"), chat(None, usage={"prompt_tokens": 3, "completion_tokens": 9}), b"data: [DONE]\n\n"]
+        times = [0.0]
+        for _ in body[1:]:
+            times.append(times[-1] + rng.choice([0.001, 0.5, 0.002, 1.25]))
+        one, batch = StreamReader(), StreamReader()
+        for chunk, ts in zip(body, times):
+            if chunk:
+                one.feed(chunk, ts)
+        batch.feed(body[0], times[0])
+        batch.feed(body[1], times[1])
+        assert batch.feed_batch(body[2:], times[2:]) is None
+        assert batch.summary() == one.summary()
+        assert (batch.done, batch.malformed, batch.prompt_tokens) == (one.done, one.malformed, one.prompt_tokens)
