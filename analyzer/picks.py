@@ -113,11 +113,11 @@ class Plan:
         return Plan(keep(self.hop_columns), keep(self.keyed), keep(self.earliest), keep(self.tops), self.plus_one)
 
     def reads(self) -> list[str]:
-        """The per-event columns the outputs read (besides ``request_id``, ``hop``, ``ts``, ``attempt``)."""
-        columns = ["_pick"] if self.hop_columns else []
-        columns += [column for _, column in self.hop_columns.values()]
+        """The per-event columns the outputs read (besides ``request_id``, ``hop``, ``ts``,
+        ``attempt`` and ``_pick``)."""
+        columns = [column for _, column in self.hop_columns.values()]
         columns += [part for key, column in self.keyed.values() for part in (key, column)]
-        return list(dict.fromkeys(columns))
+        return [c for c in dict.fromkeys(columns) if c != "_pick"]
 
 
 def row_index(rows: np.ndarray, missing: int) -> pl.Series:

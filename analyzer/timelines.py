@@ -262,7 +262,7 @@ def _per_request(read: pl.LazyFrame, sources: dict, traced: bool, need: set[str]
     schema = pl.Schema({name: dtype for name, dtype in full.items() if name in need or name == "request_id"})
     plan = picks_plan(sources).only(set(schema))
     reads = ["request_id", "hop", "ts", "attempt", *(["trace_id"] if "trace_id" in schema and traced else [])]
-    reads += [c for c in plan.reads() if c not in reads and c != "_pick"]
+    reads += [c for c in plan.reads() if c not in reads]
 
     def run() -> pl.DataFrame:
         events = read.select(*reads, pick_key().alias("_pick")).collect()

@@ -46,6 +46,16 @@ class HistogramChild:
         if exemplar is not None:
             self.exemplars[i] = (exemplar, value, time.time() if timestamp is None else timestamp)
 
+    @staticmethod
+    def observe_each(observed: list[tuple[HistogramChild, float]], exemplar: Mapping[str, str], timestamp: float) -> None:
+        """``observe`` of each (child, value) with one exemplar and time, in one loop (a finished
+        request's ~17 observations: the per-call cost is most of an observation)."""
+        for child, value in observed:
+            i = bisect_left(child.upper, value)
+            child.counts[i] += 1
+            child.sum += value
+            child.exemplars[i] = (exemplar, value, timestamp)
+
 
 class ExemplarHistogram:
     """A labelled histogram registered on ``registry`` as a custom collector.

@@ -91,24 +91,17 @@ def adopt_request_id(raw: bytes | str | None, where: str) -> str:
 
 
 def read_request_headers(scope: Scope) -> tuple[bytes | None, bytes | None]:
-    """The raw ``X-Request-Id`` and ``X-Hopline-Attempt`` values of an ASGI scope.
-
-    ASGI servers hand over header names lower-cased (the spec requires it), so no ``lower()``.
-    """
-    rid = attempt = None
-    for name, value in scope.get("headers") or ():
-        if name == REQUEST_ID_HEADER:
-            rid = value
-        elif name == ATTEMPT_HEADER:
-            attempt = value
+    """The raw ``X-Request-Id`` and ``X-Hopline-Attempt`` values of an ASGI scope."""
+    rid, attempt, _, _ = scan_request_headers(scope)
     return rid, attempt
 
 
 def scan_request_headers(scope: Scope) -> tuple[bytes | None, bytes | None, bytes | None, bytes | None]:
-    """The raw ``X-Request-Id``, ``X-Hopline-Attempt``, ``traceparent`` and ``X-Hopline-Leg``
-    values of an ASGI scope, in one pass over its headers (the engine's per-request setup): the
-    same values ``read_request_headers`` (the last of each), ``traceparent_in`` and ``leg_in``
-    (the first of each) read."""
+    """The raw ``X-Request-Id``, ``X-Hopline-Attempt`` (the last of each), ``traceparent`` and
+    ``X-Hopline-Leg`` (the first of each) values of an ASGI scope, in one pass over its headers.
+
+    ASGI servers hand over header names lower-cased (the spec requires it), so no ``lower()``.
+    """
     rid = attempt = traceparent = leg = None
     for name, value in scope.get("headers") or ():
         if name == REQUEST_ID_HEADER:
@@ -130,10 +123,7 @@ def leg_of(raw: bytes | None) -> str | None:
 
 def leg_in(scope: Scope) -> str | None:
     """The P/D leg a proxy sent in ``X-Hopline-Leg`` (``prefill`` / ``decode``); None when absent or unknown."""
-    for name, value in scope.get("headers") or ():
-        if name == LEG_HEADER:
-            return _LEGS.get(value.strip().lower())
-    return None
+    return leg_of(scan_request_headers(scope)[3])
 
 
 def echo_request_id(message: Message, request_id: str) -> None:
@@ -158,11 +148,9 @@ def echo_request_id(message: Message, request_id: str) -> None:
 def traceparent_in(scope: Scope) -> tuple[str | None, str | None]:
     """The incoming W3C ``traceparent`` (when well formed) and its trace ID, else ``(None, None)``:
     events carry the trace ID (the second join key), a gateway forwards the header unchanged."""
-    for name, value in scope.get("headers") or ():
-        if name == b"traceparent":
-            trace_id = trace_id_of(value)
-            return (value.decode("ascii"), trace_id) if trace_id is not None else (None, None)
-    return None, None
+    value = scan_request_headers(scope)[2]
+    trace_id = None if value is None else trace_id_of(value)
+    return (value.decode("ascii"), trace_id) if trace_id is not None else (None, None)
 
 
 def with_request_id(scope: Scope, request_id: str, present: bool = True) -> Scope:
