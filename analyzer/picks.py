@@ -125,8 +125,12 @@ def row_index(rows: np.ndarray, missing: int) -> pl.Series:
     return _nullable(rows, rows == missing, pl.UInt32, "rows")
 
 
-def _nullable(values: np.ndarray, missing: np.ndarray, dtype: pl.DataType, name: str) -> pl.Series:
-    series = pl.Series(name, values).cast(dtype)
+def _nullable(
+    values: np.ndarray, missing: np.ndarray, dtype: pl.DataType, name: str, wrap: bool = False
+) -> pl.Series:
+    """``values`` as ``dtype``, null where ``missing``; ``wrap``: an integer beyond ``dtype``
+    wraps around, as Polars' own arithmetic does in the reference (``attempt`` 2**31 - 1, plus one)."""
+    series = pl.Series(name, values).cast(dtype, wrap_numerical=wrap)
     return series.scatter(np.flatnonzero(missing), None) if missing.any() else series
 
 
@@ -184,7 +188,7 @@ def per_request(events: pl.DataFrame, plan: Plan, schema: pl.Schema) -> pl.DataF
     attempt = events["attempt"]
     for name, hops in plan.tops.items():
         top = masked_max(groups.of_row, groups.count, attempt.to_numpy(), rows.of_hops(hops))
-        out[name] = _nullable(top + (name in plan.plus_one), top < 0, attempt.dtype, name)
+        out[name] = _nullable(top + (name in plan.plus_one), top < 0, attempt.dtype, name, wrap=True)
     return pl.DataFrame(out).select(list(schema)).cast(dict(schema))
 
 

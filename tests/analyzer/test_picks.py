@@ -99,6 +99,20 @@ def test_an_exact_tie_goes_to_the_first_event_in_the_log_as_in_the_contract():
     assert tied > 50
 
 
+def test_the_largest_attempt_never_raises_and_wraps_as_the_group_by_does():
+    """``attempts`` is the largest ``attempt`` plus one, in the ``attempt`` column's Int32: from
+    2**31 - 1 (valid in the contract) the group_by's sum wraps around; picks raised (found by
+    test_io_fuzz's hypothesis search)."""
+    events = synthetic_events(50, seed=2).with_row_index("row")
+    one = events["request_id"][0]
+    events = events.with_columns(
+        attempt=pl.when(pl.col("row") == 0).then(2**31 - 1).otherwise("attempt").cast(events.schema["attempt"])
+    ).drop("row")
+    fast, reference = both(events)
+    assert_frame_equal(fast, reference)
+    assert fast.filter(pl.col("request_id") == one)["attempts"].to_list() == [-(2**31)]
+
+
 def test_timelines_equal_through_both_on_the_golden_fixture_and_a_synthetic_log():
     for events in (golden_events(), synthetic_events(3_000, seed=5)):
         fast, reference = both(events)

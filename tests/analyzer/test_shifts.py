@@ -13,7 +13,7 @@ import numpy as np
 import polars as pl
 import pytest
 from hopline.analyzer.attribution import auto_window
-from hopline.analyzer.findings.shifts.detector import find_shifts
+from hopline.analyzer.findings.shifts.detector import READ_COLUMNS, find_shifts
 from hopline.analyzer.findings.shifts.incidents import Change
 from hopline.analyzer.findings.shifts.scopes import fold_explained
 from hopline.analyzer.findings.shifts.stats import ShiftConfig, split_z, z_threshold
@@ -477,6 +477,74 @@ def test_a_change_on_every_replica_stays_a_change_of_all_traffic():
     frame = pinned_batch(r1_after_s=0.5)  # r1's queue rose too: all traffic holds the change
     r2, everyone = seen({"replica": "r2"}, 119, 6, 1000), seen({}, 123, 7, 800)
     assert fold_explained([everyone, r2], frame, ["replica", "service"], 15.0, ShiftConfig()) == [everyone]
+
+
+def new_batch(batch_queue_s: float, seed: int = 47) -> pl.DataFrame:
+    """200 s of chat, 3 requests a second, on one replica; from 100 s to 160 s a batch job adds 4
+    a second. Queue ~0.1 ms outside the flood; in it ~0.6 s for chat, ``batch_queue_s`` for batch."""
+    rng = np.random.default_rng(seed)
+    chat = np.sort(rng.uniform(0, 200, 600))
+    batch = np.sort(rng.uniform(100, 160, 240))
+    start = np.concatenate([chat, batch])
+    service = np.array(["chat"] * len(chat) + ["batch"] * len(batch))
+    flooded = (start >= 100) & (start < 160)
+    queue = np.where(flooded, np.where(service == "batch", batch_queue_s, 0.6), 0.0001)
+    queue = queue * np.exp(0.2 * rng.standard_normal(len(start)))
+    order = np.argsort(start)
+    return pl.DataFrame({"start": start[order], "service": service[order], "queue": queue[order]})
+
+
+def test_a_change_that_came_with_new_traffic_is_said_where_the_new_traffic_is():
+    """As on the real vLLM flood (CI, 2026-12-03): chat's queue rose from ~0 to 0.6 s when a batch
+    job began, whose own requests waited ~2.9 s. The batch has no requests before the flood, so
+    nothing outside chat could be compared at the onset, and the rise of all traffic was folded
+    into chat's (the smaller scope): the first finding became a later step inside the batch. The
+    batch's requests are measured against all traffic's level before: they waited too, so all
+    traffic holds the change."""
+    flood = {"until": 160.0}
+    chat = seen({"service": "chat"}, 100, 0.1, 600)
+    everyone = seen({}, 100, 0.1, 2000)
+    chat.until = everyone.until = flood["until"]
+    order, cfg = ["service"], ShiftConfig()
+    assert fold_explained([everyone, chat], new_batch(2.9), order, 15.0, cfg) == [everyone]
+    # a batch whose requests did not wait: only chat's did, chat holds the change
+    assert fold_explained([everyone, chat], new_batch(0.0001), order, 15.0, cfg) == [chat]
+    # from an empty queue (0 before): the same
+    zero_chat, zero_all = seen({"service": "chat"}, 100, 0.0, 600), seen({}, 100, 0.0, 2000)
+    zero_chat.until = zero_all.until = flood["until"]
+    frame = new_batch(2.9).with_columns(queue=pl.when(pl.col("start") < 100).then(0.0).otherwise(pl.col("queue")))
+    assert fold_explained([zero_all, zero_chat], frame, order, 15.0, cfg) == [zero_all]
+    quiet = new_batch(0.0001).with_columns(
+        queue=pl.when((pl.col("start") < 100) | (pl.col("service") == "batch")).then(0.0).otherwise(pl.col("queue"))
+    )
+    assert fold_explained([zero_all, zero_chat], quiet, order, 15.0, cfg) == [zero_chat]
+
+
+def test_a_job_that_begins_just_before_a_window_boundary_is_no_baseline():
+    """The real vLLM flood in CI (2026-12-03): 12 batch streams began 0.34 s before a window
+    boundary, so the batch had a dozen requests "before" the change, already waiting ~0.4 s. Read
+    as its level before, the batch had barely moved (0.4 → 3 s) next to chat (0 → 0.6 s), so the
+    change was put on service chat, and the first finding became a later step inside the batch
+    (its queue 0.4 → 3.1 s, 32 s after the onset). The window before a change is no side's level:
+    all traffic holds the change, from the flood's onset."""
+    rng = np.random.default_rng(5)
+    onset, step, end = 41.66, 74.0, 112.0
+    chat = rng.uniform(0, 150, 180)
+    batch = np.concatenate([onset + rng.uniform(0, 0.3, 12), rng.uniform(onset + 0.3, end, 160)])
+    start = np.concatenate([chat, batch])
+    service = np.array(["chat"] * len(chat) + ["batch"] * len(batch))
+    flooded = (start >= onset) & (start < end)
+    queue = np.where(flooded, np.where(service == "batch", np.where(start < step, 0.38, 3.1), 0.58), 2e-5)
+    queue = queue * np.exp(0.4 * rng.standard_normal(len(start)))
+    frame = pl.DataFrame({"start": start, "service": service, "queue": queue, "client_e2e": queue + 0.5})
+    frame = frame.with_columns(
+        [pl.lit(None, pl.Float64).alias(c) for c in READ_COLUMNS if c not in frame.columns]
+    ).sort("start")
+    found = find_shifts(frame, 2.0, dims=("service",))
+    first = found[0]
+    assert (first.stage, first.scope) == ("queue", {}), [s.summary() for s in found]
+    assert abs(first.at - onset) <= 2.0 and first.until is not None and first.until >= step
+    assert abs(first.impact_s) > max(abs(s.impact_s) for s in found[1:])
 
 
 def test_a_burst_with_fewer_requests_than_min_side_ends_where_it_ended():

@@ -131,8 +131,10 @@ def _changes(
         span = (span[0], min(span[1], complete_before))
     for dets in found.values():
         for group in clusters(dets, within_s):
-            for hit in narrowest(group, search.tested, search.frames, cfg, search.dims):
-                det = cell(hit, search.tested, search.frames, search.boundaries, search.z_crit, cfg, within_s)
+            for hit in narrowest(group, search.tested, search.frames, cfg, search.dims, window_s):
+                det = cell(
+                    hit, search.tested, search.frames, search.boundaries, search.z_crit, cfg, within_s, window_s
+                )
                 frame = search.frames[key(det.scope)]
                 changes.append(
                     Change(
@@ -198,7 +200,7 @@ def find_shifts(
     search = _search(frame, window_s, dims, cfg)
     changes = _changes(search, _detections(search, cfg, seed), window_s, cfg, complete_before)
     spread = max(cfg.cluster_windows * window_s, cfg.onset_spread_s)
-    changes = fold_explained(changes, frame, list(search.tested), spread, cfg)
+    changes = fold_explained(changes, frame, list(search.tested), spread, cfg, window_s)
     leads = incidents(changes, cfg.onset_windows * window_s)
     cap_reversals(leads)
     return sorted(leads, key=lambda s: (-abs(s.impact_s), s.at))

@@ -15,6 +15,7 @@ from hopline.analyzer.findings.shifts.stats import (
     ShiftConfig,
     after_change,
     detect,
+    log_move,
     moved_at,
     split_z,
     z_threshold,
@@ -29,12 +30,14 @@ def narrowest(
     frames: dict[str, pl.DataFrame],
     cfg: ShiftConfig,
     dims: tuple[str, ...] = (),
+    window_s: float = 0.0,
 ) -> list[Detection]:
     """For one stage: the scopes the change lives in (see module docstring, step 4).
 
     A dimension explains the change when some of its values moved and the others, seen on both
     sides of it, did not move even half as much (in log terms) at the same time. A change found
     in all traffic only is then ``confine``d along ``dims`` (default: the tested attributes).
+    ``window_s``: a value that began with the change says nothing (``moved_at``).
     """
     overall = [d for d in found if not d.scope]
     best: list[Detection] = []
@@ -44,7 +47,7 @@ def narrowest(
         if not hits or len(hit_values) == len(values):
             continue
         weakest = min(abs(math.log(d.factor_estimate)) for d in hits)
-        others = [moved_at(frames[key({dim: v})], hits[0], cfg) for v in values if v not in hit_values]
+        others = [moved_at(frames[key({dim: v})], hits[0], cfg, window_s) for v in values if v not in hit_values]
         if any(r is None or r > weakest / 2 for r in others):
             continue
         if not best or max(d.z**2 for d in hits) > max(d.z**2 for d in best):
@@ -52,7 +55,7 @@ def narrowest(
     if best and (not overall or all(d.up == overall[0].up for d in best)):
         return best
     if overall:
-        confined = [confine(d, dims or tuple(tested), frames, cfg) for d in overall]
+        confined = [confine(d, dims or tuple(tested), frames, cfg, window_s) for d in overall]
         return [d for d, _ in confined]
     by_dim = [[d for d in found if dim in d.scope] for dim in tested]
     return next((hits for hits in by_dim if hits), [])
@@ -62,14 +65,15 @@ CONFINE_MIN_SIDE = 10  # a value's requests on each side of a known change, to s
 
 
 def confine(
-    det: Detection, dims: tuple[str, ...], frames: dict[str, pl.DataFrame], cfg: ShiftConfig
+    det: Detection, dims: tuple[str, ...], frames: dict[str, pl.DataFrame], cfg: ShiftConfig, window_s: float = 0.0
 ) -> tuple[Detection, float]:
     """A change of all traffic confined to one value of an attribute — when that value's requests
     moved at its time (a rank test at that one split, significant after a Bonferroni correction
     over the values tried) and every other value's did not move even half as much (in log terms) —
     as ``(its detection, z)``; else ``(det, 0)``. The time is known, only the scope is tested, so
     this needs ``CONFINE_MIN_SIDE`` requests a side, not ``min_side``: in a 20-second run a
-    service of 90 requests is too small to be searched on its own, yet its change is plain."""
+    service of 90 requests is too small to be searched on its own, yet its change is plain.
+    A value that began with the change (``moved_at`` with ``window_s``) cannot say it stayed put."""
     frame = frames[key({})]
     before, after = pl.col("start") < det.at, after_change(det)
     values = {dim: _seen_on_both_sides(frame, dim, before, after) for dim in dims if dim in frame.columns}
@@ -78,7 +82,7 @@ def confine(
     best: tuple[Detection, float] = (det, 0.0)
     for dim, vals in values.items():
         subs = {v: frame.filter(pl.col(dim).cast(pl.String) == v) for v in vals}
-        moved = {v: moved_at(f, det, cfg) for v, f in subs.items()}
+        moved = {v: moved_at(f, det, cfg, window_s) for v, f in subs.items()}
         hit = [v for v, r in moved.items() if r is not None and r > half]
         if len(vals) < 2 or len(hit) != 1 or any(r is None for r in moved.values()):
             continue
@@ -115,6 +119,7 @@ def cell(
     z_crit: float,
     cfg: ShiftConfig,
     within_s: float,
+    window_s: float = 0.0,
 ) -> Detection:
     """``det`` (one attribute's value) confined to one cell of a second attribute when exactly one
     cell moved and the others, seen on both sides, did not move even half as much: the rule of
@@ -132,7 +137,7 @@ def cell(
         cells = {v: f for v, f in cells.items() if f.height >= 2 * cfg.min_side}
         if len(cells) < 2:
             continue  # the scope has one value of it (model follows service, say): nothing to refine
-        moved = {v: moved_at(f, det, cfg) for v, f in cells.items()}
+        moved = {v: moved_at(f, det, cfg, window_s) for v, f in cells.items()}
         if any(r is None for r in moved.values()):
             continue
         hit = [v for v, r in moved.items() if r > weakest / 2]
@@ -163,27 +168,48 @@ def in_scope(scope: dict[str, str]) -> pl.Expr:
     return pl.all_horizontal([pl.col(k).cast(pl.String) == v for k, v in scope.items()] or [pl.lit(True)])
 
 
-def explains(a: Change, b: Change, frame: pl.DataFrame, spread_s: float, cfg: ShiftConfig) -> bool:
+def explains(
+    a: Change, b: Change, frame: pl.DataFrame, spread_s: float, cfg: ShiftConfig, window_s: float = 0.0
+) -> bool:
     """Whether ``a``'s change holds ``b``'s: the same stage moving the same way while ``a``'s
     change lasts (``b``'s onset from ``spread_s`` before ``a``'s to ``a``'s end), and ``b``'s
     requests outside ``a``'s scope — the residual ``a`` does not explain — did not move even half
     as much (in log terms) at ``b``'s time, or are too few to tell (``b``'s scope lies inside
-    ``a``'s) and the onsets are within ``spread_s``. A correlated scope (a model mostly served by the replica that moved) seen moving
+    ``a``'s) and the onsets are within ``spread_s``. Requests outside ``a`` that came with the
+    change (a batch job that began it, too new to have a before) are measured against ``b``'s
+    level before it: waiting like ``a``'s, they are the change's too. A correlated scope (a model mostly served by the replica that moved) seen moving
     later than the replica, as its share of moved requests grew, is held all the same."""
     if a.stage != b.stage or a.up != b.up or a.scope == b.scope or b.at < a.at - spread_s:
         return False
     if a.until is not None and b.at >= a.until:
         return False
     rest = frame.filter(in_scope(b.scope) & ~in_scope(a.scope).fill_null(False))
-    after = rest.filter(after_change(b)).height  # type: ignore[arg-type]  # a Change has what after reads
-    if min(rest.height - after, after) < cfg.min_side:
+    after = rest.filter(after_change(b))  # type: ignore[arg-type]  # a Change has what after reads
+    half = abs(math.log(max(b.factor, 1e-9))) / 2
+    if after.height >= cfg.min_side and rest.filter(pl.col("start") < b.at - window_s).height < cfg.min_side:
+        # requests outside ``a`` that came with the change (a batch job that began it): measured
+        # against ``b``'s level before it, they show whether the change reached them too
+        level = after[b.stage].quantile(STATISTICS[b.statistic] / 100, "linear")
+        return level is None or _within(log_move(b.before_ms / 1e3, level, cfg), half)
+    if min(rest.height - after.height, after.height) < cfg.min_side:
         return abs(a.at - b.at) <= spread_s  # too few to tell: held only when they began together
-    moved = moved_at(rest, b, cfg)  # type: ignore[arg-type]
-    return moved is not None and moved <= abs(math.log(max(b.factor, 1e-9))) / 2
+    moved = moved_at(rest, b, cfg, window_s)  # type: ignore[arg-type]
+    return moved is not None and _within(moved, half)
+
+
+def _within(moved: float, half: float) -> bool:
+    """A residual's move (``log_move``) within half of the change's; from zero (``half`` infinite)
+    only a residual that stayed at zero is."""
+    return moved <= half if math.isfinite(half) else moved < half
 
 
 def fold_explained(
-    shifts: list[Change], frame: pl.DataFrame, order: list[str], spread_s: float, cfg: ShiftConfig
+    shifts: list[Change],
+    frame: pl.DataFrame,
+    order: list[str],
+    spread_s: float,
+    cfg: ShiftConfig,
+    window_s: float = 0.0,
 ) -> list[Change]:
     """Step 4 across onsets: one change seen from several scopes at moments a few windows apart
     (a queue that builds up shows at 19:41:50 for service batch-eval, 19:41:59 on replica r2 and
@@ -199,8 +225,8 @@ def fold_explained(
     for b in shifts:
         others = (a for a in shifts if a is not b)
         if not any(
-            explains(a, b, frame, spread_s, cfg)
-            and (not explains(b, a, frame, spread_s, cfg) or rank(a) < rank(b))
+            explains(a, b, frame, spread_s, cfg, window_s)
+            and (not explains(b, a, frame, spread_s, cfg, window_s) or rank(a) < rank(b))
             for a in others
         ):
             kept.append(b)

@@ -400,15 +400,30 @@ def after_change(det: Detection) -> pl.Expr:
     return after if det.until is None else after & (pl.col("start") < det.until)
 
 
-def moved_at(frame: pl.DataFrame, det: Detection, cfg: ShiftConfig) -> float | None:
+def moved_at(frame: pl.DataFrame, det: Detection, cfg: ShiftConfig, window_s: float = 0.0) -> float | None:
     """|log(after / before)| of ``det``'s statistic, at ``det``'s time, in another scope's
     requests (``inf`` for a move from or to zero); None when that scope has no requests on one
-    side: a value that was not there cannot show that it stayed put."""
+    side: a value that was not there cannot show that it stayed put.
+
+    Nor can a value that began with the change: ``det.at`` is a window boundary and the change
+    began within ``window_s`` of it, so a value whose requests before ``det.at`` mostly fall in
+    the window just before it has no level before (a batch job that began the change 0.3 s
+    before the boundary has a dozen requests there, already waiting)."""
     q = STATISTICS[det.statistic] / 100
-    before = frame.filter(pl.col("start") < det.at)[det.stage].quantile(q, "linear")
+    earlier = frame.filter(pl.col("start") < det.at)
+    settled = earlier.filter(pl.col("start") < det.at - window_s).height
+    if settled < earlier.height - settled:
+        return None
+    before = earlier[det.stage].quantile(q, "linear")
     after = frame.filter(after_change(det))[det.stage].quantile(q, "linear")
     if before is None or after is None:
         return None
+    return log_move(before, after, cfg)
+
+
+def log_move(before: float, after: float, cfg: ShiftConfig) -> float:
+    """|log(after / before)| of two levels in seconds; ``inf`` for a move from or to zero of at
+    least ``min_abs_ms``, 0 for a smaller one."""
     if before <= 0 or after <= 0:
         return 0.0 if abs(after - before) * 1e3 < cfg.min_abs_ms else math.inf
     return abs(math.log(after / before))
