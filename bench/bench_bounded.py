@@ -208,11 +208,14 @@ def run_anchor(files: list[Path]) -> pl.DataFrame:
     """The anchor of issue 26: an independently written DuckDB query (``ANCHOR_SQL``:
     three group-bys by hop family on an ENUM, ``arg_min`` for the attempt pick, FULL JOINs), its
     file path and temp directory replaced by the store's files and a fresh spill folder; its
-    ``SET`` lines as written (2 threads, 8 GB)."""
+    ``SET`` lines as written (2 threads, 8 GB), but ``$HOPLINE_BENCH_ANCHOR_MEMORY`` replaces its
+    memory limit (at 20M requests the query runs out of its 8 GB: "could not allocate block")."""
     import duckdb
 
     spill = tempfile.mkdtemp(prefix="duckdb-anchor-", dir=os.environ.get("TMPDIR"))
     text = ANCHOR_SQL.read_text()
+    if memory := os.environ.get("HOPLINE_BENCH_ANCHOR_MEMORY"):
+        text = text.replace("SET memory_limit = '8GB'", f"SET memory_limit = '{memory}'")
     text = text.replace("'/tmp/perf-d/events-5m.parquet'", "[" + ", ".join(f"'{f}'" for f in files) + "]")
     text = text.replace("'/tmp/perf-d/duck-tmp'", f"'{spill}'")
     code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("--"))
