@@ -20,6 +20,10 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # 
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
 
 VOCAB_SIZE = 1000
+# RoPE has no weights per position: the limit only says how long a context vLLM may allow. The
+# tests serve with --max-model-len 512, except where a request must outlast a loaded API server
+# (test_vllm.py's slot holders: 2048).
+MAX_POSITIONS = 2048
 SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<pad>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
@@ -64,7 +68,7 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
         additional_special_tokens=SPECIAL_TOKENS[4:],
     )
     hf_tok.chat_template = CHAT_TEMPLATE
-    hf_tok.model_max_length = 512
+    hf_tok.model_max_length = MAX_POSITIONS
     return hf_tok
 
 
@@ -78,7 +82,7 @@ def build_model(tokenizer: PreTrainedTokenizerFast) -> LlamaForCausalLM:
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=32,  # vLLM's CPU attention supports 32, 64, 80, ...; 16 fails at the first request
-        max_position_embeddings=512,
+        max_position_embeddings=MAX_POSITIONS,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,

@@ -39,10 +39,19 @@ STARTUP_TIMEOUT_S = 420  # ~25 s on a quiet machine, 150 s at load 10
 # the engine core's interval lies inside the middleware's, so it may only dip below 0 by clock
 # read granularity.
 FRONTEND_TOLERANCE_S = 0.002
-# (request ID or None, max_tokens): sent all at once; with MAX_NUM_SEQS running, the rest wait.
-# Decodes of a few hundred ms each, so the five arrive well within one decode of each other.
-CONCURRENT = [("vllm-conc-1", 224), ("vllm-conc-2", 256), ("vllm-conc-3", 192), ("vllm-conc-4", 240), (None, 208)]
+# (request ID or None, max_tokens): the two longest take both slots (MAX_NUM_SEQS), unstreamed; the
+# other three are sent once vLLM runs both, and wait for a slot. The long ones decode ~15x as many
+# tokens as the others, 2-4 s here, so the three get to the engine while both run.
+CONCURRENT = [("vllm-conc-1", 112), ("vllm-conc-2", 1900), ("vllm-conc-3", 96), ("vllm-conc-4", 1850), (None, 128)]
+QUEUED_MODEL_LEN = 2048
+# vLLM's CPU default (VLLM_CPU_OMP_THREADS_BIND=auto) pins its model worker to core 0 and leaves the
+# API server, the engine core's busy loop and this client to share core 1: at load both the API
+# server and the client were seen stalled for a whole decode, in every round of that server. Not
+# pinned, one OpenMP thread: 8 of 8 runs with two CPU burners beside them passed (6 of 9 pinned).
+UNPINNED = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
 SOLO = ("vllm-solo-1", 24)
+QUEUE_ROUNDS = 4
+STAGES_UNSTREAMED = ("queue", "prefill", "decode", "engine_e2e")  # no first token: no TTFT, no frontend
 
 
 def vllm_dir() -> Path:
@@ -86,6 +95,8 @@ def start_server(
     replica: str = "r1",
     venv: str = "venv",
     middleware: bool = True,
+    max_model_len: int = 512,
+    env_extra: dict[str, str] | None = None,
 ) -> subprocess.Popen:
     """``vllm serve`` from ``root/venv`` (``venv-nohop``: the same vLLM without hopline, hence
     without its stat logger); ``middleware=False`` leaves hopline's ASGI middleware out."""
@@ -102,10 +113,11 @@ def start_server(
         HF_HOME=str(root / "cache" / "hf"),
         XDG_CACHE_HOME=str(root / "cache"),
     )
+    env.update(env_extra or {})
     cmd = [
         str(root / venv / "bin" / "python"), str(HERE / "vllm_cli.py"), "serve", str(root / "tiny"),
         "--host", "127.0.0.1", "--port", str(port), "--served-model-name", MODEL,
-        "--dtype", "float32", "--max-model-len", "512", "--max-num-seqs", str(max_num_seqs),
+        "--dtype", "float32", "--max-model-len", str(max_model_len), "--max-num-seqs", str(max_num_seqs),
         "--enforce-eager", "--kv-cache-memory-bytes", "64M", "--enable-request-id-headers",
         *(("--middleware", "hopline.middleware.engine.EngineMiddleware") if middleware else ()), *extra_args,
     ]  # fmt: skip
@@ -142,21 +154,28 @@ def stop_server(proc: subprocess.Popen) -> None:
     proc.wait(timeout=10)
 
 
-async def chat(client: httpx.AsyncClient, port: int, request_id: str | None, max_tokens: int) -> dict[str, Any]:
-    """One streaming chat completion; returns the IDs and the usage it reported."""
+async def chat(
+    client: httpx.AsyncClient, port: int, request_id: str | None, max_tokens: int, stream: bool = True
+) -> dict[str, Any]:
+    """One chat completion, streamed unless ``stream=False``; returns the IDs and the usage it reported."""
     body = {
         "model": MODEL,
         "messages": [{"role": "user", "content": f"Hello world, tell me about latency {max_tokens}"}],
-        "stream": True,
+        "stream": stream,
         "max_tokens": max_tokens,
         "ignore_eos": True,
-        "stream_options": {"include_usage": True},
+        **({"stream_options": {"include_usage": True}} if stream else {}),
     }
     headers = {"X-Request-Id": request_id} if request_id else {}
-    seen: dict[str, Any] = {"sent_id": request_id, "max_tokens": max_tokens, "chunk_ids": set()}
+    seen: dict[str, Any] = {"sent_id": request_id, "max_tokens": max_tokens, "stream": stream, "chunk_ids": set()}
     async with client.stream("POST", f"http://127.0.0.1:{port}/v1/chat/completions", json=body, headers=headers) as r:
         assert r.status_code == 200, await r.aread()
         seen["header_id"] = r.headers.get("x-request-id")
+        if not stream:
+            answer = orjson.loads(await r.aread())
+            seen["chunk_ids"].add(answer["id"])
+            seen["usage"] = answer["usage"]
+            return seen
         async for line in r.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
@@ -168,14 +187,79 @@ async def chat(client: httpx.AsyncClient, port: int, request_id: str | None, max
     return seen
 
 
-async def send_requests(port: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+async def until_running(client: httpx.AsyncClient, port: int, count: int, held: list[asyncio.Task]) -> None:
+    """Until vLLM's scheduler runs ``count`` requests (``vllm:num_requests_running`` on its
+    /metrics), or one of ``held`` has ended (the assertions on queueing then say what happened)."""
+    while not any(task.done() for task in held):
+        text = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
+        lines = [line for line in text.splitlines() if line.startswith("vllm:num_requests_running")]
+        if sum(float(line.rsplit(" ", 1)[1]) for line in lines) >= count:
+            return
+        await asyncio.sleep(0.01)
+
+
+def answered_id(seen: dict[str, Any]) -> str:
+    """The request ID vLLM answered under (its chunk ``id`` is chatcmpl-<the request ID>)."""
+    return normalize_request_id(next(iter(seen["chunk_ids"])))
+
+
+def waited_for_a_slot(stats: dict[str, dict[str, Any]], request_ids: list[str]) -> dict[str, float]:
+    """The requests of one concurrent round whose vLLM ``queue_s`` is at least half the round's
+    shortest decode: they waited for a slot."""
+    shortest = min(stats[request_id]["decode_s"] for request_id in request_ids)
+    return {i: round(stats[i]["queue_s"], 4) for i in request_ids if stats[i]["queue_s"] >= 0.5 * shortest}
+
+
+def stats_so_far(sink_path: Path) -> dict[str, dict[str, Any]]:
+    """The ``engine.stats`` events the emitter has written so far, by request ID (a line still
+    being written is left for the next read)."""
+    found = {}
+    for name in sorted(glob.glob(f"{sink_path}*")):
+        data = Path(name).read_bytes()
+        for _, event, error in iter_ndjson(data[: data.rfind(b"\n") + 1]):
+            if error is None and event["hop"] == "engine.stats":
+                found[event["request_id"]] = event
+    return found
+
+
+async def concurrent_round(client: httpx.AsyncClient, port: int, batch: list[tuple[str | None, int]]) -> list[dict[str, Any]]:
+    # the longest answers take both slots first; the other three are sent once vLLM runs both
+    # (its own gauge), so they wait for a slot. The long ones are not streamed: a streamed
+    # answer at load held the API server's event loop for its whole decode (vLLM's generate()
+    # takes a ready output without awaiting, and at load one always is), so neither the gauge
+    # nor the three got in until both long ones had ended. Should the three still come late,
+    # the round is sent again (QUEUE_ROUNDS).
+    holders = sorted(batch, key=lambda c: -c[1])[:MAX_NUM_SEQS]
+    held = [asyncio.create_task(chat(client, port, *c, stream=False)) for c in holders]
+    await until_running(client, port, MAX_NUM_SEQS, held)
+    waiting = [c for c in batch if c not in holders]
+    answers = dict(zip(waiting, await asyncio.gather(*(chat(client, port, *c) for c in waiting)), strict=True))
+    answers |= dict(zip(holders, await asyncio.gather(*held), strict=True))
+    return [answers[c] for c in batch]
+
+
+async def send_requests(port: int, sink_path: Path) -> tuple[dict[str, Any], list[list[dict[str, Any]]]]:
+    """The solo request, then up to ``QUEUE_ROUNDS`` concurrent rounds: another only while no
+    round has had ``len(CONCURRENT) - MAX_NUM_SEQS`` requests wait for a slot (by vLLM's own
+    ``queue_s``), i.e. while the machine's load kept the queue from forming."""
+    rounds = []
     async with httpx.AsyncClient(timeout=120) as client:
         solo = await chat(client, port, *SOLO)
         # one open connection per concurrent request first (health checks, not generation routes),
         # so the five arrive together instead of spread over five TCP handshakes on a busy machine
         await asyncio.gather(*(client.get(f"http://127.0.0.1:{port}/health") for _ in CONCURRENT))
-        concurrent = await asyncio.gather(*(chat(client, port, rid, mt) for rid, mt in CONCURRENT))
-    return solo, list(concurrent)
+        for number in range(QUEUE_ROUNDS):
+            batch = [(f"{rid}-{number}" if rid and number else rid, max_tokens) for rid, max_tokens in CONCURRENT]
+            rounds.append(await concurrent_round(client, port, batch))
+            request_ids = [answered_id(seen) for seen in rounds[-1]]
+            deadline = time.monotonic() + 30
+            while not set(request_ids) <= (stats := stats_so_far(sink_path)).keys() and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            if not set(request_ids) <= stats.keys():
+                break  # the assertions on the hops say which are missing
+            if len(waited_for_a_slot(stats, request_ids)) >= len(CONCURRENT) - MAX_NUM_SEQS:
+                break
+    return solo, rounds
 
 
 def read_events(sink_path: Path) -> list[dict[str, Any]]:
@@ -193,10 +277,10 @@ def read_events(sink_path: Path) -> list[dict[str, Any]]:
 def test_vllm_engine_hops_and_stats_join(tmp_path: Path) -> None:
     root = vllm_dir()
     port, sink_path, log_path = free_port(), tmp_path / "events.ndjson", tmp_path / "serve.log"
-    proc = start_server(root, port, sink_path, log_path)
+    proc = start_server(root, port, sink_path, log_path, max_model_len=QUEUED_MODEL_LEN, env_extra=UNPINNED)
     try:
         startup_s = wait_ready(proc, port, log_path)
-        solo, concurrent = asyncio.run(send_requests(port))
+        solo, rounds = asyncio.run(send_requests(port, sink_path))
     finally:
         stop_server(proc)
     assert proc.returncode is not None
@@ -206,15 +290,16 @@ def test_vllm_engine_hops_and_stats_join(tmp_path: Path) -> None:
         by_request[event["request_id"]].append(event)
 
     rows = []
-    for seen in [solo, *concurrent]:
+    for seen in [solo, *(seen for batch in rounds for seen in batch)]:
         # vLLM's own ID (chunk `id`) is chatcmpl-<the request ID>, also for the request sent
         # without one: the middleware inserted it before vLLM read the header, which echoes it.
         assert len(seen["chunk_ids"]) == 1, seen["chunk_ids"]
-        request_id = normalize_request_id(next(iter(seen["chunk_ids"])))
+        request_id = answered_id(seen)
         assert request_id == (seen["sent_id"] or seen["header_id"]), seen
         mine = by_request.get(request_id, [])
         hops = sorted(e["hop"] for e in mine)
-        assert hops == ["engine.first_token", "engine.last_token", "engine.received", "engine.stats"], (
+        # an unstreamed answer has no first token (its one body is its last)
+        assert hops == [*["engine.first_token"] * seen["stream"], "engine.last_token", "engine.received", "engine.stats"], (
             request_id,
             hops,
             f"{len(events)} events in all; server log:\n{tail(log_path)}",
@@ -230,31 +315,36 @@ def test_vllm_engine_hops_and_stats_join(tmp_path: Path) -> None:
         for name in ("queue_s", "prefill_s", "decode_s"):
             assert stats[name] >= 0, (name, stats)
         stages = compute_stages(mine)
-        for name in ("queue", "prefill", "frontend", "decode", "engine_ttft"):
+        streamed = ("queue", "prefill", "frontend", "decode", "engine_ttft")  # TTFT needs a stream
+        for name in streamed if seen["stream"] else STAGES_UNSTREAMED:
             assert stages[name] is not None, (name, stages)
-        assert stages["frontend"] >= -FRONTEND_TOLERANCE_S, (request_id, stages)
+        if seen["stream"]:
+            assert stages["frontend"] >= -FRONTEND_TOLERANCE_S, (request_id, stages)
         rows.append((request_id, stats, stages))
 
-    # Real queueing: five requests at once, two slots, decodes of ~0.5 s, so three of them wait
-    # for a slot at least until one of the running ones finishes its decode. vLLM's queue_s must
-    # show that wait (no queue_s fails), and can never exceed what the middleware saw from arrival
-    # to scheduled (its first token - vLLM's prefill): prefill counted in queue_s would. Frontend
+    # Real queueing: five requests, two slots; the three sent while the two longest stream wait
+    # for a slot at least until one of those finishes its decode. vLLM's queue_s must show that
+    # wait (no queue_s fails), and can never exceed what the middleware saw from arrival to
+    # scheduled (its first token - vLLM's prefill): prefill counted in queue_s would. Frontend
     # work (tokenizing, ~20-50 ms here, far more on a loaded machine) is the rest of that span, so
-    # the span itself says nothing about waiting for a slot.
-    shortest_decode = min(stats["decode_s"] for request_id, stats, st in rows[1:])
-    blocked = {}
+    # the span itself says nothing about waiting for a slot. The bound holds for every request of
+    # every round; the wait must show in the last round (the one that ended the sending).
     for request_id, stats, st in rows:
+        if st["engine_first"] is None:
+            continue  # unstreamed (a slot holder)
         arrival_to_scheduled = st["engine_first"] - st["stats_prefill_s"] - st["engine_received"]
         assert stats["queue_s"] <= arrival_to_scheduled + FRONTEND_TOLERANCE_S, (request_id, stats, st)
-        if stats["queue_s"] >= 0.5 * shortest_decode:
-            blocked[request_id] = round(stats["queue_s"], 4)
-    assert len(blocked) >= len(CONCURRENT) - MAX_NUM_SEQS, (blocked, shortest_decode)
+    stats_by_id = {request_id: stats for request_id, stats, st in rows}
+    waited = [waited_for_a_slot(stats_by_id, [answered_id(seen) for seen in batch]) for batch in rounds]
+    print(f"\nvLLM ready after {startup_s:.1f} s; {len(events)} events; waited for a slot, by round: {waited}")
+    print(f"{'request_id':34} {'queue':>7} {'prefill':>7} {'frontend':>8} {'eng_ttft':>8} {'decode':>7} {'stats_dec':>9} {'received':>9}")
+    def cell(value: float | None) -> str:
+        return "-" if value is None else f"{value:.4f}"
 
-    print(f"\nvLLM ready after {startup_s:.1f} s; {len(events)} events; waited for a slot: {blocked}")
-    print(f"{'request_id':34} {'queue':>7} {'prefill':>7} {'frontend':>8} {'eng_ttft':>8} {'decode':>7} {'stats_dec':>9}")
     for request_id, stats, st in rows:
         print(
-            f"{request_id:34} {st['queue']:7.4f} {st['prefill']:7.4f} {st['frontend']:8.4f} "
-            f"{st['engine_ttft']:8.4f} {st['decode']:7.4f} {stats['decode_s']:9.4f}",
+            f"{request_id:34} {cell(st['queue']):>7} {cell(st['prefill']):>7} {cell(st['frontend']):>8} "
+            f"{cell(st['engine_ttft']):>8} {cell(st['decode']):>7} {cell(stats['decode_s']):>9} {cell(st['engine_received'] % 100):>9}",
             file=sys.stdout,
         )
+    assert len(waited[-1]) >= len(CONCURRENT) - MAX_NUM_SEQS, waited
