@@ -215,6 +215,8 @@ def run_anchor(files: list[Path]) -> pl.DataFrame:
     spill = tempfile.mkdtemp(prefix="duckdb-anchor-", dir=os.environ.get("TMPDIR"))
     text = ANCHOR_SQL.read_text()
     if memory := os.environ.get("HOPLINE_BENCH_ANCHOR_MEMORY"):
+        if "SET memory_limit = '8GB'" not in text:
+            raise SystemExit(f"HOPLINE_BENCH_ANCHOR_MEMORY: {ANCHOR_SQL} has no \"SET memory_limit = '8GB'\" line to replace")
         text = text.replace("SET memory_limit = '8GB'", f"SET memory_limit = '{memory}'")
     text = text.replace("'/tmp/perf-d/events-5m.parquet'", "[" + ", ".join(f"'{f}'" for f in files) + "]")
     text = text.replace("'/tmp/perf-d/duck-tmp'", f"'{spill}'")

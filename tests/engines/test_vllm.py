@@ -47,10 +47,11 @@ QUEUED_MODEL_LEN = 2048
 # vLLM's CPU default (VLLM_CPU_OMP_THREADS_BIND=auto) pins its model worker to core 0 and leaves the
 # API server, the engine core's busy loop and this client to share core 1: at load both the API
 # server and the client were seen stalled for a whole decode, in every round of that server. Not
-# pinned, one OpenMP thread: 8 of 8 runs with two CPU burners beside them passed (6 of 9 pinned).
+# pinned, one OpenMP thread: 18 of 18 runs with two CPU burners beside them passed (6 of 9 pinned).
 UNPINNED = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
 SOLO = ("vllm-solo-1", 24)
 QUEUE_ROUNDS = 4
+STAGES_STREAMED = ("queue", "prefill", "frontend", "decode", "engine_ttft")
 STAGES_UNSTREAMED = ("queue", "prefill", "decode", "engine_e2e")  # no first token: no TTFT, no frontend
 
 
@@ -203,6 +204,11 @@ def answered_id(seen: dict[str, Any]) -> str:
     return normalize_request_id(next(iter(seen["chunk_ids"])))
 
 
+def engine_stats(events: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The ``engine.stats`` events by request ID."""
+    return {event["request_id"]: event for event in events if event["hop"] == "engine.stats"}
+
+
 def waited_for_a_slot(stats: dict[str, dict[str, Any]], request_ids: list[str]) -> dict[str, float]:
     """The requests of one concurrent round whose vLLM ``queue_s`` is at least half the round's
     shortest decode: they waited for a slot."""
@@ -210,25 +216,12 @@ def waited_for_a_slot(stats: dict[str, dict[str, Any]], request_ids: list[str]) 
     return {i: round(stats[i]["queue_s"], 4) for i in request_ids if stats[i]["queue_s"] >= 0.5 * shortest}
 
 
-def stats_so_far(sink_path: Path) -> dict[str, dict[str, Any]]:
-    """The ``engine.stats`` events the emitter has written so far, by request ID (a line still
-    being written is left for the next read)."""
-    found = {}
-    for name in sorted(glob.glob(f"{sink_path}*")):
-        data = Path(name).read_bytes()
-        for _, event, error in iter_ndjson(data[: data.rfind(b"\n") + 1]):
-            if error is None and event["hop"] == "engine.stats":
-                found[event["request_id"]] = event
-    return found
-
-
 async def concurrent_round(client: httpx.AsyncClient, port: int, batch: list[tuple[str | None, int]]) -> list[dict[str, Any]]:
     # the longest answers take both slots first; the other three are sent once vLLM runs both
-    # (its own gauge), so they wait for a slot. The long ones are not streamed: a streamed
-    # answer at load held the API server's event loop for its whole decode (vLLM's generate()
-    # takes a ready output without awaiting, and at load one always is), so neither the gauge
-    # nor the three got in until both long ones had ended. Should the three still come late,
-    # the round is sent again (QUEUE_ROUNDS).
+    # (its own gauge), so they wait for a slot. The long ones are not streamed: streamed, an
+    # answer at load can keep the API server's event loop to itself (vLLM's generate() takes a
+    # ready output without awaiting), and neither the gauge nor the three get in until both long
+    # ones have ended. Should the three still come late, the round is sent again (QUEUE_ROUNDS).
     holders = sorted(batch, key=lambda c: -c[1])[:MAX_NUM_SEQS]
     held = [asyncio.create_task(chat(client, port, *c, stream=False)) for c in holders]
     await until_running(client, port, MAX_NUM_SEQS, held)
@@ -253,7 +246,9 @@ async def send_requests(port: int, sink_path: Path) -> tuple[dict[str, Any], lis
             rounds.append(await concurrent_round(client, port, batch))
             request_ids = [answered_id(seen) for seen in rounds[-1]]
             deadline = time.monotonic() + 30
-            while not set(request_ids) <= (stats := stats_so_far(sink_path)).keys() and time.monotonic() < deadline:
+            while not set(request_ids) <= (stats := engine_stats(read_events(sink_path, so_far=True))).keys():
+                if time.monotonic() > deadline:
+                    break
                 await asyncio.sleep(0.1)
             if not set(request_ids) <= stats.keys():
                 break  # the assertions on the hops say which are missing
@@ -262,12 +257,14 @@ async def send_requests(port: int, sink_path: Path) -> tuple[dict[str, Any], lis
     return solo, rounds
 
 
-def read_events(sink_path: Path) -> list[dict[str, Any]]:
+def read_events(sink_path: Path, so_far: bool = False) -> list[dict[str, Any]]:
     """Every hop event in the live file and any rotated ones; each must pass the contract (the
-    emitters' own health reports, ``emitter.stats``, are left out)."""
+    emitters' own health reports, ``emitter.stats``, are left out). ``so_far``: while the server
+    runs, a line still being written is left for the next read."""
     events = []
     for name in sorted(glob.glob(f"{sink_path}*")):
-        for number, event, error in iter_ndjson(Path(name).read_bytes()):
+        data = Path(name).read_bytes()
+        for number, event, error in iter_ndjson(data[: data.rfind(b"\n") + 1] if so_far else data):
             assert error is None, f"{name}:{number}: {error}"
             if event["hop"] != EMITTER_STATS_HOP:
                 events.append(event)
@@ -315,14 +312,13 @@ def test_vllm_engine_hops_and_stats_join(tmp_path: Path) -> None:
         for name in ("queue_s", "prefill_s", "decode_s"):
             assert stats[name] >= 0, (name, stats)
         stages = compute_stages(mine)
-        streamed = ("queue", "prefill", "frontend", "decode", "engine_ttft")  # TTFT needs a stream
-        for name in streamed if seen["stream"] else STAGES_UNSTREAMED:
+        for name in STAGES_STREAMED if seen["stream"] else STAGES_UNSTREAMED:
             assert stages[name] is not None, (name, stages)
         if seen["stream"]:
             assert stages["frontend"] >= -FRONTEND_TOLERANCE_S, (request_id, stages)
         rows.append((request_id, stats, stages))
 
-    # Real queueing: five requests, two slots; the three sent while the two longest stream wait
+    # Real queueing: five requests, two slots; the three sent while the two longest run wait
     # for a slot at least until one of those finishes its decode. vLLM's queue_s must show that
     # wait (no queue_s fails), and can never exceed what the middleware saw from arrival to
     # scheduled (its first token - vLLM's prefill): prefill counted in queue_s would. Frontend
@@ -334,13 +330,12 @@ def test_vllm_engine_hops_and_stats_join(tmp_path: Path) -> None:
             continue  # unstreamed (a slot holder)
         arrival_to_scheduled = st["engine_first"] - st["stats_prefill_s"] - st["engine_received"]
         assert stats["queue_s"] <= arrival_to_scheduled + FRONTEND_TOLERANCE_S, (request_id, stats, st)
-    stats_by_id = {request_id: stats for request_id, stats, st in rows}
-    waited = [waited_for_a_slot(stats_by_id, [answered_id(seen) for seen in batch]) for batch in rounds]
-    print(f"\nvLLM ready after {startup_s:.1f} s; {len(events)} events; waited for a slot, by round: {waited}")
-    print(f"{'request_id':34} {'queue':>7} {'prefill':>7} {'frontend':>8} {'eng_ttft':>8} {'decode':>7} {'stats_dec':>9} {'received':>9}")
     def cell(value: float | None) -> str:
         return "-" if value is None else f"{value:.4f}"
 
+    waited = [waited_for_a_slot(engine_stats(events), [answered_id(seen) for seen in batch]) for batch in rounds]
+    print(f"\nvLLM ready after {startup_s:.1f} s; {len(events)} events; waited for a slot, by round: {waited}")
+    print(f"{'request_id':34} {'queue':>7} {'prefill':>7} {'frontend':>8} {'eng_ttft':>8} {'decode':>7} {'stats_dec':>9} {'received':>9}")
     for request_id, stats, st in rows:
         print(
             f"{request_id:34} {cell(st['queue']):>7} {cell(st['prefill']):>7} {cell(st['frontend']):>8} "
