@@ -408,6 +408,8 @@ class Look:
     ``view``: the component whose clocks measure it.
     ``phrase``: the stage in a sentence when ``<label> time`` does not read well.
     ``meaning``: what a rise of it says about the system, said after a finding's numbers.
+    ``owner``: the side that owns its time when it is not the measuring ``view`` (network time is
+    measured by the client and owned by the network); ``side`` is the one an alert carries.
     """
 
     name: str
@@ -419,6 +421,12 @@ class Look:
     stands_for: tuple[str, ...] = ()
     phrase: str = ""
     meaning: str = ""
+    owner: str = ""
+
+    @property
+    def side(self) -> str:
+        """Who can act on a rise of it: ``client``, ``gateway``, ``network`` or ``engine``."""
+        return self.owner or self.view
 
     @property
     def words(self) -> str:
@@ -435,10 +443,13 @@ STAGE_LOOKS: tuple[Look, ...] = (
         meaning="the calling process was busy, not its connection pool",
     ),
     Look("connect", "connect", "#7f7f7f", "bright_black", True, "client"),
-    Look("network", "network", "#17becf", "cyan", True, "client"),
+    Look("network", "network", "#17becf", "cyan", True, "client", owner="network"),
     Look("gateway", "gateway", "#9467bd", "magenta", True, "gateway"),
-    Look("upstream_network", "upstream network", "#9edae5", "cyan", True, "gateway", ("network",)),
-    Look("upstream", "upstream", "#1f77b4", "blue", True, "client", ("network", "frontend", "queue", "prefill")),
+    Look("upstream_network", "upstream network", "#9edae5", "cyan", True, "gateway", ("network",), owner="network"),
+    Look(
+        "upstream", "upstream", "#1f77b4", "blue", True, "client", ("network", "frontend", "queue", "prefill"),
+        owner="engine",
+    ),
     Look("frontend", "engine frontend", "#bcbd22", "yellow", True, "engine"),
     Look("queue", "queue", "#d62728", "red", True, "engine"),
     Look("prefill", "prefill", "#2ca02c", "green", True, "engine"),
@@ -464,6 +475,15 @@ VIEW_LOOK = {look.name: look for look in VIEW_LOOKS}
 STAGE_ORDER = tuple(look.name for look in STAGE_LOOKS)  # waterfall / chart order
 TTFT_PARTS = tuple(look.name for look in STAGE_LOOKS if look.ttft_part)  # terms and fallbacks
 FALLBACKS = tuple(look.name for look in STAGE_LOOKS if look.stands_for)
+SIDES = ("client", "gateway", "network", "engine")  # who owns a finding's time (an alert's ``side``)
+# where a pitfall's seconds are spent (``Pitfall.spent_in``) when that is not a stage
+SPENT_OUTSIDE_STAGES = {"retry": "client"}
+
+
+def side_of(spent_in: str) -> str:
+    """The side owning time spent in ``spent_in`` (a stage, or ``SPENT_OUTSIDE_STAGES``)."""
+    look = LOOK.get(spent_in)
+    return look.side if look is not None else SPENT_OUTSIDE_STAGES.get(spent_in, "engine")
 
 
 def _check() -> None:
