@@ -10,8 +10,11 @@ findings contract of DESIGN.md; its schema (``schema``) is generated from these 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from numbers import Integral, Real
 from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, ConfigDict, Field, PlainSerializer, TypeAdapter, with_config
@@ -243,6 +246,26 @@ class Pitfall:
         return out
 
 
+def plain(value: Any, digits: int = 4) -> float | int | str | None:
+    """``value`` as the plain Python value the JSON holds: a numpy or polars scalar (numpy's
+    ``float64`` subclasses ``float`` and ``round`` keeps its type), a bool (as 0 or 1), a
+    ``Decimal`` or a duration (seconds) to ``int``, ``float`` (to ``digits``; NaN and infinities,
+    which JSON cannot say, to None) or ``str``. A value of any other type is a detector's mistake:
+    ``TypeError``."""
+    if value is None or isinstance(value, str):
+        return None if value is None else str(value)
+    if hasattr(value, "item") and not isinstance(value, int | float):  # numpy: np.bool_, np.int64, np.str_...
+        return plain(value.item(), digits)
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if isinstance(value, Integral):  # bool, numpy's integers (registered as Integral)
+        return int(value)
+    if isinstance(value, Real | Decimal):  # float, numpy's floats (registered as Real)
+        number = float(value)
+        return round(number, digits) if math.isfinite(number) else None
+    raise TypeError(f"{type(value).__module__}.{type(value).__qualname__} is not a number or a string")
+
+
 def pitfall(
     name: str,
     scope: Scope,
@@ -253,16 +276,23 @@ def pitfall(
     spent_in: str,
     at: float | None = None,
 ) -> Pitfall:
-    """A pitfall with its evidence's floats to 4 digits and its cost to the ms (as the JSON)."""
+    """A pitfall with plain values (``plain``: whatever numpy or polars type a detector computed
+    them in, the JSON serialises them): its evidence's floats to 4 digits, its cost to the ms."""
+    values = {}
+    for key, value in evidence.items():
+        try:
+            values[str(key)] = plain(value)
+        except TypeError as e:
+            raise TypeError(f"{name}'s evidence {key!r}: {e}") from None
     return Pitfall(
         name=name,
-        summary=summary,
-        scope=scope,
+        summary=str(summary),
+        scope={str(k): str(v) for k, v in scope.items()},
         affected_requests=int(affected),
-        evidence={k: (round(v, 4) if isinstance(v, float) else v) for k, v in evidence.items()},
-        impact_s=round(float(impact_s), 3),
-        spent_in=spent_in,
-        at=at,
+        evidence=values,
+        impact_s=float(plain(impact_s, 3) or 0.0),
+        spent_in=str(spent_in),
+        at=None if at is None else float(at),
     )
 
 
