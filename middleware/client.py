@@ -26,8 +26,9 @@ Per request the transport:
   trace event is ``pool_wait_s`` only while the pool had no free connection (``pool_full``: the
   requests this transport holds had reached its pool's ``max_connections``, ``pool_limit``) and
   until one was freed; the rest is ``client_delay_s``, the calling process catching up (a busy
-  event loop, the GIL). Where an asyncio loop runs, a lag probe (one ``call_later`` per loop,
-  measuring its own lateness) adds ``loop_lag_s``, the loop's recent largest lateness;
+  event loop, the GIL). Where an asyncio loop runs, its lag probe (``hopline.middleware.loop``:
+  one callback per loop measuring its own lateness) adds ``loop_lag_s``, the loop's recent
+  largest lateness (on ``client.first_token`` too: how late the loop was to read the first token);
 * wraps the response stream (the shape of httpx's ``BoundSyncStream``) to time the first SSE event
   carrying output and the end of the body; a stream closed before its end is ``cancelled``.
 
@@ -65,6 +66,7 @@ from hopline.middleware.contract import (
 )
 from hopline.middleware.emit import Emitter, get_emitter
 from hopline.middleware.log import logger
+from hopline.middleware.loop import LagProbe, lag_probe
 from hopline.middleware.sse import MAX_JSON_BYTES, StreamReader, error_summary, request_summary, response_summary
 
 REQUEST_ID_HEADER = "x-request-id"
@@ -199,66 +201,6 @@ class _Slots:
                 self.freed_at = time.perf_counter()
 
 
-class _LagProbe:
-    """How late one asyncio loop runs: a callback every ``INTERVAL`` s measures its own lateness.
-
-    One per loop, made by the first request through an async transport and kept only as long as
-    the loop (a weak reference; its pending callback goes with a closed loop). ``lag()`` is the
-    largest lateness of the last one to two ``WINDOW``s, or the current one if larger (the loop
-    being late right now). It costs one callback per ``INTERVAL`` and never waits.
-    """
-
-    INTERVAL = 0.05
-    WINDOW = 2.0
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = weakref.ref(loop)
-        now = loop.time()
-        self._since = now
-        self._recent = 0.0  # largest lateness in the window starting at _since
-        self._before = 0.0  # in the window before it
-        self._due = now + self.INTERVAL
-        loop.call_at(self._due, self._tick)
-
-    def _roll(self, now: float) -> None:
-        if now - self._since >= self.WINDOW:
-            self._before = self._recent if now - self._since < 2 * self.WINDOW else 0.0
-            self._recent, self._since = 0.0, now
-
-    def _tick(self) -> None:
-        loop = self._loop()
-        if loop is None or loop.is_closed():
-            return
-        now = loop.time()
-        self._roll(now)
-        self._recent = max(self._recent, now - self._due)
-        self._due = now + self.INTERVAL
-        loop.call_at(self._due, self._tick)
-
-    def lag(self) -> float:
-        loop = self._loop()
-        if loop is None:
-            return 0.0
-        now = loop.time()
-        self._roll(now)
-        return max(self._recent, self._before, now - self._due, 0.0)
-
-
-_PROBES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LagProbe] = weakref.WeakKeyDictionary()
-
-
-def _lag_probe() -> _LagProbe | None:
-    """The running asyncio loop's lag probe, started on first use (None outside asyncio)."""
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:  # trio, or no loop
-        return None
-    probe = _PROBES.get(loop)
-    if probe is None:
-        probe = _PROBES[loop] = _LagProbe(loop)
-    return probe
-
-
 _HOLDING, _CLOSING, _LEFT = range(3)
 
 
@@ -310,9 +252,9 @@ class _Call:
         self.pool_full: bool | None = None  # None: the pool's state is unknown
         self.slot_at: float | None = None  # when a full pool freed a connection for it
         self.held = _HOLDING  # its place in the pool: holding, closing its response, left
-        self.probe: _LagProbe | None = None
+        self.probe: LagProbe | None = None
 
-    def hold(self, slots: _Slots | None, probe: _LagProbe | None) -> None:
+    def hold(self, slots: _Slots | None, probe: LagProbe | None) -> None:
         """Count this request against its transport's pool (and note its loop's lag probe)."""
         self.probe = probe
         if slots is not None:
@@ -636,7 +578,7 @@ class AsyncHoplineTransport(*(m.AsyncBaseTransport for m in _FLAVOURS)):  # type
         if call is None:
             return await self.transport.handle_async_request(request)
         _guarded(hopline.emitter, lambda: _add_trace(request, _async_trace, call))
-        _guarded(hopline.emitter, lambda: call.hold(hopline.slots, _lag_probe()))
+        _guarded(hopline.emitter, lambda: call.hold(hopline.slots, lag_probe()))
         try:
             response = await self.transport.handle_async_request(request)
         except BaseException as exc:
