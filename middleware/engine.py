@@ -18,10 +18,13 @@ as they come; nothing is buffered on the response path. A request that carries
 ``X-Hopline-Attempt`` > 0 (a gateway failover) or ``X-Hopline-Leg`` (a P/D proxy's leg: every event
 of the request then carries ``leg``) is noted in the ``AttemptRegistry`` hopline's vLLM stat logger
 reads (``hopline.middleware.attempts``), so its ``engine.stats`` event names the same attempt and leg.
+``engine.received`` carries ``loop_lag_s``: how late the API server's event loop ran lately
+(``hopline.middleware.loop``), read when the middleware is called. A request waits for a busy loop
+before any middleware sees it; that time is the engine's, not the network's.
 
 Per request this costs one ``EngineExchange`` (slotted; its bound ``receive``/``send`` replace
-closures), three events, and per streamed chunk after the first token one ``perf_counter`` and two
-list appends; the request body's attributes and the kept chunks are read on the emitter's worker
+closures), one read of the loop's lag probe, three events, and per streamed chunk after the first
+token one ``perf_counter`` and two list appends; the request body's attributes and the kept chunks are read on the emitter's worker
 (``Emitter.emit_later``; see ``hopline.middleware.asgi``). ``bench/bench_vllm_pyspy.py`` measures
 hopline's share of a real vLLM API server's CPU, ``bench/bench_asgi.py`` the cost against no
 middleware and OpenTelemetry's; figures in bench/README.md.
@@ -52,6 +55,7 @@ from hopline.middleware.asgi import (
 from hopline.middleware.contract import new_request_id, trace_id_of
 from hopline.middleware.attempts import ATTEMPTS, AttemptRegistry
 from hopline.middleware.emit import Emitter
+from hopline.middleware.loop import loop_lag
 from hopline.middleware.sse import MAX_JSON_BYTES, request_summary
 
 DEFAULT_ROUTES = ("/v1/chat/completions", "/v1/completions")
@@ -76,7 +80,7 @@ class EngineExchange(Exchange):
     costs one allocation here instead of a set of closures.
     """
 
-    __slots__ = ("_body", "_body_size", "drop_model", "entered", "received", "route", "upstream")
+    __slots__ = ("_body", "_body_size", "drop_model", "entered", "loop_lag", "received", "route", "upstream")
 
     def __init__(
         self,
@@ -94,6 +98,7 @@ class EngineExchange(Exchange):
         self.route = route
         self.drop_model = "model" in emitter.static  # the engine's own model name wins over the request's
         self.received = False
+        self.loop_lag: float | None = None  # the server's event loop lateness when the request came
         self._body: bytes | list[bytes] | None = b""  # the body so far (None: over MAX_JSON_BYTES)
         self._body_size = 0
 
@@ -115,6 +120,8 @@ class EngineExchange(Exchange):
             attrs.pop("model", None)
         attrs["route"] = self.route
         attrs["attempt"] = self.attempt
+        if self.loop_lag is not None:
+            attrs["loop_lag_s"] = self.loop_lag
         if self.trace_id is not None:
             attrs["trace_id"] = self.trace_id
         if self.leg is not None:
@@ -197,6 +204,7 @@ class EngineMiddleware:
             return
         entered = perf_counter()
         try:
+            lag = loop_lag()  # read now, on the loop: the request waited for it before reaching us
             # one pass over the headers; a fresh ID is added without filtering (none was there)
             raw_id, raw_attempt, raw_trace, raw_leg = scan_request_headers(scope)
             if raw_id is None:
@@ -210,6 +218,7 @@ class EngineMiddleware:
             exchange = EngineExchange(
                 self.emitter, request_id, attempt, receive, send, entered, scope["path"]
             )
+            exchange.loop_lag = lag
             if raw_trace is not None:
                 exchange.trace_id = trace_id_of(raw_trace)
             exchange.leg = leg = leg_of(raw_leg)

@@ -11,7 +11,9 @@
             headers = h.forwarded(replica.name)       # emits gateway.forwarded, returns the headers
             ...send the request upstream with headers...
 
-The middleware emits ``gateway.received`` when the request line and headers arrive,
+The middleware emits ``gateway.received`` when the request line and headers arrive (with
+``loop_lag_s``, how late the gateway's event loop ran lately: ``hopline.middleware.loop``; time a
+request waited for a busy loop before the middleware saw it is the gateway's, not the network's),
 ``gateway.first_token`` / ``gateway.last_token`` from the response it relays (same SSE rule as the
 client and the engine), ``gateway.rejected`` for 401/403/429, and ``gateway.error`` for other
 4xx/5xx responses, an exception in the app (re-raised unchanged) or a client that went away.
@@ -45,6 +47,7 @@ from hopline.middleware.asgi import (
 from hopline.middleware.contract import LEGS
 from hopline.middleware.emit import Emitter, get_emitter
 from hopline.middleware.log import logger
+from hopline.middleware.loop import loop_lag
 
 REJECTED_STATUSES = frozenset({401, 403, 429})
 SKIP_PATHS = frozenset({"/health", "/healthz", "/ready", "/readyz", "/livez", "/metrics"})
@@ -162,6 +165,7 @@ class GatewayMiddleware:
             await self.app(scope, receive, send)
             return
         try:
+            lag = loop_lag()  # read now, on the loop: the request waited for it before reaching us
             raw_id, raw_attempt = read_request_headers(scope)
             request_id = adopt_request_id(raw_id, "gateway")
             if raw_id is None or raw_id != request_id.encode():
@@ -170,7 +174,10 @@ class GatewayMiddleware:
                 self.emitter, "gateway", request_id, parse_attempt(raw_attempt), rejected=self.rejected_statuses
             )
             traceparent, exchange.trace_id = traceparent_in(scope)
-            exchange.emit("gateway.received")
+            if lag is None:  # no asyncio loop (trio)
+                exchange.emit("gateway.received")
+            else:
+                exchange.emit("gateway.received", loop_lag_s=lag)
             scope.setdefault("state", {})[STATE_KEY] = GatewayHops(exchange, traceparent)
         except Exception:
             self.emitter.errors += 1
