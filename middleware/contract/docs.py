@@ -47,7 +47,17 @@ CLIENT_SENT_MEANINGS = {
     "connect_s": "TCP (or Unix socket) connect, on a new connection only",
     "tls_s": "TLS handshake, on a new connection only",
     "loop_lag_s": "also on `client.first_token`: the largest lateness of the client's asyncio event loop "
-    "over the last seconds (a probe due every 50 ms); absent outside asyncio",
+    "over the last seconds (a probe due every 50 ms); absent outside asyncio. `engine.received` and "
+    "`gateway.received` carry their server's (below)",
+}
+# Per-request columns of event loop lateness: inputs (contract.INPUTS) that are no stage's terms.
+LOOP_LAG_MEANINGS = {
+    "client_read_lag_s": "how late the client's event loop ran when it read the first token: a busy client "
+    "reads its first token late, time the stage table counts in `network` (the remainder) that is the client's",
+    "engine_loop_lag_s": "how late the engine's HTTP server's event loop ran when its middleware got the "
+    "request: a request waits for a busy loop before `engine.received`, time the stage table counts in "
+    "`network` (the remainder) that is the engine's",
+    "gateway_loop_lag_s": "the same for the gateway's event loop at `gateway.received`",
 }
 CORE_MEANINGS = {
     "v": "contract version, 1 (absent means 1)",
@@ -130,6 +140,18 @@ def render() -> str:
     out += _table(
         ("input", "from", "default"),
         [(f"`{i.name}`", f"`{i.hop}`" + (f" `{i.attr}`" if i.attr else " ts"), "" if i.default is None else f"{i.default:g}") for i in c.INPUTS],
+    )
+    inputs = {i.name: i for i in c.INPUTS}
+    out += [
+        "### Event loop lateness",
+        "",
+        "`loop_lag_s`: the largest lateness of the emitting process's asyncio event loop over the last seconds",
+        "(a probe due every 50 ms), read as a request passes. Columns of their own, no stage's terms:",
+        "",
+    ]
+    out += _table(
+        ("column", "from", "meaning"),
+        [(f"`{k}`", f"`{inputs[k].hop}` `{inputs[k].attr}`", v) for k, v in LOOP_LAG_MEANINGS.items()],
     )
     out += ["### The stage table", ""]
     out += _table(("stage", "kind", "formulas, first that yields a value"), [(f"`{s.name}`", s.kind, "; ".join(_formula(f) for f in s.formulas)) for s in c.STAGES])

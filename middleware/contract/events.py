@@ -111,7 +111,8 @@ ATTRIBUTE_TYPES: dict[str, tuple[type, ...]] = {
     # (its requests in flight had reached the pool's limit, ``pool_limit``; absent: no limit), and
     # the delay before the first transport step that was not a full pool's wait (the calling
     # process catching up); on client.sent and client.first_token: how late the client's event
-    # loop ran lately (its largest lateness over the last seconds), where an asyncio loop runs
+    # loop ran lately (its largest lateness over the last seconds), where an asyncio loop runs; on
+    # engine.received and gateway.received the same for the server's loop (middleware/loop.py)
     "pool_full": (bool,),
     "pool_limit": (int,),
     "client_delay_s": (int, float),
@@ -467,7 +468,8 @@ def iter_ndjson(data: bytes | Iterable[bytes]) -> Iterator[tuple[int, dict[str, 
 
 @dataclass(frozen=True)
 class Input:
-    """One per-request input to the stage table, read from the request's events.
+    """One per-request value read from the request's events, under its own name: an input to the
+    stage table, or a timeline column of its own (one hop's attribute, e.g. ``engine_loop_lag_s``).
 
     ``attr`` None means the hop's timestamp. ``default`` applies when the hop is present but
     lacks the attribute (a reused connection reports no ``connect_s``: it cost 0).
@@ -563,6 +565,14 @@ INPUTS: tuple[Input, ...] = (
         for view in ("client", "gateway", "engine")
         for channel in ("content", "reasoning")
     ),
+    # how late each component's event loop ran (``loop_lag_s``) where a request waits for it unseen:
+    # the client's when it read the first token, the servers' when their middleware got the request
+    # (a busy server's wait before its middleware is the server's, not the network's). Not terms of
+    # any stage: what tells a busy process from a slow network (the request-level ``loop_lag_s``
+    # attribute stays the client's, ``client.sent`` first)
+    Input("client_read_lag_s", "client.first_token", "loop_lag_s"),
+    Input("engine_loop_lag_s", "engine.received", "loop_lag_s"),
+    Input("gateway_loop_lag_s", "gateway.received", "loop_lag_s"),
 )
 # Per-request attributes that are not stage inputs: first hop in the list that carries it wins.
 ATTRIBUTE_SOURCES: dict[str, tuple[str, ...]] = {

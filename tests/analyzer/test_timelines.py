@@ -157,6 +157,38 @@ def test_missing_hops_and_outcomes():
     assert tl["gone"]["outcome"] == "disconnected"
 
 
+LOOP_LAG_COLUMNS = ("client_read_lag_s", "engine_loop_lag_s", "gateway_loop_lag_s", "loop_lag_s")
+
+
+def test_loop_lag_columns_come_from_their_hops():
+    """Each process's event loop lateness (``loop_lag_s``) as a column of its own: the client's when
+    it read the first token, the gateway's and the engine's when their middleware got the request
+    (of the final attempt: r1's busy loop failed over to r2); ``loop_lag_s`` stays the client's at
+    ``client.sent``. A request without them has nulls."""
+    base = {"v": 1, "attempt": 0}
+    events = [
+        {**base, "ts": 10.0, "request_id": "lag", "hop": "client.sent", "stream": True, "loop_lag_s": 0.003},
+        {**base, "ts": 10.01, "request_id": "lag", "hop": "gateway.received", "loop_lag_s": 0.25},
+        {**base, "ts": 10.27, "request_id": "lag", "hop": "gateway.forwarded", "upstream": "r1"},
+        {**base, "ts": 10.28, "request_id": "lag", "hop": "engine.received", "replica": "r1", "loop_lag_s": 0.5},
+        {**base, "ts": 10.3, "request_id": "lag", "hop": "engine.error", "replica": "r1", "status": 500},
+        {**base, "ts": 10.31, "request_id": "lag", "hop": "gateway.forwarded", "attempt": 1, "upstream": "r2"},
+        {**base, "ts": 10.32, "request_id": "lag", "hop": "engine.received", "attempt": 1, "replica": "r2",
+         "loop_lag_s": 0.125},
+        {**base, "ts": 10.6, "request_id": "lag", "hop": "engine.first_token", "attempt": 1, "replica": "r2"},
+        {**base, "ts": 10.61, "request_id": "lag", "hop": "gateway.first_token", "attempt": 1},
+        {**base, "ts": 10.9, "request_id": "lag", "hop": "client.first_token", "loop_lag_s": 0.0625},
+        {**base, "ts": 20.0, "request_id": "none", "hop": "client.sent", "stream": True},
+        {**base, "ts": 20.5, "request_id": "none", "hop": "client.first_token"},
+    ]  # fmt: skip
+    tl = {r["request_id"]: r for r in timelines(frame(events)).collect().iter_rows(named=True)}
+    assert [tl["lag"][c] for c in LOOP_LAG_COLUMNS] == [0.0625, 0.125, 0.25, 0.003]
+    assert [tl["none"][c] for c in LOOP_LAG_COLUMNS] == [None] * 4
+    for rid in tl:  # the contract's plain-Python reading agrees
+        inputs = request_inputs([e for e in events if e["request_id"] == rid])
+        assert [inputs[c] for c in LOOP_LAG_COLUMNS] == [tl[rid][c] for c in LOOP_LAG_COLUMNS]
+
+
 @pytest.mark.parametrize("flags", [1, 5, 32, 33, 70])
 def test_names_where_lists_the_names_whose_flag_holds(flags):
     """``names_where`` (negative stages, missing hops: a bit mask per row, a list per distinct
