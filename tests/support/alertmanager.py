@@ -21,10 +21,11 @@ ALERTMANAGER = "/usr/bin/prometheus-alertmanager"
 
 class Webhook:
     """An HTTP server on 127.0.0.1 keeping every JSON body POSTed to it (Alertmanager's webhook
-    notifications), in order."""
+    notifications), in order, and when each arrived (``received``: wall-clock epoch seconds)."""
 
     def __init__(self) -> None:
         self.notifications: list[dict] = []
+        self.received: list[float] = []  # one per notification, same order
         self.lock = threading.Lock()
         hook = self
 
@@ -33,6 +34,7 @@ class Webhook:
                 body = self.rfile.read(int(self.headers.get("content-length", 0)))
                 with hook.lock:
                     hook.notifications.append(json.loads(body))
+                    hook.received.append(time.time())
                 self.send_response(200)
                 self.end_headers()
 
@@ -49,6 +51,13 @@ class Webhook:
         with self.lock:
             found = [a for n in self.notifications for a in n["alerts"]]
         return [a for a in found if status is None or a["status"] == status]
+
+    def records(self) -> list[dict]:
+        """Every notification so far with its arrival: ``{"received": epoch seconds, "body": …}``."""
+        with self.lock:
+            return [
+                {"received": t, "body": n} for t, n in zip(self.received, self.notifications, strict=True)
+            ]
 
     def close(self) -> None:
         self.server.shutdown()
