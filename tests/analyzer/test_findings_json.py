@@ -54,7 +54,7 @@ def expected(value: object) -> object:
     """What the JSON holds for ``value``: its plain value, floats to 4 digits, null for what JSON
     cannot say (NaN, infinities)."""
     if value is None or isinstance(value, str):
-        return value
+        return None if value is None else str(value)  # np.str_("") != "" (numpy compares it as an array)
     if isinstance(value, bool | np.bool_):
         return int(value)
     if isinstance(value, int | np.integer):
