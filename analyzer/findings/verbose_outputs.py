@@ -1,14 +1,22 @@
-"""``verbose_outputs``: one caller's answers got longer from a moment on (the symptom of a chat
-template or stop tokens that changed: a deploy that broke the template, a model swapped under
-the same name), judged against that caller's own history, never against other callers.
+"""``verbose_outputs``: one caller's answers got longer from a moment on, for requests that
+asked for the same max_tokens (the symptom of a chat template or stop tokens that changed: a deploy
+that broke the template, a model swapped under the same name), judged against that caller's own
+history, never against other callers, and never a change in what the caller asked for.
 
 A caller is a service (and its route, where requests carry one) on a model: services legitimately
 answer at different lengths (a chat service's answers twice an agent's), so one caller is only
-compared with itself. It fires on a change point of the caller's output length (the split of its
-requests in time, at a window boundary, where the mean log length moves most clearly: the median
-after is ``verbose_factor`` x the median before) or of its ``finish_reason=length`` share (up by
-``length_jump`` or more: answers now run to the cap). Requests sent without max_tokens are left to
-``no_max_tokens``.
+compared with itself; and within a caller, requests are compared like with like, in groups of
+equal requested ``max_tokens`` (requests whose max_tokens is unknown form one group). Each group
+of ``min_requests`` or more is judged on its own: a change point of its output length (the split
+of its requests in time, at a window boundary, where the mean log length moves most clearly: the
+median after is ``verbose_factor`` x the median before) or of its ``finish_reason=length`` share
+(up by ``length_jump`` or more: answers now run to the cap). The groups that changed make one
+finding for the caller. A caller whose answers got longer because it began to ask for longer ones
+(a batch job joining under the same service name with a larger max_tokens: a mix change) has no
+group that changed and no finding: its new requests have no history of their own to be longer
+than, and ``ignore_eos`` requests that always end at their cap run to it as before. Requests sent
+without max_tokens are left to ``no_max_tokens``; a caller that asks a different max_tokens in
+nearly every request has no group large enough to be judged.
 
 Longer answers take longer to decode: a decode rise of the caller that began with the change and
 whose time per output token did not rise is this finding's (``brings_rise_of``, ``brought``), said
@@ -18,11 +26,11 @@ with it rather than as a second finding.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import polars as pl
-from hopline.analyzer.findings.common import columns
+from hopline.analyzer.findings.common import columns, requested_mix
 from hopline.analyzer.findings.detector import Context, Detector
 from hopline.analyzer.findings.model import Pitfall, Scope, Shift, iso_utc, pitfall, to_second
 
@@ -40,15 +48,20 @@ class VerboseOutputs(Detector):
     min_requests: int = 60  # a caller needs this many requests to be judged against itself
     min_side: int = 30  # requests on each side of a change (and ``side_share`` of the caller's)
     side_share: float = 0.1
-    max_requests: int = 50_000  # a caller beyond this is judged on a seeded subsample
+    max_requests: int = 50_000  # a group of like requests beyond this is judged on a seeded subsample
     per_token_rise: float = 1.25  # a decode rise is the longer answers' while decode per token rose less
 
     def detect(self, frame: pl.DataFrame, ctx: Context) -> list[Pitfall]:
-        """Per caller: the clearest change of its output length in time, a finding when it grew
-        ``verbose_factor``-fold or its length-capped share jumped."""
+        """Per caller, per requested max_tokens: the clearest change of the output length in time;
+        a finding for the caller when a group's grew ``verbose_factor``-fold or its length-capped
+        share jumped."""
         keys = [k for k in CALLER if k in frame.columns and frame[k].null_count() < frame.height]
         capped = pl.col("max_tokens_set").fill_null(True) if "max_tokens_set" in frame.columns else pl.lit(True)
-        read = columns(frame, *keys, "output_tokens", "max_tokens_set", "start", "finish_reason", "decode")
+        read = columns(
+            frame, *keys, "output_tokens", "max_tokens", "max_tokens_set", "start", "finish_reason", "decode"
+        )
+        if "max_tokens" not in read.columns:
+            read = read.with_columns(max_tokens=pl.lit(None, dtype=pl.Int64))
         rows = read.filter(
             pl.col("output_tokens").is_not_null()
             & (pl.col("output_tokens") > 0)
@@ -56,34 +69,39 @@ class VerboseOutputs(Detector):
             & pl.col("service").is_not_null()
             & pl.col("model").is_not_null()
             & capped
-        )
+        ).with_columns(like=pl.len().over([*keys, "max_tokens"]))
         findings = []
-        for key, part in rows.group_by(keys, maintain_order=True):
-            if part.height < self.min_requests:
+        for key, caller in rows.group_by(keys, maintain_order=True):
+            if caller.height < self.min_requests:
                 continue
-            if part.height > self.max_requests:
-                part = part.sample(self.max_requests, seed=ctx.seed)
-            found = self._judge(dict(zip(keys, key, strict=True)), part.sort("start"), ctx)
-            if found is not None:
-                findings.append(found)
+            changed = []
+            judged = caller.filter(pl.col("like") >= self.min_requests)  # not one loop per odd max_tokens
+            for _, part in judged.group_by("max_tokens", maintain_order=True):
+                if part.height > self.max_requests:
+                    part = part.sample(self.max_requests, seed=ctx.seed)
+                part = part.sort("start")
+                split = self._judge(part, ctx)
+                if split is not None:
+                    changed.append((part.head(split), part.slice(split)))
+            if changed:
+                asked = caller["max_tokens"].n_unique()
+                findings.append(self._finding(dict(zip(keys, key, strict=True)), changed, asked, caller, ctx))
         return findings
 
-    def _judge(self, caller: dict, part: pl.DataFrame, ctx: Context) -> Pitfall | None:
+    def _judge(self, part: pl.DataFrame, ctx: Context) -> int | None:
+        """Where the answers of one group of like requests (sorted by ``start``) changed, when
+        they got ``verbose_factor``-fold longer or ran to the cap ``length_jump`` more often."""
         start = part["start"].to_numpy()
         length = np.log(part["output_tokens"].to_numpy().astype(np.float64))
-        capped = (part["finish_reason"] == "length").fill_null(False).to_numpy() if "finish_reason" in part.columns else None
         split = self._change(start, length, ctx.window_s)
         if split is None:
             return None
         tokens = np.exp(length)
-        before, after = np.median(tokens[:split]), np.median(tokens[split:])
-        cap_before = float(capped[:split].mean()) if capped is not None else 0.0
-        cap_after = float(capped[split:].mean()) if capped is not None else 0.0
+        before, after = float(np.median(tokens[:split])), float(np.median(tokens[split:]))
+        cap_before, cap_after = _length_share(part.head(split)), _length_share(part.slice(split))
         longer = after >= self.verbose_factor * before
         ran_to_cap = cap_after - cap_before >= self.length_jump
-        if not (longer or ran_to_cap):
-            return None
-        return self._finding(caller, part, split, (before, after), (cap_before, cap_after))
+        return split if longer or ran_to_cap else None
 
     def _change(self, start: np.ndarray, values: np.ndarray, window_s: float) -> int | None:
         """The index where ``values`` (ordered by ``start``) split at a window boundary differ most
@@ -109,16 +127,32 @@ class VerboseOutputs(Detector):
         return int(splits[int(np.argmax(t))])
 
     def _finding(
-        self, caller: dict, part: pl.DataFrame, split: int, p50: tuple[float, float], cap: tuple[float, float]
+        self,
+        caller: dict,
+        changed: list[tuple[pl.DataFrame, pl.DataFrame]],
+        asked: int,
+        rows: pl.DataFrame,
+        ctx: Context,
     ) -> Pitfall:
-        before, after = part.head(split), part.slice(split)
-        at = float(after["start"].min())
-        decode_before = before["decode"].mean() or 0.0
-        decode_after = after["decode"].mean() or 0.0
-        extra = max(decode_after - decode_before, 0.0) * after.height
+        """One finding for the caller from its groups that changed (each ``(before, after)``):
+        their requests before and after their own change, side by side; ``asked`` is how many
+        max_tokens values the caller asked for (the one group's is said when it asked several),
+        ``rows`` all its requests (for the requests that began asking another max_tokens)."""
+        before = pl.concat([b for b, _ in changed])
+        after = pl.concat([a for _, a in changed])
+        at = min(float(a["start"].min()) for _, a in changed)
+        decode_before = [float(b["decode"].mean() or 0.0) for b, _ in changed]
+        decode_after = [float(a["decode"].mean() or 0.0) for _, a in changed]
+        extra = sum(
+            max(after_s - before_s, 0.0) * a.height
+            for before_s, after_s, (_, a) in zip(decode_before, decode_after, changed, strict=True)
+        )
+        p50 = float(before["output_tokens"].median()), float(after["output_tokens"].median())
+        cap = _length_share(before), _length_share(after)
         ratio = p50[1] / p50[0]
         scope = {k: str(v) for k, v in caller.items() if k != "model" and v is not None}
         who = " ".join(f"{k} {v}" for k, v in scope.items())
+        groups = sorted({b["max_tokens"][0] for b, _ in changed}, key=lambda m: (m is None, m))
         evidence = {
             "model": caller["model"],
             "output_tokens_p50_before": round(p50[0], 1),
@@ -127,14 +161,23 @@ class VerboseOutputs(Detector):
             "length_share_before": round(cap[0], 4),
             "length_share_after": round(cap[1], 4),
             "requests_before": before.height,
-            "decode_mean_before_s": round(decode_before, 3),
-            "decode_mean_after_s": round(decode_after, 3),
+            "decode_mean_before_s": round(before["decode"].mean() or 0.0, 3),
+            "decode_mean_after_s": round(after["decode"].mean() or 0.0, 3),
             "extra_decode_s": round(extra, 1),
+            "max_tokens": groups[-1] if len(groups) == 1 else None,
+            "max_tokens_groups": len(groups),
         }
+        like = ""
+        if asked > 1:
+            known = [str(m) for m in groups if m is not None]
+            like = f" at max_tokens {' and '.join(known)}" if known else " at unknown max_tokens"
         capped = f"; finish_reason=length {cap[0]:.0%} -> {cap[1]:.0%}" if cap[1] - cap[0] >= self.length_jump else ""
+        mix = requested_mix(rows, ctx.window_s, self.min_side)
+        new = () if mix is None else tuple(a for a in mix.new if a.max_tokens not in groups)
+        besides = f"; {replace(mix, new=new).new_clause}, not counted" if mix is not None and new else ""
         summary = (
-            f"{who}'s answers on {caller['model']} got {ratio:.1f}x longer from {iso_utc(at)[11:19]} "
-            f"(p50 {p50[0]:.0f} -> {p50[1]:.0f} tokens{capped}), adding {extra:,.1f} s of decode; "
+            f"{who}'s answers on {caller['model']} got {ratio:.1f}x longer{like} from {iso_utc(at)[11:19]} "
+            f"(p50 {p50[0]:.0f} -> {p50[1]:.0f} tokens{capped}), adding {extra:,.1f} s of decode{besides}; "
             f"check its chat template and stop tokens"
         )
         return pitfall(self.name, scope, after.height, evidence, summary, extra, "decode", at=at)
@@ -156,3 +199,10 @@ class VerboseOutputs(Detector):
             if near and all(found.scope.get(k, v) == v for k, v in rise.scope.items()):
                 return found.scope
         return None
+
+
+def _length_share(part: pl.DataFrame) -> float:
+    """The share of ``part``'s requests that ran to their cap (``finish_reason=length``)."""
+    if "finish_reason" not in part.columns or part.height == 0:
+        return 0.0
+    return float((part["finish_reason"] == "length").fill_null(False).mean() or 0.0)
