@@ -9,6 +9,10 @@ pitfall without an onset whose time is spent in a stage that rose in the same sc
 stage that a detector ``brings_rise_of`` moves into the ``with_shifts`` of that detector's
 finding whose scope ``Detector.brought`` names; its seconds add to the finding's (stages add up).
 
+Order: the largest cost to users first, except that a finding whose time is the calling
+process's own lateness (``lateness.explained``: a busy caller, a load generator that measures
+itself) comes after the others: it says how the caller fared, not what the serving side did.
+
 Minor: a finding is minor when the users' time it costs (|impact_s|) is under ``MINOR_SHARE`` of
 the users' total time of the same kind: their waits for the first output (TTFT; a non-streaming
 request's whole answer) for a finding about a TTFT part, their end-to-end time for one about
@@ -23,6 +27,7 @@ from dataclasses import replace
 
 import polars as pl
 from hopline.analyzer.attribution import e2e, ttft
+from hopline.analyzer.findings import lateness
 from hopline.analyzer.findings.detector import Context, Detector
 from hopline.analyzer.findings.model import Finding, Findings, Pitfall, Shift, to_second
 from hopline.analyzer.findings.registry import REGISTRY, detect_all
@@ -133,6 +138,12 @@ def brought_by_pitfalls(
     return left, [replace(p, with_shifts=tuple(rises.get(i, ()))) for i, p in enumerate(pitfalls)]
 
 
+def _callers_own(finding: Finding, frame: pl.DataFrame) -> bool:
+    """Its time is the calling process's own lateness (``lateness.explained``): it comes after
+    what the serving side did, whatever its size (a busy load generator measures itself)."""
+    return lateness.explained(finding, frame) == "client"
+
+
 def decide(
     found: list[Finding], frame: pl.DataFrame, ctx: Context, registry: tuple[Detector, ...] = REGISTRY
 ) -> Findings:
@@ -142,7 +153,7 @@ def decide(
     pitfalls = sorted((f for f in found if isinstance(f, Pitfall)), key=lambda p: -p.impact_s)
     shifts, pitfalls = caused_by_shifts(shifts, pitfalls, ctx, registry)
     shifts, pitfalls = brought_by_pitfalls(shifts, pitfalls, frame, ctx, registry)
-    ordered = sorted([*shifts, *pitfalls], key=lambda f: -abs(f.cost_s))
+    ordered = sorted([*shifts, *pitfalls], key=lambda f: (_callers_own(f, frame), -abs(f.cost_s)))
     totals = users_time(frame)
     ranked = []
     for f in ordered:

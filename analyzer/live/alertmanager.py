@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 
 import httpx
 import orjson
-from hopline.analyzer.live.incidents import ALERTNAMES, direction
+from hopline.analyzer.findings.model import Shift, iso_utc
+from hopline.analyzer.live.incidents import ALERTNAMES, Incident, direction
 
 RESEND_S = 60.0  # as Prometheus' notifier; below Alertmanager's default resolve_timeout (5 min)
 BATCH = 64  # alerts per POST, as Prometheus
@@ -208,7 +209,7 @@ class AlertSender:
 
 
 # --- an incident as an Alertmanager alert ---------------------------------------------------
-RESERVED_LABELS = ("alertname", "severity", "stage", "pitfall", "direction")
+RESERVED_LABELS = ("alertname", "severity", "stage", "pitfall", "direction", "side")
 _LABEL_CHARS = str.maketrans({c: "_" for c in "-.:/ "})
 
 
@@ -219,48 +220,56 @@ def scope_label(key: str) -> str:
     return f"scope_{name}" if name in RESERVED_LABELS else name
 
 
-def _evidence(finding: dict, share: float | None) -> str:
-    """The numbers behind the sentence, one line of ``name=value``."""
-    names = ("statistic", "before_ms", "after_ms", "factor", "affected_requests", "impact_s", "sample")
-    parts = [f"{n}={finding[n]}" for n in names if finding.get(n) is not None]
-    parts += [
-        f"{k}={v}" for k, v in (finding.get("evidence") or {}).items() if isinstance(v, int | float | str)
-    ]
-    if share is not None:
-        parts.append(f"share_of_users_time_since_onset={share:.1%}")
+def _evidence(incident: Incident) -> str:
+    """The numbers behind the sentence, one line of ``name=value`` (those it paged with)."""
+    finding = incident.fired or incident.finding
+    if isinstance(finding, Shift):
+        numbers = {
+            "statistic": finding.statistic,
+            "before_ms": round(finding.before_ms, 3),
+            "after_ms": round(finding.after_ms, 3),
+            "factor": None if finding.factor is None else round(finding.factor, 3),
+        }
+    else:
+        numbers = dict(finding.evidence)
+    head = {"affected_requests": finding.affected_requests, "impact_s": finding.cost_s, "sample": incident.sample}
+    parts = [f"{k}={v}" for k, v in (head | numbers).items() if isinstance(v, int | float | str)]
+    if incident.share is not None:
+        parts.append(f"share_of_users_time_since_onset={incident.share:.1%}")
     return " ".join(parts)
 
 
-def payload(incident: dict, *, store: str | None = None, generator_url: str | None = None) -> dict:
-    """One alert for Alertmanager's ``POST /api/v2/alerts`` from an incident's JSON
-    (``Incident.to_json``): labels = its fingerprint and severity, annotations = the sentence,
+def payload(incident: Incident, *, store: str | None = None, generator_url: str | None = None) -> dict:
+    """One alert for Alertmanager's ``POST /api/v2/alerts`` from an incident: labels = its
+    fingerprint, severity and ``side`` (who owns its time: client, gateway, network, engine),
+    annotations = the sentence it paged with (resolved: with how it ended), its co-movers,
     evidence, example requests and the ``hopline timeline`` command for the first of them. The
-    attributes every request in its scope shared (``common``: a one-replica deployment's replica)
-    are labels too, after the scope's."""
+    attributes every request in its scope shared (``common``: a one-replica deployment's
+    replica) are labels too, after the scope's."""
+    finding = incident.fired or incident.finding
     labels = {
-        "alertname": ALERTNAMES.get(incident["kind"], "HoplineFinding"),
-        "severity": incident["severity"],
-        "direction": direction(incident),
+        "alertname": ALERTNAMES[finding.kind],
+        "severity": incident.severity,
+        "direction": direction(finding),
+        "side": incident.side,
     }
-    if incident["kind"] == "shift":
-        labels["stage"] = incident["stage"]
+    if isinstance(finding, Shift):
+        labels["stage"] = finding.stage
     else:
-        labels["pitfall"] = incident["name"]
-    labels |= {scope_label(k): str(v) for k, v in sorted((incident.get("scope") or {}).items())}
-    for k, v in sorted((incident.get("common") or {}).items()):  # every request in scope had it
+        labels["pitfall"] = finding.name
+    labels |= {scope_label(k): str(v) for k, v in sorted(incident.scope.items())}
+    for k, v in sorted(incident.common.items()):  # every request in scope had it
         labels.setdefault(scope_label(k), str(v))
-    examples = incident.get("examples") or []
-    annotations = {
-        "summary": incident["summary"],
-        "evidence": _evidence(incident, incident.get("share_since_onset")),
-        "onset": incident["onset"],
-    }
-    if examples:
-        annotations["examples"] = " ".join(examples)
-        annotations["timeline"] = f"hopline timeline {examples[0]} {store or '<store>'}"
-    alert = {"labels": labels, "annotations": annotations, "startsAt": incident["onset"]}
-    if incident["state"] == "resolved" and incident.get("ends_at"):
-        alert["endsAt"] = max(incident["ends_at"], incident["onset"])
+    onset = iso_utc(incident.fired_onset if incident.fired_onset is not None else incident.onset)
+    annotations = {"summary": incident.words, "evidence": _evidence(incident), "onset": onset}
+    if incident.co_movers:
+        annotations["co_movers"] = "; ".join(f.sentence.split("; ")[0] for f in incident.co_movers)
+    if incident.examples:
+        annotations["examples"] = " ".join(incident.examples)
+        annotations["timeline"] = f"hopline timeline {incident.examples[0]} {store or '<store>'}"
+    alert = {"labels": labels, "annotations": annotations, "startsAt": onset}
+    if incident.state == "resolved" and incident.ends_at is not None:
+        alert["endsAt"] = iso_utc(max(incident.ends_at, incident.fired_onset or incident.onset))
     if generator_url:
         alert["generatorURL"] = generator_url
     return alert

@@ -238,14 +238,15 @@ def watch_command(
 
 
 def json_printer(watch: Watch):
-    """``on_step`` that prints each opened or resolved alert as one JSON line, with the event-time
-    seconds since its onset, and then does what ``Watch.on_step`` does."""
+    """``on_step`` that prints each alert that begins to page or resolves as one JSON line, with
+    the event-time seconds since its onset, and then does what ``Watch.on_step`` does."""
     from hopline.analyzer.live.alertmanager import payload
+    from hopline.analyzer.live.watch import news
 
     def on_step(now: float, changed: list) -> None:
         for incident in changed:
-            if incident.first_seen == now or incident.state == "resolved":
-                alert = payload(incident.to_json(), store=watch.store)
+            if incident.pages and news(now, incident):
+                alert = payload(incident, store=watch.store)
                 line = {"seconds_since_onset": round(now - incident.onset, 3), "alert": alert}
                 sys.stdout.write(orjson.dumps(line).decode() + "\n")
         sys.stdout.flush()

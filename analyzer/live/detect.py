@@ -3,7 +3,7 @@
 same incident.
 
 ``findings_now`` takes a frame of per-request timeline rows (``analyzer.timelines``) and returns
-the findings as the contract's JSON dicts (docs/findings.md), minor ones included (the live side
+the findings as typed values (``findings.model``), minor ones included (the live side
 weighs a finding by the users' time since its onset, not over the whole horizon; see
 ``incidents.live_share``).
 """
@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import polars as pl
 from hopline.analyzer.findings.detector import Context
+from hopline.analyzer.findings.model import Finding
 from hopline.analyzer.findings.rank import find
 from hopline.analyzer.report import scopes_to_search
 
 
 def findings_now(
     frame: pl.DataFrame, window_s: float, scopes: tuple[str, ...], complete_before: float | None = None
-) -> list[dict]:
+) -> list[Finding]:
     """Every finding (shifts and pitfalls, minor ones too) on ``frame``, ``window_s`` windows,
     searched in ``scopes`` (plus the attributes ``hopline analyze`` adds by itself);
     ``complete_before``: see ``findings.detector.Context``."""
@@ -26,4 +27,4 @@ def findings_now(
         return []
     ctx = Context(window_s=window_s, scopes=scopes_to_search(frame, scopes), complete_before=complete_before)
     decided = find(frame, ctx)
-    return [f.to_json() for f in (*decided.findings, *decided.minor)]
+    return [*decided.findings, *decided.minor]

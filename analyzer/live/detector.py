@@ -19,7 +19,7 @@ hundred requests/s, ``sample`` < 1 keeps a fixed fraction of the requests: those
 BLAKE2b digest falls below it (``sampled``), the same requests on every watcher, shard and run,
 with all their events. Every figure of a finding is then the sample's (its quantiles estimate the
 traffic's, its counts are the sample's); each finding carries ``sample`` and an alert's evidence
-says it. bench/README.md measures the cost and the detection delay it buys.
+says it (``Incident.sample``). bench/README.md measures the cost and the detection delay it buys.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from hashlib import blake2b
 
 import polars as pl
 from hopline.analyzer import attribution
+from hopline.analyzer.findings.model import Finding
 from hopline.analyzer.io import SCHEMA
 from hopline.analyzer.live.detect import findings_now
 from hopline.analyzer.live.incidents import Incident, IncidentBook
@@ -157,7 +158,12 @@ class LiveDetector:
         cfg = self.config
         hold = 2 * cfg.window_s if cfg.hold_s is None else cfg.hold_s
         self.book = IncidentBook(
-            cfg.window_s, cfg.horizon_s, recent_s=cfg.recent_s, hold_s=hold, dims=cfg.scopes
+            cfg.window_s,
+            cfg.horizon_s,
+            recent_s=cfg.recent_s,
+            hold_s=hold,
+            dims=cfg.scopes,
+            sample=cfg.sample if cfg.sample < 1 else None,
         )
         self.pending = pl.DataFrame(schema=SCHEMA)
         self.horizon: pl.DataFrame | None = None
@@ -168,7 +174,7 @@ class LiveDetector:
         self.events_not_sampled = 0  # events of requests outside the sample (``LiveConfig.sample``)
         self.steps = 0
         self.cpu_s = 0.0  # process CPU seconds spent in steps
-        self.findings: list[dict] = []  # the last step's findings (all of them)
+        self.findings: list[Finding] = []  # the last step's findings (all of them)
         self._extra = tuple(d for d in cfg.scopes if d not in SCOPE_SOURCES)
         self._idle_s = cfg.idle_s  # a request without an event this long is finished (``drain``: settle_s)
 
@@ -258,8 +264,6 @@ class LiveDetector:
         if frame.height:
             frame = _survivors(frame, cut)
         self.findings = findings_now(frame, cfg.window_s, cfg.scopes, complete_before=cut) if analyse else []
-        if cfg.sample < 1:
-            self.findings = [f | {"sample": cfg.sample} for f in self.findings]
         changed = self.book.step(now, self.findings, frame, newest=self.newest)
         self.now = now
         self.steps += 1

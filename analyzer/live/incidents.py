@@ -53,42 +53,51 @@ Each step (``IncidentBook.step``) reads the findings on the horizon at event tim
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import polars as pl
-from hopline.analyzer.findings.model import iso_utc
+from hopline.analyzer.findings import lateness
+from hopline.analyzer.findings.model import Finding, Pitfall, Shift, iso_utc
 from hopline.analyzer.findings.rank import MINOR_SHARE, share_of, users_time
 from hopline.analyzer.findings.shifts.scopes import in_scope
 from hopline.analyzer.findings.shifts.stats import STATISTICS
-from hopline.middleware.contract.times import to_epoch
+from hopline.middleware.contract.rules import side_of
 
 ALERTNAMES = {"shift": "HoplineShift", "pitfall": "HoplinePitfall"}
 CRITICAL_SHARE = 0.05  # users' time added since the onset, from which an incident is critical
 EXAMPLES = 3  # request IDs an alert names
 SAME_PLACE = 0.8  # the share of one scope's requests in another from which they are one place
+STANDING_S = 60.0  # a condition first seen this soon after the first request (plus the hold) stood from the start
 
 
-def direction(finding: dict) -> str:
-    if finding["kind"] != "shift":
-        return "up"
-    return "up" if (finding.get("after_ms") or 0.0) > (finding.get("before_ms") or 0.0) else "down"
+def direction(finding: Finding) -> str:
+    return "down" if isinstance(finding, Shift) and not finding.up else "up"
 
 
-def subject(finding: dict) -> str:
+def subject(finding: Finding) -> str:
     """What changed: a shift's stage, a pitfall's name."""
-    return finding.get("stage") if finding["kind"] == "shift" else finding.get("name")
+    return finding.stage if isinstance(finding, Shift) else finding.name
 
 
-def fingerprint(finding: dict) -> tuple:
-    scope = tuple(sorted((str(k), str(v)) for k, v in (finding.get("scope") or {}).items()))
-    return (ALERTNAMES.get(finding["kind"], "HoplineFinding"), subject(finding), scope, direction(finding))
+def spent_in(finding: Finding) -> str:
+    """The stage its seconds are spent in (a shift: its stage)."""
+    return finding.spent_in
 
 
-def onset_of(finding: dict, now: float) -> float:
+def fingerprint(finding: Finding) -> tuple:
+    scope = tuple(sorted((str(k), str(v)) for k, v in finding.scope.items()))
+    return (ALERTNAMES[finding.kind], subject(finding), scope, direction(finding))
+
+
+def onset_of(finding: Finding, now: float) -> float:
     """When it began (event time); a pitfall that does not say: now."""
-    at = finding.get("at")
-    return to_epoch(at) if at else now
+    return finding.at if finding.at is not None else now
+
+
+def until_of(finding: Finding) -> float | None:
+    """When the analysis saw it end (a shift's ``until``), else None."""
+    return finding.until if isinstance(finding, Shift) else None
 
 
 def since(frame: pl.DataFrame, start: float, scope: dict | None = None) -> pl.DataFrame:
@@ -100,21 +109,20 @@ def since(frame: pl.DataFrame, start: float, scope: dict | None = None) -> pl.Da
     return frame.filter(keep)
 
 
-def live_share(finding: dict, frame: pl.DataFrame, onset: float) -> float | None:
+def live_share(finding: Finding, frame: pl.DataFrame, onset: float) -> float | None:
     """The users' time it added over the users' time of all requests since its onset: their
     end-to-end time for a finding spent in decode, else their waits for the first output
     (``rank.share_of``, the rule offline ranking uses). A finding that names no onset (a pitfall
     such as ``user_vs_engine_gap``, measured over the horizon) is weighed over the horizon."""
-    spent_in = finding.get("spent_in") or finding["stage"]
-    if not finding.get("at") and "start" in frame.columns and frame.height:
+    if finding.at is None and "start" in frame.columns and frame.height:
         onset = float(frame["start"].min())
-    return share_of(finding.get("impact_s") or 0.0, spent_in, users_time(since(frame, onset)))
+    return share_of(finding.cost_s, finding.spent_in, users_time(since(frame, onset)))
 
 
-def examples(finding: dict, frame: pl.DataFrame, onset: float, n: int = EXAMPLES) -> list[str]:
+def examples(finding: Finding, frame: pl.DataFrame, onset: float, n: int = EXAMPLES) -> list[str]:
     """A few requests to look at: in its scope since its onset, the slowest in its stage."""
-    rows = since(frame, onset, finding.get("scope"))
-    stage = finding.get("stage") or finding.get("spent_in")
+    rows = since(frame, onset, finding.scope)
+    stage = spent_in(finding)
     if stage in rows.columns:
         rows = rows.filter(pl.col(stage).is_not_null()).sort(stage, descending=True)
     else:
@@ -166,25 +174,34 @@ def same_place(a: dict, b: dict, frame: pl.DataFrame, start: float) -> bool:
     return smaller > 0 and both >= SAME_PLACE * smaller
 
 
-def returned(finding: dict, frame: pl.DataFrame, start: float, min_requests: int = 20) -> bool | None:
+def returned(finding: Shift, frame: pl.DataFrame, start: float, min_requests: int = 20) -> bool | None:
     """Whether the stage, in scope, since ``start``, is nearer its level before than after (its
     statistic's ratio); None with fewer than ``min_requests`` requests to tell."""
-    stage, before, after = finding.get("stage"), finding.get("before_ms"), finding.get("after_ms")
-    if stage not in frame.columns or before is None or after is None:
+    if finding.stage not in frame.columns:
         return None
-    values = since(frame, start, finding.get("scope"))[stage].drop_nulls().to_numpy()
+    values = since(frame, start, finding.scope)[finding.stage].drop_nulls().to_numpy()
     if len(values) < min_requests:
         return None
-    now_ms = float(np.percentile(values, STATISTICS.get(finding.get("statistic"), 50))) * 1e3
+    now_ms = float(np.percentile(values, STATISTICS.get(finding.statistic, 50))) * 1e3
     floor = 1.0  # ms: a stage at 0 compares by its distance in ms plus this
     distance = lambda level: abs(math.log((now_ms + floor) / (level + floor)))
-    return distance(before) <= distance(after)
+    return distance(finding.before_ms) <= distance(finding.after_ms)
 
 
 @dataclass
 class Incident:
+    """One change (or a standing condition) over time. ``finding`` is its newest finding,
+    ``fired`` the one it paged with (the alert's sentence, kept to its end: the resolved
+    notification says what the firing one said, and how it ended); ``co_movers`` the findings
+    of other stages that began with it in its place (said with it, never paged apart).
+
+    ``pages``: whether it goes to Alertmanager. An incident does not page while it is
+    ``standing`` (a condition that held from the start: no onset, no change) or while its time is
+    the measuring side's own lateness (``late``: ``findings.lateness``); such incidents are
+    in ``GET /v1/findings`` and the printout all the same."""
+
     key: tuple
-    finding: dict
+    finding: Finding
     onset: float
     first_seen: float
     last_seen: float
@@ -195,24 +212,69 @@ class Incident:
     ends_at: float | None = None
     absent_steps: int = 0
     common: dict[str, str] = field(default_factory=dict)  # see the module doc; set when it opens
+    fired: Finding | None = None  # the finding it opened (or began to page) with
+    co_movers: list[Finding] = field(default_factory=list)
+    standing: bool = False
+    late: str | None = None  # the side whose own lateness its time is (it does not page)
+    sample: float | None = None  # the fraction of requests analysed, when below 1
+    ended: str | None = None  # how it ended, said in the resolved notification
+    fired_onset: float | None = None  # its onset when it paged (the alert's ``startsAt``)
+
+    def __post_init__(self) -> None:
+        if self.fired is None:
+            self.fired = self.finding
+        if self.fired_onset is None:
+            self.fired_onset = self.onset
+
+    def page_with(self, finding: Finding, now: float) -> None:
+        """From now on it pages with ``finding``'s words (it did not page before)."""
+        self.fired, self.fired_onset, self.first_seen, self.late = finding, self.onset, now, None
 
     @property
     def scope(self) -> dict[str, str]:
         return dict(self.key[2])
 
+    @property
+    def pages(self) -> bool:
+        return not self.standing and self.late is None
+
+    @property
+    def side(self) -> str:
+        """Who owns its time (``client``, ``gateway``, ``network``, ``engine``): the side of the
+        stage its seconds are spent in, or the side whose loop was late."""
+        return self.late or side_of(spent_in(self.fired or self.finding))
+
+    @property
+    def words(self) -> str:
+        """The alert's sentence: what it paged with; resolved, with how it ended."""
+        said = (self.fired or self.finding).sentence
+        if self.state == "resolved":
+            end = iso_utc(self.ends_at)[11:19] if self.ends_at is not None else "now"
+            said += f"; resolved at {end}" + (f": {self.ended}" if self.ended else "")
+        return said
+
     def to_json(self) -> dict:
-        """The finding (contract fields) plus the incident's state and times (ISO-8601 UTC)."""
-        return self.finding | {
+        """The newest finding (contract fields) plus the incident's state and times (ISO-8601 UTC)."""
+        out = self.finding.to_json() | {
             "state": self.state,
             "onset": iso_utc(self.onset),
             "first_seen": iso_utc(self.first_seen),
             "last_seen": iso_utc(self.last_seen),
             "ends_at": None if self.ends_at is None else iso_utc(self.ends_at),
             "severity": self.severity,
+            "side": self.side,
+            "pages": self.pages,
+            "standing": self.standing,
+            "late": self.late,
             "share_since_onset": None if self.share is None else round(self.share, 4),
             "examples": self.examples,
             "common": self.common,
+            "alert_summary": self.words,
+            "co_movers": [f.to_json() for f in self.co_movers],
         }
+        if self.sample is not None:
+            out["sample"] = self.sample
+        return out
 
 
 def _nested(a: tuple, b: tuple) -> bool:
@@ -224,9 +286,16 @@ def _place(key: tuple) -> tuple:
     return (key[0], key[1], key[3])
 
 
+def _lead_order(finding: Finding, late: str | None) -> tuple:
+    """Which of findings that began together leads their incident: one that pages before one
+    that is the measuring side's own lateness, then the larger cost to users."""
+    return (late is not None, -abs(finding.cost_s))
+
+
 @dataclass
 class IncidentBook:
-    """The incidents of one detector (see the module doc); ``step`` returns those that changed."""
+    """The incidents of one detector (see the module doc); ``step`` returns those that changed
+    (opened, updated, resolved; ``Incident.pages`` says which go to Alertmanager)."""
 
     window_s: float
     horizon_s: float
@@ -236,22 +305,31 @@ class IncidentBook:
     max_firing: int = 200
     hold_s: float = 0.0
     dims: tuple[str, ...] = ()  # the scope attributes searched (``common``)
+    sample: float | None = None  # the detector's sample (said on each incident), None when whole
     incidents: list[Incident] = field(default_factory=list)
     held: dict[tuple, float] = field(default_factory=dict)  # fingerprint -> first step it was found
-    named: dict[tuple, tuple[float, dict]] = field(default_factory=dict)  # fingerprint -> (last step, finding)
+    named: dict[tuple, tuple[float, Finding]] = field(default_factory=dict)  # fingerprint -> (last step, finding)
     latest: float = -math.inf  # this step's time, or the newest event's if earlier (``step``)
     frame: pl.DataFrame = field(default_factory=pl.DataFrame)  # this step's requests
     suppressed: int = 0  # incidents not opened because max_firing were firing
+    origin: float | None = None  # the first request's start: what was there then is standing
 
     @property
     def merge_s(self) -> float:
         return 3 * self.window_s + 15.0
 
+    @property
+    def standing_s(self) -> float:
+        return STANDING_S + 2 * self.hold_s
+
     def firing(self) -> list[Incident]:
         return [i for i in self.incidents if i.state == "firing"]
 
+    def paging(self) -> list[Incident]:
+        return [i for i in self.firing() if i.pages]
+
     def step(
-        self, now: float, findings: list[dict], frame: pl.DataFrame, newest: float | None = None
+        self, now: float, findings: list[Finding], frame: pl.DataFrame, newest: float | None = None
     ) -> list[Incident]:
         """``newest``: the newest event's time. Past it (a replay's end, a drained stream) event
         time runs on without events: what ends or begins then is dated at most ``newest``."""
@@ -259,13 +337,17 @@ class IncidentBook:
         seen: dict[int, bool] = {}  # incidents found in this step -> whether a finding gave its words
         self.latest = now if newest is None else min(now, newest)
         self.frame = frame
-        ongoing = [f for f in findings if not f.get("until")]
+        if self.origin is None and "start" in frame.columns and frame.height:
+            self.origin = float(frame["start"].min())
+        ongoing = [f for f in findings if until_of(f) is None]
         self.held = self._hold(now, ongoing, frame)
         keep_s = 2 * self.hold_s + self.merge_s
         self.named = {k: v for k, v in self.named.items() if v[0] >= now - keep_s}
         self.named.update((fingerprint(f), (now, f)) for f in reversed(ongoing))  # the first wins
-        for finding in findings:  # the most important first: the one an incident shows
-            incident, news, worded = self._apply(now, finding, frame, seen)
+        lateness_of = {id(f): lateness.explained(f, frame) for f in ongoing}
+        order = sorted(findings, key=lambda f: _lead_order(f, lateness_of.get(id(f))))
+        for finding in order:  # the lead first: the one an incident shows
+            incident, news, worded = self._apply(now, finding, frame, seen, lateness_of.get(id(finding)))
             if incident is not None:
                 seen[id(incident)] = seen.get(id(incident), False) or worded
                 if news:
@@ -277,14 +359,17 @@ class IncidentBook:
             incident.absent_steps += 1
             ended = self._gone(now, incident, frame)
             if ended is not None:
-                incident.state, incident.ends_at = "resolved", min(ended, self.latest)
+                self._resolve(incident, min(ended[0], self.latest), ended[1])
                 changed[id(incident)] = incident
         self.incidents = [
             i for i in self.incidents if i.state == "firing" or (i.ends_at or now) >= now - self.horizon_s
         ]
         return list(changed.values())
 
-    def _hold(self, now: float, findings: list[dict], frame: pl.DataFrame) -> dict[tuple, float]:
+    def _resolve(self, incident: Incident, at: float, how: str) -> None:
+        incident.state, incident.ends_at, incident.ended = "resolved", at, how
+
+    def _hold(self, now: float, findings: list[Finding], frame: pl.DataFrame) -> dict[tuple, float]:
         """Fingerprint -> the first step it was found at every step since: its own, or that of
         one held in the same place (``same_place``) whose scope the analysis now names otherwise."""
         held: dict[tuple, float] = {}
@@ -298,21 +383,22 @@ class IncidentBook:
             held[key] = min(held.get(key, now), first)
         return held
 
-    def _gone(self, now: float, incident: Incident, frame: pl.DataFrame) -> float | None:
-        """When it ended (None: it has not): now, or for a scope gone quiet, its last request's
-        start (a drained stream's event time runs past the wall clock; an ``endsAt`` in the
-        future would keep Alertmanager's alert firing until then)."""
+    def _gone(self, now: float, incident: Incident, frame: pl.DataFrame) -> tuple[float, str] | None:
+        """When it ended and how (None: it has not): now, or for a scope gone quiet, its last
+        request's start (a drained stream's event time runs past the wall clock; an ``endsAt`` in
+        the future would keep Alertmanager's alert firing until then)."""
         if incident.absent_steps < self.absent_steps:
             return None
-        if incident.finding["kind"] != "shift":
-            return now
-        back = returned(incident.finding, frame, now - self.recent_check_s)
+        finding = incident.finding
+        if not isinstance(finding, Shift):
+            return now, "no longer found"
+        back = returned(finding, frame, now - self.recent_check_s)
         if back is None:  # too few requests in scope lately: gone when quiet for a horizon
             if since(frame, now - self.horizon_s / 2, incident.scope).height:
                 return None
             last = since(frame, incident.onset, incident.scope)
-            return float(last["start"].max()) if last.height else now
-        return now if back else None
+            return (float(last["start"].max()) if last.height else now), "its scope has had no requests since"
+        return (now, f"{finding.stage} back near its level before ({finding.before_ms:.3g} ms)") if back else None
 
     def _related(self, key: tuple, onset: float, state: str, same_direction: bool = True) -> Incident | None:
         for incident in reversed(self.incidents):  # the newest first: a key may have ended twice
@@ -334,17 +420,32 @@ class IncidentBook:
                 return incident
         return None
 
+    def _companion(self, key: tuple, onset: float) -> Incident | None:
+        """A firing incident of another subject that this finding began with: in the same place
+        (nested scopes, or one place by their requests), its onset within ``merge_s``."""
+        for incident in reversed(self.incidents):
+            if incident.state != "firing" or incident.key[:2] == key[:2]:
+                continue
+            if abs(incident.onset - onset) > self.merge_s:
+                continue
+            if _nested(incident.key[2], key[2]) or same_place(
+                incident.scope, dict(key[2]), self.frame, min(onset, incident.onset)
+            ):
+                return incident
+        return None
+
     def _apply(
-        self, now: float, finding: dict, frame: pl.DataFrame, seen: dict[int, bool]
+        self, now: float, finding: Finding, frame: pl.DataFrame, seen: dict[int, bool], late: str | None
     ) -> tuple[Incident | None, bool, bool]:
         """The incident this finding belongs to (None: none), whether it changed and whether the
         finding gave it its words; an incident ``seen`` in this step already took a more
         important finding's words and keeps them."""
         key, onset = fingerprint(finding), onset_of(finding, self.latest)
-        until = to_epoch(finding["until"]) if finding.get("until") else None
+        until = until_of(finding)
         reversed_ = self._related(key, onset, "firing", same_direction=False)
-        if finding["kind"] == "shift" and reversed_ is not None:
-            reversed_.state, reversed_.ends_at = "resolved", onset
+        if isinstance(finding, Shift) and reversed_ is not None:
+            said = f"{finding.stage} came back ({finding.statistic} {finding.before_ms:.3g} → {finding.after_ms:.3g} ms)"
+            self._resolve(reversed_, onset, said)
             return reversed_, True, True
         incident = self._related(key, onset, "firing")
         if incident is not None and until is not None and until < incident.onset:
@@ -352,7 +453,7 @@ class IncidentBook:
         if incident is not None and seen.get(id(incident)):
             return incident, False, False
         if incident is not None:
-            return self._update(now, incident, finding, until, frame)
+            return self._update(now, incident, finding, until, frame, late)
         old = self._related(key, onset, "resolved")
         if old is not None and onset <= (old.ends_at or now) + self.window_s:
             return None, False, False
@@ -361,10 +462,36 @@ class IncidentBook:
             return None, False, False  # the end of a resolved incident, seen again
         if onset < now - self.recent_s or until is not None or key[3] == "down":
             return None, False, False
-        opened = self._open(now, key, finding, frame)
+        companion = self._companion(key, onset)
+        if companion is not None:
+            return self._join(now, companion, finding, late)
+        opened = self._open(now, key, finding, frame, late)
         return opened, opened is not None, opened is not None
 
-    def _open(self, now: float, key: tuple, finding: dict, frame: pl.DataFrame) -> Incident | None:
+    def _join(self, now: float, incident: Incident, finding: Finding, late: str | None) -> tuple[Incident, bool, bool]:
+        """``finding`` began with ``incident`` in its place: one of its co-movers. An incident that
+        does not page (its lead is the measuring side's lateness) is led by a co-mover that would:
+        nothing was sent of it yet, so its labels may change."""
+        incident.last_seen = now
+        incident.co_movers = [f for f in incident.co_movers if fingerprint(f) != fingerprint(finding)] + [finding]
+        if incident.late is not None and late is None and not incident.standing:
+            incident.co_movers = [f for f in incident.co_movers if f is not finding] + [incident.finding]
+            incident.key, incident.finding = fingerprint(finding), finding
+            incident.onset = onset_of(finding, self.latest)
+            incident.page_with(finding, now)
+            incident.share = live_share(finding, self.frame, incident.onset)
+            incident.severity = "critical" if (incident.share or 0.0) >= CRITICAL_SHARE else "warning"
+            incident.examples = examples(finding, self.frame, incident.onset)
+            return incident, True, True
+        return incident, False, False
+
+    def _standing(self, now: float, finding: Finding) -> bool:
+        """A pitfall that names no onset, found from the first steps on: it held from the start."""
+        if isinstance(finding, Shift) or finding.at is not None or self.origin is None:
+            return False
+        return now - self.origin <= self.standing_s
+
+    def _open(self, now: float, key: tuple, finding: Finding, frame: pl.DataFrame, late: str | None) -> Incident | None:
         """A new incident for this finding, in the broadest sibling scope named during its hold,
         once held long enough and costing enough (see the module doc); None: not yet, or not."""
         held_since = self.held.get(key, now)
@@ -379,15 +506,19 @@ class IncidentBook:
         if len(self.firing()) >= self.max_firing:
             self.suppressed += 1
             return None
-        severity = "critical" if share >= CRITICAL_SHARE else "warning"
-        incident = Incident(key, finding, onset, now, now, severity, share, examples(finding, frame, onset))
+        standing = self._standing(now, finding)
+        severity = "critical" if share >= CRITICAL_SHARE and not standing and late is None else "warning"
+        incident = Incident(
+            key, finding, onset, now, now, severity, share, examples(finding, frame, onset),
+            standing=standing, late=late, sample=self.sample,
+        )  # fmt: skip
         incident.common = common_values(incident.scope, self.dims, frame, onset)
         self.incidents.append(incident)
         return incident
 
     def _broadest_named(
-        self, key: tuple, finding: dict, frame: pl.DataFrame, held_since: float
-    ) -> tuple[tuple, dict]:
+        self, key: tuple, finding: Finding, frame: pl.DataFrame, held_since: float
+    ) -> tuple[tuple, Finding]:
         """Of ``key`` and the sibling scopes in its place named since ``held_since`` (keys that
         do not nest: ``{service: batch-eval}`` and ``{replica: r2}``), the one with the most
         requests since the onset, with its newest finding."""
@@ -404,25 +535,32 @@ class IncidentBook:
         return best
 
     def _update(
-        self, now: float, incident: Incident, finding: dict, until: float | None, frame: pl.DataFrame
+        self, now: float, incident: Incident, finding: Finding, until: float | None, frame: pl.DataFrame,
+        late: str | None = None,
     ) -> tuple[Incident, bool, bool]:
         """The incident with its newest finding, whether what an alert shows changed and whether
         the finding gave the words. A sibling scope's finding (one place, keys that do not nest)
-        only keeps it firing: the words stay those of the incident's own scope, its labels."""
+        only keeps it firing: the words stay those of the incident's own scope, its labels. An
+        incident that did not page because its time was the measuring side's lateness pages from
+        the step that lateness no longer explains it."""
         incident.last_seen = now
         if fingerprint(finding) != incident.key and not _nested(fingerprint(finding)[2], incident.key[2]):
             if until is not None:  # the place's change is over, whichever of its scopes says so
-                incident.state, incident.ends_at = "resolved", until
+                self._resolve(incident, until, "came back")
             return incident, until is not None, False
-        if finding.get("at"):  # the analysis places it better as requests come (a pitfall: first seen)
+        if finding.at is not None:  # the analysis places it better as requests come (a pitfall: first seen)
             incident.onset = onset_of(finding, now)
         if fingerprint(finding) != incident.key:  # a nested scope: keep the labels, take the words
-            finding = finding | {"scope": incident.finding["scope"]}
+            finding = replace(finding, scope=incident.finding.scope)
         if until is not None:
-            incident.state, incident.ends_at = "resolved", until
-        same = finding.get("summary") == incident.finding.get("summary") and until is None
+            self._resolve(incident, until, "came back")
+        same = finding.sentence == incident.finding.sentence and until is None
         incident.finding = finding
         incident.share = live_share(finding, frame, incident.onset)
+        if incident.late is not None and late is None and until is None and not incident.standing:
+            incident.page_with(finding, now)
+            incident.severity = "critical" if (incident.share or 0.0) >= CRITICAL_SHARE else "warning"
+            same = False
         if not same:
             incident.examples = examples(finding, frame, incident.onset)
         return incident, not same, True

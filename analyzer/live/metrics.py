@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
+from hopline.analyzer.findings.model import Shift
+from hopline.analyzer.live.incidents import Incident, direction, subject
 from hopline.analyzer.live.watch import Watch
 from hopline.middleware.contract import live_metrics
 from hopline.middleware.contract.live_metrics import FINDING
@@ -36,21 +38,18 @@ MAX_SERIES = 100
 FINDING_LABELS = list(live_metrics.FINDING_LABELS)
 
 
-def finding_value(incident: dict) -> float:
-    factor = incident.get("factor")
-    if incident["kind"] != "shift":
+def finding_value(incident: Incident) -> float:
+    finding = incident.finding
+    if not isinstance(finding, Shift):
         return 1.0
-    return float(factor) if factor is not None else math.inf
+    return float(finding.factor) if finding.factor is not None else math.inf
 
 
-def finding_labels(incident: dict) -> list[str]:
-    scope = incident.get("scope") or {}
+def finding_labels(incident: Incident) -> list[str]:
+    finding = incident.finding
+    scope = finding.scope
     keys = sorted(scope)
-    stage = incident.get("stage") if incident["kind"] == "shift" else incident.get("name")
-    direction = (
-        "down" if incident["kind"] == "shift" and incident["after_ms"] < incident["before_ms"] else "up"
-    )
-    return [incident["kind"], str(stage), ",".join(keys), ",".join(str(scope[k]) for k in keys), direction]
+    return [finding.kind, subject(finding), ",".join(keys), ",".join(str(scope[k]) for k in keys), direction(finding)]
 
 
 class LiveCollector(Collector):
@@ -61,8 +60,8 @@ class LiveCollector(Collector):
 
     def collect(self) -> Iterator:
         with self.watch.lock:
-            firing = [i for i in self.watch.snapshot if i["state"] == "firing"]
-        firing.sort(key=lambda i: -(i.get("share_since_onset") or 0.0))
+            firing = [i for i in self.watch.snapshot if i.state == "firing"]
+        firing.sort(key=lambda i: -(i.share or 0.0))
         gauge = GaugeMetricFamily(
             FINDING, "Firing findings: the factor of each (pitfall: 1)", labels=FINDING_LABELS
         )

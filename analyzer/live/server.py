@@ -2,8 +2,9 @@
 
 ``/v1/findings`` answers the findings JSON of the offline contract (``requests``, ``window_s``,
 ``findings``) where each finding carries its incident's ``state`` (firing / resolved),
-``onset``, ``first_seen``, ``last_seen``, ``ends_at`` (ISO-8601 UTC, event time), ``severity``
-and ``examples``; ``since`` (ISO-8601 or Unix seconds) keeps the firing ones and those seen at or
+``onset``, ``first_seen``, ``last_seen``, ``ends_at`` (ISO-8601 UTC, event time), ``severity``,
+``side``, ``pages`` (false: ``standing``, or ``late``: the measuring side's own lateness),
+``alert_summary`` (the sentence it paged with), ``co_movers`` and ``examples``; ``since`` (ISO-8601 or Unix seconds) keeps the firing ones and those seen at or
 after it. ``event_time`` is the detector's last step.
 """
 
@@ -22,9 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 def findings_answer(watch: Watch, since: float | None) -> dict:
     with watch.lock:
         incidents = list(watch.snapshot)
-    keep = [
-        i for i in incidents if since is None or i["state"] == "firing" or to_epoch(i["last_seen"]) >= since
-    ]
+    keep = [i.to_json() for i in incidents if since is None or i.state == "firing" or i.last_seen >= since]
     detector = watch.detector
     horizon = detector.horizon
     return {

@@ -3,6 +3,7 @@ with the event-time seconds since its onset), sent to Alertmanager, and kept for
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,16 +19,26 @@ def alert_line(now: float, incident: Incident, alert: dict) -> str:
     labels = alert["labels"]
     shown = ", ".join(f"{k}={v}" for k, v in labels.items() if k != "alertname")
     state = "FIRING" if incident.state == "firing" else "RESOLVED"
+    if not incident.pages:
+        why = "standing since the start" if incident.standing else f"the {incident.late} side's own lateness"
+        state = f"NOTED (not paged: {why})"
     return (
         f"[{iso_utc(now)} +{now - incident.onset:.0f}s since onset] {state} {labels['alertname']}{{{shown}}}: "
         f"{alert['annotations']['summary']}"
     )
 
 
+def news(now: float, incident: Incident) -> bool:
+    """Whether ``incident`` is news at ``now``: it began to page (or opened, not paging), or
+    resolved. What does not page is said once, when it opens."""
+    return incident.first_seen == now or (incident.state == "resolved" and incident.pages)
+
+
 @dataclass
 class Watch:
-    """Glue: ``detector.on_step`` -> alerts (printed with ``out``, sent with ``sender``), and a
-    snapshot of the incidents for ``GET /v1/findings`` and ``/metrics`` (read under ``lock``)."""
+    """Glue: ``detector.on_step`` -> alerts (printed with ``out``; those that page sent with
+    ``sender``), and a snapshot of the incidents for ``GET /v1/findings`` and ``/metrics`` (read
+    under ``lock``)."""
 
     detector: LiveDetector
     sender: AlertSender | None = None
@@ -35,7 +46,7 @@ class Watch:
     store: str | None = None
     generator_url: str | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
-    snapshot: list[dict] = field(default_factory=list)  # incidents' JSON, newest step
+    snapshot: list[Incident] = field(default_factory=list)  # copies of the incidents, newest step
     alerts_printed: int = 0
 
     def __post_init__(self) -> None:
@@ -44,12 +55,13 @@ class Watch:
     def on_step(self, now: float, changed: list[Incident]) -> None:
         alerts = []
         for incident in changed:
-            alert = payload(incident.to_json(), store=self.store, generator_url=self.generator_url)
-            alerts.append(alert)
-            if self.out is not None and (incident.first_seen == now or incident.state == "resolved"):
+            alert = payload(incident, store=self.store, generator_url=self.generator_url)
+            if incident.pages:
+                alerts.append(alert)
+            if self.out is not None and news(now, incident):
                 self.out(alert_line(now, incident, alert))
                 self.alerts_printed += 1
         if self.sender is not None and alerts:
             self.sender.update(alerts)
         with self.lock:
-            self.snapshot = [i.to_json() for i in self.detector.incidents()]
+            self.snapshot = [copy.copy(i) for i in self.detector.incidents()]

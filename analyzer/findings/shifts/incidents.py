@@ -7,7 +7,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from hopline.analyzer.findings.lateness import OWN_LATENESS
 from hopline.analyzer.findings.model import Consequence, Shift
+from hopline.middleware.contract.rules import side_of
 from hopline.analyzer.findings.shifts.stats import SHIFT_STAGES, Detection
 from hopline.analyzer.findings.shifts.words import summary
 
@@ -94,10 +96,18 @@ def _holds_connections(shift: Change, others: list[Change]) -> bool:
     )
 
 
+def _lateness_behind(shift: Change, others: list[Change]) -> bool:
+    """A side's own lateness that rose while a stage another side owns rose too: it follows."""
+    side = OWN_LATENESS.get(shift.stage)
+    return side is not None and any(side_of(o.stage) != side for o in others if o is not shift)
+
+
 def incidents(shifts: list[Change], within_s: float) -> list[Change]:
     """Shifts of one scope starting within ``within_s`` of each other are one incident, said from
     the change that explains the users' time: the largest one, except that a client's pool
-    wait follows from the stages its connections are held for. The others are its consequences
+    wait follows from the stages its connections are held for, and a side's own lateness (the
+    caller's ``client_delay``: its process busy, as it is when it sends more at once) from the
+    stages that moved with it. The others are its consequences
     (``with``), no longer stages that merely moved or stayed put in its context."""
     groups: list[list[Change]] = []
     for shift in sorted(shifts, key=lambda s: s.at):
@@ -110,7 +120,7 @@ def incidents(shifts: list[Change], within_s: float) -> list[Change]:
             group.append(shift)
     leads = []
     for group in _pool_waits_joined(groups, within_s):
-        lead = min(group, key=lambda s: (_holds_connections(s, group), -abs(s.own_impact_s)))
+        lead = min(group, key=lambda s: (_holds_connections(s, group), _lateness_behind(s, group), -abs(s.own_impact_s)))
         lead.consequences = sorted((s for s in group if s is not lead), key=lambda s: -abs(s.own_impact_s))
         said = {s.stage for s in lead.consequences}
         lead.context["unchanged"] = [s for s in lead.context.get("unchanged", []) if s not in said]

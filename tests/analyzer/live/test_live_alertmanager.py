@@ -9,35 +9,35 @@ import time
 from pathlib import Path
 
 import httpx
+from dataclasses import replace
+
+from hopline.analyzer.findings.model import Shift
 from hopline.analyzer.live.alertmanager import AlertSender, payload, scope_label
+from hopline.analyzer.live.incidents import Incident
+from hopline.middleware.contract.rules import side_of
+from hopline.middleware.contract.times import to_epoch
 from support.alertmanager import Alertmanager, Webhook, alertmanager_with_webhook
 from support.servers import closed_port_url, wait_until
 
 SUMMARY = "queue time tripled at 10:25 on replica r2 (p50 40.1 → 121 ms); prefill and decode unchanged"
 
 
-def incident(state: str = "firing", **kw: object) -> dict:
-    """An incident's JSON as ``Incident.to_json`` gives it (finding contract fields + state)."""
-    return {
-        "kind": "shift",
-        "stage": "queue",
-        "scope": {"replica": "r2"},
-        "statistic": "p50",
-        "summary": SUMMARY,
-        "at": "2026-01-05T10:25:00Z",
-        "until": None,
-        "before_ms": 40.1,
-        "after_ms": 121.0,
-        "factor": 3.017,
-        "affected_requests": 310,
-        "impact_s": 25.1,
-        "state": state,
-        "onset": "2026-01-05T10:25:00Z",
-        "ends_at": "2026-01-05T10:28:00Z" if state == "resolved" else None,
-        "severity": "critical",
-        "share_since_onset": 0.21,
-        "examples": ["s1-30011", "s1-30017", "s1-30002"],
-    } | kw
+ONSET = to_epoch("2026-01-05T10:25:00Z")
+
+
+def incident(state: str = "firing", **kw: object) -> Incident:
+    """An incident of a queue rise on r2 (resolved: at 10:28, back near its level)."""
+    finding = Shift(
+        summary=SUMMARY, stage="queue", scope={"replica": "r2"}, statistic="p50", at=ONSET,
+        before_ms=40.1, after_ms=121.0, factor=3.017, z=9.0, affected_requests=310, impact_s=25.1,
+    )  # fmt: skip
+    key = ("HoplineShift", "queue", (("replica", "r2"),), "up")
+    made = Incident(key, finding, ONSET, ONSET + 20, ONSET + 20, "critical", 0.21, ["s1-30011", "s1-30017", "s1-30002"])
+    if state == "resolved":
+        made.state, made.ends_at, made.ended = "resolved", ONSET + 180, "queue back near its level before (40.1 ms)"
+    for name, value in kw.items():
+        setattr(made, name, value)
+    return made
 
 
 def test_an_incident_as_an_alert():
@@ -46,6 +46,7 @@ def test_an_incident_as_an_alert():
         "alertname": "HoplineShift",
         "severity": "critical",
         "direction": "up",
+        "side": "engine",
         "stage": "queue",
         "replica": "r2",
     }
@@ -58,6 +59,29 @@ def test_an_incident_as_an_alert():
     resolved = payload(incident("resolved"))
     assert resolved["endsAt"] == "2026-01-05T10:28:00Z"
     assert resolved["labels"] == alert["labels"]  # the same alert for Alertmanager
+    # the resolved notification says what the firing one said, and how it ended
+    assert resolved["annotations"]["summary"] == (
+        SUMMARY + "; resolved at 10:28:00: queue back near its level before (40.1 ms)"
+    )
+
+
+def test_the_resolved_alert_keeps_the_sentence_it_paged_with():
+    fired = incident()
+    newer = replace(fired.finding, summary="queue time rose 2.6× at 10:24 on replica r2 (p90 ...)", at=ONSET - 60)
+    fired.finding, fired.onset = newer, ONSET - 60
+    fired.state, fired.ends_at, fired.ended = "resolved", ONSET + 180, "came back"
+    alert = payload(fired)
+    assert alert["annotations"]["summary"].startswith(SUMMARY + "; resolved at 10:28:00")
+    assert alert["startsAt"] == "2026-01-05T10:25:00Z"  # the onset it paged with
+    assert "factor=3.017" in alert["annotations"]["evidence"]
+
+
+def test_a_side_owns_each_stage_and_pitfall():
+    assert [side_of(s) for s in ("client_delay", "connect", "network", "gateway", "queue", "decode")] == [
+        "client", "client", "network", "gateway", "engine", "engine",
+    ]  # fmt: skip
+    assert side_of("retry") == "client" and side_of("upstream_network") == "network"
+    assert payload(incident(late="client"))["labels"]["side"] == "client"
 
 
 def test_scope_keys_become_label_names_that_never_clash_with_hoplines_own():

@@ -48,7 +48,7 @@ def test_a_drained_stream_resolves_what_fires_no_later_than_its_last_event():
     # its end: r2's last request before the stream stopped, not the event time the drain reached
     # (an endsAt in the future keeps Alertmanager's alert firing until then)
     assert onset < queue.ends_at <= newest
-    alert = payload(queue.to_json())
+    alert = payload(queue)
     assert to_epoch(alert["endsAt"]) <= newest and alert["startsAt"] == queue.to_json()["onset"]
     assert queue.onset == onset  # the strides past the last event do not re-place it
     # the cut requests were finished once settled, not after idle_s (300 s of 10 s steps)

@@ -6,6 +6,8 @@ queue x3 on r2 from 2:30, no end); the tests move their times to state each rule
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hopline.analyzer.live.detect import findings_now
 from hopline.analyzer.live.incidents import IncidentBook, fingerprint
@@ -27,9 +29,9 @@ def seen():
     )
     frame = timelines(events.lazy()).collect()
     (finding,) = [
-        f for f in findings_now(frame, 10.0, ("replica", "model", "service")) if f["stage"] == "queue"
+        f for f in findings_now(frame, 10.0, ("replica", "model", "service")) if f.kind == "shift" and f.stage == "queue"
     ]
-    assert (finding["scope"], to_epoch(finding["at"]), finding["until"]) == ({"replica": "r2"}, ONSET, None)
+    assert (finding.scope, finding.at, finding.until) == ({"replica": "r2"}, ONSET, None)
     return frame, finding
 
 
@@ -58,7 +60,7 @@ def test_until_resolves_it_and_the_same_change_never_fires_again(seen):
     frame, finding = seen
     b = book()
     b.step(ONSET + 20, [finding], frame)
-    ended = finding | {"until": iso_utc(ONSET + 40), "summary": finding["summary"] + " (ended)"}
+    ended = replace(finding, until=ONSET + 40, summary=finding.summary + " (ended)")
     (resolved,) = b.step(ONSET + 50, [ended], frame)
     assert resolved.state == "resolved" and resolved.ends_at == ONSET + 40
     for now in (ONSET + 60, ONSET + 70):
@@ -70,11 +72,7 @@ def test_a_reversal_in_its_scope_is_its_end_not_a_new_incident(seen):
     frame, finding = seen
     b = book()
     b.step(ONSET + 20, [finding], frame)
-    back = finding | {
-        "at": iso_utc(ONSET + 50),
-        "before_ms": finding["after_ms"],
-        "after_ms": finding["before_ms"],
-    }
+    back = replace(finding, at=ONSET + 50, before_ms=finding.after_ms, after_ms=finding.before_ms)
     assert fingerprint(back)[3] == "down"
     (resolved,) = b.step(ONSET + 70, [back], frame)
     assert resolved.key[3] == "up" and resolved.ends_at == ONSET + 50
@@ -85,7 +83,7 @@ def test_the_same_change_seen_from_a_wider_scope_is_the_same_incident(seen):
     frame, finding = seen
     b = book()
     b.step(ONSET + 20, [finding], frame)
-    wider = finding | {"scope": {}, "at": iso_utc(ONSET + 10)}
+    wider = replace(finding, scope={}, at=ONSET + 10)
     b.step(ONSET + 30, [wider], frame)
     assert len(b.incidents) == 1 and b.incidents[0].scope == {"replica": "r2"}
 
@@ -99,7 +97,7 @@ def test_a_finding_gone_from_the_analysis_keeps_firing_while_its_stage_stays_up(
     for i in range(5):
         b.step(end + i, [], frame)
     assert len(b.firing()) == 1
-    before = finding | {"before_ms": finding["after_ms"], "after_ms": finding["after_ms"] * 3}
+    before = replace(finding, before_ms=finding.after_ms, after_ms=finding.after_ms * 3)
     b.firing()[0].finding = before  # as if r2's level now were its "before": it came back
     (resolved,) = b.step(end + 6, [], frame)
     assert resolved.state == "resolved" and resolved.ends_at == end + 6

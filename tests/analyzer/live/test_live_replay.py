@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 
 import polars as pl
 import pytest
+from hopline.analyzer.findings.model import iso_utc
 from hopline.analyzer.live.alertmanager import AlertSender
 from hopline.analyzer.live.detector import LiveConfig, LiveDetector
 from hopline.analyzer.live.watch import Watch
@@ -54,7 +55,7 @@ def test_a_queue_rise_on_one_replica_is_one_alert_that_names_it_then_resolves(tm
         # onset: the window boundary at 6:00; found 20 s later (the rise's requests finish, settle 5 s
         # and lateness 5 s: the step at 6:20 is the first that holds 50 of r2's requests after it),
         # fired 20 s after that (found at every step for 2 windows, the default hold)
-        assert (incident.finding["stage"], incident.scope, incident.finding["at"]) == (
+        assert (incident.finding.stage, incident.scope, iso_utc(incident.finding.at)) == (
             "queue",
             {"replica": "r2"},
             iso(360),
@@ -72,6 +73,7 @@ def test_a_queue_rise_on_one_replica_is_one_alert_that_names_it_then_resolves(tm
         "stage": "queue",
         "replica": "r2",
         "direction": "up",
+        "side": "engine",  # the engine's queue: the serving on-call's, not the caller's
         "severity": "critical",
         "model": "llama-3.1-8b",  # every request on r2 was for it (the log has one model)
     }
@@ -126,9 +128,9 @@ def test_the_load_a_live_finding_reports_is_measured_on_finished_requests_only()
         if detector.book.firing():
             break
     (incident,) = detector.book.firing()
-    context = incident.finding["context"]
+    context = incident.finding.context
     before, after = context["before"]["concurrency"], context["after"]["concurrency"]
     assert after is not None and abs(after / before - 1) < 0.25, context
     assert "concurrency" not in context["moved_with"] and "arrivals_per_s" not in context["moved_with"]
-    assert "concurrency" not in incident.finding["summary"], incident.finding["summary"]
-    assert context["after"]["span_s"] < detector.now - to_epoch(incident.finding["at"])  # stops before now
+    assert "concurrency" not in incident.finding.summary, incident.finding.summary
+    assert context["after"]["span_s"] < detector.now - incident.finding.at  # stops before now

@@ -39,9 +39,9 @@ def test_a_sampled_detector_still_names_the_replica_and_says_it_is_a_sample():
         if detector.book.firing():
             break
     (incident,) = detector.book.firing()
-    assert (incident.finding["stage"], incident.scope) == ("queue", {"replica": "r2"})
-    assert incident.finding["sample"] == 0.25
-    assert "sample=0.25" in payload(incident.to_json())["annotations"]["evidence"]
+    assert (incident.finding.stage, incident.scope) == ("queue", {"replica": "r2"})
+    assert incident.sample == 0.25 and incident.to_json()["sample"] == 0.25
+    assert "sample=0.25" in payload(incident)["annotations"]["evidence"]
     # a quarter of the requests analysed, all of their events kept, the rest counted
     seen = events.filter(pl.col("ts") <= detector.newest)
     kept = seen.filter(sampled(seen["request_id"], 0.25))

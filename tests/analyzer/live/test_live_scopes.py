@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import polars as pl
 import pytest
 from hopline.analyzer.findings.model import iso_utc
@@ -43,13 +45,14 @@ def test_one_replica_all_traffic_alert_names_its_replica_and_says_what_analyze_s
     assert (offline["stage"], offline["scope"]) == ("queue", {})  # one replica: nothing to confine to
     detector = feed_until_firing(events, LiveConfig(window_s=10.0, horizon_s=600.0, recent_s=240.0))
     (incident,) = detector.book.firing()
-    assert incident.scope == {} and incident.finding["stage"] == "queue"
+    assert incident.scope == {} and incident.finding.stage == "queue"
     assert incident.common == {"replica": "r7", "model": "llama-3.1-8b"}  # services: two
-    alert = payload(incident.to_json())
+    alert = payload(incident)
     assert alert["labels"] == {
         "alertname": "HoplineShift",
         "severity": "critical",
         "direction": "up",
+        "side": "engine",
         "stage": "queue",
         "replica": "r7",
         "model": "llama-3.1-8b",
@@ -66,7 +69,7 @@ def test_a_scope_key_with_two_values_is_no_label():
     detector = feed_until_firing(events, LiveConfig(window_s=10.0, horizon_s=600.0, recent_s=240.0))
     (incident,) = detector.book.firing()
     assert incident.scope == {} and incident.common == {"model": "llama-3.1-8b"}
-    assert "replica" not in payload(incident.to_json())["labels"]
+    assert "replica" not in payload(incident)["labels"]
 
 
 @pytest.fixture(scope="module")
@@ -80,31 +83,31 @@ def pinned():
     events = pl.concat([chat, batch.with_columns(pl.col("request_id") + "b")]).sort("ts")
     frame = timelines(events.lazy()).collect()
     offline = analyze(frame, window="10s")["findings"][0]
-    (found,) = [f for f in findings_now(frame, 10.0, DIMS) if f.get("stage") == "queue"]
+    (found,) = [f for f in findings_now(frame, 10.0, DIMS) if f.kind == "shift" and f.stage == "queue"]
     return frame, offline, found
 
 
 def test_the_pinned_jobs_scope_and_the_replicas_are_one_place_and_it_opens_as_analyze_names_it(pinned):
     frame, offline, found = pinned
     assert (offline["stage"], offline["scope"]) == ("queue", {"replica": "r2"})
-    assert found["scope"] == {"replica": "r2"}
-    early = found | {"scope": {"service": "batch-eval"}, "summary": "queue time tripled on batch-eval"}
+    assert found.scope == {"replica": "r2"}
+    early = replace(found, scope={"service": "batch-eval"}, summary="queue time tripled on batch-eval")
     book = IncidentBook(window_s=10.0, horizon_s=600.0, recent_s=120.0, hold_s=20.0, dims=DIMS)
     t = DEFAULT_START + AT + 30
     # the first two steps name the job, the next ones the replica: one hold, not two
     assert book.step(t, [early], frame) == [] and book.step(t + 10, [early], frame) == []
     (opened,) = book.step(t + 20, [found], frame)
-    assert opened.scope == {"replica": "r2"} and opened.finding["summary"] == found["summary"]
+    assert opened.scope == {"replica": "r2"} and opened.finding.summary == found.summary
     assert opened.common == {"model": "llama-3.1-8b"}  # r2 serves two services: service is no label
     # the job's scope named again later: the same incident, still firing, with r2's labels and
     # r2's words (the sentence never names another place than the labels); no second alert
     assert book.step(t + 30, [early], frame) == [] and book.step(t + 40, [early], frame) == []
     (still,) = book.firing()
     assert still is opened and len(book.incidents) == 1 and still.last_seen == t + 40
-    assert still.finding["summary"] == found["summary"] and still.absent_steps == 0
-    assert payload(still.to_json())["labels"]["replica"] == "r2"
+    assert still.finding.summary == found.summary and still.absent_steps == 0
+    assert payload(still)["labels"]["replica"] == "r2"
     # the job's scope seen ended: the place's change is over
-    (ended,) = book.step(t + 50, [early | {"until": iso_utc(t + 45)}], frame)
+    (ended,) = book.step(t + 50, [replace(early, until=t + 45)], frame)
     assert ended is opened and ended.state == "resolved"
 
 
@@ -112,12 +115,12 @@ def test_it_opens_with_the_broadest_scope_named_during_the_hold(pinned):
     """The analysis named the replica at one step of the hold and the job at the others, the
     step that ends the hold included: the alert names the replica, with its words."""
     frame, _, found = pinned
-    early = found | {"scope": {"service": "batch-eval"}, "summary": "queue time tripled on batch-eval"}
+    early = replace(found, scope={"service": "batch-eval"}, summary="queue time tripled on batch-eval")
     book = IncidentBook(window_s=10.0, horizon_s=600.0, recent_s=120.0, hold_s=20.0, dims=DIMS)
     t = DEFAULT_START + AT + 30
     assert book.step(t, [early], frame) == [] and book.step(t + 10, [found], frame) == []
     (opened,) = book.step(t + 20, [early], frame)
-    assert opened.scope == {"replica": "r2"} and opened.finding["summary"] == found["summary"]
+    assert opened.scope == {"replica": "r2"} and opened.finding.summary == found.summary
 
 
 def test_a_scope_inside_a_broader_sibling_is_held_twice_as_long(pinned):
@@ -125,7 +128,7 @@ def test_a_scope_inside_a_broader_sibling_is_held_twice_as_long(pinned):
     the first seconds' view (too few of r2's other requests to tell), so it waits two holds. If
     the replica is named meanwhile, the alert names it; if not, the job."""
     frame, _, found = pinned
-    early = found | {"scope": {"service": "batch-eval"}, "summary": "queue time tripled on batch-eval"}
+    early = replace(found, scope={"service": "batch-eval"}, summary="queue time tripled on batch-eval")
     t = DEFAULT_START + AT + 30
     book = IncidentBook(window_s=10.0, horizon_s=600.0, recent_s=120.0, hold_s=20.0, dims=DIMS)
     for step in range(4):  # 0 to 30 s: held, not yet twice the hold
@@ -141,7 +144,7 @@ def test_a_scope_inside_a_broader_sibling_is_held_twice_as_long(pinned):
 
 def test_a_scope_that_shares_few_requests_is_another_place(pinned):
     frame, _, found = pinned
-    other = found | {"scope": {"replica": "r1"}}
+    other = replace(found, scope={"replica": "r1"})
     book = IncidentBook(window_s=10.0, horizon_s=600.0, recent_s=120.0, hold_s=20.0, dims=DIMS)
     t = DEFAULT_START + AT + 30
     book.step(t, [other], frame)

@@ -67,7 +67,7 @@ def test_three_sharded_collectors_and_one_watch_give_one_alert_for_one_incident(
         resolved = [x["alert"] for x in lines if x["alert"].get("endsAt")]
         # one incident: one alert fires (queue on r2, its onset 3:00) and the same alert resolves
         assert [a["labels"] for a in firing] == [
-            {"alertname": "HoplineShift", "severity": "critical", "direction": "up", "stage": "queue", "replica": "r2",
+            {"alertname": "HoplineShift", "severity": "critical", "direction": "up", "side": "engine", "stage": "queue", "replica": "r2",
              "model": "llama-3.1-8b"}  # every request on r2 was for it (the log has one model)
         ]  # fmt: skip
         assert firing[0]["startsAt"] == "2026-01-05T10:03:00Z"

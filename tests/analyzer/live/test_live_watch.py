@@ -34,11 +34,12 @@ def test_replay_prints_the_alert_with_the_seconds_since_onset_and_its_end(tmp_pa
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()
     assert lines[0].startswith(
-        "[2026-01-05T10:03:40Z +40s since onset] FIRING HoplineShift{severity=critical, direction=up, "
+        "[2026-01-05T10:03:40Z +40s since onset] FIRING HoplineShift{severity=critical, direction=up, side=engine, "
         "stage=queue, replica=r2, model=llama-3.1-8b}: queue time tripled at 10:03 on replica r2 (p50 "
     )
     assert lines[1].startswith("[2026-01-05T10:05:20Z +140s since onset] RESOLVED HoplineShift{")
-    assert "until 10:05 on replica r2" in lines[1]
+    # the resolved notification says what the firing one said (onset, statistic, factor), and how it ended
+    assert lines[1].split("}: ", 1)[1].startswith(lines[0].split("}: ", 1)[1] + "; resolved at 10:05:00: came back")
     assert len(lines) == 2
     assert "8,400 requests" in run.stderr and "1 incident" in run.stderr
 
