@@ -31,52 +31,57 @@ def _in_scope(scope: dict[str, str]) -> pl.Expr:
     return pl.all_horizontal(pl.lit(True), *[pl.col(k).cast(pl.String) == v for k, v in scope.items()])
 
 
-def _lags(rows: pl.DataFrame, stage: str) -> dict[str, float]:
-    """Per side: the median over ``rows`` of its loop lateness, each request's capped at its own
-    ``stage`` time (seconds); sides without the column are left out."""
-    present = {side: col for side, col in LAG_COLUMNS.items() if col in rows.columns}
-    if not present or rows.height == 0:
-        return {}
-    capped = {
-        side: pl.min_horizontal(pl.col(col).fill_null(0.0), pl.col(stage).clip(lower_bound=0.0)).median()
-        for side, col in present.items()
-    }
-    values = rows.select(**capped).row(0, named=True)
-    return {side: float(v or 0.0) for side, v in values.items()}
+def _medians(rows: pl.DataFrame, stage: str, col: str) -> tuple[float, float, int]:
+    """Over the requests of ``rows`` that measured ``col``: the median of ``stage`` and of the
+    loop lateness (each request's capped at its own ``stage`` time), seconds, and their count."""
+    seen = rows.filter(pl.col(col).is_not_null())
+    if seen.height == 0:
+        return 0.0, 0.0, 0
+    capped = pl.min_horizontal(pl.col(col), pl.col(stage).clip(lower_bound=0.0))
+    total, late = seen.select(pl.col(stage).median(), capped.median()).row(0)
+    return float(total or 0.0), float(late or 0.0), seen.height
 
 
 def explained(finding: Finding, frame: pl.DataFrame) -> str | None:
     """The side whose own loop lateness accounts for ``finding``'s time, else None (see the
-    module doc)."""
+    module doc): per side, over the requests that measured its lateness, the rise of the capped
+    lateness against the rise of the stage (a shift), or their levels (a standing pitfall)."""
     if isinstance(finding, Shift):
         if finding.stage in OWN_LATENESS:
             return OWN_LATENESS[finding.stage] if finding.up else None
-        if finding.stage not in REMAINDERS or not finding.up or finding.stage not in frame.columns:
+        stage = finding.stage
+        if stage not in REMAINDERS or not finding.up or stage not in frame.columns:
             return None
-        rows = frame.filter(_in_scope(finding.scope).fill_null(False) & pl.col(finding.stage).is_not_null())
-        before = _lags(rows.filter(pl.col("start") < finding.at), finding.stage)
-        after_rows = rows.filter(pl.col("start") >= finding.at)
+        rows = frame.filter(_in_scope(finding.scope).fill_null(False) & pl.col(stage).is_not_null())
+        before = rows.filter(pl.col("start") < finding.at)
+        after = rows.filter(pl.col("start") >= finding.at)
         if finding.until is not None:
-            after_rows = after_rows.filter(pl.col("start") < finding.until)
-        after = _lags(after_rows, finding.stage)
-        if after_rows.height < MIN_REQUESTS or not after:
-            return None
-        rise = {side: (after[side] - before.get(side, 0.0)) * 1e3 for side in after}
-        return _decide(rise, finding.after_ms - finding.before_ms)
+            after = after.filter(pl.col("start") < finding.until)
+        parts = {}
+        for side, col in LAG_COLUMNS.items():
+            if col not in rows.columns:
+                continue
+            total_0, late_0, n_0 = _medians(before, stage, col)
+            total_1, late_1, n_1 = _medians(after, stage, col)
+            if min(n_0, n_1) >= MIN_REQUESTS and total_1 > total_0:
+                parts[side] = (late_1 - late_0) / (total_1 - total_0)
+        return _decide(parts)
     if isinstance(finding, Pitfall) and finding.spent_in in REMAINDERS and finding.spent_in in frame.columns:
         stage = finding.spent_in
         rows = frame.filter(_in_scope(finding.scope).fill_null(False) & pl.col(stage).is_not_null())
-        if rows.height < MIN_REQUESTS:
-            return None
-        level = _lags(rows, stage)
-        total = rows[stage].median()
-        return _decide({side: v * 1e3 for side, v in level.items()}, float(total or 0.0) * 1e3)
+        parts = {}
+        for side, col in LAG_COLUMNS.items():
+            if col in rows.columns:
+                total, late, n = _medians(rows, stage, col)
+                if n >= MIN_REQUESTS and total > 0:
+                    parts[side] = late / total
+        return _decide(parts)
     return None
 
 
-def _decide(parts_ms: dict[str, float], total_ms: float) -> str | None:
-    if total_ms <= 0 or not parts_ms:
+def _decide(shares: dict[str, float]) -> str | None:
+    """The side whose lateness accounts for at least ``SHARE`` of the time (the largest)."""
+    if not shares:
         return None
-    if sum(max(v, 0.0) for v in parts_ms.values()) < SHARE * total_ms:
-        return None
-    return max(parts_ms, key=parts_ms.__getitem__)
+    side = max(shares, key=shares.__getitem__)
+    return side if shares[side] >= SHARE else None

@@ -209,7 +209,7 @@ class AlertSender:
 
 
 # --- an incident as an Alertmanager alert ---------------------------------------------------
-RESERVED_LABELS = ("alertname", "severity", "stage", "pitfall", "direction", "side")
+RESERVED_LABELS = ("alertname", "severity", "stage", "pitfall", "direction", "side", "standing")
 _LABEL_CHARS = str.maketrans({c: "_" for c in "-.:/ "})
 
 
@@ -257,6 +257,8 @@ def payload(incident: Incident, *, store: str | None = None, generator_url: str 
         labels["stage"] = finding.stage
     else:
         labels["pitfall"] = finding.name
+    if incident.standing:  # held from the start: a warning, once, never a critical page
+        labels["standing"] = "true"
     labels |= {scope_label(k): str(v) for k, v in sorted(incident.scope.items())}
     for k, v in sorted(incident.common.items()):  # every request in scope had it
         labels.setdefault(scope_label(k), str(v))

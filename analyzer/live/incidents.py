@@ -195,10 +195,10 @@ class Incident:
     notification says what the firing one said, and how it ended); ``co_movers`` the findings
     of other stages that began with it in its place (said with it, never paged apart).
 
-    ``pages``: whether it goes to Alertmanager. An incident does not page while it is
-    ``standing`` (a condition that held from the start: no onset, no change) or while its time is
-    the measuring side's own lateness (``late``: ``findings.lateness``); such incidents are
-    in ``GET /v1/findings`` and the printout all the same."""
+    ``pages``: whether it goes to Alertmanager: not while its time is the measuring side's own
+    lateness (``late``: ``findings.lateness``); such an incident is in ``GET /v1/findings`` and
+    the printout all the same. A ``standing`` one (a condition that held from the start: no
+    onset, no change) goes as a ``warning``, never ``critical``, with the label ``standing``."""
 
     key: tuple
     finding: Finding
@@ -236,7 +236,7 @@ class Incident:
 
     @property
     def pages(self) -> bool:
-        return not self.standing and self.late is None
+        return self.late is None
 
     @property
     def side(self) -> str:
@@ -313,6 +313,7 @@ class IncidentBook:
     frame: pl.DataFrame = field(default_factory=pl.DataFrame)  # this step's requests
     suppressed: int = 0  # incidents not opened because max_firing were firing
     origin: float | None = None  # the first request's start: what was there then is standing
+    ongoing: set[tuple] = field(default_factory=set)  # this step's fingerprints without an end
 
     @property
     def merge_s(self) -> float:
@@ -340,6 +341,7 @@ class IncidentBook:
         if self.origin is None and "start" in frame.columns and frame.height:
             self.origin = float(frame["start"].min())
         ongoing = [f for f in findings if until_of(f) is None]
+        self.ongoing = {fingerprint(f) for f in ongoing}
         self.held = self._hold(now, ongoing, frame)
         keep_s = 2 * self.hold_s + self.merge_s
         self.named = {k: v for k, v in self.named.items() if v[0] >= now - keep_s}
@@ -420,19 +422,36 @@ class IncidentBook:
                 return incident
         return None
 
-    def _companion(self, key: tuple, onset: float) -> Incident | None:
-        """A firing incident of another subject that this finding began with: in the same place
-        (nested scopes, or one place by their requests), its onset within ``merge_s``."""
+    def _companion(self, finding: Finding, key: tuple, onset: float) -> Incident | None:
+        """The incident of another subject this finding belongs to, in the same place (nested
+        scopes, or one place by their requests): a firing one whose onset is within ``merge_s``
+        of this one's (they moved together), or earlier while this finding costs users no more
+        than what it paged with (what moves while an incident goes on is part of it: a flood's
+        queue, then its API server as the bottleneck moves; a larger change is news of its own);
+        or a resolved one with this onset inside its span."""
         for incident in reversed(self.incidents):
-            if incident.state != "firing" or incident.key[:2] == key[:2]:
+            if incident.key[:2] == key[:2] or onset < incident.onset - self.merge_s:
                 continue
-            if abs(incident.onset - onset) > self.merge_s:
+            if incident.state == "resolved" and onset > (incident.ends_at or incident.onset):
+                continue
+            lead = incident.fired or incident.finding
+            later = onset > incident.onset + self.merge_s
+            if incident.state == "firing" and later and abs(finding.cost_s) > abs(lead.cost_s):
                 continue
             if _nested(incident.key[2], key[2]) or same_place(
                 incident.scope, dict(key[2]), self.frame, min(onset, incident.onset)
             ):
                 return incident
         return None
+
+    def _carried_on(self, incident: Incident) -> bool:
+        """A co-mover of ``incident`` is still found and its stage, in its scope, lately, is
+        still nearer its level after than before: its change is not over."""
+        return any(
+            fingerprint(f) in self.ongoing
+            and (not isinstance(f, Shift) or returned(f, self.frame, self.latest - self.recent_check_s) is False)
+            for f in incident.co_movers
+        )
 
     def _apply(
         self, now: float, finding: Finding, frame: pl.DataFrame, seen: dict[int, bool], late: str | None
@@ -444,6 +463,8 @@ class IncidentBook:
         until = until_of(finding)
         reversed_ = self._related(key, onset, "firing", same_direction=False)
         if isinstance(finding, Shift) and reversed_ is not None:
+            if self._carried_on(reversed_):  # its stage came back, what moved with it did not
+                return reversed_, False, False
             said = f"{finding.stage} came back ({finding.statistic} {finding.before_ms:.3g} → {finding.after_ms:.3g} ms)"
             self._resolve(reversed_, onset, said)
             return reversed_, True, True
@@ -462,7 +483,11 @@ class IncidentBook:
             return None, False, False  # the end of a resolved incident, seen again
         if onset < now - self.recent_s or until is not None or key[3] == "down":
             return None, False, False
-        companion = self._companion(key, onset)
+        companion = self._companion(finding, key, onset)
+        if companion is not None and companion.state == "resolved":
+            if all(fingerprint(f) != key for f in companion.co_movers):
+                companion.co_movers = [*companion.co_movers, finding]
+            return None, False, False  # part of a change that is over: noted with it, not news
         if companion is not None:
             return self._join(now, companion, finding, late)
         opened = self._open(now, key, finding, frame, late)
@@ -552,6 +577,8 @@ class IncidentBook:
             incident.onset = onset_of(finding, now)
         if fingerprint(finding) != incident.key:  # a nested scope: keep the labels, take the words
             finding = replace(finding, scope=incident.finding.scope)
+        if until is not None and self._carried_on(incident):
+            until = None  # its stage came back, what moved with it did not: it goes on
         if until is not None:
             self._resolve(incident, until, "came back")
         same = finding.sentence == incident.finding.sentence and until is None

@@ -20,8 +20,9 @@ def alert_line(now: float, incident: Incident, alert: dict) -> str:
     shown = ", ".join(f"{k}={v}" for k, v in labels.items() if k != "alertname")
     state = "FIRING" if incident.state == "firing" else "RESOLVED"
     if not incident.pages:
-        why = "standing since the start" if incident.standing else f"the {incident.late} side's own lateness"
-        state = f"NOTED (not paged: {why})"
+        state = f"NOTED (not paged: the {incident.late} side's own lateness)"
+    elif incident.standing:
+        state += " (standing since the start: a warning)"
     return (
         f"[{iso_utc(now)} +{now - incident.onset:.0f}s since onset] {state} {labels['alertname']}{{{shown}}}: "
         f"{alert['annotations']['summary']}"

@@ -89,15 +89,18 @@ def exposition(tmp_path_factory: pytest.TempPathFactory, traffic) -> dict[str, l
 def watch_registry():
     """``hopline watch --listen``'s /metrics with one firing incident (the "Findings now" table
     and the findings annotation query it): queue x3 on replica r2."""
+    from hopline.analyzer.findings.model import Shift
     from hopline.analyzer.live.detector import LiveDetector
+    from hopline.analyzer.live.incidents import Incident, fingerprint
     from hopline.analyzer.live.metrics import build_registry
     from hopline.analyzer.live.watch import Watch
 
     watch = Watch(LiveDetector())
-    watch.snapshot = [
-        {"kind": "shift", "stage": "queue", "scope": {"replica": "r2"}, "before_ms": 40.0,
-         "after_ms": 120.0, "factor": 3.0, "state": "firing", "share_since_onset": 0.1}
-    ]  # fmt: skip
+    rise = Shift(
+        summary="queue time tripled", stage="queue", scope={"replica": "r2"}, at=0.0, statistic="p50",
+        before_ms=40.0, after_ms=120.0, factor=3.0, z=9.0, affected_requests=100, impact_s=8.0,
+    )  # fmt: skip
+    watch.snapshot = [Incident(fingerprint(rise), rise, 0.0, 20.0, 20.0, "critical", 0.1)]
     return build_registry(watch)
 
 

@@ -1,0 +1,198 @@
+"""What pages and what does not: one incident, one page, and the right one.
+
+Recorded real runs (``tests/data/repro/``: a real vLLM on a loaded 2-core host, two chat users
+asking 48 tokens, then a batch job of 12 streams asking 160; see its README) are replayed through
+the live detector with the settings they ran live with: exactly one page, the queue on the
+flood's replica, no earlier than the flood and within 60 s of it. The rules behind it are then
+stated one by one on generated logs: co-movers join the incident they began with, a standing
+condition is a warning with the label ``standing``, the caller's own lateness is noted and never
+paged, and leads nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import polars as pl
+import pytest
+from hopline.analyzer.findings import lateness
+from hopline.analyzer.findings.model import Pitfall, Shift, pitfall
+from hopline.analyzer.io import scan_events
+from hopline.analyzer.live.alertmanager import payload
+from hopline.analyzer.live.detect import findings_now
+from hopline.analyzer.live.detector import LiveConfig, LiveDetector
+from hopline.analyzer.live.feed import replay
+from hopline.analyzer.live.incidents import IncidentBook
+from hopline.analyzer.live.watch import Watch
+from hopline.analyzer.timelines import timelines
+from support.cli import hopline
+from support.synth import DEFAULT_START, StageShift, generate
+
+REPRO = Path(__file__).parents[2] / "data" / "repro"
+# the settings each recording's watch ran with: hopline watch's defaults, then test_vllm_flood_live's
+RUNS = {
+    "vllm-flood-live-2026-12-04": LiveConfig(),
+    "vllm-flood-ci-1": LiveConfig(window_s=2.0, settle_s=2.0, lateness_s=2.0, hold_s=5.0),
+    "vllm-flood-ci-3": LiveConfig(window_s=2.0, settle_s=2.0, lateness_s=2.0, hold_s=5.0),
+}
+
+
+def flood_start(name: str) -> float:
+    """When the batch job began: its ``run.json``, else its first request asking 160 tokens."""
+    run = REPRO / name / "run.json"
+    if run.exists():
+        return float(json.loads(run.read_text())["flood_start"])
+    events = scan_events([REPRO / name])[0].collect()
+    asked = events.filter((pl.col("hop") == "client.sent") & (pl.col("max_tokens") == 160))
+    return float(asked["ts"].min())
+
+
+def replayed(name: str) -> tuple[list[tuple[float, dict]], LiveDetector]:
+    """Every alert the watch would send (its event time, the alert), replaying ``name``."""
+    detector = LiveDetector(RUNS[name])
+    sent: list[tuple[float, dict]] = []
+    watch = Watch(detector)
+    step = watch.on_step
+
+    def on_step(now: float, changed: list) -> None:
+        sent.extend((now, payload(i)) for i in changed if i.pages)
+        step(now, changed)
+
+    detector.on_step = on_step
+    for batch in replay([REPRO / name], detector.config.every_s):
+        detector.feed(batch)
+    detector.flush()
+    return sent, detector
+
+
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_a_real_flood_on_a_loaded_host_pages_once_for_the_queue_on_its_replica(name):
+    sent, detector = replayed(name)
+    start, window = flood_start(name), detector.config.window_s
+    firing = [(now, a) for now, a in sent if "endsAt" not in a]
+    shown = [(now - start, a["labels"], a["annotations"]["summary"][:120]) for now, a in firing]
+    assert len({tuple(sorted(a["labels"].items())) for _, a in firing}) == 1, shown
+    now, alert = firing[0]
+    labels = alert["labels"]
+    assert (labels["alertname"], labels["stage"], labels["replica"], labels["side"]) == (
+        "HoplineShift", "queue", "r1", "engine",
+    ), shown  # fmt: skip
+    assert labels["severity"] == "critical" and "standing" not in labels
+    onset = next(i for i in detector.book.incidents if i.pages).fired_onset
+    # sent after the flood began, within a minute; its onset at a window boundary next to it
+    # (the boundary before it when the flood began late in a window)
+    assert start <= now <= start + 60 and start - 2 * window <= onset, (onset - start, now - start)
+    # what was noted and not paged: the caller's own lateness (the recorded live run's 155 ms
+    # "network" on loopback was its load generator reading the first token late)
+    noted = [i for i in detector.book.incidents if not i.pages]
+    assert all(i.late == "client" for i in noted)
+
+
+def test_analyze_json_of_the_recorded_flood_parses_and_puts_the_queue_first(tmp_path):
+    run = hopline("analyze", str(REPRO / "vllm-flood-live-2026-12-04"), "--json", timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    result = json.loads(run.stdout)
+    first = result["findings"][0]
+    assert (first["kind"], first["stage"]) == ("shift", "queue"), [f["summary"] for f in result["findings"]]
+    # the batch asked for longer answers: a mix change, never "check its chat template"
+    assert not [f for f in result["findings"] + result.get("minor", []) if f.get("name") == "verbose_outputs"]
+
+
+# --- the rules, on generated logs -----------------------------------------------------------------
+
+ONSET = DEFAULT_START + 150
+
+
+@pytest.fixture(scope="module")
+def queue_rise():
+    events = generate(
+        duration_s=300, rate=20, seed=11, incidents=[StageShift("queue", 3.0, at_s=150, scope={"replica": "r2"})]
+    )
+    frame = timelines(events.lazy()).collect()
+    (found,) = [f for f in findings_now(frame, 10.0, ("replica", "model", "service")) if getattr(f, "stage", "") == "queue"]
+    assert (found.scope, found.at) == ({"replica": "r2"}, ONSET)
+    return frame, found
+
+
+def book(**kw) -> IncidentBook:
+    return IncidentBook(**{"window_s": 10.0, "horizon_s": 600.0, "recent_s": 60.0} | kw)
+
+
+def test_a_stage_that_moved_with_a_firing_incident_is_its_co_mover_not_a_second_page(queue_rise):
+    frame, queue = queue_rise
+    b = book()
+    (opened,) = b.step(ONSET + 20, [queue], frame)
+    frontend = replace(queue, stage="frontend", summary="engine frontend time rose 3.6×", at=ONSET + 10, impact_s=1.0)
+    assert b.step(ONSET + 30, [queue, frontend], frame) == []  # nothing new to send
+    assert len(b.incidents) == 1 and [f.stage for f in opened.co_movers] == ["frontend"]
+    assert "engine frontend time rose 3.6×" in payload(opened)["annotations"]["co_movers"]
+    # while the frontend is still up, the queue coming back does not end the incident
+    assert b.firing() == [opened]
+
+
+def test_a_later_larger_change_in_the_same_place_is_news_of_its_own(queue_rise):
+    frame, queue = queue_rise
+    b = book(recent_s=120.0)
+    b.step(ONSET + 20, [queue], frame)
+    prefill = replace(queue, stage="prefill", summary="prefill time rose 5×", at=ONSET + 60, impact_s=queue.impact_s * 10)
+    (news,) = b.step(ONSET + 80, [queue, prefill], frame)
+    assert news.finding.stage == "prefill" and len(b.firing()) == 2
+
+
+def test_the_callers_own_lateness_leads_nothing_and_pages_nothing(queue_rise):
+    frame, queue = queue_rise
+    delay = replace(queue, stage="client_delay", summary="client-side delay rose", impact_s=queue.impact_s * 5)
+    assert lateness.explained(delay, frame) == "client"
+    b = book()
+    (opened,) = b.step(ONSET + 20, [delay, queue], frame)  # the larger first, as ranked by cost
+    assert opened.finding.stage == "queue" and opened.pages and opened.side == "engine"
+    alone = book()
+    (noted,) = alone.step(ONSET + 20, [delay], frame)
+    assert not noted.pages and noted.late == "client" and noted.severity == "warning"
+    printed: list[str] = []
+    detector = LiveDetector(LiveConfig(window_s=10.0))
+    Watch(detector, out=printed.append).on_step(ONSET + 20, [noted])
+    assert printed and "NOTED (not paged: the client side's own lateness)" in printed[0]
+
+
+def _gap(scope: dict) -> Pitfall:
+    return pitfall(
+        "new_connection_per_request", scope, 100, {"share_new": 1.0}, "service s opens a new connection", 200.0, "connect"
+    )
+
+
+def test_a_condition_that_held_from_the_start_is_a_standing_warning_once(queue_rise):
+    frame, _ = queue_rise
+    origin = float(frame["start"].min())
+    b = book(hold_s=20.0)
+    assert b.step(origin + 10, [_gap({})], frame) == []  # held for 20 s first
+    (standing,) = b.step(origin + 30, [_gap({})], frame)
+    alert = payload(standing)
+    assert standing.standing and alert["labels"]["standing"] == "true" and alert["labels"]["severity"] == "warning"
+    assert alert["labels"]["side"] == "client"
+    assert b.step(origin + 40, [_gap({})], frame) == []  # once
+    later = book(hold_s=20.0)
+    later.step(origin + 30, [], frame)  # the detector ran from the start and did not see it
+    assert later.step(origin + 250, [_gap({})], frame) == []
+    (changed,) = later.step(origin + 270, [_gap({})], frame)
+    assert not changed.standing and "standing" not in payload(changed)["labels"]
+
+
+def test_network_time_that_is_the_readers_loop_lateness_is_the_clients():
+    n = 200
+    start = pl.Series([DEFAULT_START + i for i in range(n)], dtype=pl.Float64)
+    late = pl.Series([0.01 if i < 100 else 0.4 for i in range(n)])
+    frame = pl.DataFrame({"start": start, "network": 0.005 + late * 0.9, "client_read_lag_s": late})
+    rise = Shift(
+        summary="network time rose", stage="network", scope={}, at=DEFAULT_START + 100, statistic="p50",
+        before_ms=14.0, after_ms=365.0, factor=26.0, z=10.0, affected_requests=100, impact_s=35.0,
+    )  # fmt: skip
+    assert lateness.explained(rise, frame) == "client"
+    # a slower wire: the same rise with the reader on time is the network's
+    on_time = frame.with_columns(client_read_lag_s=pl.lit(0.01))
+    assert lateness.explained(rise, on_time) is None
+    # a reader that was late all along explains a standing gap, not a change of it
+    steady = frame.with_columns(client_read_lag_s=pl.lit(0.4), network=pl.lit(0.3) + (late > 0.1) * 0.3)
+    assert lateness.explained(rise, steady) is None
