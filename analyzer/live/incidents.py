@@ -67,6 +67,7 @@ from hopline.middleware.contract.rules import side_of
 ALERTNAMES = {"shift": "HoplineShift", "pitfall": "HoplinePitfall"}
 CRITICAL_SHARE = 0.05  # users' time added since the onset, from which an incident is critical
 EXAMPLES = 3  # request IDs an alert names
+CALLERS = ("client",)  # sides whose own lateness is the measuring caller's: noted, never paged
 SAME_PLACE = 0.8  # the share of one scope's requests in another from which they are one place
 STANDING_S = 60.0  # a condition first seen this soon after the first request (plus the hold) stood from the start
 
@@ -195,8 +196,9 @@ class Incident:
     notification says what the firing one said, and how it ended); ``co_movers`` the findings
     of other stages that began with it in its place (said with it, never paged apart).
 
-    ``pages``: whether it goes to Alertmanager: not while its time is the measuring side's own
-    lateness (``late``: ``findings.lateness``); such an incident is in ``GET /v1/findings`` and
+    ``pages``: whether it goes to Alertmanager: not while its time is the calling side's own
+    lateness (``late`` in ``CALLERS``: ``findings.lateness``; an engine's or gateway's late loop is
+    that server's time: it pages, with that ``side``); such an incident is in ``GET /v1/findings`` and
     the printout all the same. A ``standing`` one (a condition that held from the start: no
     onset, no change) goes as a ``warning``, never ``critical``, with the label ``standing``."""
 
@@ -215,7 +217,7 @@ class Incident:
     fired: Finding | None = None  # the finding it opened (or began to page) with
     co_movers: list[Finding] = field(default_factory=list)
     standing: bool = False
-    late: str | None = None  # the side whose own lateness its time is (it does not page)
+    late: str | None = None  # the side whose own loop lateness its time is (the caller's: it does not page)
     sample: float | None = None  # the fraction of requests analysed, when below 1
     ended: str | None = None  # how it ended, said in the resolved notification
     fired_onset: float | None = None  # its onset when it paged (the alert's ``startsAt``)
@@ -236,7 +238,7 @@ class Incident:
 
     @property
     def pages(self) -> bool:
-        return self.late is None
+        return self.late not in CALLERS
 
     @property
     def side(self) -> str:
@@ -289,7 +291,7 @@ def _place(key: tuple) -> tuple:
 def _lead_order(finding: Finding, late: str | None) -> tuple:
     """Which of findings that began together leads their incident: one that pages before one
     that is the measuring side's own lateness, then the larger cost to users."""
-    return (late is not None, -abs(finding.cost_s))
+    return (late in CALLERS, -abs(finding.cost_s))
 
 
 @dataclass
@@ -499,7 +501,7 @@ class IncidentBook:
         nothing was sent of it yet, so its labels may change."""
         incident.last_seen = now
         incident.co_movers = [f for f in incident.co_movers if fingerprint(f) != fingerprint(finding)] + [finding]
-        if incident.late is not None and late is None and not incident.standing:
+        if not incident.pages and late not in CALLERS and not incident.standing:
             incident.co_movers = [f for f in incident.co_movers if f is not finding] + [incident.finding]
             incident.key, incident.finding = fingerprint(finding), finding
             incident.onset = onset_of(finding, self.latest)
@@ -532,7 +534,7 @@ class IncidentBook:
             self.suppressed += 1
             return None
         standing = self._standing(now, finding)
-        severity = "critical" if share >= CRITICAL_SHARE and not standing and late is None else "warning"
+        severity = "critical" if share >= CRITICAL_SHARE and not standing and late not in CALLERS else "warning"
         incident = Incident(
             key, finding, onset, now, now, severity, share, examples(finding, frame, onset),
             standing=standing, late=late, sample=self.sample,
@@ -584,8 +586,9 @@ class IncidentBook:
         same = finding.sentence == incident.finding.sentence and until is None
         incident.finding = finding
         incident.share = live_share(finding, frame, incident.onset)
-        if incident.late is not None and late is None and until is None and not incident.standing:
+        if not incident.pages and late not in CALLERS and until is None and not incident.standing:
             incident.page_with(finding, now)
+            incident.late = late
             incident.severity = "critical" if (incident.share or 0.0) >= CRITICAL_SHARE else "warning"
             same = False
         if not same:

@@ -196,3 +196,13 @@ def test_network_time_that_is_the_readers_loop_lateness_is_the_clients():
     # a reader that was late all along explains a standing gap, not a change of it
     steady = frame.with_columns(client_read_lag_s=pl.lit(0.4), network=pl.lit(0.3) + (late > 0.1) * 0.3)
     assert lateness.explained(rise, steady) is None
+
+
+def test_network_time_that_is_the_engines_late_loop_pages_as_the_engines(queue_rise):
+    frame, queue = queue_rise
+    late = (pl.col("start") >= ONSET).cast(pl.Float64) * 0.3 + 0.002
+    slow = frame.with_columns(network=pl.col("network") + late, engine_loop_lag_s=late)
+    rise = replace(queue, stage="network", summary="network time rose", before_ms=5.0, after_ms=305.0)
+    assert lateness.explained(rise, slow) == "engine"
+    (opened,) = book().step(ONSET + 20, [rise], slow)
+    assert opened.pages and opened.side == "engine" and payload(opened)["labels"]["side"] == "engine"
