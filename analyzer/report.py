@@ -23,9 +23,10 @@ from hopline.analyzer.attribution import Slo
 from hopline.analyzer.io import ScanReport
 from hopline.analyzer.findings import Context, Finding, Findings, find
 from hopline.analyzer.findings.model import iso_utc
+from hopline.analyzer.findings.detector import scopes_to_search
 from hopline.analyzer.findings.rank import MINOR_SHARE
 from hopline.middleware.contract import VIEWS
-from hopline.middleware.contract.rules import LOOK, SCOPE_SOURCES, STAGE_ORDER, TTFT_PARTS
+from hopline.middleware.contract.rules import LOOK, STAGE_ORDER, TTFT_PARTS
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -38,25 +39,6 @@ def _counts(series: pl.Series) -> dict[str, int]:
     return {str(k): int(v) for k, v in counted.iter_rows()}
 
 
-MAX_AUTO_SCOPE_VALUES = 16  # a scope attribute with more values is searched only when asked for
-
-
-def scopes_to_search(timelines: pl.DataFrame, by: tuple[str, ...]) -> tuple[str, ...]:
-    """``by`` (the user's, or replica, model, service), plus every other scope attribute of the
-    rule book (gateway_replica, region, route, first_replica, …) present with 2 to
-    ``MAX_AUTO_SCOPE_VALUES`` values and not the same as a searched one on every request
-    (first_replica is replica where no request was retried)."""
-    searched = [d for d in by if d in timelines.columns]
-    for name in SCOPE_SOURCES:
-        if (
-            name not in by
-            and name not in attribution.SCOPES  # the user's --by decides about these
-            and name in timelines.columns
-            and 2 <= timelines[name].drop_nulls().n_unique() <= MAX_AUTO_SCOPE_VALUES
-            and not any(timelines[name].cast(pl.String).eq_missing(timelines[d].cast(pl.String)).all() for d in searched)
-        ):
-            searched.append(name)
-    return tuple(searched)
 
 
 @dataclass(frozen=True)

@@ -282,3 +282,33 @@ def test_no_symlink_is_tracked() -> None:
     ).stdout
     links = [line.split("\t", 1)[1] for line in listed.splitlines() if line.startswith("120000 ")]
     assert links == [], f"tracked symlinks: {links}"
+
+
+def test_the_shift_detector_is_imported_only_by_the_registry() -> None:
+    """What other detectors and the live side borrow (rank test, scopes, words) lives in
+    ``analyzer/findings/``; ``findings/shifts/`` is one detector, reached through the registry."""
+    shifts = REPO / "analyzer" / "findings" / "shifts"
+    wrong = [
+        f"{path.relative_to(REPO)}:{line} imports {name}"
+        for path in modules()
+        if shifts not in path.parents and path.name != "registry.py"
+        for line, name in imported(path)
+        if name.startswith("hopline.analyzer.findings.shifts")
+    ]
+    assert not wrong, wrong
+
+
+def test_the_live_side_reads_findings_as_types_not_as_json() -> None:
+    """Typed to the page: the live modules never import the report (its JSON) nor read a finding
+    back from a dict (``finding["stage"]``, ``incident.get("scope")``)."""
+    live = REPO / "analyzer" / "live"
+    dict_reads = re.compile(r"\b(finding|incident|found)(\[\"|\.get\()")
+    wrong = []
+    for path in sorted(live.rglob("*.py")):
+        wrong += [f"{path.name}:{line} imports {name}" for line, name in imported(path) if name == "hopline.analyzer.report"]
+        wrong += [
+            f"{path.name}:{number}: {text.strip()}"
+            for number, text in enumerate(path.read_text().splitlines(), start=1)
+            if dict_reads.search(text)
+        ]
+    assert not wrong, wrong

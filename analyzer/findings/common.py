@@ -13,6 +13,11 @@ def ms(value: float | None) -> float | None:
     return None if value is None else round(value * 1e3, 2)
 
 
+def in_scope(scope: dict[str, str]) -> pl.Expr:
+    """Whether a request is in ``scope`` (every key equal to its value; ``{}``: all traffic)."""
+    return pl.all_horizontal([pl.col(k).cast(pl.String) == v for k, v in scope.items()] or [pl.lit(True)])
+
+
 def columns(frame: pl.DataFrame, *names: str) -> pl.DataFrame:
     """``frame`` with only those of ``names`` it has: a detector filters and groups the columns it
     reads, not the whole timelines (~80 columns)."""

@@ -12,10 +12,32 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 import polars as pl
+from hopline.analyzer import attribution
 from hopline.analyzer.findings.model import Finding as Finding
 from hopline.analyzer.findings.model import Scope, Shift
+from hopline.middleware.contract.rules import SCOPE_SOURCES
 
 DEFAULT_SCOPES = ("replica", "service", "model")
+
+MAX_AUTO_SCOPE_VALUES = 16  # a scope attribute with more values is searched only when asked for
+
+
+def scopes_to_search(timelines: pl.DataFrame, by: tuple[str, ...]) -> tuple[str, ...]:
+    """``by`` (the user's, or replica, model, service), plus every other scope attribute of the
+    rule book (gateway_replica, region, route, first_replica, …) present with 2 to
+    ``MAX_AUTO_SCOPE_VALUES`` values and not the same as a searched one on every request
+    (first_replica is replica where no request was retried)."""
+    searched = [d for d in by if d in timelines.columns]
+    for name in SCOPE_SOURCES:
+        if (
+            name not in by
+            and name not in attribution.SCOPES  # the user's --by decides about these
+            and name in timelines.columns
+            and 2 <= timelines[name].drop_nulls().n_unique() <= MAX_AUTO_SCOPE_VALUES
+            and not any(timelines[name].cast(pl.String).eq_missing(timelines[d].cast(pl.String)).all() for d in searched)
+        ):
+            searched.append(name)
+    return tuple(searched)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import polars as pl
 from hopline.analyzer.findings.common import columns, ms
 from hopline.analyzer.findings.detector import Context, Detector
 from hopline.analyzer.findings.model import Pitfall, Scope, Shift, pitfall, to_second
-from hopline.analyzer.findings.shifts.scopes import in_scope
+from hopline.analyzer.findings.common import in_scope
 
 
 def engine_rows(tl: pl.DataFrame) -> pl.DataFrame:

@@ -25,8 +25,8 @@ import numpy as np
 import polars as pl
 from hopline.analyzer.findings.detector import Context, Detector
 from hopline.analyzer.findings.model import Pitfall, Scope, Shift, pitfall
-from hopline.analyzer.findings.shifts.stats import split_z, z_threshold
-from hopline.analyzer.findings.shifts.words import clock
+from hopline.analyzer.findings.stats import split_z, z_threshold
+from hopline.analyzer.findings.words import clock
 
 
 @dataclass(frozen=True)

@@ -11,10 +11,9 @@ weighs a finding by the users' time since its onset, not over the whole horizon;
 from __future__ import annotations
 
 import polars as pl
-from hopline.analyzer.findings.detector import Context
+from hopline.analyzer.findings.detector import Context, scopes_to_search
 from hopline.analyzer.findings.model import Finding
 from hopline.analyzer.findings.rank import find
-from hopline.analyzer.report import scopes_to_search
 
 
 def findings_now(

@@ -60,8 +60,8 @@ import polars as pl
 from hopline.analyzer.findings import lateness
 from hopline.analyzer.findings.model import Finding, Pitfall, Shift, iso_utc
 from hopline.analyzer.findings.rank import MINOR_SHARE, share_of, users_time
-from hopline.analyzer.findings.shifts.scopes import in_scope
-from hopline.analyzer.findings.shifts.stats import STATISTICS
+from hopline.analyzer.findings.common import in_scope
+from hopline.analyzer.findings.stats import STATISTICS
 from hopline.middleware.contract.rules import side_of
 
 ALERTNAMES = {"shift": "HoplineShift", "pitfall": "HoplinePitfall"}

@@ -16,7 +16,7 @@ import pytest
 from hopline.analyzer.findings.detector import Context
 from hopline.analyzer.findings.model import Findings, Shift
 from hopline.analyzer.findings.rank import find
-from hopline.analyzer.findings.shifts.scopes import in_scope
+from hopline.analyzer.findings.common import in_scope
 from hopline.analyzer.timelines import timelines
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

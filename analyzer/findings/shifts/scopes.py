@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import polars as pl
+from hopline.analyzer.findings.common import in_scope
 from hopline.analyzer.findings.shifts.incidents import Change
 from hopline.analyzer.findings.shifts.stats import (
     RANK_RESOLUTION_S,
@@ -162,10 +163,6 @@ def cell(
             best.after_n = round(best.after_n * frame.height / tested_frame.height)  # requests, not sampled
             return best
     return det
-
-
-def in_scope(scope: dict[str, str]) -> pl.Expr:
-    return pl.all_horizontal([pl.col(k).cast(pl.String) == v for k, v in scope.items()] or [pl.lit(True)])
 
 
 def explains(

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+from hopline.analyzer.findings.words import clock  # noqa: F401 (said here too)
 from hopline.middleware.contract.rules import LOOK, STAGE_ORDER
 
 if TYPE_CHECKING:
@@ -34,11 +35,6 @@ SPOKEN_FACTOR = 10.0  # beyond 10x either way a change reads better as its two v
 
 
 PERCENT_RANGE = (0.5, 2.0)  # a co-mover's ratio said as a percentage; outside it, as two values
-
-
-def clock(ts: float) -> str:
-    moment = datetime.fromtimestamp(round(ts), tz=UTC)
-    return moment.strftime("%H:%M" if moment.second == 0 else "%H:%M:%S")
 
 
 def ms(value: float) -> str:
