@@ -20,6 +20,7 @@ from hopline.demo.engine_sim import (
 from hopline.demo.wiring import engine_middleware
 from hopline.middleware import clock
 from support.events import events_of, memory_emitter
+from support.servers import wait_until
 from support.servers import running_server
 
 FAST = {"step_base_s": 0.002, "step_per_seq_s": 0.0, "prefill_per_token_s": 0.000001, "frontend_s": 0.0}
@@ -171,7 +172,10 @@ def test_streaming_follows_the_openai_chunk_format(engine_url) -> None:
     events = [e for e in events_of(emitter) if e["request_id"] == "abc123"]
     hops = {e["hop"]: e for e in events}
     assert {"engine.received", "engine.first_token", "engine.last_token", "engine.stats"} <= set(hops)
-    truth = orjson.loads(truth_path.read_bytes().splitlines()[-1])
+    # the truth line is written off the response path (call_soon after the stream's end): it may
+    # come a moment after the client read the body
+    lines = wait_until("the request's truth line", lambda: truth_path.read_bytes().splitlines(), timeout=10)
+    truth = orjson.loads(lines[-1])
     stats = hops["engine.stats"]
     assert truth["request_id"] == "abc123"
     assert (stats["queue_s"], stats["prefill_s"], stats["decode_s"]) == (
