@@ -11,12 +11,14 @@ the flood, nor the client's own pool wait, nor a percentage from a near-zero bas
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
@@ -107,6 +109,19 @@ def user(
     return done
 
 
+@contextlib.contextmanager
+def chat_and_batch(emitter: Emitter) -> Iterator[tuple[httpx.Client, httpx.Client, ThreadPoolExecutor]]:
+    """The chat users' client (service ``chat``) and the batch job's (``batch``), instrumented,
+    and a thread for each user of both."""
+    limits = httpx.Limits(max_connections=32)
+    with (
+        instrument(httpx.Client(timeout=120, limits=limits), emitter=emitter, service="chat") as chat_c,
+        instrument(httpx.Client(timeout=120, limits=limits), emitter=emitter, service="batch") as batch_c,
+        ThreadPoolExecutor(STEADY_USERS + FLOOD_USERS) as pool,
+    ):
+        yield chat_c, batch_c, pool
+
+
 def scenario(port: int, emitter: Emitter) -> dict[str, float]:
     """Steady chat, flood, steady chat; returns when the flood started, when its last call began
     (``flood_stop``) and when that call ended (``flood_end``), in wall-clock seconds.
@@ -114,12 +129,7 @@ def scenario(port: int, emitter: Emitter) -> dict[str, float]:
     Each user is a thread with a blocking client: streams sharing one asyncio loop were seen to
     starve each other (a whole answer arriving at its end), which would be the client's artifact.
     """
-    limits = httpx.Limits(max_connections=32)
-    with (
-        instrument(httpx.Client(timeout=120, limits=limits), emitter=emitter, service="chat") as chat_c,
-        instrument(httpx.Client(timeout=120, limits=limits), emitter=emitter, service="batch") as batch_c,
-        ThreadPoolExecutor(STEADY_USERS + FLOOD_USERS) as pool,
-    ):
+    with chat_and_batch(emitter) as (chat_c, batch_c, pool):
         chat, steady_over, flood_over = Answers(), threading.Event(), threading.Event()
         steady = [
             pool.submit(user, chat_c, port, steady_over, MAX_TOKENS, THINK_S, i, chat)

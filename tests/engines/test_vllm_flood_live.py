@@ -20,7 +20,7 @@ The targets (wall clock, generous):
 3. at most ``MAX_ALERTS`` distinct firing alerts (label sets) for the incident;
 4. ``hopline analyze EVENTS --json`` of the same events exits 0 with JSON.
 
-Every run is kept, pass or fail, under ``RECORDINGS/RUN_N`` (events, the watch's output, the
+With ``HOPLINE_LIVE_RECORDINGS=DIR``, every run is kept, pass or fail, under ``DIR/RUN_N`` (events, the watch's output, the
 webhook's notifications, ``run.json`` with the flood's times) for replaying in the analyzer.
 """
 
@@ -35,24 +35,21 @@ import subprocess
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
-from hopline.middleware.client import instrument
 from hopline.middleware.emit import Emitter
 from support.alertmanager import Webhook, alertmanager_with_webhook
 from test_vllm import UNPINNED, free_port, start_server, stop_server, tail, vllm_dir, wait_ready
-from test_vllm_flood import Answers, user, wait_for
+from test_vllm_flood import FLOOD_USERS, STEADY_USERS, Answers, chat_and_batch, user, wait_for
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1200)]
 
-RECORDINGS = Path(os.environ.get("HOPLINE_LIVE_RECORDINGS", "/work/recordings/vllm-live"))
+RECORDINGS_ENV = "HOPLINE_LIVE_RECORDINGS"  # a folder to keep every run in (else pytest's tmp_path keeps it)
 MAX_NUM_SEQS = 4
-STEADY_USERS, FLOOD_USERS = 2, 12
+
 STEADY_S, FLOOD_S, AFTER_S = 40.0, 40.0, 30.0  # at least; and MIN_SIDE answers before and after
 MIN_SIDE = 60
 CHAT_TOKENS, BATCH_TOKENS = 48, 160  # the batch asks for longer answers: a mix change, not a slowdown
@@ -98,12 +95,7 @@ def scenario(port: int, emitter: Emitter, times: dict[str, Any]) -> None:
 
     Each user is a thread with a blocking client, as in test_vllm_flood (streams sharing one
     asyncio loop were seen to starve each other)."""
-    limits = httpx.Limits(max_connections=32)
-    with (
-        instrument(httpx.Client(timeout=120, limits=limits), emitter=emitter, service="chat") as chat_c,
-        instrument(httpx.Client(timeout=120, limits=limits), emitter=emitter, service="batch") as batch_c,
-        ThreadPoolExecutor(STEADY_USERS + FLOOD_USERS) as pool,
-    ):
+    with chat_and_batch(emitter) as (chat_c, batch_c, pool):
         chat, steady_over, flood_over = Answers(), threading.Event(), threading.Event()
         times["traffic_start"] = time.time()
         steady = [
@@ -196,11 +188,11 @@ def wait_webhook_quiet(webhook: Webhook, quiet_s: float = 4.0, at_most_s: float 
         time.sleep(0.2)
 
 
-def new_run_dir() -> Path:
-    RECORDINGS.mkdir(parents=True, exist_ok=True)
-    number = 1 + max((int(p.name[4:]) for p in RECORDINGS.glob("RUN_*") if p.name[4:].isdigit()), default=0)
+def new_run_dir(root: Path) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    number = 1 + max((int(p.name[4:]) for p in root.glob("RUN_*") if p.name[4:].isdigit()), default=0)
     while True:
-        path = RECORDINGS / f"RUN_{number}"
+        path = root / f"RUN_{number}"
         try:
             path.mkdir()
             return path
@@ -245,11 +237,13 @@ def queue_truth(engine_events: Path, run: dict[str, Any]) -> dict[str, Any]:
 def record(tmp_path: Path, events: Path, webhook_records: list[dict], run: dict[str, Any]) -> Path:
     """Copy the run's events, the watch's output, the webhook's notifications, the server's log
     and ``run.json`` to a new ``RECORDINGS/RUN_N``; never raises (the test's own failure comes first)."""
+    if not os.environ.get(RECORDINGS_ENV):
+        return tmp_path  # pytest keeps the last runs' folders
     try:
-        out = new_run_dir()
+        out = new_run_dir(Path(os.environ[RECORDINGS_ENV]))
     except OSError as exc:
         print(f"\nno recording: {exc!r}")
-        return RECORDINGS
+        return tmp_path
     try:
         if events.exists():
             shutil.copytree(events, out / "events")
