@@ -112,9 +112,14 @@ def closing_lines(run: DemoRun, html: Path | None) -> list[str]:
         )
     firing = [a for a in run.live_alerts if not a["alert"].get("endsAt")]
     if firing:
-        first = firing[0]
+        # the page that matters: the first critical one that is a change (not a standing warning)
+        first = min(
+            firing,
+            key=lambda a: (a["alert"]["labels"].get("severity") != "critical", a["alert"]["labels"].get("standing") == "true"),
+        )
+        said = "the first" if first is firing[0] else "the first critical one"
         lines.append(
-            f"live: {len(firing)} alert{'s' if len(firing) != 1 else ''} fired while it ran, the first "
+            f"live: {len(firing)} alert{'s' if len(firing) != 1 else ''} fired while it ran, {said} "
             f"{first['seconds_since_onset']:.0f} s after its onset: {first['alert']['annotations']['summary']}"
         )
     else:
