@@ -66,17 +66,25 @@ def explained(finding: Finding, frame: pl.DataFrame) -> str | None:
             if min(n_0, n_1) >= MIN_REQUESTS and total_1 > total_0:
                 parts[side] = (late_1 - late_0) / (total_1 - total_0)
         return _decide(parts)
-    if isinstance(finding, Pitfall) and finding.spent_in in REMAINDERS and finding.spent_in in frame.columns:
-        stage = finding.spent_in
-        rows = frame.filter(_in_scope(finding.scope).fill_null(False) & pl.col(stage).is_not_null())
-        parts = {}
-        for side, col in LAG_COLUMNS.items():
-            if col in rows.columns:
-                total, late, n = _medians(rows, stage, col)
-                if n >= MIN_REQUESTS and total > 0:
-                    parts[side] = late / total
-        return _decide(parts)
+    if isinstance(finding, Pitfall) and finding.spent_in in frame.columns:
+        found = level(frame.filter(_in_scope(finding.scope).fill_null(False)), finding.spent_in)
+        return None if found is None else found[0]
     return None
+
+
+def level(rows: pl.DataFrame, stage: str) -> tuple[str, float] | None:
+    """The side whose loop lateness accounts for at least ``SHARE`` of ``stage``'s level over
+    ``rows`` (a standing condition), with that lateness' median in ms; None when none does."""
+    if stage not in REMAINDERS or stage not in rows.columns:
+        return None
+    shares, late_ms = {}, {}
+    for side, col in LAG_COLUMNS.items():
+        if col in rows.columns:
+            total, late, n = _medians(rows.filter(pl.col(stage).is_not_null()), stage, col)
+            if n >= MIN_REQUESTS and total > 0:
+                shares[side], late_ms[side] = late / total, late * 1e3
+    side = _decide(shares)
+    return None if side is None else (side, late_ms[side])
 
 
 def _decide(shares: dict[str, float]) -> str | None:

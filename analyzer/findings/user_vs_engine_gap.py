@@ -1,5 +1,6 @@
 """``user_vs_engine_gap``: users wait far longer for the first token than the engine takes;
-which of connect / network / gateway takes the difference. Its cost is the gap beyond
+which of connect / network / gateway takes the difference, and when it is network time, whether
+a busy process's event loop accounts for it (``lateness.level``: said so, not blamed on the wire). Its cost is the gap beyond
 ``gap_min_ms``, spent in that part. With disaggregated prefill/decode the engines' TTFT is the
 prefill instance's whole answer plus the decode instance's TTFT (``engine_time``): the prefill
 leg is engine time, not a gap."""
@@ -9,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import polars as pl
+from hopline.analyzer.findings import lateness
 from hopline.analyzer.findings.common import columns, ms, narrow, scoped
 from hopline.analyzer.findings.detector import Context, Detector
 from hopline.analyzer.findings.model import Pitfall, pitfall
@@ -26,7 +28,8 @@ class UserVsEngineGap(Detector):
     min_requests: int = 20  # a scope needs this many requests to be judged
 
     def detect(self, frame: pl.DataFrame, ctx: Context) -> list[Pitfall]:
-        both = columns(frame, "client_ttft", "engine_ttft", "service", *PARTS, "prefill_last", "prefill_received").filter(
+        lags = tuple(lateness.LAG_COLUMNS.values())
+        both = columns(frame, "client_ttft", "engine_ttft", "service", *PARTS, *lags, "start", "prefill_last", "prefill_received").filter(
             pl.col("client_ttft").is_not_null() & pl.col("engine_ttft").is_not_null()
         )
         both = both.with_columns(engine_ttft=engine_time(both))
@@ -62,6 +65,13 @@ class UserVsEngineGap(Detector):
             f"users wait {s['user'] / s['engine']:.1f}× the engine's TTFT{where} (p50 {ms(s['user']):.0f} vs "
             f"{ms(s['engine']):.0f} ms); {main} takes {shares[main] * 100:.0f}% of the {ms(s['gap']):.0f} ms gap"
         )
+        late = lateness.level(part, main)
+        if late is not None:  # the time no endpoint stamps is a busy process's, not the wire's
+            side, late_ms = late
+            summary += (
+                f"; it is mostly the {side}'s own event loop running late (p50 {late_ms:.0f} ms): "
+                f"a busy {'calling process' if side == 'client' else side + ' server'}, not the wire"
+            )
         evidence = {
             "client_ttft_p50_ms": ms(s["user"]),
             "engine_ttft_p50_ms": ms(s["engine"]),
