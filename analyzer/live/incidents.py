@@ -197,8 +197,9 @@ class Incident:
     of other stages that began with it in its place (said with it, never paged apart).
 
     ``pages``: whether it goes to Alertmanager: not while its time is the calling side's own
-    lateness (``late`` in ``CALLERS``: ``findings.lateness``; an engine's or gateway's late loop is
-    that server's time: it pages, with that ``side``); such an incident is in ``GET /v1/findings`` and
+    lateness (``late`` in ``CALLERS``: ``findings.lateness``), nor a server's late loop that is not
+    critical (an engine's or gateway's late loop is that server's time: critical, it pages with
+    that ``side``); such an incident is in ``GET /v1/findings`` and
     the printout all the same. A ``standing`` one (a condition that held from the start: no
     onset, no change) goes as a ``warning``, never ``critical``, with the label ``standing``."""
 
@@ -238,7 +239,9 @@ class Incident:
 
     @property
     def pages(self) -> bool:
-        return self.late not in CALLERS
+        """The caller's own lateness never pages; a server's late loop pages when it costs users
+        enough to be critical (a host busy for a moment is noted, a saturated server pages)."""
+        return self.late not in CALLERS and (self.late is None or self.severity == "critical")
 
     @property
     def side(self) -> str:

@@ -20,7 +20,7 @@ def alert_line(now: float, incident: Incident, alert: dict) -> str:
     shown = ", ".join(f"{k}={v}" for k, v in labels.items() if k != "alertname")
     state = "FIRING" if incident.state == "firing" else "RESOLVED"
     if not incident.pages:
-        state = f"NOTED (not paged: the {incident.late} side's own lateness)"
+        state = f"NOTED (not paged: the {incident.late} side's own lateness{'' if incident.late == 'client' else ', not critical'})"
     elif incident.standing:
         state += " (standing since the start: a warning)"
     return (

@@ -24,7 +24,8 @@ from hopline.analyzer.live.alertmanager import payload
 from hopline.analyzer.live.detect import findings_now
 from hopline.analyzer.live.detector import LiveConfig, LiveDetector
 from hopline.analyzer.live.feed import replay
-from hopline.analyzer.live.incidents import IncidentBook
+from hopline.analyzer.findings.rank import users_time
+from hopline.analyzer.live.incidents import IncidentBook, since
 from hopline.analyzer.live.watch import Watch
 from hopline.analyzer.timelines import timelines
 from support.cli import hopline
@@ -206,3 +207,16 @@ def test_network_time_that_is_the_engines_late_loop_pages_as_the_engines(queue_r
     assert lateness.explained(rise, slow) == "engine"
     (opened,) = book().step(ONSET + 20, [rise], slow)
     assert opened.pages and opened.side == "engine" and payload(opened)["labels"]["side"] == "engine"
+
+
+def test_a_server_late_for_a_moment_is_noted_a_saturated_one_pages(queue_rise):
+    frame, queue = queue_rise
+    late = (pl.col("start") >= ONSET).cast(pl.Float64) * 0.3 + 0.002
+    slow = frame.with_columns(network=pl.col("network") + late, gateway_loop_lag_s=late)
+    rise = replace(queue, stage="network", summary="network time rose", before_ms=5.0, after_ms=305.0)
+    (opened,) = book().step(ONSET + 20, [rise], slow)
+    assert opened.late == "gateway" and opened.severity == "critical" and opened.pages
+    waited = users_time(since(slow, ONSET))["first_output"]
+    small = replace(rise, impact_s=0.03 * waited)  # a warning's worth of users' time (1-5%)
+    (noted,) = book().step(ONSET + 20, [small], slow)
+    assert noted.late == "gateway" and noted.severity == "warning" and not noted.pages
