@@ -239,9 +239,7 @@ class Incident:
 
     @property
     def pages(self) -> bool:
-        """The caller's own lateness never pages; a server's late loop pages when it costs users
-        enough to be critical (a host busy for a moment is noted, a saturated server pages)."""
-        return self.late not in CALLERS and (self.late is None or self.severity == "critical")
+        return _would_page(self.late, self.severity)
 
     @property
     def side(self) -> str:
@@ -280,6 +278,12 @@ class Incident:
         if self.sample is not None:
             out["sample"] = self.sample
         return out
+
+
+def _would_page(late: str | None, severity: str) -> bool:
+    """The caller's own lateness never pages; a server's late loop pages when it costs users
+    enough to be critical (a host busy for a moment is noted, a saturated server pages)."""
+    return late not in CALLERS and (late is None or severity == "critical")
 
 
 def _nested(a: tuple, b: tuple) -> bool:
@@ -504,16 +508,19 @@ class IncidentBook:
         nothing was sent of it yet, so its labels may change."""
         incident.last_seen = now
         incident.co_movers = [f for f in incident.co_movers if fingerprint(f) != fingerprint(finding)] + [finding]
-        if not incident.pages and late not in CALLERS and not incident.standing:
-            incident.co_movers = [f for f in incident.co_movers if f is not finding] + [incident.finding]
-            incident.key, incident.finding = fingerprint(finding), finding
-            incident.onset = onset_of(finding, self.latest)
-            incident.page_with(finding, now)
-            incident.share = live_share(finding, self.frame, incident.onset)
-            incident.severity = "critical" if (incident.share or 0.0) >= CRITICAL_SHARE else "warning"
-            incident.examples = examples(finding, self.frame, incident.onset)
-            return incident, True, True
-        return incident, False, False
+        if incident.pages or incident.standing:
+            return incident, False, False
+        onset = onset_of(finding, self.latest)
+        share = live_share(finding, self.frame, onset)
+        severity = "critical" if (share or 0.0) >= CRITICAL_SHARE else "warning"
+        if not _would_page(late, severity) or share is None or share < MINOR_SHARE:
+            return incident, False, False
+        incident.co_movers = [f for f in incident.co_movers if f is not finding] + [incident.finding]
+        incident.key, incident.finding, incident.onset = fingerprint(finding), finding, onset
+        incident.page_with(finding, now)
+        incident.share, incident.severity, incident.late = share, severity, late
+        incident.examples = examples(finding, self.frame, onset)
+        return incident, True, True
 
     def _standing(self, now: float, finding: Finding) -> bool:
         """A pitfall that names no onset, found from the first steps on: it held from the start."""
@@ -589,10 +596,10 @@ class IncidentBook:
         same = finding.sentence == incident.finding.sentence and until is None
         incident.finding = finding
         incident.share = live_share(finding, frame, incident.onset)
-        if not incident.pages and late not in CALLERS and until is None and not incident.standing:
+        severity = "critical" if (incident.share or 0.0) >= CRITICAL_SHARE else "warning"
+        if not incident.pages and _would_page(late, severity) and until is None and not incident.standing:
             incident.page_with(finding, now)
-            incident.late = late
-            incident.severity = "critical" if (incident.share or 0.0) >= CRITICAL_SHARE else "warning"
+            incident.late, incident.severity = late, severity
             same = False
         if not same:
             incident.examples = examples(finding, frame, incident.onset)
