@@ -67,6 +67,7 @@ from hopline.middleware.contract.rules import side_of
 ALERTNAMES = {"shift": "HoplineShift", "pitfall": "HoplinePitfall"}
 CRITICAL_SHARE = 0.05  # users' time added since the onset, from which an incident is critical
 EXAMPLES = 3  # request IDs an alert names
+FELT_MS = 20.0  # a shift whose statistic moved less than this per request is noted, not paged
 CALLERS = ("client",)  # sides whose own lateness is the measuring caller's: noted, never paged
 SAME_PLACE = 0.8  # the share of one scope's requests in another from which they are one place
 STANDING_S = 60.0  # a condition first seen this soon after the first request (plus the hold) stood from the start
@@ -196,7 +197,8 @@ class Incident:
     notification says what the firing one said, and how it ended); ``co_movers`` the findings
     of other stages that began with it in its place (said with it, never paged apart).
 
-    ``pages``: whether it goes to Alertmanager: not while its time is the calling side's own
+    ``pages``: whether it goes to Alertmanager: not for a shift of less than ``FELT_MS`` a
+    request (``unfelt``), not while its time is the calling side's own
     lateness (``late`` in ``CALLERS``: ``findings.lateness``), nor a server's late loop that is not
     critical (an engine's or gateway's late loop is that server's time: critical, it pages with
     that ``side``); such an incident is in ``GET /v1/findings`` and
@@ -239,7 +241,13 @@ class Incident:
 
     @property
     def pages(self) -> bool:
-        return _would_page(self.late, self.severity)
+        return _would_page(self.late, self.severity) and not self.unfelt
+
+    @property
+    def unfelt(self) -> bool:
+        """A shift whose statistic moved less than ``FELT_MS`` a request (a host's jitter on a
+        model whose whole TTFT is a few tens of ms: a large share of little): noted, not paged."""
+        return _unfelt(self.fired or self.finding)
 
     @property
     def side(self) -> str:
@@ -278,6 +286,10 @@ class Incident:
         if self.sample is not None:
             out["sample"] = self.sample
         return out
+
+
+def _unfelt(finding: Finding) -> bool:
+    return isinstance(finding, Shift) and abs(finding.after_ms - finding.before_ms) < FELT_MS
 
 
 def _would_page(late: str | None, severity: str) -> bool:
@@ -513,7 +525,7 @@ class IncidentBook:
         onset = onset_of(finding, self.latest)
         share = live_share(finding, self.frame, onset)
         severity = "critical" if (share or 0.0) >= CRITICAL_SHARE else "warning"
-        if not _would_page(late, severity) or share is None or share < MINOR_SHARE:
+        if not _would_page(late, severity) or _unfelt(finding) or share is None or share < MINOR_SHARE:
             return incident, False, False
         incident.co_movers = [f for f in incident.co_movers if f is not finding] + [incident.finding]
         incident.key, incident.finding, incident.onset = fingerprint(finding), finding, onset
@@ -597,7 +609,13 @@ class IncidentBook:
         incident.finding = finding
         incident.share = live_share(finding, frame, incident.onset)
         severity = "critical" if (incident.share or 0.0) >= CRITICAL_SHARE else "warning"
-        if not incident.pages and _would_page(late, severity) and until is None and not incident.standing:
+        if (
+            not incident.pages
+            and _would_page(late, severity)
+            and not _unfelt(finding)
+            and until is None
+            and not incident.standing
+        ):
             incident.page_with(finding, now)
             incident.late, incident.severity = late, severity
             same = False

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from hopline.analyzer.live.alertmanager import AlertSender, payload
 from hopline.analyzer.live.detector import LiveDetector
-from hopline.analyzer.live.incidents import Incident
+from hopline.analyzer.live.incidents import FELT_MS, Incident
 from hopline.analyzer.findings.model import iso_utc
 
 
@@ -19,7 +19,9 @@ def alert_line(now: float, incident: Incident, alert: dict) -> str:
     labels = alert["labels"]
     shown = ", ".join(f"{k}={v}" for k, v in labels.items() if k != "alertname")
     state = "FIRING" if incident.state == "firing" else "RESOLVED"
-    if not incident.pages:
+    if not incident.pages and incident.unfelt:
+        state = f"NOTED (not paged: under {FELT_MS:g} ms a request)"
+    elif not incident.pages:
         state = f"NOTED (not paged: the {incident.late} side's own lateness{'' if incident.late == 'client' else ', not critical'})"
     elif incident.standing:
         state += " (standing since the start: a warning)"

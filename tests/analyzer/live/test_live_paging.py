@@ -220,3 +220,12 @@ def test_a_server_late_for_a_moment_is_noted_a_saturated_one_pages(queue_rise):
     small = replace(rise, impact_s=0.03 * waited)  # a warning's worth of users' time (1-5%)
     (noted,) = book().step(ONSET + 20, [small], slow)
     assert noted.late == "gateway" and noted.severity == "warning" and not noted.pages
+
+
+def test_a_shift_no_user_can_feel_is_noted_not_paged(queue_rise):
+    frame, queue = queue_rise
+    jitter = replace(queue, stage="network", summary="network time rose 7.7×", before_ms=2.1, after_ms=16.0)
+    (noted,) = book().step(ONSET + 20, [jitter], frame)
+    assert noted.unfelt and not noted.pages  # 14 ms a request: a host's jitter, whatever its share
+    (opened,) = book().step(ONSET + 20, [queue], frame)
+    assert not opened.unfelt and opened.pages  # 40 -> 120 ms
