@@ -74,6 +74,9 @@ class Detector:
     needs: ClassVar[tuple[str, ...]]
     min_requests: int = 1
     caused_by_rise_of: ClassVar[str | None] = None
+    # who can act on it (an alert's ``side``) when not the side its time is spent in: a client
+    # that sends no max_tokens spends the engine's decode, and only the client can fix it
+    side: ClassVar[str | None] = None
     brings_rise_of: ClassVar[str | None] = None
 
     def detect(self, frame: pl.DataFrame, ctx: Context) -> list[Finding]:

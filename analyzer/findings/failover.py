@@ -26,6 +26,7 @@ from hopline.analyzer.findings.model import Pitfall, Scope, Shift, iso_utc, pitf
 @dataclass(frozen=True)
 class Failover(Detector):
     name = "failover"
+    side = "engine"  # the replica that failed the first attempts: its team acts, not the retrier
     kind = "pitfall"
     needs = ("failed_replica", "retries")
     brings_rise_of = "gateway"

@@ -14,6 +14,7 @@ from hopline.analyzer.findings.model import Pitfall, pitfall
 @dataclass(frozen=True)
 class NewConnectionPerRequest(Detector):
     name = "new_connection_per_request"
+    side = "client"
     kind = "pitfall"
     needs = ("conn_reused",)
     new_conn_share: float = 0.5  # share of requests opening a connection

@@ -13,6 +13,7 @@ from hopline.analyzer.findings.model import Pitfall, pitfall
 @dataclass(frozen=True)
 class NoMaxTokens(Detector):
     name = "no_max_tokens"
+    side = "client"
     kind = "pitfall"
     needs = ("max_tokens_set", "output_tokens")
     long_output_quantile: float = 0.9  # "ran long": above this quantile of capped requests

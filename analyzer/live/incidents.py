@@ -60,6 +60,7 @@ import polars as pl
 from hopline.analyzer.findings import lateness
 from hopline.analyzer.findings.model import Finding, Pitfall, Shift, iso_utc
 from hopline.analyzer.findings.rank import MINOR_SHARE, share_of, users_time
+from hopline.analyzer.findings.registry import REGISTRY
 from hopline.analyzer.findings.common import in_scope
 from hopline.analyzer.findings.stats import STATISTICS
 from hopline.middleware.contract.rules import side_of
@@ -85,6 +86,15 @@ def subject(finding: Finding) -> str:
 def spent_in(finding: Finding) -> str:
     """The stage its seconds are spent in (a shift: its stage)."""
     return finding.spent_in
+
+
+def owner(finding: Finding) -> str:
+    """Who can act on it: its detector's ``side``, else the side its time is spent in."""
+    if isinstance(finding, Pitfall):
+        declared = next((d.side for d in REGISTRY if d.name == finding.name), None)
+        if declared is not None:
+            return declared
+    return side_of(finding.spent_in)
 
 
 def fingerprint(finding: Finding) -> tuple:
@@ -253,7 +263,7 @@ class Incident:
     def side(self) -> str:
         """Who owns its time (``client``, ``gateway``, ``network``, ``engine``): the side of the
         stage its seconds are spent in, or the side whose loop was late."""
-        return self.late or side_of(spent_in(self.fired or self.finding))
+        return self.late or owner(self.fired or self.finding)
 
     @property
     def words(self) -> str:

@@ -229,3 +229,13 @@ def test_a_shift_no_user_can_feel_is_noted_not_paged(queue_rise):
     assert noted.unfelt and not noted.pages  # 14 ms a request: a host's jitter, whatever its share
     (opened,) = book().step(ONSET + 20, [queue], frame)
     assert not opened.unfelt and opened.pages  # 40 -> 120 ms
+
+
+def test_a_pitfall_is_owned_by_who_can_fix_it():
+    from hopline.analyzer.live.incidents import owner
+
+    assert owner(_gap({})) == "client"  # new connections: the client's to fix
+    capless = pitfall("no_max_tokens", {"service": "s"}, 10, {}, "10 requests sent without max_tokens", 9.0, "decode")
+    assert owner(capless) == "client"  # spent in the engine's decode, fixed in the client
+    stall = pitfall("long_prefill_stall", {"replica": "r1"}, 10, {}, "long prompts stalled", 9.0, "decode")
+    assert owner(stall) == "engine"
