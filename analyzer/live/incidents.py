@@ -459,9 +459,16 @@ class IncidentBook:
         of this one's (they moved together), or earlier while this finding costs users no more
         than what it paged with (what moves while an incident goes on is part of it: a flood's
         queue, then its API server as the bottleneck moves; a larger change is news of its own);
-        or a resolved one with this onset inside its span."""
+        or a resolved one with this onset inside its span. The same stage (or pitfall) moving the
+        same way in another place within ``merge_s`` is the same incident too (huge prompts sent
+        to every replica stall each of them: one cause, one page, the other replicas its
+        co-movers)."""
         for incident in reversed(self.incidents):
-            if incident.key[:2] == key[:2] or onset < incident.onset - self.merge_s:
+            if onset < incident.onset - self.merge_s:
+                continue
+            if incident.key[:2] == key[:2]:  # the same change in another place at the same moment
+                if incident.state == "firing" and incident.key[3] == key[3] and abs(onset - incident.onset) <= self.merge_s:
+                    return incident
                 continue
             if incident.state == "resolved" and onset > (incident.ends_at or incident.onset):
                 continue

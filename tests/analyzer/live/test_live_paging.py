@@ -239,3 +239,12 @@ def test_a_pitfall_is_owned_by_who_can_fix_it():
     assert owner(capless) == "client"  # spent in the engine's decode, fixed in the client
     stall = pitfall("long_prefill_stall", {"replica": "r1"}, 10, {}, "long prompts stalled", 9.0, "decode")
     assert owner(stall) == "engine"
+
+
+def test_the_same_change_on_two_replicas_at_once_is_one_page(queue_rise):
+    frame, queue = queue_rise
+    b = book()
+    (opened,) = b.step(ONSET + 20, [queue], frame)
+    other = replace(queue, scope={"replica": "r1"}, at=ONSET + 10)
+    assert b.step(ONSET + 30, [queue, other], frame) == []
+    assert len(b.incidents) == 1 and [f.scope for f in opened.co_movers] == [{"replica": "r1"}]
