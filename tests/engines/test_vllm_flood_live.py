@@ -12,9 +12,10 @@ runs from the start of the traffic until it has seen the end of it, pushing to a
 Alertmanager whose webhook receiver records what would page someone.
 
 The targets (wall clock, generous):
-1. nothing reaches the webhook before the flood, and no alert's onset is more than three windows
-   before it (an onset is a window boundary, placed live from the few requests finished so far:
-   one or two before the flood's when it began late in a window);
+1. nothing reaches the webhook before the flood, and no alert is about a change that began
+   before it: its onset no more than ``ONSET_SLACK_S`` early (an onset is a window boundary
+   placed live from the few requests finished so far; three windows early was seen in CI, with
+   ~25 chat requests in between; a change of the host before the flood shows 20-30 s early);
 2. the first alert after the flood is the queue, or the busy API server (a shift of ``frontend``
    or of the engine's event loop), on replica r1, at the webhook within ``FIRST_ALERT_S``;
 3. at most ``MAX_ALERTS`` distinct firing alerts (label sets) for the incident;
@@ -52,6 +53,7 @@ MAX_NUM_SEQS = 4
 
 STEADY_S, FLOOD_S, AFTER_S = 40.0, 40.0, 30.0  # at least; and MIN_SIDE answers before and after
 MIN_SIDE = 60
+ONSET_SLACK_S = 10.0  # see target 1
 CHAT_TOKENS, BATCH_TOKENS = 48, 160  # the batch asks for longer answers: a mix change, not a slowdown
 THINK_S = 0.2  # a chat user's mean pause between answers; the batch job has none
 BURNERS, BURNER_NICE = 2, 5
@@ -297,10 +299,10 @@ def check(
         return ["the flood never started (see the run's times and the server log)"]
     firing = firing_alerts(webhook_records)
     # 1. nothing pages before the flood, nor for a change that began before it
-    early = [a for a in firing if a["received"] < flood_start or epoch(a["startsAt"]) < flood_start - 3 * WINDOW_S]
+    early = [a for a in firing if a["received"] < flood_start or epoch(a["startsAt"]) < flood_start - ONSET_SLACK_S]
     if early:
         problems.append(
-            f"1. alerts sent before the flood or with an onset more than three windows ({WINDOW_S:g} s) before it:\n   "
+            f"1. alerts sent before the flood or with an onset more than {ONSET_SLACK_S:g} s before it:\n   "
             + "\n   ".join(describe(a, flood_start) for a in early)
         )
     # 2. the first alert to arrive after the flood began (one not already firing before it;
