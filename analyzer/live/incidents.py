@@ -212,8 +212,8 @@ class Incident:
     lateness (``late`` in ``CALLERS``: ``findings.lateness``), nor a server's late loop that is not
     critical (an engine's or gateway's late loop is that server's time: critical, it pages with
     that ``side``); such an incident is in ``GET /v1/findings`` and
-    the printout all the same. A ``standing`` one (a condition that held from the start: no
-    onset, no change) goes as a ``warning``, never ``critical``, with the label ``standing``."""
+    the printout all the same; nor a ``standing`` one (a pitfall that names no onset: a
+    condition, not a change), a ``warning`` said once in the printout and in ``/v1/findings``."""
 
     key: tuple
     finding: Finding
@@ -251,7 +251,7 @@ class Incident:
 
     @property
     def pages(self) -> bool:
-        return _would_page(self.late, self.severity) and not self.unfelt
+        return not self.standing and _would_page(self.late, self.severity) and not self.unfelt
 
     @property
     def unfelt(self) -> bool:
@@ -464,8 +464,8 @@ class IncidentBook:
         to every replica stall each of them: one cause, one page, the other replicas its
         co-movers)."""
         for incident in reversed(self.incidents):
-            if onset < incident.onset - self.merge_s:
-                continue
+            if incident.standing or onset < incident.onset - self.merge_s:
+                continue  # a standing condition is no change for others to move with
             if incident.key[:2] == key[:2]:  # the same change in another place at the same moment
                 if incident.state == "firing" and incident.key[3] == key[3] and abs(onset - incident.onset) <= self.merge_s:
                     return incident
@@ -552,10 +552,9 @@ class IncidentBook:
         return incident, True, True
 
     def _standing(self, now: float, finding: Finding) -> bool:
-        """A pitfall that names no onset, found from the first steps on: it held from the start."""
-        if isinstance(finding, Shift) or finding.at is not None or self.origin is None:
-            return False
-        return now - self.origin <= self.standing_s
+        """A pitfall that names no onset: a condition, not a change (measured over the horizon,
+        it cannot say when it began)."""
+        return isinstance(finding, Pitfall) and finding.at is None
 
     def _open(self, now: float, key: tuple, finding: Finding, frame: pl.DataFrame, late: str | None) -> Incident | None:
         """A new incident for this finding, in the broadest sibling scope named during its hold,

@@ -19,12 +19,12 @@ def alert_line(now: float, incident: Incident, alert: dict) -> str:
     labels = alert["labels"]
     shown = ", ".join(f"{k}={v}" for k, v in labels.items() if k != "alertname")
     state = "FIRING" if incident.state == "firing" else "RESOLVED"
-    if not incident.pages and incident.unfelt:
+    if incident.standing:
+        state = "NOTED (not paged: standing, a condition with no onset)"
+    elif not incident.pages and incident.unfelt:
         state = f"NOTED (not paged: under {FELT_MS:g} ms a request)"
     elif not incident.pages:
         state = f"NOTED (not paged: the {incident.late} side's own lateness{'' if incident.late == 'client' else ', not critical'})"
-    elif incident.standing:
-        state += " (standing since the start: a warning)"
     return (
         f"[{iso_utc(now)} +{now - incident.onset:.0f}s since onset] {state} {labels['alertname']}{{{shown}}}: "
         f"{alert['annotations']['summary']}"

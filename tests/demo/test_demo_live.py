@@ -112,7 +112,7 @@ def test_the_closing_lines_say_what_fired_live_after_any_busy_machine_warning():
     lines = closing_lines(DemoRun({}, None, TRUSTED_LAG_MS * 4, None, live_alerts=fired), html=None)
     assert "too busy to trust the timings" in lines[0]
     assert lines[1] == "live: 1 alert fired while it ran, the first 12 s after its onset: queue time tripled at 10:06 on replica r2"
-    # a standing warning that came first is not the page the closing line quotes
+    # a warning that came first is not the page the closing line quotes
     standing = {"labels": {"alertname": "HoplinePitfall", "severity": "warning", "standing": "true"},
                 "annotations": {"summary": "service kite-cli opens a new connection for 100% of requests"}}  # fmt: skip
     critical = {"labels": alert["labels"] | {"severity": "critical"}, "annotations": alert["annotations"]}

@@ -164,21 +164,25 @@ def _gap(scope: dict) -> Pitfall:
     )
 
 
-def test_a_condition_that_held_from_the_start_is_a_standing_warning_once(queue_rise):
+def test_a_condition_with_no_onset_is_standing_and_never_pages(queue_rise):
     frame, _ = queue_rise
     origin = float(frame["start"].min())
+    printed: list[str] = []
+    detector = LiveDetector(LiveConfig(window_s=10.0))
     b = book(hold_s=20.0)
-    assert b.step(origin + 10, [_gap({})], frame) == []  # held for 20 s first
-    (standing,) = b.step(origin + 30, [_gap({})], frame)
-    alert = payload(standing)
-    assert standing.standing and alert["labels"]["standing"] == "true" and alert["labels"]["severity"] == "warning"
-    assert alert["labels"]["side"] == "client"
-    assert b.step(origin + 40, [_gap({})], frame) == []  # once
-    later = book(hold_s=20.0)
-    later.step(origin + 30, [], frame)  # the detector ran from the start and did not see it
-    assert later.step(origin + 250, [_gap({})], frame) == []
-    (changed,) = later.step(origin + 270, [_gap({})], frame)
-    assert not changed.standing and "standing" not in payload(changed)["labels"]
+    for now in (origin + 250, origin + 270):  # found mid-run or from the start: a condition, not a change
+        for noted in b.step(now, [_gap({})], frame):
+            Watch(detector, out=printed.append).on_step(now, [noted])
+    (standing,) = b.incidents
+    assert standing.standing and not standing.pages and standing.severity == "warning"
+    assert standing.to_json()["standing"] is True and standing.side == "client"
+    assert printed == [printed[0]] and "NOTED (not paged: standing" in printed[0]  # said once
+    # nor does it hold other findings as its co-movers: a queue rise still pages
+    _, queue = queue_rise
+    fresh = book()
+    fresh.step(ONSET + 10, [_gap({})], frame)
+    (opened,) = fresh.step(ONSET + 20, [_gap({}), queue], frame)
+    assert opened.finding.stage == "queue" and opened.pages and not opened.co_movers
 
 
 def test_network_time_that_is_the_readers_loop_lateness_is_the_clients():
