@@ -47,7 +47,8 @@ END_COLUMNS = tuple(c for c in COLUMNS if c == "decode" or c.endswith(("_e2e", "
 # Timeline columns the horizon does not keep: no detector and not the incident book reads them (the
 # raw hop times but the engine's first token, the durations the stages were computed from, IDs,
 # pool and loop gauges, the per-request lists of missing and negative stages, the request's
-# parameters and outcome the stages already reflect, the per-token speeds an SLO reads): 47% of a
+# parameters and outcome the stages already reflect (but max_tokens: verbose_outputs compares
+# requests that asked for the same), the per-token speeds an SLO reads): 47% of a
 # row's bytes. ``tests/analyzer/live/test_live_horizon.py`` checks that the findings do not change.
 NOT_KEPT = frozenset(
     (
@@ -57,7 +58,7 @@ NOT_KEPT = frozenset(
         "gateway_reported_prefill_s", "gateway_reported_decode_s", "client_reported_queue_s",
         "client_reported_prefill_s", "client_reported_decode_s", "pool_full", "pool_limit", "loop_lag_s",
         "gateway_upstream", "client_max_gap_s", "client_max_gap_at", "negative", "missing", "stream", "n",
-        "max_tokens", "outcome", "client_itl", "gateway_itl", "engine_itl",
+        "outcome", "client_itl", "gateway_itl", "engine_itl",
     )
 )  # fmt: skip
 

@@ -50,9 +50,9 @@ def flood_start(name: str) -> float:
     return float(asked["ts"].min())
 
 
-def replayed(name: str) -> tuple[list[tuple[float, dict]], LiveDetector]:
+def replayed(name: str, config: LiveConfig | None = None) -> tuple[list[tuple[float, dict]], LiveDetector]:
     """Every alert the watch would send (its event time, the alert), replaying ``name``."""
-    detector = LiveDetector(RUNS[name])
+    detector = LiveDetector(config or RUNS[name])
     sent: list[tuple[float, dict]] = []
     watch = Watch(detector)
     step = watch.on_step
@@ -252,3 +252,11 @@ def test_the_same_change_on_two_replicas_at_once_is_one_page(queue_rise):
     other = replace(queue, scope={"replica": "r1"}, at=ONSET + 10)
     assert b.step(ONSET + 30, [queue, other], frame) == []
     assert len(b.incidents) == 1 and [f.scope for f in opened.co_movers] == [{"replica": "r1"}]
+
+
+def test_the_live_horizon_keeps_what_like_with_like_needs():
+    """A batch asking 160 tokens beside a chat asking 48 is a mix, live as offline: the horizon
+    keeps ``max_tokens`` (it once dropped it, and the live path paged "check its chat template")."""
+    sent, _ = replayed("vllm-flood-json-2026-12-04", LiveConfig())
+    pages = {tuple(sorted(a["labels"].items())) for _, a in sent if "endsAt" not in a}
+    assert [dict(p).get("stage") for p in pages] == ["queue"], pages
