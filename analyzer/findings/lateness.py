@@ -18,6 +18,7 @@ lateness bounds how late a request was taken, it is not a measure of it).
 from __future__ import annotations
 
 import polars as pl
+from hopline.analyzer.findings.common import in_scope
 from hopline.analyzer.findings.model import Finding, Pitfall, Shift
 
 LAG_COLUMNS = {"client": "client_read_lag_s", "gateway": "gateway_loop_lag_s", "engine": "engine_loop_lag_s"}
@@ -25,10 +26,6 @@ REMAINDERS = ("network", "upstream_network")  # the stages a late loop's time la
 OWN_LATENESS = {"client_delay": "client"}  # stages that are one side's lateness by definition
 SHARE = 0.5
 MIN_REQUESTS = 10
-
-
-def _in_scope(scope: dict[str, str]) -> pl.Expr:
-    return pl.all_horizontal(pl.lit(True), *[pl.col(k).cast(pl.String) == v for k, v in scope.items()])
 
 
 def _medians(rows: pl.DataFrame, stage: str, col: str) -> tuple[float, float, int]:
@@ -52,7 +49,7 @@ def explained(finding: Finding, frame: pl.DataFrame) -> str | None:
         stage = finding.stage
         if stage not in REMAINDERS or not finding.up or stage not in frame.columns:
             return None
-        rows = frame.filter(_in_scope(finding.scope).fill_null(False) & pl.col(stage).is_not_null())
+        rows = frame.filter(in_scope(finding.scope).fill_null(False) & pl.col(stage).is_not_null())
         before = rows.filter(pl.col("start") < finding.at)
         after = rows.filter(pl.col("start") >= finding.at)
         if finding.until is not None:
@@ -67,7 +64,7 @@ def explained(finding: Finding, frame: pl.DataFrame) -> str | None:
                 parts[side] = (late_1 - late_0) / (total_1 - total_0)
         return _decide(parts)
     if isinstance(finding, Pitfall) and finding.spent_in in frame.columns:
-        found = level(frame.filter(_in_scope(finding.scope).fill_null(False)), finding.spent_in)
+        found = level(frame.filter(in_scope(finding.scope).fill_null(False)), finding.spent_in)
         return None if found is None else found[0]
     return None
 

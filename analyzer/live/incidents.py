@@ -44,6 +44,13 @@ Each step (``IncidentBook.step``) reads the findings on the horizon at event tim
   its scope since the onset shared, when it opens (a one-replica deployment's ``{}`` is replica
   r1): the alert carries them as labels too, so that a route on ``replica`` matches; the finding's
   scope and sentence stay those of ``hopline analyze``;
+- one incident, one page: a finding of another subject in the same place that began within
+  ``merge_s`` of a firing incident (or later, costing no more than what it paged with), or the
+  same subject in another place at the same moment, is that incident's co-mover
+  (``_companion``), and keeps it firing until it too came back; the caller's own lateness
+  never leads (``findings.lateness``);
+- what does not page (``Incident.pages``) is noted: a pitfall with no onset (``standing``), the
+  caller's own lateness, a server's late loop short of critical, a shift under ``FELT_MS``;
 - a firing incident whose finding is gone for ``absent_steps`` steps resolves when its stage, in
   its scope, over the last ``recent_check_s``, is nearer its level before than after (a shift
   whose onset left the horizon is gone from the findings but may still hold: it keeps firing),
@@ -71,7 +78,6 @@ EXAMPLES = 3  # request IDs an alert names
 FELT_MS = 20.0  # a shift whose statistic moved less than this per request is noted, not paged
 CALLERS = ("client",)  # sides whose own lateness is the measuring caller's: noted, never paged
 SAME_PLACE = 0.8  # the share of one scope's requests in another from which they are one place
-STANDING_S = 60.0  # a condition first seen this soon after the first request (plus the hold) stood from the start
 
 
 def direction(finding: Finding) -> str:
@@ -81,11 +87,6 @@ def direction(finding: Finding) -> str:
 def subject(finding: Finding) -> str:
     """What changed: a shift's stage, a pitfall's name."""
     return finding.stage if isinstance(finding, Shift) else finding.name
-
-
-def spent_in(finding: Finding) -> str:
-    """The stage its seconds are spent in (a shift: its stage)."""
-    return finding.spent_in
 
 
 def owner(finding: Finding) -> str:
@@ -134,7 +135,7 @@ def live_share(finding: Finding, frame: pl.DataFrame, onset: float) -> float | N
 def examples(finding: Finding, frame: pl.DataFrame, onset: float, n: int = EXAMPLES) -> list[str]:
     """A few requests to look at: in its scope since its onset, the slowest in its stage."""
     rows = since(frame, onset, finding.scope)
-    stage = spent_in(finding)
+    stage = finding.spent_in
     if stage in rows.columns:
         rows = rows.filter(pl.col(stage).is_not_null()).sort(stage, descending=True)
     else:
@@ -343,16 +344,11 @@ class IncidentBook:
     latest: float = -math.inf  # this step's time, or the newest event's if earlier (``step``)
     frame: pl.DataFrame = field(default_factory=pl.DataFrame)  # this step's requests
     suppressed: int = 0  # incidents not opened because max_firing were firing
-    origin: float | None = None  # the first request's start: what was there then is standing
     ongoing: set[tuple] = field(default_factory=set)  # this step's fingerprints without an end
 
     @property
     def merge_s(self) -> float:
         return 3 * self.window_s + 15.0
-
-    @property
-    def standing_s(self) -> float:
-        return STANDING_S + 2 * self.hold_s
 
     def firing(self) -> list[Incident]:
         return [i for i in self.incidents if i.state == "firing"]
@@ -369,8 +365,6 @@ class IncidentBook:
         seen: dict[int, bool] = {}  # incidents found in this step -> whether a finding gave its words
         self.latest = now if newest is None else min(now, newest)
         self.frame = frame
-        if self.origin is None and "start" in frame.columns and frame.height:
-            self.origin = float(frame["start"].min())
         ongoing = [f for f in findings if until_of(f) is None]
         self.ongoing = {fingerprint(f) for f in ongoing}
         self.held = self._hold(now, ongoing, frame)
@@ -551,7 +545,7 @@ class IncidentBook:
         incident.examples = examples(finding, self.frame, onset)
         return incident, True, True
 
-    def _standing(self, now: float, finding: Finding) -> bool:
+    def _standing(self, finding: Finding) -> bool:
         """A pitfall that names no onset: a condition, not a change (measured over the horizon,
         it cannot say when it began)."""
         return isinstance(finding, Pitfall) and finding.at is None
@@ -571,7 +565,7 @@ class IncidentBook:
         if len(self.firing()) >= self.max_firing:
             self.suppressed += 1
             return None
-        standing = self._standing(now, finding)
+        standing = self._standing(finding)
         severity = "critical" if share >= CRITICAL_SHARE and not standing and late not in CALLERS else "warning"
         incident = Incident(
             key, finding, onset, now, now, severity, share, examples(finding, frame, onset),
