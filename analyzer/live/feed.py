@@ -7,9 +7,15 @@ as the detector takes them.
 ``Tail`` follows NDJSON files as they grow: the collector's store (``DIR/events/date=…/hour=…/
 events.ndjson``, the open hour, written before the collector acknowledges an event) or a file
 sink's output. Each ``poll`` returns the complete lines appended since the last one, through the
-same contract validation as ``hopline analyze`` (``io.parse_ndjson``). A file that shrinks or is
-replaced (a new inode) is read again from its start; one that disappears (the collector
-compacted its hour into Parquet, after it was read) is forgotten. With ``sample`` < 1 the lines
+same contract validation as ``hopline analyze`` (``io.parse_ndjson``). Files are followed by
+identity, ``(device, inode)``, not by name (as ``collector/tail.py`` does): a file renamed within
+the followed folders (the file sink's rotation, ``PATH`` -> ``PATH.YYYYMMDDHH.NNNN``) goes on
+from its offset under its new name; a new file at a known path (a new inode), a file that shrank,
+or one whose first bytes changed (an inode number reused by a new file) is read from its start;
+one missing from ``FORGET_AFTER`` polls in a row (the collector compacted its hour into Parquet,
+after it was read) is forgotten. A line with no newline in ``MAX_READ`` bytes is skipped to its
+newline (one bad line in the report, at its file and byte offset) instead of stopping the file;
+a line still being written waits for its newline. With ``sample`` < 1 the lines
 of requests outside the sample (``detector.in_sample``) are dropped before they are parsed and
 validated (``sampled_lines``): reading, not only the analysis, is then paid for the sample.
 """
@@ -29,6 +35,8 @@ from hopline.analyzer.live.detector import in_sample
 from hopline.middleware.contract.records import translate_lines
 
 MAX_READ = 64 << 20  # bytes read from one file per poll (a big backlog is read over several polls)
+HEAD_BYTES = 256  # a followed file's first bytes, kept to tell it from a new file given its inode number
+FORGET_AFTER = 2  # polls a file is missing from before it is forgotten (one may list it mid-rename)
 REQUEST_ID = re.compile(rb'"request_id"\s*:\s*"([^"\\]*)"')  # a line's ID, found without parsing it
 
 
@@ -69,8 +77,11 @@ def replay(paths: list[Path], every_s: float, report: ScanReport | None = None) 
 
 @dataclass
 class _Followed:
-    inode: int
-    offset: int = 0
+    path: Path  # the name it was last found under
+    offset: int = 0  # where its next unread line starts
+    head: bytes = b""  # its first bytes (up to ``HEAD_BYTES``), as first read
+    skipping: bool = False  # inside a line longer than ``MAX_READ``: read on to its newline
+    missing: int = 0  # polls in a row it was not found in
 
 
 @dataclass
@@ -79,7 +90,7 @@ class Tail:
 
     paths: list[Path]
     report: ScanReport = field(default_factory=ScanReport)
-    files: dict[Path, _Followed] = field(default_factory=dict)
+    files: dict[tuple[int, int], _Followed] = field(default_factory=dict)  # by (st_dev, st_ino)
     sample: float = 1.0  # read only the lines of this fraction of the requests (``sampled_lines``)
     not_sampled: int = 0  # lines left unread for it
 
@@ -99,11 +110,9 @@ class Tail:
     def poll(self) -> pl.DataFrame:
         """The events appended since the last poll (``io.SCHEMA`` columns)."""
         frames = []
-        present = self._candidates()
-        for gone in set(self.files) - set(present):
-            del self.files[gone]
-        for path in present:
-            data = self._new_lines(path)
+        seen: set[tuple[int, int]] = set()
+        for path in self._candidates():
+            data = self._new_lines(path, seen)
             if data and self.sample < 1:
                 data, errors = translate_lines(data)
                 for error in errors:
@@ -112,21 +121,52 @@ class Tail:
                 self.not_sampled += left
             if data:
                 frames.append(io.parse_ndjson(data, str(path), self.report))
+        for identity, followed in list(self.files.items()):
+            if identity not in seen:
+                followed.missing += 1
+                if followed.missing >= FORGET_AFTER:
+                    del self.files[identity]
         if not frames:
             return pl.DataFrame(schema=SCHEMA)
         return pl.concat(frames, how="vertical").sort("ts")
 
-    def _new_lines(self, path: Path) -> bytes:
+    def _new_lines(self, path: Path, seen: set[tuple[int, int]]) -> bytes:
+        """The complete lines of the file at ``path`` not read yet, under whatever name they were."""
         try:
             with open(path, "rb") as f:
                 st = os.fstat(f.fileno())
-                followed = self.files.get(path)
-                if followed is None or followed.inode != st.st_ino or st.st_size < followed.offset:
-                    followed = self.files[path] = _Followed(st.st_ino)
+                identity = (st.st_dev, st.st_ino)
+                if identity in seen:  # listed under two names (a hard link, a rename mid-listing)
+                    return b""
+                seen.add(identity)
+                head = f.read(HEAD_BYTES)
+                followed = self.files.get(identity)
+                if followed is None or st.st_size < followed.offset or not head.startswith(followed.head):
+                    followed = self.files[identity] = _Followed(path)
+                followed.path, followed.missing = path, 0
+                if len(head) > len(followed.head):
+                    followed.head = head
                 f.seek(followed.offset)
                 data = f.read(min(st.st_size - followed.offset, MAX_READ))
         except OSError:
             return b""
+        if followed.skipping:  # the rest of an over-long line: drop it up to its newline
+            newline = data.find(b"\n")
+            if newline < 0:
+                followed.offset += len(data)
+                return b""
+            followed.skipping = False
+            followed.offset += newline + 1
+            data = data[newline + 1 :]
         end = data.rfind(b"\n") + 1  # complete lines only: the writer may be mid-line
+        if end == 0 and len(data) >= MAX_READ:  # no newline in a whole read: never parseable, skip it
+            self.report.lines += 1
+            self.report.bad(
+                f"{path} at byte {followed.offset}",
+                f"line longer than {MAX_READ} bytes without a newline: skipped to its end",
+            )
+            followed.offset += len(data)
+            followed.skipping = True
+            return b""
         followed.offset += end
         return data[:end]
