@@ -16,7 +16,7 @@ from dataclasses import fields, is_dataclass
 from pathlib import Path
 
 from hopline.analyzer.findings.detector import Detector
-from hopline.analyzer.findings.model import Consequence, Pitfall, Shift, schema
+from hopline.analyzer.findings.model import Consequence, MixChange, Pitfall, Shift, schema
 from hopline.analyzer.findings.rank import MINOR_SHARE
 from hopline.analyzer.findings.registry import REGISTRY
 
@@ -45,6 +45,26 @@ FINDINGS_STAGE = {
     "share_of_e2e": "mean stage over mean end-to-end time of the same requests",
     "mean_ms": "mean, ms", "count": "requests with a value",
 }  # fmt: skip
+
+
+# What each detector compares, so that a change in the traffic is not said as a slowdown.
+NORMALIZES = {
+    "stage_shift": "a stage's per-request seconds, ranked, in each scope; a prefill rise is then judged per "
+    "computed prompt token (prompt less cached tokens) and a decode rise per output token: a rise that the "
+    "per-unit figure does not show (under half of it, in log terms) while the requests grew is a `mix_change`, "
+    "scoped to the new traffic that began with it",
+    "user_vs_engine_gap": "the same requests' TTFT as the user and the engine saw it; the gap's owner by "
+    "each side's measured loop lateness",
+    "new_connection_per_request": "a caller's requests that opened a connection against those that reused one",
+    "long_prefill_stall": "each request's largest output gap against the long prefills that ran on its replica "
+    "meanwhile",
+    "no_max_tokens": "the output lengths of requests sent without max_tokens against the long-output quantile",
+    "verbose_outputs": "a caller's answer lengths against its own history, in groups of requests that asked "
+    "for the same max_tokens: a caller asking for longer answers is a mix, not a finding",
+    "failover": "first attempts by the replica that failed them (not the replica that served the retry)",
+    "prefix_cache_miss": "each request's cache-hit share (cached over prompt tokens) per replica, ranked before "
+    "and after a split",
+}
 
 
 def pitfall_names() -> list[str]:
@@ -110,8 +130,18 @@ def render() -> str:
     out += _meanings(keys(Shift))
     out += ["Each entry of a shift's `with`:", ""]
     out += _meanings(keys(Consequence))
+    out += [
+        "A mix change (`kind` `mix_change`): a stage's time rose because the traffic changed, not the "
+        "component (per unit of work it held while the requests got bigger: a new tenant's long prompts, "
+        "a batch asking longer answers). The keys of a shift, its `scope` the new traffic it came with "
+        "when there is one, and:",
+        "",
+    ]
+    out += _meanings({k: v for k, v in keys(MixChange).items() if k not in keys(Shift)})
     out += ["A pitfall finding (`name` one of " + ", ".join(f"`{n}`" for n in pitfall_names()) + "):", ""]
     out += _meanings(keys(Pitfall))
+    out += ["## Like with like", "", "How each detector normalizes before it compares:", ""]
+    out += _table(("detector", "compares"), [(f"`{name}`", text) for name, text in NORMALIZES.items()])
     out += ["## Detectors", "", "In the order they run (`analyzer/findings/registry.py`).", ""]
     out += _table(
         ("name", "kind", "finds", "reads", "thresholds"),

@@ -157,7 +157,7 @@ class Shift:
         """The finding as the contract prints it; ``nested`` (inside another finding's
         relation) without ``share_of_users_time``, which only a ranked finding has."""
         out = {
-            "kind": "shift",
+            "kind": self.kind,
             "summary": self.sentence,
             "stage": self.stage,
             "part": self.part,
@@ -178,6 +178,39 @@ class Shift:
         if not nested:
             out["share_of_users_time"] = self.share_of_users_time
         return out
+
+
+@with_config(ConfigDict(extra="forbid"))
+@dataclass(frozen=True, kw_only=True)
+class MixChange(Shift):
+    """A stage's time rose because the traffic changed, not the component: per unit of work
+    (per computed prompt token for prefill, per output token for decode) it held, while the
+    requests got bigger (a new tenant's long documents). Its ``stage``, ``before_ms`` and
+    ``after_ms`` are the stage's time, as a shift's; its ``scope`` is the new traffic it came with
+    when there is one (within the scope where the stage rose), else that scope."""
+
+    kind: Annotated[Literal["mix_change"], _doc("mix_change")] = "mix_change"
+    per_unit: Annotated[
+        dict[str, Any],
+        _doc(
+            "the stage per unit of work, before and after: unit (computed prompt token, output token), "
+            "before_ms, after_ms (the same statistic); units_before, units_after (the requests' p50 size)"
+        ),
+    ] = field(default_factory=dict)
+    new_traffic: Annotated[
+        dict[str, Any] | None,
+        _doc(
+            "the traffic that began with it: scope (e.g. {service: S}), since (ISO-8601 UTC), requests_per_s, "
+            "units_p50, share (of the stage's time in the scope where it rose, since); null when the same "
+            "traffic sent bigger requests"
+        ),
+    ] = None
+
+    def to_json(self, nested: bool = False) -> dict:
+        return super().to_json(nested) | {"per_unit": self.per_unit, "new_traffic": self.new_traffic}
+
+
+Rise = Annotated[Shift | MixChange, Field(discriminator="kind")]  # a stage that rose: either kind
 
 
 @with_config(ConfigDict(extra="forbid"))
@@ -203,7 +236,7 @@ class Pitfall:
         Time | None, _doc("ISO-8601 UTC: when it began (long_prefill_stall: its first long prefill), null for the others")
     ] = None
     with_shifts: Annotated[
-        tuple[Shift, ...],
+        tuple[Rise, ...],
         _doc(
             "rises this pitfall brought with it, e.g. a queue rise behind the long prefills of a "
             "long_prefill_stall (most of its queued seconds spent while one ran on the replica): whole shift "
@@ -296,7 +329,7 @@ def pitfall(
     )
 
 
-Finding = Annotated[Shift | Pitfall, Field(discriminator="kind")]
+Finding = Annotated[Shift | MixChange | Pitfall, Field(discriminator="kind")]
 
 
 @with_config(ConfigDict(extra="forbid"))

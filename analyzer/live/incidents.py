@@ -49,8 +49,9 @@ Each step (``IncidentBook.step``) reads the findings on the horizon at event tim
   same subject in another place at the same moment, is that incident's co-mover
   (``_companion``), and keeps it firing until it too came back; the caller's own lateness
   never leads (``findings.lateness``);
-- what does not page (``Incident.pages``) is noted: a pitfall with no onset (``standing``), the
-  caller's own lateness, a server's late loop short of critical, a shift under ``FELT_MS``;
+- what does not page (``Incident.pages``) is noted: a change of the traffic (``MixChange``), a
+  pitfall with no onset (``standing``), the caller's own lateness, a server's late loop short of
+  critical, a shift under ``FELT_MS``;
 - a firing incident whose finding is gone for ``absent_steps`` steps resolves when its stage, in
   its scope, over the last ``recent_check_s``, is nearer its level before than after (a shift
   whose onset left the horizon is gone from the findings but may still hold: it keeps firing),
@@ -65,14 +66,14 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import polars as pl
 from hopline.analyzer.findings import lateness
-from hopline.analyzer.findings.model import Finding, Pitfall, Shift, iso_utc
+from hopline.analyzer.findings.model import Finding, MixChange, Pitfall, Shift, iso_utc
 from hopline.analyzer.findings.rank import MINOR_SHARE, share_of, users_time
 from hopline.analyzer.findings.registry import REGISTRY
 from hopline.analyzer.findings.common import in_scope
 from hopline.analyzer.findings.stats import STATISTICS
 from hopline.middleware.contract.rules import side_of
 
-ALERTNAMES = {"shift": "HoplineShift", "pitfall": "HoplinePitfall"}
+ALERTNAMES = {"shift": "HoplineShift", "mix_change": "HoplineMixChange", "pitfall": "HoplinePitfall"}
 CRITICAL_SHARE = 0.05  # users' time added since the onset, from which an incident is critical
 EXAMPLES = 3  # request IDs an alert names
 FELT_MS = 20.0  # a shift whose statistic moved less than this per request is noted, not paged
@@ -90,7 +91,10 @@ def subject(finding: Finding) -> str:
 
 
 def owner(finding: Finding) -> str:
-    """Who can act on it: its detector's ``side``, else the side its time is spent in."""
+    """Who can act on it: its detector's ``side``, else the side its time is spent in; a change
+    of the traffic, its senders (``client``)."""
+    if isinstance(finding, MixChange):
+        return "client"
     if isinstance(finding, Pitfall):
         declared = next((d.side for d in REGISTRY if d.name == finding.name), None)
         if declared is not None:
@@ -252,7 +256,13 @@ class Incident:
 
     @property
     def pages(self) -> bool:
-        return not self.standing and _would_page(self.late, self.severity) and not self.unfelt
+        return not self.standing and _would_page(self.late, self.severity) and not self.unfelt and not self.mix
+
+    @property
+    def mix(self) -> bool:
+        """A change of the traffic, not a slowdown (``MixChange``): noted, not paged; what it
+        brought on for other traffic (a queue) is a shift of its own, and pages."""
+        return isinstance(self.fired or self.finding, MixChange)
 
     @property
     def unfelt(self) -> bool:

@@ -21,6 +21,8 @@ def alert_line(now: float, incident: Incident, alert: dict) -> str:
     state = "FIRING" if incident.state == "firing" else "RESOLVED"
     if incident.standing:
         state = "NOTED (not paged: standing, a condition with no onset)"
+    elif incident.mix:
+        state = "NOTED (not paged: a change in the traffic, not a slowdown)"
     elif not incident.pages and incident.unfelt:
         state = f"NOTED (not paged: under {FELT_MS:g} ms a request)"
     elif not incident.pages:

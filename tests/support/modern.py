@@ -159,3 +159,26 @@ def reasoning_log(seed: int, rate: float = 4.0) -> pl.DataFrame:
                          "spec_accepted_tokens": int(round(200 * (accept[i] - 1) / 3))},
         )
     return _frame(rows)
+
+
+def reasoning_growth_log(seed: int, factor: float = 3.0, rate: float = 4.0) -> pl.DataFrame:
+    """A reasoning model on r1 and r2 that thinks ~1.2 s (at 10 ms a token) and then answers 150
+    tokens of content. From 10:05 (a template change) it thinks ``factor`` times longer on both:
+    time to first content rises with it, while the first token (reasoning) and the time per
+    output token hold; decode, which holds the thinking, grows by the extra thought."""
+    rng = np.random.default_rng(seed)
+    n = int(DURATION_S * rate)
+    t = START + np.sort(rng.uniform(0, DURATION_S, n))
+    replica = rng.choice(["r1", "r2"], n)
+    itl = 0.01
+    think = _spread(rng, 1.2, n, 0.1) * np.where(t >= START + INCIDENT_S, factor, 1.0)
+    content = _spread(rng, 150 * itl, n, 0.1)
+    rows: list[dict] = []
+    for i in range(n):
+        rid = f"rg-{seed}-{i}"
+        prefill = float(_spread(rng, 0.05, 1)[0])
+        first_at = t[i] + 0.004 + 0.004 + prefill + 0.012
+        extra = {"first_reasoning_at": first_at + 0.004, "first_content_at": first_at + 0.004 + think[i]}
+        tokens = int(round((think[i] + content[i]) / itl)) + 1
+        rows += _unified(rng, rid, t[i], str(replica[i]), prefill, 0, 500, think[i] + content[i], tokens, last_extra=extra)
+    return _frame(rows)

@@ -54,6 +54,21 @@ class Added:
 
 
 @dataclass(frozen=True)
+class Joined:
+    """A change of the traffic, not of a stage: from ``at_s``, a new ``service`` (none before)
+    sends ``share`` of model ``model``'s requests, with prompts ``prompt_tokens`` long (p50) and,
+    if given, answers ``output_tokens`` long. Per prompt token and per output token the engine is
+    as fast as ever: the model's prefill (or decode) rises with the mix alone."""
+
+    service: str
+    at_s: float
+    model: str = "X"
+    share: float = 0.3
+    prompt_tokens: int = 600
+    output_tokens: int | None = None
+
+
+@dataclass(frozen=True)
 class Log:
     events: pl.DataFrame
     truth: pl.DataFrame  # one row per request: its attributes and each stage's added seconds
@@ -128,6 +143,20 @@ def _requests(rng: np.random.Generator, duration_s: float, rate: float, stream_s
     }
 
 
+def _join(rng: np.random.Generator, c: dict, joined: list[Joined]) -> None:
+    """Each new service's requests, taken from its model's traffic after its start, with their
+    own prompt (and answer) lengths, and prefill (decode) at the same time per token as before."""
+    for new in joined:
+        hit = (c["t0"] >= new.at_s) & (c["model"] == new.model) & (rng.random(c["n"]) < new.share)
+        k = int(hit.sum())
+        c["service"][hit] = new.service
+        c["prompt"][hit] = np.maximum(20, new.prompt_tokens * np.exp(rng.normal(0.0, 0.3, k))).astype(np.int64)
+        c["prefill"][hit] = 0.05 * np.exp(rng.normal(0.0, 0.2, k)) * c["prompt"][hit] / 600
+        if new.output_tokens is not None:
+            c["output"][hit] = np.maximum(2, new.output_tokens * np.exp(rng.normal(0.0, 0.3, k))).astype(np.int64)
+            c["decode"][hit] = _heavy(rng, 0.02, 0.2, k) * (c["output"][hit] - 1)
+
+
 def _apply(rng: np.random.Generator, c: dict, incidents: list[Added]) -> dict[str, np.ndarray]:
     added = {s: np.zeros(c["n"]) for s in STAGES}
     for inc in incidents:
@@ -147,14 +176,15 @@ def generate(
     duration_s: float = 600.0,
     rate: float = 40.0,
     seed: int = 0,
-    incidents: list[Added] | tuple[Added, ...] = (),
+    incidents: list[Added | Joined] | tuple[Added | Joined, ...] = (),
     stream_share: float = 0.6,
     start: float = START,
 ) -> Log:
     """A log of ``duration_s`` at ``rate`` requests/s (Poisson) with ``incidents``."""
     rng = np.random.default_rng(seed)
     c = _requests(rng, duration_s, rate, stream_share)
-    added = _apply(rng, c, list(incidents))
+    _join(rng, c, [i for i in incidents if isinstance(i, Joined)])
+    added = _apply(rng, c, [i for i in incidents if isinstance(i, Added)])
     stage = {s: c["gateway_s" if s == "gateway" else s] + added[s] for s in STAGES}
     legs = stage["network"][:, None] * np.array([0.3, 0.2, 0.2, 0.3])[None, :]
     sent = c["t0"]

@@ -80,7 +80,20 @@ class VerboseService:
     factor: float = 3.0
 
 
-Incident = StageShift | LongPrompts | ColdConnections | NoMaxTokens | VerboseService
+@dataclass(frozen=True)
+class NewTenant:
+    """From ``at_s``, ``share`` of the requests come from a new ``service`` (none before) whose
+    prompts are ``prompt_tokens`` long (p50): the engine is as fast per computed token as
+    ever, and the model's prefill rises with the mix (issue 33's new tenant)."""
+
+    service: str
+    at_s: float
+    share: float = 0.3
+    prompt_tokens: int = 6000
+    output_tokens: float | None = None  # its answers' p50 (None: as the others')
+
+
+Incident = StageShift | LongPrompts | ColdConnections | NoMaxTokens | VerboseService | NewTenant
 
 
 def _lognormal(rng: np.random.Generator, median: float, sigma: float, n: int) -> np.ndarray:
@@ -156,12 +169,21 @@ def _requests(
         else np.full(n, None, dtype=object)
     )
     prompt = np.clip(_lognormal(rng, 700, 0.7, n), 16, 8000).astype(np.int64)
+    joined = {}
+    for inc in incidents:
+        if isinstance(inc, NewTenant):
+            joined[inc] = mask = (t0 >= inc.at_s) & (rng.random(n) < inc.share)
+            service[mask] = inc.service
+            cols["model"][mask] = models[services[0]]  # the first service's model
+            prompt[mask] = np.clip(_lognormal(rng, inc.prompt_tokens, 0.3, int(mask.sum())), 16, None)
     max_tokens = np.full(n, 1024, dtype=np.int64)
     max_tokens_set = np.ones(n, dtype=bool)
     out_median = np.full(n, 180.0)
     for inc in incidents:
         if isinstance(inc, VerboseService):
             out_median[service == inc.service] *= inc.factor
+        if isinstance(inc, NewTenant) and inc.output_tokens is not None:
+            out_median[joined[inc]] = inc.output_tokens
     output = np.clip(out_median * np.exp(0.6 * rng.standard_normal(n)), 1, None)
     for inc in incidents:
         if isinstance(inc, NoMaxTokens):

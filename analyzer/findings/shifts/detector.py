@@ -13,7 +13,8 @@ import polars as pl
 from hopline.analyzer.findings.detector import Context, Detector
 from hopline.analyzer.findings.model import Shift
 from hopline.analyzer.findings.shifts.context import CONNECT_PARTS, connect_part, context_of
-from hopline.analyzer.findings.shifts.incidents import Change, cap_reversals, clusters, incidents
+from hopline.analyzer.findings.shifts.incidents import Change, cap_reversals, clusters, incidents, part_explains
+from hopline.analyzer.findings.shifts.mix import mix_of
 from hopline.analyzer.findings.shifts.scopes import cell, fold_explained, key, narrowest
 from hopline.analyzer.findings.shifts.stats import (
     SHIFT_STAGES,
@@ -150,6 +151,10 @@ def _changes(
                         det.until,
                         connect_part(frame, det),
                         excess_s=_excess(frame, det),
+                        mix=mix_of(
+                            det.stage, det.at, det.until, det.statistic, det.before_ms, det.after_ms,
+                            frame, search.dims, cfg, det.since,
+                        ),  # fmt: skip
                     )
                 )
     return changes
@@ -168,7 +173,7 @@ def _excess(frame: pl.DataFrame, det: Detection) -> float:
 # frame is sorted and split by scope): its start, the stages, the scope attributes, and what
 # ``context`` says moved with a change (end-to-end views, prompt and cached tokens, connect's parts).
 READ_COLUMNS = (
-    "start", *SHIFT_STAGES, "client_e2e", "gateway_e2e", "engine_e2e", "prompt_tokens", "cached_tokens",
+    "start", *SHIFT_STAGES, "client_e2e", "gateway_e2e", "engine_e2e", "prompt_tokens", "cached_tokens", "output_tokens",
     "spec_acceptance_length",
     *(c for cols in CONNECT_PARTS.values() for c in cols),
 )  # fmt: skip
@@ -201,7 +206,11 @@ def find_shifts(
     changes = _changes(search, _detections(search, cfg, seed), window_s, cfg, complete_before)
     spread = max(cfg.cluster_windows * window_s, cfg.onset_spread_s)
     changes = fold_explained(changes, frame, list(search.tested), spread, cfg, window_s)
-    leads = incidents(changes, cfg.onset_windows * window_s)
+    # a change of the traffic heads no incident: what it brought on for others (a queue) pages on its own
+    # (unless a part of its stage rose with it: a thinking model's longer reasoning leads its decode)
+    within = cfg.onset_windows * window_s
+    mixes = [c for c in changes if c.mix is not None and not part_explains(c, changes, within)]
+    leads = incidents([c for c in changes if c not in mixes], within) + mixes
     cap_reversals(leads)
     return sorted(leads, key=lambda s: (-abs(s.impact_s), s.at))
 

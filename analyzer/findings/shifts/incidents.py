@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass, field
 
 from hopline.analyzer.findings.lateness import OWN_LATENESS
-from hopline.analyzer.findings.model import Consequence, Shift
+from hopline.analyzer.findings.model import Consequence, MixChange, Shift
 from hopline.middleware.contract.rules import side_of
 from hopline.analyzer.findings.shifts.stats import SHIFT_STAGES, Detection
 from hopline.analyzer.findings.shifts.words import summary
@@ -34,6 +34,7 @@ class Change:
     consequences: list[Change] = field(default_factory=list)  # shifts that started with this one
     impact_cap_s: float | None = None  # this change undoes part of an earlier one: never more
     excess_s: float | None = None  # users' seconds its requests spent beyond the baseline (stats.excess_s)
+    mix: dict | None = None  # a change of the traffic, not the component (``mix.mix_of``): per_unit, new_traffic
 
     @property
     def factor(self) -> float:
@@ -64,8 +65,9 @@ class Change:
         return summary(self)
 
     def finding(self) -> Shift:
-        """The typed finding, said in its own words."""
-        return Shift(
+        """The typed finding, said in its own words: a ``MixChange`` when the traffic changed,
+        scoped to the new traffic it came with (``mix.mix_of``)."""
+        fields = dict(
             summary=self.summary(),
             stage=self.stage,
             scope=self.scope,
@@ -85,6 +87,11 @@ class Change:
             ),
             context=self.context,
         )
+        if self.mix is None:
+            return Shift(**fields)
+        new = self.mix["new_traffic"]
+        scope = self.scope if new is None else {**self.scope, **new["scope"]}
+        return MixChange(**(fields | {"scope": scope}), per_unit=self.mix["per_unit"], new_traffic=new)
 
 
 def _holds_connections(shift: Change, others: list[Change]) -> bool:
@@ -120,13 +127,39 @@ def incidents(shifts: list[Change], within_s: float) -> list[Change]:
             group.append(shift)
     leads = []
     for group in _pool_waits_joined(groups, within_s):
-        lead = min(group, key=lambda s: (_holds_connections(s, group), _lateness_behind(s, group), -abs(s.own_impact_s)))
+        lead = min(
+            group,
+            key=lambda s: (
+                _holds_connections(s, group), _lateness_behind(s, group), part_explains(s, group), -abs(s.own_impact_s)
+            ),
+        )  # fmt: skip
         lead.consequences = sorted((s for s in group if s is not lead), key=lambda s: -abs(s.own_impact_s))
         said = {s.stage for s in lead.consequences}
         lead.context["unchanged"] = [s for s in lead.context.get("unchanged", []) if s not in said]
         lead.context["moved"] = {k: v for k, v in lead.context.get("moved", {}).items() if k not in said}
         leads.append(lead)
     return leads
+
+
+# A stage that holds another (decode holds a thinking model's reasoning, from its first token to
+# its first content token): when the part rose with it by at least half as much, the part leads.
+PARTS = {"decode": "reasoning"}
+
+
+def part_explains(shift: Change, others: list[Change], within_s: float = 0.0) -> bool:
+    """Whether a part of ``shift``'s stage rose with it (in its scope, an onset within
+    ``within_s``; in its incident group when 0) and accounts for half its rise or more:
+    "reasoning took 3x longer", with decode its consequence, not "decode doubled"."""
+    part = PARTS.get(shift.stage)
+    rise = shift.after_ms - shift.before_ms
+    return part is not None and shift.up and any(
+        o.stage == part
+        and o.up
+        and (o.after_ms - o.before_ms) >= 0.5 * rise
+        and (within_s == 0.0 or (o.scope == shift.scope and abs(o.at - shift.at) <= within_s))
+        for o in others
+        if o is not shift
+    )
 
 
 def _pool_waits_joined(groups: list[list[Change]], within_s: float) -> list[list[Change]]:

@@ -9,9 +9,14 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 from hopline.analyzer.attribution import TTFT_PARTS
-from hopline.analyzer.findings.stats import STATISTICS, split_z, z_threshold  # noqa: F401 (the shift's own too)
+from hopline.analyzer.findings.stats import (  # noqa: F401 (the shift's own too)
+    STATISTICS,
+    design_effect,
+    split_z,
+    z_threshold,
+)
 
-SHIFT_STAGES = TTFT_PARTS + ("decode",)
+SHIFT_STAGES = TTFT_PARTS + ("decode", "reasoning")  # reasoning: a thinking model's time to first content
 
 
 
@@ -53,6 +58,7 @@ class Detection:
     index: int = 0  # the first request after the change, in the scope's sorted requests
     before_index: int = 0  # the first request of the segment before it
     since: float | None = None  # Unix seconds: the start of that first request (the baseline's start)
+    steps: int = 1  # change points it is made of (a ramp: the same stage moving the same way again)
 
     @property
     def up(self) -> bool:
@@ -141,6 +147,7 @@ def detect(
                     edges[i + 2] - start,
                     index=start,
                     before_index=edges[first],
+                    steps=prev.steps + 1,
                 )
                 continue
         effect = _effect(x[edges[i] : k], x[k : edges[i + 2]], z, cfg)
@@ -173,9 +180,74 @@ def detect(
             i = end  # its end is the change
             continue
         i = end + 1
-    for det in out:
+    settled = [det for det in out if _settled(t, x, boundaries, det, cfg)]
+    for det in settled:
         det.since = float(t[det.before_index])
-    return out
+    return [det for det in settled if _stands_out(t, x, boundaries, det, z_crit)]
+
+
+def _settled(t: np.ndarray, x: np.ndarray, boundaries: np.ndarray, det: Detection, cfg: ShiftConfig) -> bool:
+    """A step placed where its requests say (``_settle_step``); a burst (placed by
+    ``_settle_burst``) and a ramp as found."""
+    if det.until is not None or det.steps > 1:
+        return True
+    return _settle_step(t, x, boundaries, det, cfg)
+
+
+def _settle_step(t: np.ndarray, x: np.ndarray, boundaries: np.ndarray, det: Detection, cfg: ShiftConfig) -> bool:
+    """Place a step's onset where the rank test puts it once its floor of requests after the
+    split is lifted, and whether ``min_side`` requests still follow it.
+
+    Binary segmentation needs ``min_side`` requests after a split. Followed live, a change only
+    seconds old has fewer: the split that the rank test finds significant then falls before the
+    change, as far back as ``min_side`` requests go (a flood's first ten slow answers, and forty
+    untouched ones before them), and says an onset 15-25 s early, a level diluted by the
+    untouched, and another stage's co-mover first. Among the boundaries from the found one on
+    (``min_side`` can only have pulled it early), the one with the largest rank z over the same
+    requests, with at least ``SETTLE_MIN_AFTER`` after it, is the onset; such a change then waits
+    until it has ``min_side`` of its own. In a log, where they have long arrived, the found split
+    is that one already."""
+    lo, hi = det.before_index, det.index + det.after_n
+    later = boundaries[(boundaries >= det.at) & (boundaries <= t[hi - 1])]
+    ks = np.searchsorted(t[lo:hi], later)
+    keep = ks <= (hi - lo) - SETTLE_MIN_AFTER
+    if not keep.any():
+        return det.after_n >= cfg.min_side and det.index - lo >= cfg.min_side
+    later, ks = later[keep], ks[keep]
+    z = split_z(np.round(x[lo:hi] / RANK_RESOLUTION_S), ks) * (1 if det.up else -1)
+    best = int(np.argmax(z))
+    at = float(later[best])
+    if at != det.at:
+        q = STATISTICS[det.statistic]
+        ms = x * 1e3
+        index = lo + int(ks[best])
+        before_ms, after_ms = _level(ms[lo:index], q), _level(ms[index:hi], q)
+        if _large(before_ms, after_ms, det.up, cfg):  # else the split the test found stays
+            det.at, det.index, det.before_ms, det.after_ms, det.after_n = at, index, before_ms, after_ms, hi - index
+    return min(det.index - lo, det.after_n) >= cfg.min_side
+
+
+SETTLE_MIN_AFTER = 10  # requests after a settled onset the rank test weighs it on (min_side is then asked of it)
+
+
+def _large(before_ms: float, after_ms: float, up: bool, cfg: ShiftConfig) -> bool:
+    """Whether a move from ``before_ms`` to ``after_ms`` is one ``_effect`` reports, the same way."""
+    lo, hi = min(before_ms, after_ms), max(before_ms, after_ms)
+    return hi - lo >= cfg.min_abs_ms and (lo <= 0 or hi / lo >= cfg.min_factor) and (after_ms > before_ms) == up
+
+
+def _stands_out(t: np.ndarray, x: np.ndarray, boundaries: np.ndarray, det: Detection, z_crit: float) -> bool:
+    """Whether ``det`` is still significant once its baseline's own swings are counted: its z
+    shrunk by the square root of the design effect of the segment before it, the analysis
+    windows as clusters (``findings.stats.design_effect``). A CPU engine beside other work
+    decodes 170, 320, 340, 210 ms in four 10-s stretches of steady chat; a 1.6x stretch among
+    them is the host's weather, not a change, while a queue that sat at 0 for the whole baseline
+    keeps its full z."""
+    if len(boundaries) < 2:
+        return True
+    base = slice(det.before_index, det.index)
+    deff = design_effect(t[base], np.round(x[base] / RANK_RESOLUTION_S), float(boundaries[1] - boundaries[0]))
+    return abs(det.z) / math.sqrt(deff) >= z_crit
 
 
 def _from_first_window(t: np.ndarray, boundaries: np.ndarray, det: Detection, cfg: ShiftConfig) -> bool:

@@ -123,8 +123,39 @@ def rise_meaning(shift: Change) -> str:
     return look.meaning if look is not None and shift.part is None else ""
 
 
+def mix_words(shift: Change) -> str:
+    """What a change of the traffic is said as, after its headline: the new traffic that came
+    with it (or the same traffic's longer prompts / answers), and the stage per unit of work."""
+    per, new = shift.mix["per_unit"], shift.mix["new_traffic"]
+    unit = per["unit"]
+    if new is not None:
+        rate = "" if new["requests_per_s"] is None else f", {new['requests_per_s']:.3g} req/s"
+        size = "" if new["units_p50"] is None else f", {new['units_p50']:,.0f} {unit}s p50"
+        share = "" if new["share"] is None else f" makes up {new['share']:.0%} of its {label(shift)} since"
+        since = new["since"][11:19]
+        text = f", from new traffic, not a slower engine: a new {scope_words(new['scope'])} (from {since}{rate}{size}){share}"
+    else:
+        longer = "longer prompts" if shift.stage == "prefill" else "longer answers"
+        sizes = f"{per['units_before']:,.0f} → {per['units_after']:,.0f}"
+        text = f", from {longer}, not a slower engine: {unit}s p50 {sizes}"
+    b, a = per["before_ms"], per["after_ms"]
+    moved = "unchanged" if b > 0 and abs(a / b - 1) <= UNCHANGED else change_words(b, a, lambda v: f"{v:.3g} ms")
+    return text + f"; {label(shift)} per {unit} {moved} ({b:.3g} → {a:.3g} ms, {shift.statistic})"
+
+
+UNCHANGED = 0.15  # a per-unit figure within this is said unchanged (``ShiftConfig.unchanged_within``)
+
+
 def summary(shift: Change) -> str:
     """The shift's one sentence: what moved, when, where, by how much, and what moved with it."""
+    if shift.mix is not None:
+        where = place_words(shift.scope) if shift.scope else ""
+        change, values = headline_words(shift.before_ms, shift.after_ms, shift.statistic)
+        return (
+            f"{label(shift)} {change} at {clock(shift.at)}"
+            f"{'' if shift.until is None else ' until ' + clock(shift.until)}"
+            f"{' ' + where if where else ''} {values}{mix_words(shift)}"
+        )
     where = place_words(shift.scope) if shift.scope else ""
     change, values = headline_words(shift.before_ms, shift.after_ms, shift.statistic)
     text = (
