@@ -140,6 +140,10 @@ class CollectorConfig:
         "fsync period of --fsync interval."))
     max_body_bytes: int = setting(8 * MIB, option="--max-body", kind=int, min=1, help=(
         "Largest request body accepted, in bytes (413 above), compressed or not."))
+    # a sender's clock a year ahead would move every live detector's event time a year forward
+    max_future_s: float = setting("5m", option="--max-future", parse=durations, help=(
+        "Refuse an event whose ts is more than this ahead of the collector's own clock (a sender's "
+        "clock gone wrong); the batch's other events are stored."))
     healthz_min_free: int = setting("64MiB", option="--healthz-min-free", parse=sizes, metavar="SIZE", help=(
         "/healthz answers 503 while the data directory's file system has less free space than this "
         "(the largest body the collector accepts, decompressed), so a load balancer drains a "

@@ -12,6 +12,11 @@ timeout, a non-2xx answer) is retried with exponential backoff (``backoff_s`` do
 alert whose ``endsAt`` it set itself after its ``resolve_timeout``, 5 min by default: the resend
 must come sooner, Prometheus uses 1 min); a resolved one is sent (with its ``endsAt``) until one
 post succeeds. A queue is bounded (``capacity`` alerts; the oldest are dropped and counted).
+
+With ``ahead_s`` (``hopline watch --follow``: its ``--future``), no alert says a time later than
+this host's wall clock plus ``ahead_s``: ``startsAt`` and ``endsAt`` are capped (``bounded``), so
+an event time gone wrong never tells Alertmanager that an alert resolved a year from now (it
+would keep it active until then).
 """
 
 from __future__ import annotations
@@ -25,10 +30,18 @@ import httpx
 import orjson
 from hopline.analyzer.findings.model import Shift, iso_utc
 from hopline.analyzer.live.incidents import ALERTNAMES, Incident, direction
+from hopline.middleware.contract.times import to_epoch
 
 RESEND_S = 60.0  # as Prometheus' notifier; below Alertmanager's default resolve_timeout (5 min)
 BATCH = 64  # alerts per POST, as Prometheus
 API_PATH = "/api/v2/alerts"
+
+
+def bounded(alert: dict, latest: float) -> dict:
+    """``alert`` with its ``startsAt`` and ``endsAt`` no later than ``latest`` (Unix seconds): a
+    copy when one moves (``endsAt`` stays at or after ``startsAt``, as Alertmanager requires)."""
+    late = [k for k in ("startsAt", "endsAt") if k in alert and to_epoch(alert[k]) > latest]
+    return alert | {k: iso_utc(latest) for k in late} if late else alert
 
 
 def label_key(alert: dict) -> tuple:
@@ -144,12 +157,14 @@ class AlertSender:
         timeout_s: float = 10.0,
         backoff_s: float = 0.5,
         max_backoff_s: float = 30.0,
+        ahead_s: float | None = None,
     ) -> None:
         for url in urls:
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"Alertmanager URL must start with http:// or https://, got {url!r}")
         self.resend_s, self.capacity, self.timeout_s = resend_s, capacity, timeout_s
         self.backoff_s, self.max_backoff_s = backoff_s, max_backoff_s
+        self.ahead_s = ahead_s  # None: times as the detector dates them (see the module doc)
         self.stats = SenderStats()
         self.closing = False
         self.stopped = threading.Event()
@@ -165,10 +180,13 @@ class AlertSender:
         return self
 
     def update(self, alerts: list[dict]) -> None:
-        """Send these alerts (``payload``'s shape): a firing one (no ``endsAt``) is re-sent every
-        ``resend_s`` until an update with its ``endsAt`` (resolved) comes."""
+        """Send these alerts (``payload``'s shape; with ``ahead_s``, ``bounded``): a firing one (no
+        ``endsAt``) is re-sent every ``resend_s`` until an update with its ``endsAt`` (resolved) comes."""
         if not alerts or not self.targets:
             return
+        if self.ahead_s is not None:
+            latest = time.time() + self.ahead_s
+            alerts = [bounded(alert, latest) for alert in alerts]
         with self.lock:
             for alert in alerts:
                 key = label_key(alert)

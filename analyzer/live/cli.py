@@ -123,6 +123,14 @@ Settle = Annotated[
 Lateness = Annotated[
     str, typer.Option(help="Event time trails the newest event by this much (late events, skewed clocks).")
 ]
+Future = Annotated[
+    str,
+    typer.Option(
+        help="--follow: drop (and count) events dated more than this ahead of this host's clock, so "
+        "that no sender's wrong clock moves event time, and send Alertmanager no time later than the "
+        "clock plus this (--replay has no wall clock: neither applies)."
+    ),
+]
 
 
 def live_config(
@@ -134,8 +142,10 @@ def live_config(
     lateness: str,
     hold: str | None,
     sample: float = 1.0,
+    future: str | None = None,
 ) -> LiveConfig:
-    """The detector's settings from the options (ValueError: which one is wrong)."""
+    """The detector's settings from the options (ValueError: which one is wrong); ``future``:
+    --follow's bound on events ahead of the wall clock (None: a replay)."""
     dims = tuple(d.strip() for d in by.split(",") if d.strip())
     scope_sources(dims)
     return LiveConfig(
@@ -147,6 +157,7 @@ def live_config(
         hold_s=parse_duration(hold) if hold is not None else None,
         scopes=dims,
         sample=sample,
+        future_s=parse_duration(future) if future is not None else None,
     )
 
 
@@ -189,6 +200,7 @@ def watch_command(
     hold: Hold = None,
     settle: Settle = "5s",
     lateness: Lateness = "5s",
+    future: Future = "1m",
     json_out: Annotated[
         bool, typer.Option("--json", help="Print each alert as the JSON Alertmanager receives.")
     ] = False,
@@ -203,9 +215,10 @@ def watch_command(
     if bool(replay_paths) == bool(follow):
         raise UsageError("give --replay PATH or --follow PATH (one of them)")
     try:
-        cfg = live_config(by, window, horizon, recent, settle, lateness, hold, sample)
+        bound = future if follow else None  # a replay has no wall clock
+        cfg = live_config(by, window, horizon, recent, settle, lateness, hold, sample, bound)
         urls = alertmanager_urls(alertmanager)
-        sender = AlertSender(urls, resend_s=parse_duration(resend)) if urls else None
+        sender = AlertSender(urls, resend_s=parse_duration(resend), ahead_s=cfg.future_s) if urls else None
         poll_s = parse_duration(poll)
         quiet_s = parse_duration(until_quiet) if until_quiet is not None else None
         if listen is not None:

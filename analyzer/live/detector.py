@@ -11,8 +11,23 @@ hops arrive a little after it, on clocks that disagree by seconds), or it had no
 Event time: the newest ``ts`` seen, less ``lateness_s`` (events from other hosts arrive late and
 on skewed clocks), is the watermark; every ``step_s`` of it (the window by default) the detector
 runs the analysis on the horizon (``detect.findings_now``) and hands the findings to the
-incident book (``incidents``). Nothing reads the wall clock: a recorded log replays through it at
-any speed and gives the same incidents at the same event times.
+incident book (``incidents``). Nothing in detection reads the wall clock: a recorded log replays
+through it at any speed and gives the same incidents at the same event times.
+
+No single sender moves event time (the contract takes any ``ts`` before 2100: one event dated a
+year ahead would empty the horizon and resolve what fires, dated a year ahead). Two guards, both
+counted in ``events_from_future`` when they drop an event:
+
+- ``future_s`` (``hopline watch --follow`` only, where events are live): an event more than this
+  ahead of this host's wall clock (``clock``) is dropped as it arrives. A replay has no relation
+  to the wall clock and sets None.
+- The leap rule (always): an event more than ``horizon_s`` past the newest event time (the first
+  batch: its median) is a leap. Leaps wait in ``ahead``; event time jumps to them only once events
+  of ``LEAP_QUORUM`` different requests agree on one (the earliest leap and those within
+  ``horizon_s`` after it), as the first batch after a real pause of the traffic has. One request
+  never moves it. A held leap is taken as an ordinary event once event time reaches it; the rest
+  are dropped at ``flush`` (and beyond ``LEAP_HELD`` held events, the furthest ahead first). A
+  clock wrong by less than the horizon, or one wrong for many requests in a replay, is not caught.
 
 A step re-analyses the whole horizon, so its cost grows with requests/s x horizon. Above a few
 hundred requests/s, ``sample`` < 1 keeps a fixed fraction of the requests: those whose ID's
@@ -40,6 +55,8 @@ from hopline.analyzer.timelines import COLUMNS, timelines
 from hopline.middleware.contract import FINAL_HOPS, normalize_request_id
 from hopline.middleware.contract.rules import SCOPE_SOURCES
 
+LEAP_QUORUM = 3  # requests that must agree before event time leaps more than the horizon ahead
+LEAP_HELD = 10_000  # leaping events held while they wait for agreement (more: dropped, furthest first)
 OUTERMOST = ("client", "gateway", "engine")  # the first one a request reached tells when it ended
 # What a request's end decides (its decode, end-to-end time, speed): unknown for the requests still
 # running, so the horizon's newest rows would hold only the short ones (see ``_survivors``).
@@ -75,6 +92,8 @@ class LiveConfig:
     hold_s: float | None = None  # found at every step this long before it fires (None: 2 windows)
     scopes: tuple[str, ...] = attribution.SCOPES
     sample: float = 1.0  # the fraction of requests analysed (``sampled``; see the module doc)
+    # --follow: an event more than this ahead of the wall clock is dropped (None: a replay, no wall clock)
+    future_s: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("window_s", "horizon_s", "recent_s", "settle_s", "idle_s"):
@@ -82,6 +101,8 @@ class LiveConfig:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
         if not 0 < self.sample <= 1:
             raise ValueError(f"sample must be a fraction in (0, 1], got {self.sample!r}")
+        if self.future_s is not None and not self.future_s >= 0:
+            raise ValueError(f"future_s must be a duration of 0 or more, got {self.future_s!r}")
         if self.horizon_s < 2 * self.recent_s:
             raise ValueError(
                 f"horizon_s ({self.horizon_s:g}) must be at least twice recent_s ({self.recent_s:g})"
@@ -150,10 +171,12 @@ def _survivors(horizon: pl.DataFrame, cut: float) -> pl.DataFrame:
 @dataclass
 class LiveDetector:
     """See the module doc. ``feed`` and ``flush`` return the incidents that changed (opened,
-    updated, resolved) in the steps they ran; ``on_step(now, changed)`` is called after each step."""
+    updated, resolved) in the steps they ran; ``on_step(now, changed)`` is called after each step.
+    ``clock`` is the wall clock ``LiveConfig.future_s`` is measured from (read only when it is set)."""
 
     config: LiveConfig = field(default_factory=LiveConfig)
     on_step: Callable[[float, list[Incident]], None] | None = None
+    clock: Callable[[], float] = time.time
 
     def __post_init__(self) -> None:
         cfg = self.config
@@ -173,6 +196,8 @@ class LiveDetector:
         self.now: float | None = None  # the last step's event time
         self.finished_requests = 0
         self.events_not_sampled = 0  # events of requests outside the sample (``LiveConfig.sample``)
+        self.events_from_future = 0  # events dropped: ahead of the wall clock, or an unconfirmed leap
+        self.ahead = pl.DataFrame(schema=SCHEMA)  # leaping events waiting for agreement (module doc)
         self.steps = 0
         self.cpu_s = 0.0  # process CPU seconds spent in steps
         self.findings: list[Finding] = []  # the last step's findings (all of them)
@@ -189,6 +214,14 @@ class LiveDetector:
                 for n, t in SCHEMA.items()
             ]
         )
+        if self.config.future_s is not None:  # --follow: nothing from past the wall clock's bound
+            live = pl.col("ts") <= self.clock() + self.config.future_s
+            kept = events.filter(live)
+            self.events_from_future += events.height - kept.height
+            events = kept
+        events = self._admit(events)
+        if events.height == 0:
+            return []
         top, first = events["ts"].max(), events["ts"].min()
         if self.config.sample < 1:
             kept = events.filter(sampled(events["request_id"], self.config.sample))
@@ -210,7 +243,10 @@ class LiveDetector:
 
     def flush(self) -> list[Incident]:
         """The end of a replay: steps as if time ran on without events, past the newest event
-        and until every request is finished (its final hop settled, or idle for ``idle_s``)."""
+        and until every request is finished (its final hop settled, or idle for ``idle_s``). Leaps
+        no other request confirmed (``ahead``) are dropped."""
+        self.events_from_future += self.ahead.height
+        self.ahead = self.ahead.clear()
         if self.newest is None or self.next_step is None:
             return []
         changed: list[Incident] = []
@@ -240,6 +276,34 @@ class LiveDetector:
             changed += self.step(self.next_step, analyse=False)
             self.next_step += stride
         return _unique(changed)
+
+    def _admit(self, events: pl.DataFrame) -> pl.DataFrame:
+        """The events (with those held in ``ahead``) that event time takes in: the leap rule of the
+        module doc. The leaps still waiting stay in ``ahead``."""
+        span = self.config.horizon_s
+        anchor = self.newest if self.newest is not None else events["ts"].median()
+        if anchor is None:  # no event
+            return events
+        if self.ahead.height == 0 and events["ts"].max() <= anchor + span:  # the usual batch
+            return events
+        pool = pl.concat([self.ahead, events], how="vertical")
+        taken = []
+        while True:
+            near = pool["ts"] <= anchor + span
+            taken.append(pool.filter(near))
+            pool = pool.filter(~near)
+            if pool.height == 0:
+                break
+            leap = pool.filter(pl.col("ts") <= pool["ts"].min() + span)
+            if leap["request_id"].n_unique() < LEAP_QUORUM:
+                break
+            anchor = leap["ts"].max()
+        if pool.height > LEAP_HELD:
+            pool = pool.sort("ts")
+            self.events_from_future += pool.height - LEAP_HELD
+            pool = pool.head(LEAP_HELD)
+        self.ahead = pool
+        return pl.concat(taken, how="vertical")
 
     def step(self, now: float, analyse: bool = True) -> list[Incident]:
         """One step at event time ``now``: finished requests into the horizon, the analysis on

@@ -34,6 +34,7 @@ STEP_CPU = "hopline_live_step_cpu_seconds"
 EVENT_TIME = "hopline_live_event_time_seconds"
 SAMPLE = "hopline_live_sample_ratio"
 NOT_SAMPLED = "hopline_live_events_not_sampled"
+FROM_FUTURE = "hopline_live_events_from_future"
 MAX_SERIES = 100
 FINDING_LABELS = list(live_metrics.FINDING_LABELS)
 
@@ -85,6 +86,12 @@ class LiveCollector(Collector):
         yield GaugeMetricFamily(SAMPLE, "The fraction of requests analysed (--sample)", value=detector.config.sample)
         yield CounterMetricFamily(
             NOT_SAMPLED, "Events of requests outside the sample", value=detector.events_not_sampled
+        )
+        yield CounterMetricFamily(
+            FROM_FUTURE,
+            "Events dropped as dated ahead: of the wall clock by more than --future, or a leap of event "
+            "time no other request confirmed",
+            value=detector.events_from_future,
         )
         yield from self._sender()
 

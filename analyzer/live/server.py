@@ -5,7 +5,9 @@
 ``onset``, ``first_seen``, ``last_seen``, ``ends_at`` (ISO-8601 UTC, event time), ``severity``,
 ``side``, ``pages`` (false: ``standing``, or ``late``: the measuring side's own lateness),
 ``alert_summary`` (the sentence it paged with), ``co_movers`` and ``examples``; ``since`` (ISO-8601 or Unix seconds) keeps the firing ones and those seen at or
-after it. ``event_time`` is the detector's last step.
+after it. ``event_time`` is the detector's last step; ``events_from_future`` the events it dropped
+as dated ahead (``detector``'s module doc: ahead of the wall clock, or a leap no other request
+confirmed).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ def findings_answer(watch: Watch, since: float | None) -> dict:
         "window_s": detector.config.window_s,
         "horizon_s": detector.config.horizon_s,
         "event_time": None if detector.now is None else iso_utc(detector.now),
+        "events_from_future": detector.events_from_future,
         "findings": keep,
     }
 
