@@ -102,7 +102,7 @@ def build_collector(config: CollectorConfig) -> Collector:
     m.finished_request_bytes.set_function(lambda: joiner.finished_bytes)
     m.dedup_keys.set_function(lambda: len(dedup))
     scraper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hopline-scrape")
-    ingestor = Ingestor(store, joiner, recorder, dedup, EmitterStats(registry))
+    ingestor = Ingestor(store, joiner, recorder, dedup, EmitterStats(registry), max_future_s=config.max_future_s)
     receiver = otlp.OtlpReceiver(ingestor, registry, config.otlp_resource)
     return Collector(config, registry, recorder, store, joiner, ingestor, scraper, receiver)
 

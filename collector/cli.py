@@ -149,8 +149,6 @@ def collector(ctx: typer.Context, **given: Any) -> None:
         raise UsageError(str(exc)) from exc
     sock = check_can_start(config, config.host, config.port)
     app = create_app(config)
-    # --max-future reaches the ingestor here until app.build_collector passes it (see Ingestor)
-    app.state.collector.ingestor.max_future_s = config.max_future_s
     server = uvicorn.Server(uvicorn.Config(app, log_level=config.log_level, timeout_graceful_shutdown=10))
     server.run(sockets=[sock])
 

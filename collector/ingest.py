@@ -211,9 +211,7 @@ class Ingestor:
         max_future_s: float | None = None,
     ) -> None:
         self.store = store
-        # None: any ts the contract takes. ``hopline collector`` sets --max-future (5 min by
-        # default); create_app does not pass it yet (the fuzz oracle, tests/collector/ingest_fuzz.py,
-        # still takes every ts before 2100 as valid and must learn the bound first)
+        # None: any ts the contract takes; the collector passes --max-future (5 min by default)
         self.max_future_s = max_future_s
         self.joiner = joiner
         self.recorder = recorder
