@@ -5,7 +5,8 @@ Relations come from the detectors' declarations. A pitfall whose detector has
 ``caused_by_rise_of = stage`` and that began (at the contract's one-second resolution) after
 the onset of an up-shift of that stage, within its scope and before it ended (one window of
 slack), is that shift's consequence: it moves into the shift's ``with_pitfalls``; so does a
-pitfall without an onset whose time is spent in a stage that rose in the same scope. A rise of a
+pitfall without an onset whose time is spent in a stage that rose in the same scope. A change of
+the traffic (``MixChange``: bigger requests, not a slower stage) brings no pitfall. A rise of a
 stage that a detector ``brings_rise_of`` moves into the ``with_shifts`` of that detector's
 finding whose scope ``Detector.brought`` names; its seconds add to the finding's (stages add up).
 
@@ -29,7 +30,7 @@ import polars as pl
 from hopline.analyzer.attribution import e2e, ttft
 from hopline.analyzer.findings import lateness
 from hopline.analyzer.findings.detector import Context, Detector
-from hopline.analyzer.findings.model import Finding, Findings, Pitfall, Shift, to_second
+from hopline.analyzer.findings.model import Finding, Findings, MixChange, Pitfall, Shift, to_second
 from hopline.analyzer.findings.registry import REGISTRY, detect_all
 
 MINOR_SHARE = 0.01
@@ -91,13 +92,14 @@ def caused_by_shifts(
             (
                 i
                 for i in largest_first
-                if (
+                if not isinstance(shifts[i], MixChange)  # bigger requests are no regression
+                and (
                     stage is not None
                     and shifts[i].stage == stage
                     and shifts[i].up
                     and _began_within(p, shifts[i], ctx.window_s)
                 )
-                or _spent_in_rise(p, shifts[i])
+                or (not isinstance(shifts[i], MixChange) and _spent_in_rise(p, shifts[i]))
             ),
             None,
         )
