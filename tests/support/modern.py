@@ -182,3 +182,116 @@ def reasoning_growth_log(seed: int, factor: float = 3.0, rate: float = 4.0) -> p
         tokens = int(round((think[i] + content[i]) / itl)) + 1
         rows += _unified(rng, rid, t[i], str(replica[i]), prefill, 0, 500, think[i] + content[i], tokens, last_extra=extra)
     return _frame(rows)
+
+
+def with_output_gaps(
+    events: pl.DataFrame, seed: int, itl_s: float = 0.02, hiccup_share: float = 0.04, hiccup_min_s: float = 0.2
+) -> pl.DataFrame:
+    """``events`` (any log whose streams have an ``engine.first_token``, e.g. a
+    ``scenarios.generate`` log) with each stream's largest output gap on its ``engine.last_token``
+    (``max_gap_s``; ``max_gap_at`` on that engine's clock), placed uniformly at random in its
+    decode: a few token times (``itl_s`` x 2-4), and for ``hiccup_share`` of the streams a hiccup
+    of ``hiccup_min_s`` or more (Pareto: a preemption, a host pause). Healthy: no gap is caused by
+    another request's prefill; where one falls during a long prefill, it is there by chance."""
+    rng = np.random.default_rng(seed)
+    decode_leg = pl.col("leg").is_null() | (pl.col("leg") != "prefill")
+    ends = (
+        events.filter(pl.col("hop").is_in(["engine.first_token", "engine.last_token"]) & decode_leg)
+        .group_by("request_id")
+        .agg(
+            first=pl.col("ts").filter(pl.col("hop") == "engine.first_token").min(),
+            last=pl.col("ts").filter(pl.col("hop") == "engine.last_token").max(),
+        )
+        .drop_nulls()
+        .sort("request_id")
+    )
+    n = ends.height
+    decode = np.maximum((ends["last"] - ends["first"]).to_numpy(), 0.0)
+    gap = itl_s * (2.0 + np.abs(rng.standard_normal(n)))
+    hiccup = rng.random(n) < hiccup_share
+    gap = np.where(hiccup, hiccup_min_s * (1.0 + rng.pareto(1.5, n)), gap)
+    gap = np.minimum(gap, decode)
+    at = ends["first"].to_numpy() + rng.uniform(0.0, 1.0, n) * (decode - gap)
+    gaps = ends.select("request_id", _gap_s=pl.Series(gap), _gap_at=pl.Series(at), _hop=pl.lit("engine.last_token"))  # fmt: skip
+    out = events.with_columns(_hop=pl.when(decode_leg).then(pl.col("hop"))).join(
+        gaps, on=["request_id", "_hop"], how="left"
+    )
+    return out.with_columns(
+        max_gap_s=pl.coalesce("_gap_s", "max_gap_s"), max_gap_at=pl.coalesce("_gap_at", "max_gap_at")
+    ).select(events.columns)
+
+
+def pd_stall_log(
+    seed: int, long_on: str = "p1", count: int = 12, long_prefill_s: float = 2.0, rate: float = 4.0,
+    hiccup_share: float = 0.04,
+) -> pl.DataFrame:
+    """P/D through a proxy as ``pd_log`` (prefill on p1 or p2, decode on d1 or d2, no incident),
+    with ``count`` long prompts (32,000 tokens against 3,000) prefilled in one piece for
+    ``long_prefill_s``, and on every decode leg's ``engine.last_token`` its largest output gap,
+    at random as ``with_output_gaps`` places them (a few token times; ``hiccup_share`` of them a
+    hiccup of 0.2 s or more).
+
+    ``long_on`` a prefill instance (``p1``): the long prompts' prefill legs run there, which holds
+    p1 alone; no decode anywhere stalls. ``long_on`` a decode instance (``d1``): the proxy sends
+    each long prompt to d1 alone (no prefill leg) and d1 prefills it itself, stalling every
+    stream it is decoding meanwhile: their largest gap is that prefill, from its start, and their
+    decode is that much longer."""
+    rng = np.random.default_rng(seed)
+    n = int(DURATION_S * rate)
+    t = START + np.sort(rng.uniform(0, DURATION_S, n))
+    pre = rng.choice(["p1", "p2"], n).astype(object)
+    dec = rng.choice(["d1", "d2"], n).astype(object)
+    long = np.zeros(n, dtype=bool)
+    long[rng.choice(np.flatnonzero(t > START + 60), count, replace=False)] = True
+    alone = long & (long_on not in ("p1", "p2"))  # prefilled on the decode instance, no prefill leg
+    pre[long & ~alone] = long_on
+    dec[alone] = long_on
+    prompt = np.where(long, 32_000, 3000)
+    p_queue, p_front = _spread(rng, 0.02, n), _spread(rng, 0.005, n)
+    p_prefill = np.where(long, long_prefill_s * np.exp(rng.normal(0.0, 0.1, n)), _spread(rng, 0.04, n))
+    d_wait, d_forward, d_front = _spread(rng, 0.015, n), _spread(rng, 0.005, n), _spread(rng, 0.003, n)
+    decode = _spread(rng, 2.0, n, 0.1)
+    d_recv = t + 0.005 + np.where(alone, 0.0, p_front + p_queue + p_prefill + 0.005)
+    d_prefill = np.where(alone, p_prefill, d_forward)  # alone: d1 prefills the prompt itself
+    d_first = d_recv + d_front + np.where(alone, p_queue, d_wait) + d_prefill
+    hiccup = rng.random(n) < hiccup_share
+    gap = np.where(hiccup, 0.2 * (1.0 + rng.pareto(1.5, n)), 0.02 * (2.0 + np.abs(rng.standard_normal(n))))
+    gap = np.minimum(gap, decode)
+    gap_at = d_first + rng.uniform(0.0, 1.0, n) * (decode - gap)
+    for i in sorted(np.flatnonzero(alone), key=lambda i: d_first[i]):
+        begin = d_first[i] - d_prefill[i]
+        hit = (dec == dec[i]) & (d_first < begin) & (d_first + decode > begin)
+        hit[i] = False
+        decode = np.where(hit, decode + d_prefill[i], decode)
+        longer = hit & (d_prefill[i] > gap)
+        gap, gap_at = np.where(longer, d_prefill[i], gap), np.where(longer, begin, gap_at)
+    rows: list[dict] = []
+    for i in range(n):
+        rid, p, d, tokens = f"pds-{seed}-{i}", str(pre[i]), str(dec[i]), 101
+        d_last = d_first[i] + decode[i]
+        rows += [
+            _ev(t[i], rid, "client.sent", service="chat", stream=True, conn_reused=True),
+            _ev(t[i] + 0.002, rid, "gateway.received", service="proxy", replica="gw-0"),
+        ]
+        if not alone[i]:
+            p_recv = t[i] + 0.005
+            p_last = p_recv + p_front[i] + p_queue[i] + p_prefill[i]
+            rows += [
+                _ev(t[i] + 0.003, rid, "gateway.forwarded", service="proxy", replica="gw-0", upstream=p, leg="prefill"),
+                _ev(p_recv, rid, "engine.received", replica=p, model="m", stream=False, max_tokens=1, leg="prefill"),
+                _ev(p_last, rid, "engine.last_token", replica=p, output_tokens=1, leg="prefill"),
+                _ev(p_last, rid, "engine.stats", replica=p, queue_s=p_queue[i], prefill_s=p_prefill[i], decode_s=0.0,
+                    prompt_tokens=int(prompt[i]), cached_tokens=0, output_tokens=1, leg="prefill"),
+            ]  # fmt: skip
+        leg = {} if alone[i] else {"leg": "decode"}
+        rows += [
+            _ev(d_recv[i] - 0.002, rid, "gateway.forwarded", service="proxy", replica="gw-0", upstream=d, **leg),
+            _ev(d_recv[i], rid, "engine.received", replica=d, model="m", stream=True, n=1, **leg),
+            _ev(d_first[i], rid, "engine.first_token", replica=d, **leg),
+            _ev(d_last, rid, "engine.last_token", replica=d, output_tokens=tokens, max_gap_s=float(gap[i]),
+                max_gap_at=float(gap_at[i]), **leg),
+            _ev(d_last, rid, "engine.stats", replica=d, queue_s=p_queue[i] if alone[i] else d_wait[i],
+                prefill_s=d_prefill[i], decode_s=decode[i], prompt_tokens=int(prompt[i]), output_tokens=tokens, **leg),
+            *_ends(rid, d_first[i], d_last, tokens, "chat"),
+        ]  # fmt: skip
+    return _frame(rows)
