@@ -56,8 +56,8 @@ NORMALIZES = {
     "user_vs_engine_gap": "the same requests' TTFT as the user and the engine saw it; the gap's owner by "
     "each side's measured loop lateness",
     "new_connection_per_request": "a caller's requests that opened a connection against those that reused one",
-    "long_prefill_stall": "each request's largest output gap against the long prefills that ran on its replica "
-    "meanwhile",
+    "long_prefill_stall": "stalls that began when a long prefill began on the instance that decoded them (the "
+    "prefill instance's own clock in P/D), against how many would by chance (a Poisson test)",
     "no_max_tokens": "the output lengths of requests sent without max_tokens against the long-output quantile",
     "verbose_outputs": "a caller's answer lengths against its own history, in groups of requests that asked "
     "for the same max_tokens: a caller asking for longer answers is a mix, not a finding",
