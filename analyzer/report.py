@@ -26,6 +26,7 @@ from hopline.analyzer.findings.model import iso_utc
 from hopline.analyzer.findings.detector import scopes_to_search
 from hopline.analyzer.findings.rank import MINOR_SHARE
 from hopline.middleware.contract import VIEWS
+from hopline.middleware.contract.events import printable
 from hopline.middleware.contract.rules import LOOK, STAGE_ORDER, TTFT_PARTS
 from rich.console import Console
 from rich.table import Table
@@ -219,7 +220,7 @@ def _scope_table(dim: str, rows: list[dict]) -> Table:
     for r in rows:
         ttft = next((r["stages"][f"{v}_ttft"] for v in VIEWS if f"{v}_ttft" in r["stages"]), {})
         parts = _parts_text(r["stages"]) if r.get("dominant") else "too few complete splits"
-        table.add_row(str(r["scope"][dim]), f"{r['requests']:,}", _fmt(ttft.get("p50_ms")), parts)
+        table.add_row(Text(printable(str(r["scope"][dim]))), f"{r['requests']:,}", _fmt(ttft.get("p50_ms")), parts)
     return table
 
 
@@ -228,7 +229,7 @@ def _findings_table(title: str, findings: tuple[Finding, ...], first: int = 1) -
     for name in ("#", "kind", "finding", "requests"):
         table.add_column(name, justify="right" if name in ("#", "requests") else "left")
     for i, f in enumerate(findings, first):
-        table.add_row(str(i), f.kind, Text(f.sentence), f"{f.affected_requests:,}")
+        table.add_row(str(i), f.kind, Text(printable(f.sentence)), f"{f.affected_requests:,}")
     return table
 
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import httpx
 import orjson
+from hopline.middleware.contract.events import printable
 from hopline.analyzer.findings.model import Shift, iso_utc
 from hopline.analyzer.live.incidents import ALERTNAMES, Incident, direction
 from hopline.middleware.contract.times import to_epoch
@@ -287,6 +288,9 @@ def payload(incident: Incident, *, store: str | None = None, generator_url: str 
     if incident.examples:
         annotations["examples"] = " ".join(incident.examples)
         annotations["timeline"] = f"hopline timeline {incident.examples[0]} {store or '<store>'}"
+    # a value of an attribute the contract does not know (``--by tenant``) may hold anything
+    labels = {k: printable(v) for k, v in labels.items()}
+    annotations = {k: printable(v) for k, v in annotations.items()}
     alert = {"labels": labels, "annotations": annotations, "startsAt": onset}
     if incident.state == "resolved" and incident.ends_at is not None:
         alert["endsAt"] = iso_utc(max(incident.ends_at, incident.fired_onset or incident.onset))

@@ -315,6 +315,19 @@ def _describe(value: object) -> str:
 # other type goes through the full ``isinstance`` check, which accepts subclasses or says why not.
 _EXACT_ATTRIBUTE_TYPES = {name: frozenset(types) for name, types in ATTRIBUTE_TYPES.items()}
 _SCOPE_FIELDS = ("service", "replica", "model")
+# C0 and C1 control characters (ESC, CR, NUL, ...): a known string attribute (a scope value that
+# becomes an alert label, a route, a finish reason) holding one could rewrite a terminal line or
+# forge a "FIRING" line; the contract refuses it. ``printable`` escapes them where text from
+# unknown attributes is shown.
+CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """``text`` with every control character written as an escape (``\\x1b``), for a terminal,
+    a log line or an alert label."""
+    if not CONTROL_CHARACTERS.search(text):
+        return text
+    return CONTROL_CHARACTERS.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 # field -> None for a core field (checked by name above the attribute pass), else the attribute's
 # (exact types, bounds or None); a field not in it is an unknown attribute
 _FIELD_CHECKS: dict[str, tuple[frozenset[type], tuple[float, float, str] | None] | None] = {
@@ -398,6 +411,8 @@ def validate_event(obj: object, *, owned: bool = False) -> dict[str, Any]:
         value = get(name)
         if value is not None and (not isinstance(value, str) or len(value) > 256):
             raise EventError(f"{name} must be a string of at most 256 characters, got {_describe(value)}")
+        if value is not None and CONTROL_CHARACTERS.search(value):
+            raise EventError(f"{name} must not hold control characters (ESC, CR, NUL, ...), got {_describe(value)}")
     checks = _FIELD_CHECKS
     unknown = False
     for name, value in event.items():  # the known attributes, in the event's order
@@ -415,6 +430,8 @@ def validate_event(obj: object, *, owned: bool = False) -> dict[str, Any]:
                 raise EventError(f"{name} must be {expected}, got {_describe(value)}")
         if bound is not None and not bound[0] <= value <= bound[1]:  # NaN fails too
             raise EventError(f"{name} must be {bound[2]}, got {_describe(value)}")
+        if type(value) is str and CONTROL_CHARACTERS.search(value):
+            raise EventError(f"{name} must not hold control characters (ESC, CR, NUL, ...), got {_describe(value)}")
     if unknown:  # unknown attributes (rare): any JSON, within bounds
         for name in event.keys() - _KNOWN_FIELDS:
             value = event[name]
@@ -893,6 +910,8 @@ def validate_emitter_stats(event: dict[str, Any]) -> dict[str, Any]:
         value = event.get(name)
         if value is not None and (not isinstance(value, str) or len(value) > 256):
             raise EventError(f"{name} must be a string of at most 256 characters, got {_describe(value)}")
+        if value is not None and CONTROL_CHARACTERS.search(value):
+            raise EventError(f"{name} must not hold control characters (ESC, CR, NUL, ...), got {_describe(value)}")
     for name in EMITTER_STATS_COUNTS:
         value = event.get(name, 0)
         if type(value) is not int or not 0 <= value <= EMITTER_COUNT_MAX:

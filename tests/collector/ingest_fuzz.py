@@ -40,6 +40,8 @@ INT64_MIN, INT64_MAX = INT_RANGES["Int64"]
 TS_NOW_MAX = time.time() + 240.0  # a valid ts: the collector refuses one more than --max-future (5 min) ahead
 KNOWN = frozenset(CORE_FIELDS) | frozenset(ATTRIBUTE_TYPES)
 TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12)
+# a known string attribute holds no control character (ESC, CR, NUL, C1: the contract refuses them)
+LABEL = st.text(st.characters(blacklist_categories=("Cs", "Cc")), max_size=12)
 SCALAR = (
     st.none()
     | st.booleans()
@@ -61,7 +63,7 @@ def _attribute(name: str) -> st.SearchStrategy:
     if types == (bool,):
         return st.booleans()
     if types == (str,):
-        return TEXT
+        return LABEL
     if STORAGE_COLUMNS[name] == "Int64":
         return st.integers(INT64_MIN, INT64_MAX)
     high = TS_MAX if name in TIMESTAMP_ATTRIBUTES else MAX_DURATION_S
@@ -83,7 +85,7 @@ def valid_event(draw) -> dict:
         ev["attempt"] = draw(st.integers(0, ATTEMPT_MAX))
     for name in ("service", "replica", "model"):
         if draw(st.booleans()):
-            ev[name] = draw(TEXT)
+            ev[name] = draw(LABEL)
     for name in draw(st.lists(st.sampled_from(sorted(ATTRIBUTE_TYPES)), max_size=4, unique=True)):
         ev[name] = draw(_attribute(name) | st.none())
     unknown = st.dictionaries(TEXT.filter(lambda k: k not in KNOWN), JSON_VALUE, max_size=3)
@@ -116,7 +118,8 @@ BREAKAGES = st.sampled_from(
         ("attempt", 1.5), ("attempt", True), ("v", 2), ("eid", 12), ("eid", "e" * 65),
         ("n", INT64_MAX + 1), ("status", "200"), ("output_tokens", INT64_MIN - 1), ("stream", 1),
         ("queue_s", -0.5), ("prefill_s", 1e308), ("decode_s", MAX_DURATION_S * 2), ("max_gap_at", TS_MAX + 1),
-        ("service", "s" * 257), ("blob", Nested(MAX_NESTING + 1)), ("blob", Nested(400)),
+        ("service", "s" * 257), ("replica", "r2\x1b[2K\rFIRING"), ("route", "\x00"), ("model", "m\x9b"),
+        ("blob", Nested(MAX_NESTING + 1)), ("blob", Nested(400)),
         ("blob", {"n": [INT64_MAX + 1]}), ("blob", "x" * (MAX_EVENT_BYTES + 1)),
     ]
 )

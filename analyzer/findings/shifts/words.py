@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from hopline.analyzer.findings.words import clock  # noqa: F401 (said here too)
+from hopline.middleware.contract.events import printable
 from hopline.middleware.contract.rules import LOOK, STAGE_ORDER
 
 if TYPE_CHECKING:
@@ -85,12 +86,12 @@ def join(names: list[str]) -> str:
 
 
 def scope_value(scope: dict[str, str]) -> str:
-    return ", ".join(scope.values())
+    return printable(", ".join(scope.values()))
 
 
 def scope_words(scope: dict[str, str]) -> str:
     """``replica r2``; a cell of two attributes ``replica r2 for model m1``."""
-    return " for ".join(f"{k} {v}" for k, v in scope.items())
+    return printable(" for ".join(f"{k} {v}" for k, v in scope.items()))
 
 
 # A disaggregated (P/D) pair: the prefill instance and the decode one (``replica`` is the decode
