@@ -270,7 +270,10 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 def create_app(config: CollectorConfig) -> FastAPI:
     """The collector as an ASGI app (run it with uvicorn, one worker)."""
-    app = FastAPI(title="hopline collector", lifespan=lifespan, docs_url=None, redoc_url=None)
+    # the schema is no secret, but an open door on a collector that asks for a token on every
+    # other read is one to close: without open reads, no /openapi.json
+    openapi = "/openapi.json" if not config.reads_token else None
+    app = FastAPI(title="hopline collector", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=openapi)
     app.add_middleware(NeverRaise)
     app.state.collector = build_collector(config)
     app.include_router(routes.router)  # /v1/events, /v1/requests, /metrics, /healthz

@@ -28,7 +28,7 @@ Replay a recorded log as fast as it goes (event time, never the wall clock):
 [bold]hopline watch --replay /var/log/hopline/ --window 10s[/bold]
 
 Follow the collector's store (or a file sink's NDJSON) and alert through Alertmanager:
-[bold]hopline watch --follow /var/lib/hopline --alertmanager http://alertmanager:9093 --listen 0.0.0.0:9800[/bold]
+[bold]hopline watch --follow /var/lib/hopline --alertmanager http://alertmanager:9093 --listen 0.0.0.0:9800 --read-token "$HOPLINE_READ_TOKEN"[/bold]
 
 At hundreds of requests/s and more, analyse a fixed sixteenth of the requests (chosen by request ID):
 [bold]hopline watch --follow /var/lib/hopline --sample 0.0625 --horizon 10m[/bold]
@@ -49,11 +49,11 @@ def parse_listen(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"--listen wants HOST:PORT, e.g. 127.0.0.1:9800, got {text!r}")
-    return host.strip("[]") or "0.0.0.0", int(port)
+    return host.strip("[]") or "127.0.0.1", int(port)  # no host: loopback, never every interface
 
 
 @contextlib.contextmanager
-def serving(watch: Watch, listen: str | None) -> Iterator[None]:
+def serving(watch: Watch, listen: str | None, read_token: str | None = None) -> Iterator[None]:
     """``GET /v1/findings`` and ``/metrics`` on ``listen`` in a thread, while the block runs."""
     if listen is None:
         yield
@@ -62,7 +62,9 @@ def serving(watch: Watch, listen: str | None) -> Iterator[None]:
     from hopline.analyzer.live.server import FindingsApp
 
     host, port = parse_listen(listen)
-    server = uvicorn.Server(uvicorn.Config(FindingsApp(watch), host=host, port=port, log_level="warning"))
+    server = uvicorn.Server(
+        uvicorn.Config(FindingsApp(watch, read_token), host=host, port=port, log_level="warning")
+    )
     thread = threading.Thread(target=server.run, name="hopline-watch-http", daemon=True)
     thread.start()
     try:
@@ -180,7 +182,16 @@ def watch_command(
         typer.Option(help=f"Alertmanager base URL (repeatable; else ${ENV_ALERTMANAGER}, comma-separated)."),
     ] = None,
     listen: Annotated[
-        str | None, typer.Option(help="Serve GET /v1/findings?since=… and /metrics on HOST:PORT.")
+        str | None,
+        typer.Option(help="Serve GET /v1/findings?since=… and /metrics on HOST:PORT (PORT alone: loopback)."),
+    ] = None,
+    read_token: Annotated[
+        str | None,
+        typer.Option(
+            envvar="HOPLINE_READ_TOKEN",
+            help="--listen's endpoints need 'Authorization: Bearer <token>' (findings name requests, "
+            "scopes and the store's path): set it whenever HOST is not loopback.",
+        ),
     ] = None,
     window: Annotated[
         str, typer.Option(help="Analysis window; a step runs every window of event time.")
@@ -233,7 +244,7 @@ def watch_command(
     if sender is not None:
         sender.start()
     try:
-        with serving(watch, listen):
+        with serving(watch, listen, read_token):
             if replay_paths:
                 report = run_replay(watch, paths, cfg.every_s)
                 if not report.events:

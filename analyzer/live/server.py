@@ -12,6 +12,7 @@ confirmed).
 
 from __future__ import annotations
 
+import hmac
 from urllib.parse import parse_qs
 
 import orjson
@@ -39,11 +40,14 @@ def findings_answer(watch: Watch, since: float | None) -> dict:
 
 
 class FindingsApp:
-    """The ASGI app (HTTP; lifespan answered, nothing to start)."""
+    """The ASGI app (HTTP; lifespan answered, nothing to start). With ``read_token`` (``hopline
+    watch --read-token``), both endpoints need ``Authorization: Bearer <read_token>``, as the
+    collector's read endpoints do: findings name request IDs, scope values and the store's path."""
 
-    def __init__(self, watch: Watch) -> None:
+    def __init__(self, watch: Watch, read_token: str | None = None) -> None:
         self.watch = watch
         self.registry = build_registry(watch)
+        self.tokens = (read_token,) if read_token else ()
 
     async def __call__(self, scope: dict, receive, send) -> None:
         if scope["type"] == "lifespan":
@@ -56,11 +60,24 @@ class FindingsApp:
                     return
         if scope["type"] != "http":
             return
-        status, body, kind = self.route(scope)
+        headers = dict(scope.get("headers") or [])
+        authorization = headers.get(b"authorization", b"").decode("latin-1")
+        if not self.allowed(authorization):
+            status, body, kind = 401, b'{"error": "needs Authorization: Bearer <--read-token>"}', "application/json"
+        else:
+            status, body, kind = self.route(scope)
+        extra = [(b"www-authenticate", b"Bearer")] if status == 401 else []
         await send(
-            {"type": "http.response.start", "status": status, "headers": [(b"content-type", kind.encode())]}
+            {"type": "http.response.start", "status": status, "headers": [(b"content-type", kind.encode()), *extra]}
         )
         await send({"type": "http.response.body", "body": body})
+
+    def allowed(self, authorization: str) -> bool:
+        """No token, or ``Bearer <token>`` (compared in constant time)."""
+        if not self.tokens:
+            return True
+        scheme, _, given = authorization.partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), self.tokens[0].encode())
 
     def route(self, scope: dict) -> tuple[int, bytes, str]:
         path, method = scope["path"], scope["method"]
