@@ -13,6 +13,12 @@ alert whose ``endsAt`` it set itself after its ``resolve_timeout``, 5 min by def
 must come sooner, Prometheus uses 1 min); a resolved one is sent (with its ``endsAt``) until one
 post succeeds. A queue is bounded (``capacity`` alerts; the oldest are dropped and counted).
 
+A resend never overwrites a resolve: once an alert's resolve was queued, a firing version of it
+with the same ``startsAt`` (or an older one) is stale and dropped, wherever it comes from (the
+resender's copy taken just before the resolve, a failed batch put back, a restarted watcher's
+replay): the newest status wins, and for one ``startsAt`` resolved beats firing. A firing alert
+with a later ``startsAt`` is a new incident and is sent.
+
 With ``ahead_s`` (``hopline watch --follow``: its ``--future``), no alert says a time later than
 this host's wall clock plus ``ahead_s``: ``startsAt`` and ``endsAt`` are capped (``bounded``), so
 an event time gone wrong never tells Alertmanager that an alert resolved a year from now (it
@@ -43,6 +49,11 @@ def bounded(alert: dict, latest: float) -> dict:
     copy when one moves (``endsAt`` stays at or after ``startsAt``, as Alertmanager requires)."""
     late = [k for k in ("startsAt", "endsAt") if k in alert and to_epoch(alert[k]) > latest]
     return alert | {k: iso_utc(latest) for k in late} if late else alert
+
+
+def _began(alert: dict) -> float:
+    """An alert's ``startsAt`` as Unix seconds (none given: the earliest time there is)."""
+    return to_epoch(alert["startsAt"]) if alert.get("startsAt") else float("-inf")
 
 
 def label_key(alert: dict) -> tuple:
@@ -79,6 +90,8 @@ class _Target:
         stats = self.sender.stats
         with self.wake:
             for alert in alerts:
+                if self.sender.stale(alert):  # checked under the queue's lock: a resolve wins
+                    continue
                 key = label_key(alert)
                 self.pending.pop(key, None)
                 self.pending[key] = alert
@@ -103,7 +116,7 @@ class _Target:
         with self.wake:
             for alert in reversed(batch):
                 key = label_key(alert)
-                if key not in self.pending:
+                if key not in self.pending and not self.sender.stale(alert):
                     self.pending[key] = alert
                     self.pending.move_to_end(key, last=False)
             self.sender.stats.queued[self.url] = len(self.pending)
@@ -171,6 +184,7 @@ class AlertSender:
         self.stopped = threading.Event()
         self.targets = [_Target(url, self) for url in dict.fromkeys(urls)]
         self.firing: dict[tuple, dict] = {}  # re-sent every resend_s until resolved
+        self.resolved: dict[tuple, float] = {}  # label set -> the latest startsAt queued resolved
         self.lock = threading.Lock()
         self.resender = threading.Thread(target=self._resend, name="hopline-alert-resend", daemon=True)
 
@@ -189,14 +203,28 @@ class AlertSender:
             latest = time.time() + self.ahead_s
             alerts = [bounded(alert, latest) for alert in alerts]
         with self.lock:
+            fresh = []
             for alert in alerts:
                 key = label_key(alert)
                 if alert.get("endsAt"):
-                    self.firing.pop(key, None)
+                    began = _began(alert)
+                    self.resolved[key] = max(began, self.resolved.get(key, began))
+                    if key in self.firing and _began(self.firing[key]) <= began:
+                        del self.firing[key]
+                elif self.stale(alert):
+                    continue
                 else:
                     self.firing[key] = alert
+                fresh.append(alert)
         for target in self.targets:
-            target.put(alerts)
+            target.put(fresh)
+
+    def stale(self, alert: dict) -> bool:
+        """A firing alert whose resolve (of its ``startsAt`` or a later one) was already queued."""
+        if alert.get("endsAt") or not alert.get("startsAt"):
+            return False
+        ended = self.resolved.get(label_key(alert))
+        return ended is not None and _began(alert) <= ended
 
     def _resend(self) -> None:
         while not self.stopped.wait(self.resend_s):

@@ -17,7 +17,7 @@ from hopline.analyzer.io import ScanReport
 from hopline.analyzer.live.alertmanager import AlertSender
 from hopline.analyzer.live.detector import LiveConfig, LiveDetector
 from hopline.analyzer.live.feed import Tail, replay
-from hopline.analyzer.live.watch import Watch
+from hopline.analyzer.live.watch import STATE_NAME, SentState, Watch
 from hopline.middleware.contract.durations import parse_duration
 from hopline.middleware.contract.exits import ClickException, UsageError
 from hopline.middleware.contract.rules import scope_sources
@@ -43,6 +43,16 @@ def alertmanager_urls(given: list[str] | None) -> list[str]:
     """``--alertmanager`` (repeatable), else ``HOPLINE_ALERTMANAGER_URL`` (comma-separated)."""
     raw = given or [u for u in os.environ.get(ENV_ALERTMANAGER, "").split(",")]
     return [u.strip() for u in raw if u.strip()]
+
+
+def state_path(given: str | None, follow: list[Path] | None) -> Path | None:
+    """``--state FILE`` ('' : none); not given: for --follow DIR, ``DIR/.hopline-watch-state.json``
+    when DIR is a writable folder, else none (a replay remembers nothing unless told)."""
+    if given is not None:
+        return Path(given) if given else None
+    if follow and follow[0].is_dir() and os.access(follow[0], os.W_OK):
+        return follow[0] / STATE_NAME
+    return None
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -108,6 +118,14 @@ def run_follow(watch: Watch, paths: list[Path], poll_s: float, until_quiet_s: fl
             time.sleep(poll_s)
 
 
+State = Annotated[
+    str | None,
+    typer.Option(
+        help="Remember what was sent to Alertmanager in this JSON file, so that a restarted watch, "
+        "replaying the store, never pages again for an incident it already sent resolved ('' : "
+        f"none; default: none for --replay, --follow DIR's DIR/{STATE_NAME} when DIR is writable).",
+    ),
+]
 UntilQuiet = Annotated[
     str | None,
     typer.Option(
@@ -208,6 +226,7 @@ def watch_command(
     ] = "1m",
     poll: Annotated[str, typer.Option(help="--follow: how often to look for new lines.")] = "1s",
     until_quiet: UntilQuiet = None,
+    state: State = None,
     hold: Hold = None,
     settle: Settle = "5s",
     lateness: Lateness = "5s",
@@ -238,6 +257,7 @@ def watch_command(
         raise UsageError(str(exc)) from exc
     paths = list(replay_paths or follow or [])
     watch = Watch(LiveDetector(cfg), sender=sender, out=printer(json_out), store=str(paths[0]))
+    watch.state = SentState.load(state_path(state, follow))
     if json_out:
         watch.out = None
         watch.detector.on_step = json_printer(watch)
