@@ -1,7 +1,6 @@
 """Statistics more than one detector uses: the statistics a finding names as percentiles, the
 Mann-Whitney rank test at every split at once (``split_z``: the shift detector's change points,
-``prefix_cache_miss``'s cache-hit drops), its Bonferroni critical value (``z_threshold``), and
-how much requests that move together overstate its evidence (``design_effect``)."""
+``prefix_cache_miss``'s cache-hit drops) and its Bonferroni critical value (``z_threshold``)."""
 
 from __future__ import annotations
 
@@ -78,45 +77,3 @@ def z_threshold(alpha: float, tests: int) -> float:
             hi = mid
     return hi
 
-
-def design_effect(t: np.ndarray, values: np.ndarray, width: float) -> float:
-    """How many times a rank test over ``values`` (ordered by their times ``t``) overstates its
-    evidence because requests of the same ``width``-second window move together: Kish's design
-    effect ``1 + (m - 1) * rho`` of the windows as clusters (``m`` their size weighted by itself,
-    ``rho`` the intraclass correlation of the values' ranks, its ANOVA estimator, floored at 0).
-
-    Independent requests (a healthy engine on its own hardware) give 1. A host whose own speed
-    swings for seconds at a time (a CPU engine beside other work, a client whose loop runs late)
-    slows every request of those seconds together: n such requests carry the evidence of fewer,
-    and a rank test that counts them as n finds "changes" in the host's weather. Fewer than three
-    windows, or values all equal: 1 (nothing to tell it by). So that a few windows of
-    independent requests, differing by chance, never weaken a test, the windows must first differ
-    more than independent requests' would (between / within their variance beyond its 99th
-    percentile, ``CLUSTERED_Z``)."""
-    n = len(values)
-    if n < 3:
-        return 1.0
-    ranks, _ = _average_ranks(values)
-    _, cluster, sizes = np.unique(np.floor(t / width), return_inverse=True, return_counts=True)
-    groups = len(sizes)
-    if groups < 3 or groups >= n:
-        return 1.0
-    means = np.bincount(cluster, ranks) / sizes
-    between = float(np.sum(sizes * (means - ranks.mean()) ** 2)) / (groups - 1)
-    within = float(np.sum((ranks - means[cluster]) ** 2)) / (n - groups)
-    m0 = (n - float(np.sum(sizes.astype(np.float64) ** 2)) / n) / (groups - 1)
-    denominator = between + (m0 - 1) * within
-    if denominator <= 0 or between <= within * chi2_quantile(CLUSTERED_Z, groups - 1) / (groups - 1):
-        return 1.0  # the windows differ no more than independent requests' would (F test, 1%)
-    rho = max((between - within) / denominator, 0.0)
-    return 1.0 + (float(np.sum(sizes.astype(np.float64) ** 2)) / n - 1.0) * rho
-
-
-CLUSTERED_Z = 2.326  # the normal 99th percentile: windows differ beyond chance at 1% (design_effect)
-
-
-def chi2_quantile(z: float, dof: int) -> float:
-    """The chi-square quantile with ``dof`` degrees of freedom at the normal quantile ``z``
-    (Wilson-Hilferty; within 1% from 3 degrees of freedom up)."""
-    k = float(dof)
-    return k * (1 - 2 / (9 * k) + z * math.sqrt(2 / (9 * k))) ** 3

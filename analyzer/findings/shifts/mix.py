@@ -8,7 +8,8 @@ what it is (``model.MixChange``): the stage rose, per unit it held, and the traf
 with it (a value of a searched attribute that began at the change: a new service), never as a
 shift of the engine's stage.
 
-The rule: the requests' size (units, p50) grew by ``notable_change`` or more, and the stage per
+The rule: the requests' size (p50 prompt tokens for prefill, cached or not; output tokens for
+decode) grew by ``notable_change`` or more, and the stage per
 unit moved less than ``MIX_SHARE`` of the stage's own rise, in log terms (a 1.8x prefill whose
 per-token time rose 1.1x is a mix change; one whose per-token time rose 1.6x is the engine's).
 Both are measured in the change's scope, before it (from the segment's start) and after it (to its
@@ -29,13 +30,18 @@ MIN_UNITS = 10  # requests with a unit, a side, to judge
 NEW_BEFORE = 0.05  # a value with at most this many requests before per request after began with the change
 
 
-def _units(stage: str, columns: list[str]) -> tuple[str, pl.Expr] | None:
-    """The unit of work of ``stage`` and each request's count of it, when ``columns`` have it."""
+def _units(stage: str, columns: list[str]) -> tuple[str, pl.Expr, str, pl.Expr] | None:
+    """The unit of work of ``stage`` and each request's count of it, and the size of the request
+    itself (what its sender chose), when ``columns`` have them. Prefill works on the prompt tokens
+    the cache did not hold, but a request is as big as its whole prompt: a prompt whose cached
+    share fell (``prefix_cache_miss``) is more work, not a bigger request."""
     if stage == "prefill" and "prompt_tokens" in columns:
         cached = pl.col("cached_tokens").fill_null(0) if "cached_tokens" in columns else pl.lit(0)
-        return "computed prompt token", (pl.col("prompt_tokens") - cached).cast(pl.Float64)
+        prompt = pl.col("prompt_tokens").cast(pl.Float64)
+        return "computed prompt token", prompt - cached, "prompt token", prompt
     if stage == "decode" and "output_tokens" in columns:
-        return "output token", (pl.col("output_tokens") - 1).cast(pl.Float64)
+        output = (pl.col("output_tokens") - 1).cast(pl.Float64)
+        return "output token", output, "output token", output
     return None
 
 
@@ -56,11 +62,11 @@ def mix_of(
     unit = _units(stage, frame.columns)
     if unit is None or after_ms <= before_ms or before_ms <= 0 or stage not in frame.columns:
         return None
-    name, count = unit
+    name, count, size_name, size = unit
     start = pl.col("start")
     lo = since if since is not None else -math.inf
     after_mask = (start >= at) & (start < (until if until is not None else math.inf))
-    rows = frame.with_columns(count.alias("_units")).filter(pl.col(stage).is_not_null())
+    rows = frame.with_columns(count.alias("_units"), size.alias("_size")).filter(pl.col(stage).is_not_null())
     before = rows.filter((start >= lo) & (start < at))
     after = rows.filter(after_mask)
     with_units = pl.col("_units").is_not_null() & (pl.col("_units") >= 1)
@@ -71,7 +77,7 @@ def mix_of(
     per_unit = pl.col(stage) / pl.col("_units")
     unit_before = b.select(per_unit.quantile(q, "linear")).item()
     unit_after = a.select(per_unit.quantile(q, "linear")).item()
-    size_before, size_after = b["_units"].median(), a["_units"].median()
+    size_before, size_after = b["_size"].median(), a["_size"].median()
     if not unit_before or not unit_after or not size_before or not size_after:
         return None
     if size_after / size_before < 1 + cfg.notable_change:
@@ -83,6 +89,7 @@ def mix_of(
             "unit": name,
             "before_ms": round(unit_before * 1e3, 6),
             "after_ms": round(unit_after * 1e3, 6),
+            "size": size_name,
             "units_before": round(float(size_before), 1),
             "units_after": round(float(size_after), 1),
         },
@@ -102,7 +109,7 @@ def _new_traffic(
         seen_before = before.group_by(dim).len().rename({"len": "before"})
         grouped = (
             after.group_by(dim)
-            .agg(pl.len().alias("after"), pl.col(stage).sum().alias("time"), pl.col("_units").median().alias("units"),
+            .agg(pl.len().alias("after"), pl.col(stage).sum().alias("time"), pl.col("_size").median().alias("units"),
                  pl.col("start").min().alias("since"))
             .join(seen_before, on=dim, how="left")
             .with_columns(pl.col("before").fill_null(0))

@@ -9,12 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 from hopline.analyzer.attribution import TTFT_PARTS
-from hopline.analyzer.findings.stats import (  # noqa: F401 (the shift's own too)
-    STATISTICS,
-    design_effect,
-    split_z,
-    z_threshold,
-)
+from hopline.analyzer.findings.stats import STATISTICS, split_z, z_threshold  # noqa: F401 (the shift's own too)
 
 SHIFT_STAGES = TTFT_PARTS + ("decode", "reasoning")  # reasoning: a thinking model's time to first content
 
@@ -183,7 +178,7 @@ def detect(
     settled = [det for det in out if _settled(t, x, boundaries, det, cfg)]
     for det in settled:
         det.since = float(t[det.before_index])
-    return [det for det in settled if _stands_out(t, x, boundaries, det, z_crit)]
+    return settled
 
 
 def _settled(t: np.ndarray, x: np.ndarray, boundaries: np.ndarray, det: Detection, cfg: ShiftConfig) -> bool:
@@ -234,20 +229,6 @@ def _large(before_ms: float, after_ms: float, up: bool, cfg: ShiftConfig) -> boo
     """Whether a move from ``before_ms`` to ``after_ms`` is one ``_effect`` reports, the same way."""
     lo, hi = min(before_ms, after_ms), max(before_ms, after_ms)
     return hi - lo >= cfg.min_abs_ms and (lo <= 0 or hi / lo >= cfg.min_factor) and (after_ms > before_ms) == up
-
-
-def _stands_out(t: np.ndarray, x: np.ndarray, boundaries: np.ndarray, det: Detection, z_crit: float) -> bool:
-    """Whether ``det`` is still significant once its baseline's own swings are counted: its z
-    shrunk by the square root of the design effect of the segment before it, the analysis
-    windows as clusters (``findings.stats.design_effect``). A CPU engine beside other work
-    decodes 170, 320, 340, 210 ms in four 10-s stretches of steady chat; a 1.6x stretch among
-    them is the host's weather, not a change, while a queue that sat at 0 for the whole baseline
-    keeps its full z."""
-    if len(boundaries) < 2:
-        return True
-    base = slice(det.before_index, det.index)
-    deff = design_effect(t[base], np.round(x[base] / RANK_RESOLUTION_S), float(boundaries[1] - boundaries[0]))
-    return abs(det.z) / math.sqrt(deff) >= z_crit
 
 
 def _from_first_window(t: np.ndarray, boundaries: np.ndarray, det: Detection, cfg: ShiftConfig) -> bool:
