@@ -36,13 +36,20 @@ _ID_CHARS = string.ascii_letters + string.digits + "._:-"
 _INT_MAX = {"Int16": 2**15 - 1, "Int32": 2**31 - 1, "Int64": 2**63 - 1}
 
 
+def _label(max_size: int) -> st.SearchStrategy[str]:
+    """Text the contract accepts in a known string attribute: any but control characters (Cc is
+    exactly the contract's C0, DEL and C1; Cs, surrogates, are no UTF-8); a hostile line puts
+    them back."""
+    return st.text(st.characters(blacklist_categories=("Cc", "Cs")), max_size=max_size)
+
+
 def _attribute(name: str) -> st.SearchStrategy[Any]:
     """A value the contract and the storage type both accept for a known attribute."""
     types = ATTRIBUTE_TYPES[name]
     if types == (bool,):
         return st.booleans()
     if types == (str,):
-        return st.text(max_size=20)
+        return _label(20)
     if types == (int,):
         return st.integers(0, _INT_MAX[STORAGE_COLUMNS[name]])
     return st.floats(0, MAX_DURATION_S, allow_nan=False)
@@ -56,9 +63,9 @@ valid_events = st.fixed_dictionaries(
     },
     optional={
         "attempt": st.integers(0, 2**31 - 1),
-        "service": st.text(max_size=30),
-        "replica": st.text(max_size=30),
-        "model": st.text(max_size=30),
+        "service": _label(30),
+        "replica": _label(30),
+        "model": _label(30),
         "eid": st.text(string.hexdigits, min_size=1, max_size=16),
         **{name: _attribute(name) for name in ("stream", "n", "prompt_tokens", "status", "error", "queue_s")},
         "extra": st.recursive(
@@ -174,7 +181,7 @@ cases = st.lists(
 )
 
 
-def _accepted(event: dict[str, Any]) -> bool:
+def accepted(event: dict[str, Any]) -> bool:
     try:
         validate_event(event)
     except EventError:
@@ -193,7 +200,7 @@ def check_case(folder: Path, files: list[Any], *, with_timelines: bool = True) -
                 expected += [
                     (normalize_request_id(e["request_id"]), e["hop"], e["ts"])
                     for _, e in item.lines
-                    if e is not None and _accepted(e)
+                    if e is not None and accepted(e)
                 ]
         elif isinstance(item, pl.DataFrame):
             item.write_parquet(folder / f"f{number}.parquet")
