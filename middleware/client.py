@@ -29,6 +29,8 @@ Per request the transport:
   event loop, the GIL). Where an asyncio loop runs, its lag probe (``hopline.middleware.loop``:
   one callback per loop measuring its own lateness) adds ``loop_lag_s``, the loop's recent
   largest lateness (on ``client.first_token`` too: how late the loop was to read the first token);
+  the sync transport adds the process's thread lateness instead (``thread_probe``: how late a
+  sleeping thread wakes, what a blocking read waits for on a busy host);
 * wraps the response stream (the shape of httpx's ``BoundSyncStream``) to time the first SSE event
   carrying output and the end of the body; a stream closed before its end is ``cancelled``.
 
@@ -66,7 +68,7 @@ from hopline.middleware.contract import (
 )
 from hopline.middleware.emit import Emitter, get_emitter
 from hopline.middleware.log import logger
-from hopline.middleware.loop import LagProbe, lag_probe
+from hopline.middleware.loop import LagProbe, ThreadProbe, lag_probe, thread_probe
 from hopline.middleware.sse import MAX_JSON_BYTES, StreamReader, error_summary, request_summary, response_summary
 
 REQUEST_ID_HEADER = "x-request-id"
@@ -252,9 +254,9 @@ class _Call:
         self.pool_full: bool | None = None  # None: the pool's state is unknown
         self.slot_at: float | None = None  # when a full pool freed a connection for it
         self.held = _HOLDING  # its place in the pool: holding, closing its response, left
-        self.probe: LagProbe | None = None
+        self.probe: LagProbe | ThreadProbe | None = None
 
-    def hold(self, slots: _Slots | None, probe: LagProbe | None) -> None:
+    def hold(self, slots: _Slots | None, probe: LagProbe | ThreadProbe | None) -> None:
         """Count this request against its transport's pool (and note its loop's lag probe)."""
         self.probe = probe
         if slots is not None:
@@ -534,7 +536,7 @@ class HoplineTransport(*(m.BaseTransport for m in _FLAVOURS)):  # type: ignore[m
         if call is None:
             return self.transport.handle_request(request)
         _guarded(hopline.emitter, lambda: _add_trace(request, _sync_trace, call))
-        _guarded(hopline.emitter, lambda: call.hold(hopline.slots, None))
+        _guarded(hopline.emitter, lambda: call.hold(hopline.slots, thread_probe()))
         try:
             response = self.transport.handle_request(request)
         except BaseException as exc:

@@ -8,16 +8,50 @@ this is how it is measured (DESIGN.md: "its event loop's lateness is measured"):
 ``engine.received`` / ``gateway.received``.
 
 ``loop_lag()`` is the one call a request pays: the running loop's ``LagProbe.lag()``, the probe
-started on first use (None outside asyncio: trio, a thread without a loop).
+started on first use (None outside asyncio: trio, a thread without a loop). A caller without a
+loop (the sync client in a thread) reads ``thread_probe()``: how late the process's threads wake,
+which is what its blocking read of the response waits for on a busy host.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import threading
+import time
 import weakref
 
 
-class LagProbe:
+class _Lateness:
+    """The window arithmetic both probes share: the largest lateness of the last one to two
+    ``WINDOW``s, or the current one if larger (late right now)."""
+
+    INTERVAL = 0.05
+    WINDOW = 2.0
+
+    def _start(self, now: float) -> None:
+        self._since = now
+        self._recent = 0.0  # largest lateness in the window starting at _since
+        self._before = 0.0  # in the window before it
+        self._due = now + self.INTERVAL
+
+    def _roll(self, now: float) -> None:
+        if now - self._since >= self.WINDOW:
+            self._before = self._recent if now - self._since < 2 * self.WINDOW else 0.0
+            self._recent, self._since = 0.0, now
+
+    def _woke(self, now: float) -> None:
+        """The probe woke at ``now`` (it was due at ``_due``); the next one is due an interval on."""
+        self._roll(now)
+        self._recent = max(self._recent, now - self._due)
+        self._due = now + self.INTERVAL
+
+    def _lag(self, now: float) -> float:
+        self._roll(now)
+        return max(self._recent, self._before, now - self._due, 0.0)
+
+
+class LagProbe(_Lateness):
     """How late one asyncio loop runs: a callback every ``INTERVAL`` s measures its own lateness.
 
     One per loop, made by the first request that asks (``lag_probe``) and kept only as long as
@@ -26,31 +60,16 @@ class LagProbe:
     being late right now). It costs one callback per ``INTERVAL`` and never waits.
     """
 
-    INTERVAL = 0.05
-    WINDOW = 2.0
-
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = weakref.ref(loop)
-        now = loop.time()
-        self._since = now
-        self._recent = 0.0  # largest lateness in the window starting at _since
-        self._before = 0.0  # in the window before it
-        self._due = now + self.INTERVAL
+        self._start(loop.time())
         loop.call_at(self._due, self._tick)
-
-    def _roll(self, now: float) -> None:
-        if now - self._since >= self.WINDOW:
-            self._before = self._recent if now - self._since < 2 * self.WINDOW else 0.0
-            self._recent, self._since = 0.0, now
 
     def _tick(self) -> None:
         loop = self.loop()
         if loop is None or loop.is_closed():
             return
-        now = loop.time()
-        self._roll(now)
-        self._recent = max(self._recent, now - self._due)
-        self._due = now + self.INTERVAL
+        self._woke(loop.time())
         loop.call_at(self._due, self._tick)
 
     def lag(self) -> float:
@@ -58,9 +77,35 @@ class LagProbe:
         loop = self.loop()
         if loop is None:
             return 0.0
-        now = loop.time()
-        self._roll(now)
-        return max(self._recent, self._before, now - self._due, 0.0)
+        return self._lag(loop.time())
+
+
+class ThreadProbe(_Lateness):
+    """How late this process's threads run, for callers without an event loop (a sync client in
+    a thread): a daemon thread sleeps ``INTERVAL`` s at a time and measures how late it wakes.
+
+    A thread wakes late when the process waits for a CPU (a busy host) or for the GIL (another
+    thread's Python work): what a sync caller's read of its response waits for too. One per
+    process (``thread_probe``; a forked child starts its own), its reads and its ticks under one
+    lock held for a few arithmetic operations; ``lag()`` never waits on the probe's sleep.
+    """
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self._lock = threading.Lock()
+        self._start(time.monotonic())
+        threading.Thread(target=self._run, name="hopline-lag-probe", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(max(0.0, self._due - time.monotonic()))
+            with self._lock:
+                self._woke(time.monotonic())
+
+    def lag(self) -> float:
+        """The process's recent largest thread lateness in seconds."""
+        with self._lock:
+            return self._lag(time.monotonic())
 
 
 _PROBES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LagProbe] = weakref.WeakKeyDictionary()
@@ -82,6 +127,22 @@ def lag_probe() -> LagProbe | None:
         probe = _PROBES[loop] = LagProbe(loop)
     _last = probe
     return probe
+
+
+_THREAD_PROBE: ThreadProbe | None = None
+_THREAD_PROBE_LOCK = threading.Lock()
+
+
+def thread_probe() -> ThreadProbe:
+    """This process's thread lateness probe, started on first use (again in a forked child)."""
+    global _THREAD_PROBE
+    probe = _THREAD_PROBE
+    if probe is not None and probe.pid == os.getpid():
+        return probe
+    with _THREAD_PROBE_LOCK:
+        if _THREAD_PROBE is None or _THREAD_PROBE.pid != os.getpid():
+            _THREAD_PROBE = ThreadProbe()
+        return _THREAD_PROBE
 
 
 def loop_lag() -> float | None:

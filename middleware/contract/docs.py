@@ -47,7 +47,8 @@ CLIENT_SENT_MEANINGS = {
     "connect_s": "TCP (or Unix socket) connect, on a new connection only",
     "tls_s": "TLS handshake, on a new connection only",
     "loop_lag_s": "also on `client.first_token`: the largest lateness of the client's asyncio event loop "
-    "over the last seconds (a probe due every 50 ms); absent outside asyncio. `engine.received` and "
+    "over the last seconds (a probe due every 50 ms); a sync client (no loop) puts its process's thread "
+    "lateness (a thread due every 50 ms: a busy host, the GIL held). `engine.received` and "
     "`gateway.received` carry their server's (below)",
 }
 # Per-request columns of event loop lateness: inputs (contract.INPUTS) that are no stage's terms.
@@ -145,8 +146,9 @@ def render() -> str:
     out += [
         "### Event loop lateness",
         "",
-        "`loop_lag_s`: the largest lateness of the emitting process's asyncio event loop over the last seconds",
-        "(a probe due every 50 ms), read as a request passes. Columns of their own, no stage's terms:",
+        "`loop_lag_s`: the largest lateness of the emitting process's asyncio event loop (a sync client's:",
+        "of its process's threads) over the last seconds (a probe due every 50 ms), read as a request passes.",
+        "Columns of their own, no stage's terms:",
         "",
     ]
     out += _table(

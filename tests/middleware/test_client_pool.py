@@ -213,7 +213,7 @@ def test_async_neither_full_nor_busy(mw, served, tmp_path):
 def test_sync_threads_full_pool_and_room(mw, served, tmp_path):
     """The sync client's threads: six threads through max_connections=2 → two find room, four wait
     their turn; with room for all (the default 100) nobody waits. Threads have no event loop:
-    no loop_lag_s (the engine's server, an asyncio loop, has its own on engine.received)."""
+    their loop_lag_s is the process's thread lateness (``thread_probe``), on every sent and first token."""
     emitter, url = served
 
     def run(limits: httpx.Limits, threads: int) -> None:
@@ -240,7 +240,8 @@ def test_sync_threads_full_pool_and_room(mw, served, tmp_path):
     assert sorted(e["pool_full"] for e in sent) == [False] * 2 + [True] * 4
     assert all(e["pool_wait_s"] > 0 for e in sent if e["pool_full"])
     assert all(e["pool_wait_s"] == 0 for e in sent if not e["pool_full"])
-    assert not any("loop_lag_s" in e for e in events if e["hop"].startswith("client."))
+    lagged = [e for e in events if e["hop"] in ("client.sent", "client.first_token")]
+    assert len(lagged) == 12 and all(e["loop_lag_s"] >= 0 for e in lagged)
     assert_waits_end_at_releases(events, 2)
     assert_stage_sums(events, tmp_path, busy=False)
 

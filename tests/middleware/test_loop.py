@@ -11,6 +11,7 @@ reports >= 0.2. An idle server's loop is late by scheduling noise only: < 0.1.
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -19,7 +20,7 @@ import httpx
 import pytest
 
 from hopline.middleware.engine import EngineMiddleware
-from hopline.middleware.loop import LagProbe, lag_probe, loop_lag
+from hopline.middleware.loop import LagProbe, ThreadProbe, lag_probe, loop_lag, thread_probe
 
 BLOCK_S = 0.3
 BODY = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": True, "max_tokens": 2}
@@ -45,6 +46,33 @@ def test_one_probe_per_loop_that_sees_a_blocked_loop():
     assert idle is not None and idle < busy
     second = asyncio.run(run())[0]
     assert second is not None and second is not first  # a new loop, its own probe
+
+
+def test_one_thread_probe_per_process_that_sees_the_gil_held():
+    """A sync caller has no loop: the process's thread probe wakes every 50 ms, and wakes late
+    while another thread holds the GIL (pure-Python work with a long switch interval: the
+    probe's thread cannot run) or the host has no CPU for it: what a blocking read waits for."""
+    probe = thread_probe()
+    assert isinstance(probe, ThreadProbe) and thread_probe() is probe
+    idle = probe.lag()
+    for _ in range(3):  # a busy CI host can make even an idle thread late: wait it out
+        if idle < 0.1:
+            break
+        time.sleep(2 * ThreadProbe.WINDOW)
+        idle = probe.lag()
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1.0)
+    try:
+        until = time.monotonic() + BLOCK_S
+        while time.monotonic() < until:  # holds the GIL: the probe's thread is not switched to
+            pass
+        busy = probe.lag()
+    finally:
+        sys.setswitchinterval(interval)
+    assert idle < 0.1
+    assert busy >= BLOCK_S - ThreadProbe.INTERVAL
+    time.sleep(0.12)  # the probe thread runs again: it noted how late it woke
+    assert probe.lag() >= BLOCK_S - ThreadProbe.INTERVAL
 
 
 def blocking(app, started: threading.Event):
