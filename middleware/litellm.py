@@ -283,7 +283,11 @@ class HoplineLogger(CustomLogger):
             req.final = True
             reader = StreamReader()
             reader.feed_object(response, time.time())
-            attrs = {"output_tokens": reader.output_tokens, "finish_reason": reader.finish_reason}
+            attrs = {
+                "output_tokens": reader.output_tokens,
+                "reasoning_tokens": reader.reasoning_tokens,
+                "finish_reason": reader.finish_reason,
+            }
             self._emit(
                 req, "gateway.last_token", time.time(), **{k: v for k, v in attrs.items() if v is not None}
             )

@@ -68,6 +68,33 @@ REPORTED_SPEC_DECODE = {
 }
 
 
+# How many of the completion tokens were reasoning, where the engine counts them in its usage
+# (a usage object of the final chunk of a stream with ``stream_options.include_usage``, or of a
+# non-streaming body). vLLM and OpenAI: ``usage.completion_tokens_details.reasoning_tokens`` (vLLM
+# 0.32.0: ``CompletionTokenUsageInfo`` in vllm/entrypoints/serve/engine/protocol.py, filled on chat
+# completions only, by openai/chat_completion/serving.py from the reasoning parser's
+# ``count_reasoning_tokens`` over the generated token IDs, and only when served with
+# ``--reasoning-parser``: 0 when nothing was reasoned). SGLang: ``usage.reasoning_tokens`` (its
+# UsageInfo's default is 0 even where nothing counted: only a count above 0 is read). Never
+# estimated from the reasoning deltas: where no usage says it, it is unknown.
+def reasoning_count(usage: Any) -> int | None:
+    """The reasoning tokens a ``usage`` object (a dict, or an object with those attributes) reports,
+    or None where it says none."""
+    if usage is None:
+        return None
+    get = usage.get if isinstance(usage, dict) else lambda name: getattr(usage, name, None)
+    details = get("completion_tokens_details")
+    if details is not None:
+        if isinstance(details, dict):
+            count = details.get("reasoning_tokens")
+        else:
+            count = getattr(details, "reasoning_tokens", None)
+        if type(count) is int and count >= 0:
+            return count
+    count = get("reasoning_tokens")
+    return count if type(count) is int and count > 0 else None
+
+
 def reported_durations(metrics: Any) -> dict[str, float]:
     """``REPORTED_METRICS`` of a ``metrics`` object (a dict, or an object with those attributes)
     as seconds, and its ``speculative_decoding`` counts (``REPORTED_SPEC_DECODE``); absent, null,
@@ -116,7 +143,8 @@ class StreamReader:
 
     Call ``feed(chunk, ts)`` with every body chunk and its arrival time; it returns True when that
     chunk brought the first output. Afterwards read ``first_at``, ``output_chunks``, ``max_gap_s``,
-    ``max_gap_at``, ``finish_reason``, ``output_tokens``, ``prompt_tokens``, ``done`` (``[DONE]``
+    ``max_gap_at``, ``finish_reason``, ``output_tokens``, ``reasoning_tokens`` (where the usage
+    says it: ``reasoning_count``), ``prompt_tokens``, ``done`` (``[DONE]``
     seen) and ``error`` / ``error_status`` (an error event inside the stream). ``malformed`` counts
     events that were not JSON or oversized lines; they are skipped, never raised.
     """
@@ -141,6 +169,7 @@ class StreamReader:
         "output_chunks",
         "output_tokens",
         "prompt_tokens",
+        "reasoning_tokens",
         "reported",
     )
 
@@ -162,6 +191,7 @@ class StreamReader:
         self.max_gap_at: float | None = None
         self.finish_reason: str | None = None
         self.output_tokens: int | None = None
+        self.reasoning_tokens: int | None = None  # of output_tokens, as the usage says (reasoning_count)
         self.prompt_tokens: int | None = None
         self.done = False
         self.error: str | None = None
@@ -349,6 +379,9 @@ class StreamReader:
                 self.output_tokens = out
             if type(prompt) is int:
                 self.prompt_tokens = prompt
+            reasoning = reasoning_count(usage)
+            if reasoning is not None:
+                self.reasoning_tokens = reasoning
             if "metrics" in obj:
                 self.reported = reported_durations(obj["metrics"])
         choices = obj.get("choices")
@@ -401,6 +434,9 @@ class StreamReader:
                 self.output_tokens = out
             if type(prompt) is int:
                 self.prompt_tokens = prompt
+            reasoning = reasoning_count(usage)
+            if reasoning is not None:
+                self.reasoning_tokens = reasoning
             metrics = getattr(chunk, "metrics", None)
             if metrics is not None:
                 self.reported = reported_durations(metrics)
@@ -438,6 +474,7 @@ class StreamReader:
         """The ``*.last_token`` attributes (None values are left out)."""
         attrs = {
             "output_tokens": self.output_tokens,
+            "reasoning_tokens": self.reasoning_tokens,
             "output_chunks": self.output_chunks,
             "finish_reason": self.finish_reason,
             "max_gap_s": self.max_gap_s,
@@ -513,7 +550,8 @@ def request_attrs(obj: dict[str, Any]) -> dict[str, Any]:
 
 
 def response_summary(body: bytes) -> dict[str, Any]:
-    """``output_tokens``, ``prompt_tokens``, ``finish_reason`` of a non-streaming JSON response."""
+    """``output_tokens``, ``reasoning_tokens`` (``reasoning_count``), ``prompt_tokens``, ``finish_reason``
+    of a non-streaming JSON response."""
     obj = _load_json_object(body)
     if obj is None:
         return {}
@@ -524,6 +562,9 @@ def response_summary(body: bytes) -> dict[str, Any]:
             attrs["output_tokens"] = usage["completion_tokens"]
         if type(usage.get("prompt_tokens")) is int:
             attrs["prompt_tokens"] = usage["prompt_tokens"]
+        reasoning = reasoning_count(usage)
+        if reasoning is not None:
+            attrs["reasoning_tokens"] = reasoning
     choices = obj.get("choices")
     if isinstance(choices, list):
         for choice in choices:

@@ -60,7 +60,12 @@ NORMALIZES = {
     "prefill instance's own clock in P/D), against how many would by chance (a Poisson test)",
     "no_max_tokens": "the output lengths of requests sent without max_tokens against the long-output quantile",
     "verbose_outputs": "a caller's answer lengths against its own history, in groups of requests that asked "
-    "for the same max_tokens: a caller asking for longer answers is a mix, not a finding",
+    "for the same max_tokens: a caller asking for longer answers is a mix, not a finding; where the engine "
+    "counts a reasoning model's reasoning tokens (`reasoning_tokens`, from its usage), the reasoning and the "
+    "content (`output_tokens - reasoning_tokens`) are judged apart and the evidence says both "
+    "(`reasoning_tokens_p50_before` / `_after`, `content_tokens_p50_before` / `_after`, `reasoning_ratio`, "
+    "`content_ratio`, `longer`: `reasoning`, `content`, both, or `output` where the count is unknown): "
+    "reasoning alone is the model thinking longer, not an answer that ran on",
     "failover": "first attempts by the replica that failed them (not the replica that served the retry)",
     "prefix_cache_miss": "each request's cache-hit share (cached over prompt tokens) per replica, ranked before "
     "and after a split",

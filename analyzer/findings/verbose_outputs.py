@@ -18,6 +18,14 @@ than, and ``ignore_eos`` requests that always end at their cap run to it as befo
 without max_tokens are left to ``no_max_tokens``; a caller that asks a different max_tokens in
 nearly every request has no group large enough to be judged.
 
+A reasoning model's answer is its reasoning and its content. Where the engine counts the reasoning
+tokens (``reasoning_tokens``, from its usage: vLLM with a reasoning parser, OpenAI) for nearly all
+(``known_share``) of a group's requests, the group's reasoning and content lengths are judged apart,
+each the same way (the content is ``output_tokens - reasoning_tokens``), and the finding says which
+got longer: reasoning alone is the model thinking longer (a reasoning-effort or chat-template change
+that makes it think longer), not an answer that ran on. Where the count is unknown the whole output
+is judged as one length.
+
 Longer answers take longer to decode: a decode rise of the caller that began with the change and
 whose time per output token did not rise is this finding's (``brings_rise_of``, ``brought``), said
 with it rather than as a second finding.
@@ -35,6 +43,18 @@ from hopline.analyzer.findings.detector import Context, Detector
 from hopline.analyzer.findings.model import Pitfall, Scope, Shift, iso_utc, pitfall, to_second
 
 CALLER = ("model", "service", "route")
+# the lengths judged: the whole output; where the reasoning count is known, its two parts
+OUTPUT, REASONING, CONTENT = "output_tokens", "reasoning_tokens", "content_tokens"
+UNCHANGED = 1.25  # a part whose p50 moved less than this factor either way is said unchanged
+
+
+def content_tokens() -> pl.Expr:
+    """A request's content tokens: its output tokens less its reasoning tokens, where the engine
+    counted them (null where it did not, or where the count exceeds the output: two sources that
+    disagree)."""
+    reasoning = pl.col(REASONING)
+    ok = reasoning.is_not_null() & (reasoning >= 0) & (reasoning <= pl.col(OUTPUT))
+    return pl.when(ok).then(pl.col(OUTPUT) - reasoning)
 
 
 @dataclass(frozen=True)
@@ -50,6 +70,8 @@ class VerboseOutputs(Detector):
     side_share: float = 0.1
     max_requests: int = 50_000  # a group of like requests beyond this is judged on a seeded subsample
     per_token_rise: float = 1.25  # a decode rise is the longer answers' while decode per token rose less
+    known_share: float = 0.9  # reasoning and content are judged apart where this share has the count
+    part_rise: float = 0.25  # a part's p50 rise counts from this share of the whole output's p50 before
 
     def detect(self, frame: pl.DataFrame, ctx: Context) -> list[Pitfall]:
         """Per caller, per requested max_tokens: the clearest change of the output length in time;
@@ -58,10 +80,13 @@ class VerboseOutputs(Detector):
         keys = [k for k in CALLER if k in frame.columns and frame[k].null_count() < frame.height]
         capped = pl.col("max_tokens_set").fill_null(True) if "max_tokens_set" in frame.columns else pl.lit(True)
         read = columns(
-            frame, *keys, "output_tokens", "max_tokens", "max_tokens_set", "start", "finish_reason", "decode"
-        )
-        if "max_tokens" not in read.columns:
-            read = read.with_columns(max_tokens=pl.lit(None, dtype=pl.Int64))
+            frame, *keys, OUTPUT, REASONING, "max_tokens", "max_tokens_set", "start", "finish_reason",
+            "decode",
+        )  # fmt: skip
+        for name in ("max_tokens", REASONING):
+            if name not in read.columns:
+                read = read.with_columns(pl.lit(None, dtype=pl.Int64).alias(name))
+        read = read.with_columns(content_tokens().alias(CONTENT))
         rows = read.filter(
             pl.col("output_tokens").is_not_null()
             & (pl.col("output_tokens") > 0)
@@ -80,7 +105,11 @@ class VerboseOutputs(Detector):
                 if part.height > self.max_requests:
                     part = part.sample(self.max_requests, seed=ctx.seed)
                 part = part.sort("start")
-                split = self._judge(part, ctx)
+                known = part[CONTENT].is_not_null()
+                split_known = bool(known.mean() >= self.known_share)
+                if split_known:
+                    part = part.filter(known)
+                split = self._judge(part, ctx, split_known)
                 if split is not None:
                     changed.append((part.head(split), part.slice(split)))
             if changed:
@@ -88,20 +117,43 @@ class VerboseOutputs(Detector):
                 findings.append(self._finding(dict(zip(keys, key, strict=True)), changed, asked, caller, ctx))
         return findings
 
-    def _judge(self, part: pl.DataFrame, ctx: Context) -> int | None:
+    def _judge(self, part: pl.DataFrame, ctx: Context, split_known: bool = False) -> int | None:
         """Where the answers of one group of like requests (sorted by ``start``) changed, when
-        they got ``verbose_factor``-fold longer or ran to the cap ``length_jump`` more often."""
+        they got ``verbose_factor``-fold longer or ran to the cap ``length_jump`` more often; with
+        ``split_known`` (every request has its reasoning count), when its reasoning or its content
+        did, each judged as a length of its own (the clearest change of the three, by its factor)."""
         start = part["start"].to_numpy()
-        length = np.log(part["output_tokens"].to_numpy().astype(np.float64))
-        split = self._change(start, length, ctx.window_s)
-        if split is None:
+        best: tuple[float, int] | None = None
+        for name in (OUTPUT, REASONING, CONTENT) if split_known else (OUTPUT,):
+            tokens = part[name].to_numpy().astype(np.float64)
+            # the whole output is never 0 tokens (filtered); a part may be (no reasoning, or no content)
+            length = np.log(tokens) if name == OUTPUT else np.log1p(tokens)
+            split = self._change(start, length, ctx.window_s)
+            if split is None:
+                continue
+            before, after = float(np.median(tokens[:split])), float(np.median(tokens[split:]))
+            cap_before, cap_after = _length_share(part.head(split)), _length_share(part.slice(split))
+            floor = before if name == OUTPUT else max(before, 1.0)
+            longer = after >= self.verbose_factor * floor
+            if name != OUTPUT:  # a part that doubled from a few tokens is no longer answer
+                whole = float(np.median(part[OUTPUT].to_numpy()[:split]))
+                longer = longer and after - before >= self.part_rise * whole
+            ran_to_cap = cap_after - cap_before >= self.length_jump
+            if (longer or ran_to_cap) and (best is None or after / floor > best[0]):
+                best = (after / floor, split)
+        return None if best is None else best[1]
+
+    def _parts(self, before: pl.DataFrame, after: pl.DataFrame) -> dict[str, tuple[float, float]] | None:
+        """The p50 reasoning and content tokens before and after, where nearly all requests on
+        both sides (``known_share``) have the reasoning count; None where they do not."""
+        if min(before[CONTENT].is_not_null().mean() or 0.0, after[CONTENT].is_not_null().mean() or 0.0) < (
+            self.known_share
+        ):
             return None
-        tokens = np.exp(length)
-        before, after = float(np.median(tokens[:split])), float(np.median(tokens[split:]))
-        cap_before, cap_after = _length_share(part.head(split)), _length_share(part.slice(split))
-        longer = after >= self.verbose_factor * before
-        ran_to_cap = cap_after - cap_before >= self.length_jump
-        return split if longer or ran_to_cap else None
+        return {
+            name: (float(before[name].median() or 0.0), float(after[name].median() or 0.0))
+            for name in (REASONING, CONTENT)
+        }
 
     def _change(self, start: np.ndarray, values: np.ndarray, window_s: float) -> int | None:
         """The index where ``values`` (ordered by ``start``) split at a window boundary differ most
@@ -150,6 +202,8 @@ class VerboseOutputs(Detector):
         p50 = float(before["output_tokens"].median()), float(after["output_tokens"].median())
         cap = _length_share(before), _length_share(after)
         ratio = p50[1] / p50[0]
+        parts = self._parts(before, after)
+        grew = [] if parts is None else [n for n in (REASONING, CONTENT) if self._grew(*parts[n], p50[0])]
         scope = {k: str(v) for k, v in caller.items() if k != "model" and v is not None}
         who = " ".join(f"{k} {v}" for k, v in scope.items())
         groups = sorted({b["max_tokens"][0] for b, _ in changed}, key=lambda m: (m is None, m))
@@ -166,6 +220,16 @@ class VerboseOutputs(Detector):
             "extra_decode_s": round(extra, 1),
             "max_tokens": groups[-1] if len(groups) == 1 else None,
             "max_tokens_groups": len(groups),
+            # reasoning models whose engine counts the reasoning: its part and the content's (else null)
+            **{
+                f"{name}_p50_{side}": None if parts is None else round(parts[name][i], 1)
+                for name in (REASONING, CONTENT)
+                for i, side in enumerate(("before", "after"))
+            },
+            "reasoning_ratio": None if parts is None else round(_ratio(*parts[REASONING]), 2),
+            "content_ratio": None if parts is None else round(_ratio(*parts[CONTENT]), 2),
+            # what got verbose_factor-fold longer (output: the whole, where the split is unknown)
+            "longer": _longer(parts, grew, ratio >= self.verbose_factor),
         }
         like = ""
         if asked > 1:
@@ -175,12 +239,34 @@ class VerboseOutputs(Detector):
         mix = requested_mix(rows, ctx.window_s, self.min_side)
         new = () if mix is None else tuple(a for a in mix.new if a.max_tokens not in groups)
         besides = f"; {replace(mix, new=new).new_clause}, not counted" if mix is not None and new else ""
-        summary = (
-            f"{who}'s answers on {caller['model']} got {ratio:.1f}x longer{like} from {iso_utc(at)[11:19]} "
-            f"(p50 {p50[0]:.0f} -> {p50[1]:.0f} tokens{capped}), adding {extra:,.1f} s of decode{besides}; "
-            f"check its chat template and stop tokens"
-        )
+        when = iso_utc(at)[11:19]
+        cost = f"adding {extra:,.1f} s of decode{besides}"
+        if parts is None or not grew:
+            split = "" if parts is None else "; " + _said(parts, ())
+            summary = (
+                f"{who}'s answers on {caller['model']} got {ratio:.1f}x longer{like} from {when} "
+                f"(p50 {p50[0]:.0f} -> {p50[1]:.0f} tokens{capped}){split}, {cost}; "
+                f"check its chat template and stop tokens"
+            )
+        elif grew == [REASONING]:  # the model thinks longer; its answers did not run on
+            summary = (
+                f"{caller['model']} thinks longer for {who}{like} from {when}: {_said(parts, grew)}{capped}, "
+                f"{cost}; a reasoning-effort or chat-template change makes the model think longer, its "
+                f"answers did not run on"
+            )
+        else:
+            check = "its chat template and stop tokens"
+            check += ", and its reasoning effort" if REASONING in grew else ""
+            summary = (
+                f"{who}'s answers on {caller['model']} got {ratio:.1f}x longer{like} from {when}: "
+                f"{_said(parts, grew)}{capped}, {cost}; check {check}"
+            )
         return pitfall(self.name, scope, after.height, evidence, summary, extra, "decode", at=at)
+
+    def _grew(self, before: float, after: float, whole: float) -> bool:
+        """A part (reasoning or content) got ``verbose_factor``-fold longer, by ``part_rise`` of
+        the whole output's p50 before (``whole``) or more."""
+        return after >= self.verbose_factor * max(before, 1.0) and after - before >= self.part_rise * whole
 
     def brought(self, rise: Shift, frame: pl.DataFrame, ctx: Context) -> Scope | None:
         """The caller whose answers got longer within a window of ``rise``'s onset, in a scope
@@ -199,6 +285,37 @@ class VerboseOutputs(Detector):
             if near and all(found.scope.get(k, v) == v for k, v in rise.scope.items()):
                 return found.scope
         return None
+
+
+def _ratio(before: float, after: float) -> float:
+    """How many times longer a part's p50 got (from at least one token: a part may be none)."""
+    return after / max(before, 1.0)
+
+
+def _said(parts: dict[str, tuple[float, float]], grew: list[str] | tuple[str, ...]) -> str:
+    """``reasoning got 3.1x longer (p50 400 -> 1240 tokens); content unchanged (p50 180 -> 176)``:
+    the parts that ``grew`` first, then the other."""
+    words = []
+    for name in sorted(parts, key=lambda n: n not in grew):
+        before, after = parts[name]
+        ratio = _ratio(before, after)
+        if name in grew:
+            how = f"got {ratio:.1f}x longer"
+        elif 1 / UNCHANGED <= ratio <= UNCHANGED:
+            how = "unchanged"
+        else:
+            how = f"{ratio:.1f}x"
+        unit = " tokens" if name in grew else ""
+        words.append(f"{name.removesuffix('_tokens')} {how} (p50 {before:.0f} -> {after:.0f}{unit})")
+    return "; ".join(words)
+
+
+def _longer(parts: dict | None, grew: list[str], whole: bool) -> str | None:
+    """The evidence's ``longer``: ``reasoning``, ``content``, ``reasoning and content``, or
+    ``output`` (the whole, where the split is unknown); None where only the capped share rose."""
+    if parts is None:
+        return "output" if whole else None
+    return " and ".join(n.removesuffix("_tokens") for n in grew) or None
 
 
 def _length_share(part: pl.DataFrame) -> float:

@@ -152,6 +152,11 @@ ATTRIBUTE_TYPES: dict[str, tuple[type, ...]] = {
     # ``metrics.speculative_decoding``: mean_acceptance_length, num_draft_tokens,
     # num_accepted_draft_tokens), on engine.stats or the *.last_token that read the response
     "spec_acceptance_length": (int, float), "spec_draft_tokens": (int,), "spec_accepted_tokens": (int,),
+    # reasoning models: how many of ``output_tokens`` were reasoning (the rest are content), as the
+    # engine's usage said it (``usage.completion_tokens_details.reasoning_tokens``: vLLM with a
+    # ``--reasoning-parser``, OpenAI; SGLang's ``usage.reasoning_tokens`` when above 0), on the
+    # ``*.last_token`` of whoever read that usage; absent where the engine gave no count (never estimated)
+    "reasoning_tokens": (int,),
 }
 
 # How stored events are typed (the collector's Parquet files; the analyzer reads the same):
@@ -596,6 +601,8 @@ ATTRIBUTE_SOURCES: dict[str, tuple[str, ...]] = {
     "stream": ("client.sent", "engine.received", "gateway.received"),
     "n": ("engine.received", "client.sent"),
     "output_tokens": ("client.last_token", "engine.last_token", "engine.stats", "gateway.last_token"),
+    # reasoning models: of output_tokens, the reasoning ones (content = output_tokens - reasoning_tokens)
+    "reasoning_tokens": ("client.last_token", "engine.last_token", "gateway.last_token"),
     "prompt_tokens": ("engine.stats", "engine.received", "client.last_token", "engine.last_token"),
     # P/D: the prefill instance's cache is the one that saves prefill time
     "cached_tokens": ("prefill.stats", "engine.stats", "engine.last_token"),

@@ -94,8 +94,10 @@ def pd_log(seed: int, slow_pair: tuple[str, str] = ("p1", "d2"), factor: float =
 def _unified(
     rng: np.random.Generator, rid: str, t: float, replica: str, prefill_s: float, cached: int, prompt: int,
     decode_s: float, tokens: int, last_extra: dict | None = None, stats_extra: dict | None = None,
+    usage: dict | None = None,
 ) -> list[dict]:
-    """One request served by one engine (client, proxy, engine with stats)."""
+    """One request served by one engine (client, proxy, engine with stats); ``usage``: attributes
+    read from the engine's usage, on the engine's and the client's last token."""
     recv = t + 0.004
     queue, front = float(_spread(rng, 0.01, 1)[0]), 0.004
     first = recv + front + queue + prefill_s
@@ -106,10 +108,10 @@ def _unified(
         _ev(t + 0.003, rid, "gateway.forwarded", service="proxy", replica="gw-0", upstream=replica),
         _ev(recv, rid, "engine.received", replica=replica, model="m", stream=True, n=1),
         _ev(first, rid, "engine.first_token", replica=replica),
-        _ev(last, rid, "engine.last_token", replica=replica, output_tokens=tokens),
+        _ev(last, rid, "engine.last_token", replica=replica, output_tokens=tokens, **(usage or {})),
         _ev(last, rid, "engine.stats", replica=replica, queue_s=queue, prefill_s=prefill_s, decode_s=decode_s,
             prompt_tokens=prompt, cached_tokens=cached, output_tokens=tokens, **(stats_extra or {})),
-        *_ends(rid, first, last, tokens, "chat", last_extra),
+        *_ends(rid, first, last, tokens, "chat", {**(last_extra or {}), **(usage or {})}),
     ]
 
 
@@ -161,18 +163,26 @@ def reasoning_log(seed: int, rate: float = 4.0) -> pl.DataFrame:
     return _frame(rows)
 
 
-def reasoning_growth_log(seed: int, factor: float = 3.0, rate: float = 4.0) -> pl.DataFrame:
+def reasoning_growth_log(
+    seed: int, factor: float = 3.0, rate: float = 4.0, counted: bool = False, grows: str = "reasoning"
+) -> pl.DataFrame:
     """A reasoning model on r1 and r2 that thinks ~1.2 s (at 10 ms a token) and then answers 150
     tokens of content. From 10:05 (a template change) it thinks ``factor`` times longer on both:
     time to first content rises with it, while the first token (reasoning) and the time per
-    output token hold; decode, which holds the thinking, grows by the extra thought."""
+    output token hold; decode, which holds the thinking, grows by the extra thought.
+
+    ``counted``: the engine counts the reasoning in its usage (vLLM with a reasoning parser):
+    ``reasoning_tokens`` on the last tokens (the thinking's tokens; the output's rest is content).
+    ``grows="content"``: from 10:05 the content gets ``factor`` times longer instead (its answers
+    run on), the thinking holds."""
     rng = np.random.default_rng(seed)
     n = int(DURATION_S * rate)
     t = START + np.sort(rng.uniform(0, DURATION_S, n))
     replica = rng.choice(["r1", "r2"], n)
     itl = 0.01
-    think = _spread(rng, 1.2, n, 0.1) * np.where(t >= START + INCIDENT_S, factor, 1.0)
-    content = _spread(rng, 150 * itl, n, 0.1)
+    grown = np.where(t >= START + INCIDENT_S, factor, 1.0)
+    think = _spread(rng, 1.2, n, 0.1) * (grown if grows == "reasoning" else 1.0)
+    content = _spread(rng, 150 * itl, n, 0.1) * (grown if grows == "content" else 1.0)
     rows: list[dict] = []
     for i in range(n):
         rid = f"rg-{seed}-{i}"
@@ -180,7 +190,11 @@ def reasoning_growth_log(seed: int, factor: float = 3.0, rate: float = 4.0) -> p
         first_at = t[i] + 0.004 + 0.004 + prefill + 0.012
         extra = {"first_reasoning_at": first_at + 0.004, "first_content_at": first_at + 0.004 + think[i]}
         tokens = int(round((think[i] + content[i]) / itl)) + 1
-        rows += _unified(rng, rid, t[i], str(replica[i]), prefill, 0, 500, think[i] + content[i], tokens, last_extra=extra)
+        usage = {"reasoning_tokens": int(round(think[i] / itl))} if counted else None
+        rows += _unified(
+            rng, rid, t[i], str(replica[i]), prefill, 0, 500, think[i] + content[i], tokens, last_extra=extra,
+            usage=usage,
+        )
     return _frame(rows)
 
 
