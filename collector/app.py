@@ -41,6 +41,7 @@ from hopline.collector.join import Joiner
 from hopline.collector.metrics import ExpositionRegistry, Recorder, build_metrics
 from hopline.collector.store import EventStore, StoreError
 from hopline.collector.tail import Tailer
+from hopline.middleware.http_limits import WHY, ConnectionLimits
 from hopline.middleware.log import logger
 from prometheus_client import CollectorRegistry
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -101,10 +102,24 @@ def build_collector(config: CollectorConfig) -> Collector:
     m.open_request_bytes.set_function(lambda: joiner.open_bytes)
     m.finished_request_bytes.set_function(lambda: joiner.finished_bytes)
     m.dedup_keys.set_function(lambda: len(dedup))
+    for why in WHY:  # every reason shows from the start, at 0
+        m.http_connections_closed.labels(why=why)
     scraper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hopline-scrape")
     ingestor = Ingestor(store, joiner, recorder, dedup, EmitterStats(registry), max_future_s=config.max_future_s)
     receiver = otlp.OtlpReceiver(ingestor, registry, config.otlp_resource)
     return Collector(config, registry, recorder, store, joiner, ingestor, scraper, receiver)
+
+
+def connection_limits(c: Collector) -> ConnectionLimits:
+    """The HTTP server's bounds (``middleware/http_limits.py``: a connection cap, header and body
+    timeouts), each connection they close counted in ``hopline_collector_http_connections_closed``."""
+    closed = c.recorder.m.http_connections_closed
+    return ConnectionLimits(
+        c.config.max_connections,
+        c.config.header_timeout_s,
+        c.config.body_timeout_s,
+        on_close=lambda why: closed.labels(why=why).inc(),
+    )
 
 
 async def _housekeeping(c: Collector) -> None:

@@ -23,7 +23,7 @@ from typer.core import TyperCommand
 # imported here, not lazily: without the `collector` extra (fastapi, uvicorn, prometheus_client)
 # this module fails to load and `hopline` lists the command with the extra to install
 import uvicorn
-from hopline.collector.app import create_app
+from hopline.collector.app import connection_limits, create_app
 from hopline.collector.config import CollectorConfig, Setting, settings
 from hopline.middleware.contract.exits import ClickException, UsageError, run
 
@@ -149,7 +149,10 @@ def collector(ctx: typer.Context, **given: Any) -> None:
         raise UsageError(str(exc)) from exc
     sock = check_can_start(config, config.host, config.port)
     app = create_app(config)
-    server = uvicorn.Server(uvicorn.Config(app, log_level=config.log_level, timeout_graceful_shutdown=10))
+    limits = connection_limits(app.state.collector)
+    server = uvicorn.Server(
+        uvicorn.Config(app, http=limits.protocol(), log_level=config.log_level, timeout_graceful_shutdown=10)
+    )
     server.run(sockets=[sock])
 
 

@@ -140,6 +140,15 @@ class CollectorConfig:
         "fsync period of --fsync interval."))
     max_body_bytes: int = setting(8 * MIB, option="--max-body", kind=int, min=1, help=(
         "Largest request body accepted, in bytes (413 above), compressed or not."))
+    # connections that never finish their request must not hold file descriptors (issue 34, item 2)
+    max_connections: int = setting(1000, option="--max-connections", kind=int, min=1, help=(
+        "Most HTTP connections open at once: one beyond them is closed as it opens. Lowered to leave "
+        "256 descriptors of the open-files limit (ulimit -n) to the collector's own files."))
+    header_timeout_s: float = setting("10s", option="--header-timeout", parse=durations, help=(
+        "Close a connection whose request line and headers are not complete this long after it "
+        "opened (or after the first byte of its next request)."))
+    body_timeout_s: float = setting("30s", option="--body-timeout", parse=durations, help=(
+        "Close a connection that sends no byte of its request's body for this long."))
     # a sender's clock a year ahead would move every live detector's event time a year forward
     max_future_s: float = setting("5m", option="--max-future", parse=durations, help=(
         "Refuse an event whose ts is more than this ahead of the collector's own clock (a sender's "
@@ -208,6 +217,9 @@ class CollectorConfig:
             value = getattr(self, name)
             if value is not None and not value.strip():
                 raise ValueError(f"{name} is empty: give a real token, or none to run without auth")
+        for name, option in (("header_timeout_s", "--header-timeout"), ("body_timeout_s", "--body-timeout")):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{option} must be more than 0, got {getattr(self, name)!r}")
         object.__setattr__(self, "data_dir", Path(self.data_dir))
 
     @classmethod

@@ -132,11 +132,17 @@ EVENT_LOOP_LAG = Metric(
     "hopline_collector_event_loop_lag_seconds", "gauge", (),
     "Largest delay of the collector's event loop over the last housekeeping period.",
 )
+HTTP_CONNECTIONS_CLOSED = Metric(
+    "hopline_collector_http_connections_closed", "counter", ("why",),
+    "HTTP connections the collector closed before their request was read: over_cap (beyond "
+    "--max-connections, at once), header_timeout (no complete headers within --header-timeout), "
+    "body_timeout (a body idle for --body-timeout).",
+)
 
 COLLECTOR_HEALTH: tuple[Metric, ...] = (
     BODIES_REJECTED, STORE_FAILURES, COMPACTION_FAILURES, QUARANTINED_PARTS, DEDUP_KEYS,
     OPEN_REQUEST_BYTES, FINISHED_REQUEST_BYTES, REQUESTS_CLOSED_INCOMPLETE, SCOPES_OVERFLOWED,
-    EVENT_LOOP_LAG,
+    EVENT_LOOP_LAG, HTTP_CONNECTIONS_CLOSED,
 )
 
 ALL: tuple[Metric, ...] = (

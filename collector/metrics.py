@@ -78,6 +78,7 @@ class Metrics:
     requests_closed_incomplete: Counter
     scopes_overflowed: Counter
     event_loop_lag: Gauge
+    http_connections_closed: Counter
 
 
 _BUCKETS = {
@@ -127,6 +128,7 @@ def build_metrics(registry: CollectorRegistry) -> Metrics:
         requests_closed_incomplete=m[names.REQUESTS_CLOSED_INCOMPLETE.name],
         scopes_overflowed=m[names.SCOPES_OVERFLOWED.name],
         event_loop_lag=m[names.EVENT_LOOP_LAG.name],
+        http_connections_closed=m[names.HTTP_CONNECTIONS_CLOSED.name],
     )
 
 

@@ -137,7 +137,9 @@ def test_middleware_imports_no_extras_package_at_import_time() -> None:
 # collector, the analyzer and the dashboards use the vocabulary, never the host-side code; the
 # vocabulary imports nothing of the host side; and no part goes through the command assembler.
 VOCABULARY = "hopline.middleware.contract"
-SHARED_WITH_THE_HOST = {"hopline.middleware.log"}  # hopline's own logger, used by the collector too
+# hopline's own logger, used by the collector too; the bounded uvicorn protocol of hopline's own
+# servers (the collector's, ``hopline watch --listen``'s), which a gateway could run as well
+SHARED_WITH_THE_HOST = {"hopline.middleware.log", "hopline.middleware.http_limits"}
 ASSEMBLER = "hopline.middleware.cli"
 
 

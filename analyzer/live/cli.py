@@ -21,6 +21,7 @@ from hopline.analyzer.live.watch import STATE_NAME, SentState, Watch
 from hopline.middleware.contract.durations import parse_duration
 from hopline.middleware.contract.exits import ClickException, UsageError
 from hopline.middleware.contract.rules import scope_sources
+from hopline.middleware.http_limits import ConnectionLimits
 
 HELP = """Watch hop events as they come and raise the findings of `hopline analyze` while they happen.
 
@@ -63,8 +64,11 @@ def parse_listen(text: str) -> tuple[str, int]:
 
 
 @contextlib.contextmanager
-def serving(watch: Watch, listen: str | None, read_token: str | None = None) -> Iterator[None]:
-    """``GET /v1/findings`` and ``/metrics`` on ``listen`` in a thread, while the block runs."""
+def serving(
+    watch: Watch, listen: str | None, read_token: str | None = None, limits: ConnectionLimits | None = None
+) -> Iterator[None]:
+    """``GET /v1/findings`` and ``/metrics`` on ``listen`` in a thread, while the block runs, with
+    ``limits`` on its connections (``middleware/http_limits.py``; default: its defaults)."""
     if listen is None:
         yield
         return
@@ -72,8 +76,10 @@ def serving(watch: Watch, listen: str | None, read_token: str | None = None) -> 
     from hopline.analyzer.live.server import FindingsApp
 
     host, port = parse_listen(listen)
+    limits = limits or ConnectionLimits()
+    app = FindingsApp(watch, read_token, limits)
     server = uvicorn.Server(
-        uvicorn.Config(FindingsApp(watch, read_token), host=host, port=port, log_level="warning")
+        uvicorn.Config(app, host=host, port=port, http=limits.protocol(), log_level="warning")
     )
     thread = threading.Thread(target=server.run, name="hopline-watch-http", daemon=True)
     thread.start()
@@ -107,6 +113,7 @@ def run_follow(watch: Watch, paths: list[Path], poll_s: float, until_quiet_s: fl
     while True:
         batch = tail.poll()
         watch.detector.events_not_sampled += tail.not_sampled
+        watch.follow_failures = tail.failures
         tail.not_sampled = 0
         if batch.height:
             watch.detector.feed(batch)
@@ -142,6 +149,21 @@ Settle = Annotated[
 ]
 Lateness = Annotated[
     str, typer.Option(help="Event time trails the newest event by this much (late events, skewed clocks).")
+]
+MaxConnections = Annotated[
+    int,
+    typer.Option(
+        min=1,
+        help="--listen: most connections open at once (one beyond is closed as it opens); lowered to "
+        "leave 256 descriptors of the open-files limit (ulimit -n) to the follower's files.",
+    ),
+]
+HeaderTimeout = Annotated[
+    str,
+    typer.Option(
+        help="--listen: close a connection whose request line and headers are not complete this long "
+        "after it opened (or after the first byte of its next request)."
+    ),
 ]
 Future = Annotated[
     str,
@@ -231,6 +253,8 @@ def watch_command(
     settle: Settle = "5s",
     lateness: Lateness = "5s",
     future: Future = "1m",
+    max_connections: MaxConnections = 100,
+    header_timeout: HeaderTimeout = "10s",
     json_out: Annotated[
         bool, typer.Option("--json", help="Print each alert as the JSON Alertmanager receives.")
     ] = False,
@@ -253,6 +277,7 @@ def watch_command(
         quiet_s = parse_duration(until_quiet) if until_quiet is not None else None
         if listen is not None:
             parse_listen(listen)
+        limits = ConnectionLimits(max_connections, parse_duration(header_timeout))
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
     paths = list(replay_paths or follow or [])
@@ -264,7 +289,7 @@ def watch_command(
     if sender is not None:
         sender.start()
     try:
-        with serving(watch, listen, read_token):
+        with serving(watch, listen, read_token, limits):
             if replay_paths:
                 report = run_replay(watch, paths, cfg.every_s)
                 if not report.events:

@@ -15,7 +15,10 @@ or one whose first bytes changed (an inode number reused by a new file) is read 
 one missing from ``FORGET_AFTER`` polls in a row (the collector compacted its hour into Parquet,
 after it was read) is forgotten. A line with no newline in ``MAX_READ`` bytes is skipped to its
 newline (one bad line in the report, at its file and byte offset) instead of stopping the file;
-a line still being written waits for its newline. With ``sample`` < 1 the lines
+a line still being written waits for its newline. A listing or an open that fails otherwise than
+"not found" (EMFILE: out of file descriptors) is counted (``failures``), logged once a minute
+(``follow_failed``) and tried again at the next poll, never raised; no file is forgotten in a
+poll that met one. With ``sample`` < 1 the lines
 of requests outside the sample (``detector.in_sample``) are dropped before they are parsed and
 validated (``sampled_lines``): reading, not only the analysis, is then paid for the sample.
 """
@@ -33,6 +36,7 @@ from hopline.analyzer import io
 from hopline.analyzer.io import SCHEMA, ScanReport
 from hopline.analyzer.live.detector import in_sample
 from hopline.middleware.contract.records import translate_lines
+from hopline.middleware.log import warn_throttled
 
 MAX_READ = 64 << 20  # bytes read from one file per poll (a big backlog is read over several polls)
 HEAD_BYTES = 256  # a followed file's first bytes, kept to tell it from a new file given its inode number
@@ -93,6 +97,8 @@ class Tail:
     files: dict[tuple[int, int], _Followed] = field(default_factory=dict)  # by (st_dev, st_ino)
     sample: float = 1.0  # read only the lines of this fraction of the requests (``sampled_lines``)
     not_sampled: int = 0  # lines left unread for it
+    failures: int = 0  # listings and opens that failed otherwise than "not found" (``_failed``)
+    starved: bool = False  # the last poll met such a failure
 
     def _candidates(self) -> list[Path]:
         found: list[Path] = []
@@ -107,11 +113,26 @@ class Tail:
                 found.append(path)
         return [p for p in found if "quarantine" not in p.parts]
 
+    def _failed(self, exc: OSError, path: Path | None = None) -> None:
+        """A listing or an open that failed (EMFILE: the process is out of file descriptors):
+        counted, logged (once a minute), and tried again on the next poll; meanwhile no file is
+        taken for gone."""
+        self.failures += 1
+        self.starved = True
+        error = f"{type(exc).__name__}: {exc}"
+        warn_throttled("follow_failed", "follow_failed", path=str(path or self.paths[0]), error=error)
+
     def poll(self) -> pl.DataFrame:
         """The events appended since the last poll (``io.SCHEMA`` columns)."""
         frames = []
         seen: set[tuple[int, int]] = set()
-        for path in self._candidates():
+        self.starved = False
+        try:
+            candidates = self._candidates()
+        except OSError as exc:  # EMFILE; or a folder removed while listed (the collector's compaction)
+            self._failed(exc)
+            return pl.DataFrame(schema=SCHEMA)
+        for path in candidates:
             data = self._new_lines(path, seen)
             if data and self.sample < 1:
                 data, errors = translate_lines(data)
@@ -122,7 +143,7 @@ class Tail:
             if data:
                 frames.append(io.parse_ndjson(data, str(path), self.report))
         for identity, followed in list(self.files.items()):
-            if identity not in seen:
+            if identity not in seen and not self.starved:
                 followed.missing += 1
                 if followed.missing >= FORGET_AFTER:
                     del self.files[identity]
@@ -148,7 +169,10 @@ class Tail:
                     followed.head = head
                 f.seek(followed.offset)
                 data = f.read(min(st.st_size - followed.offset, MAX_READ))
-        except OSError:
+        except FileNotFoundError:
+            return b""  # gone since it was listed
+        except OSError as exc:
+            self._failed(exc, path)
             return b""
         if followed.skipping:  # the rest of an over-long line: drop it up to its newline
             newline = data.find(b"\n")

@@ -17,6 +17,7 @@ from hopline.analyzer.findings.model import Shift
 from hopline.analyzer.live.incidents import Incident, direction, subject
 from hopline.analyzer.live.watch import Watch
 from hopline.middleware.contract import live_metrics
+from hopline.middleware.http_limits import WHY, ConnectionLimits
 from hopline.middleware.contract.live_metrics import FINDING
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -35,6 +36,8 @@ EVENT_TIME = "hopline_live_event_time_seconds"
 SAMPLE = "hopline_live_sample_ratio"
 NOT_SAMPLED = "hopline_live_events_not_sampled"
 FROM_FUTURE = "hopline_live_events_from_future"
+FOLLOW_FAILURES = "hopline_live_follow_failures"
+HTTP_CLOSED = "hopline_live_http_connections_closed"
 MAX_SERIES = 100
 FINDING_LABELS = list(live_metrics.FINDING_LABELS)
 
@@ -56,8 +59,9 @@ def finding_labels(incident: Incident) -> list[str]:
 class LiveCollector(Collector):
     """Yields the families from the watch's newest snapshot and its sender's counters."""
 
-    def __init__(self, watch: Watch) -> None:
+    def __init__(self, watch: Watch, limits: ConnectionLimits | None = None) -> None:
         self.watch = watch
+        self.limits = limits
 
     def collect(self) -> Iterator:
         with self.watch.lock:
@@ -93,6 +97,22 @@ class LiveCollector(Collector):
             "time no other request confirmed",
             value=detector.events_from_future,
         )
+        yield CounterMetricFamily(
+            FOLLOW_FAILURES,
+            "--follow: polls that could not list or open the followed files (out of file descriptors: "
+            "EMFILE); retried on the next poll",
+            value=self.watch.follow_failures,
+        )
+        if self.limits is not None:
+            closed = CounterMetricFamily(
+                HTTP_CLOSED,
+                "HTTP connections closed before their request was read: over_cap (beyond --max-connections), "
+                "header_timeout (no complete headers within --header-timeout), body_timeout",
+                labels=["why"],
+            )
+            for why in WHY:
+                closed.add_metric([why], self.limits.closed[why])
+            yield closed
         yield from self._sender()
 
     def _sender(self) -> Iterator:
@@ -112,7 +132,7 @@ class LiveCollector(Collector):
             yield metric
 
 
-def build_registry(watch: Watch) -> CollectorRegistry:
+def build_registry(watch: Watch, limits: ConnectionLimits | None = None) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(LiveCollector(watch))
+    registry.register(LiveCollector(watch, limits))
     return registry

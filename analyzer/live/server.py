@@ -20,6 +20,7 @@ from hopline.analyzer.live.metrics import build_registry
 from hopline.analyzer.live.watch import Watch
 from hopline.analyzer.findings.model import iso_utc
 from hopline.middleware.contract.times import to_epoch
+from hopline.middleware.http_limits import ConnectionLimits
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 
@@ -44,9 +45,11 @@ class FindingsApp:
     watch --read-token``), both endpoints need ``Authorization: Bearer <read_token>``, as the
     collector's read endpoints do: findings name request IDs, scope values and the store's path."""
 
-    def __init__(self, watch: Watch, read_token: str | None = None) -> None:
+    def __init__(
+        self, watch: Watch, read_token: str | None = None, limits: ConnectionLimits | None = None
+    ) -> None:
         self.watch = watch
-        self.registry = build_registry(watch)
+        self.registry = build_registry(watch, limits)
         self.tokens = (read_token,) if read_token else ()
 
     async def __call__(self, scope: dict, receive, send) -> None:

@@ -174,6 +174,7 @@ class Watch:
     alerts_printed: int = 0
     state: SentState = field(default_factory=SentState)
     held_back: int = 0  # firing versions not sent: the state says they were resolved
+    follow_failures: int = 0  # --follow polls that could not list or open the files (``Tail.failures``)
 
     def __post_init__(self) -> None:
         self.detector.on_step = self.on_step

@@ -56,14 +56,18 @@ def closed_port_url() -> str:
 
 
 @contextlib.contextmanager
-def running_server(app: Any, tls: ServerTLS | None = None, *, lifespan: str = "auto") -> Iterator[str]:
+def running_server(
+    app: Any, tls: ServerTLS | None = None, *, lifespan: str = "auto", http: Any = "auto"
+) -> Iterator[str]:
     """Serve ``app`` with uvicorn on a free 127.0.0.1 port in a thread; yield its base URL.
 
-    ``lifespan="on"`` for apps whose startup must run (the collector opens its store there).
+    ``lifespan="on"`` for apps whose startup must run (the collector opens its store there);
+    ``http``: uvicorn's protocol (``ConnectionLimits.protocol()`` for hopline's bounded one).
     """
     sock = listening_socket()
     config = uvicorn.Config(
         app,
+        http=http,
         log_level="warning",
         lifespan=lifespan,
         ssl_certfile=tls.certfile if tls else None,
