@@ -38,6 +38,10 @@ Each alert is printed as Alertmanager receives it, with the event-time seconds s
 [2026-01-05T10:06:40Z +40s since onset] FIRING HoplineShift{severity=critical, direction=up, stage=queue, replica=r2, model=llama-3.1-8b}: queue time tripled at 10:06 on replica r2 (p50 39 → 126 ms); ...
 """
 ENV_ALERTMANAGER = "HOPLINE_ALERTMANAGER_URL"
+# A detection step runs Python between its polars calls; the server's thread waits for the GIL at
+# each of the few hand-overs a request needs, and CPython hands it over only every switch interval
+# (5 ms by default). 0.5 ms, as the collector's (collector/app.py), keeps /v1/findings prompt.
+SWITCH_INTERVAL_S = 0.0005
 
 
 def alertmanager_urls(given: list[str] | None) -> list[str]:
@@ -77,6 +81,8 @@ def serving(
 
     host, port = parse_listen(listen)
     limits = limits or ConnectionLimits()
+    switch_interval = sys.getswitchinterval()
+    sys.setswitchinterval(min(switch_interval, SWITCH_INTERVAL_S))
     app = FindingsApp(watch, read_token, limits)
     server = uvicorn.Server(
         uvicorn.Config(app, host=host, port=port, http=limits.protocol(), log_level="warning")
@@ -88,6 +94,7 @@ def serving(
     finally:
         server.should_exit = True
         thread.join(timeout=5)
+        sys.setswitchinterval(switch_interval)
 
 
 def printer(json_out: bool):

@@ -24,20 +24,31 @@ from hopline.middleware.http_limits import ConnectionLimits
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 
-def findings_answer(watch: Watch, since: float | None) -> dict:
+def findings_body(watch: Watch, since: float | None) -> bytes:
+    """The answer's JSON. The incidents were serialized by the step that made them
+    (``Watch.published``): a request only reads five counters and joins bytes, so that it needs the
+    GIL, which a detection step holds between its polars calls, for microseconds."""
     with watch.lock:
-        incidents = list(watch.snapshot)
-    keep = [i.to_json() for i in incidents if since is None or i.state == "firing" or i.last_seen >= since]
+        published = watch.published
+    keep = [p.body for p in published if since is None or p.firing or p.last_seen >= since]
     detector = watch.detector
     horizon = detector.horizon
-    return {
-        "requests": 0 if horizon is None else horizon.height,
-        "window_s": detector.config.window_s,
-        "horizon_s": detector.config.horizon_s,
-        "event_time": None if detector.now is None else iso_utc(detector.now),
-        "events_from_future": detector.events_from_future,
-        "findings": keep,
-    }
+    head = orjson.dumps(
+        {
+            "requests": 0 if horizon is None else horizon.height,
+            "window_s": detector.config.window_s,
+            "horizon_s": detector.config.horizon_s,
+            "event_time": None if detector.now is None else iso_utc(detector.now),
+            "events_from_future": detector.events_from_future,
+            "findings": [],
+        }
+    )
+    return head[: -len(b"[]}")] + b"[" + b",".join(keep) + b"]}"
+
+
+def findings_answer(watch: Watch, since: float | None) -> dict:
+    """``findings_body``, parsed."""
+    return orjson.loads(findings_body(watch, since))
 
 
 class FindingsApp:
@@ -94,5 +105,5 @@ class FindingsApp:
                 since = to_epoch(query["since"][0]) if "since" in query else None
             except ValueError as exc:
                 return 400, orjson.dumps({"error": f"since: {exc}"}), "application/json"
-            return 200, orjson.dumps(findings_answer(self.watch, since)), "application/json"
+            return 200, findings_body(self.watch, since), "application/json"
         return 404, b'{"error": "not found: GET /v1/findings?since=... or /metrics"}', "application/json"

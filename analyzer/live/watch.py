@@ -158,11 +158,22 @@ class SentState:
             self.broken = True
 
 
+@dataclass(frozen=True)
+class Published:
+    """One incident as ``GET /v1/findings`` shows it: its JSON, serialized once per step, and what
+    ``?since=`` keeps it by."""
+
+    firing: bool
+    last_seen: float
+    body: bytes
+
+
 @dataclass
 class Watch:
     """Glue: ``detector.on_step`` -> alerts (printed with ``out``; those that page sent with
     ``sender``, unless ``state`` says it was sent resolved), and a snapshot of the incidents for
-    ``GET /v1/findings`` and ``/metrics`` (read under ``lock``)."""
+    ``GET /v1/findings`` (``published``: serialized on the step's thread) and ``/metrics`` (read
+    under ``lock``)."""
 
     detector: LiveDetector
     sender: AlertSender | None = None
@@ -171,6 +182,7 @@ class Watch:
     generator_url: str | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
     snapshot: list[Incident] = field(default_factory=list)  # copies of the incidents, newest step
+    published: list[Published] = field(default_factory=list)  # the same, serialized
     alerts_printed: int = 0
     state: SentState = field(default_factory=SentState)
     held_back: int = 0  # firing versions not sent: the state says they were resolved
@@ -194,5 +206,8 @@ class Watch:
         if self.sender is not None and alerts:
             self.sender.update(alerts)
             self.state.record(alerts)
+        snapshot = [copy.copy(i) for i in self.detector.incidents()]
+        # serialized here, on the detector's thread: GET /v1/findings only joins bytes (``Published``)
+        published = [Published(i.state == "firing", i.last_seen, orjson.dumps(i.to_json())) for i in snapshot]
         with self.lock:
-            self.snapshot = [copy.copy(i) for i in self.detector.incidents()]
+            self.snapshot, self.published = snapshot, published
