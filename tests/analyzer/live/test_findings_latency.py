@@ -30,7 +30,8 @@ ROUNDS = 150
 def incident(n: int) -> Incident:
     replica = f"r{n}"
     finding = Shift(
-        summary=f"queue time tripled at 10:25 on replica {replica}", stage="queue", scope={"replica": replica},
+        summary=f"queue time tripled at 10:25 on replica {replica}", stage="queue",
+        scope={"replica": replica},
         statistic="p50", at=ONSET, before_ms=40.1, after_ms=121.0, factor=3.017, z=9.0,
         affected_requests=310, impact_s=25.1,
     )  # fmt: skip
