@@ -5,7 +5,9 @@
 FROM python:3.11-slim
 WORKDIR /src
 COPY . /src
-RUN pip install --no-cache-dir '/src[collector]'
+# EXTRAS: the extras to install; the generated stack builds `hopline watch` with EXTRAS=analyzer
+ARG EXTRAS=collector
+RUN pip install --no-cache-dir "/src[${EXTRAS}]"
 EXPOSE 9400
 ENTRYPOINT ["hopline", "collector"]
 CMD ["--host", "0.0.0.0", "--port", "9400", "--data-dir", "/var/lib/hopline"]

@@ -25,13 +25,13 @@ from grafana_foundation_sdk.models.dashboard import (
 )
 
 from hopline.collector import metric_names as m
-from hopline.middleware.contract import live_metrics as live
 
 from .panels import DATASOURCE
-from .rules import ALERT_PREFIX
+from .rules import ALERT_PREFIX, LIVE_FINDING, LIVE_FINDING_EXPR
 
 TAG = "hopline"
-ALERTS_EXPR = f'ALERTS{{alertname=~"{ALERT_PREFIX}.*", alertstate="firing"}}'
+# hopline's rules' alerts, without the mirror of hopline watch's findings (annotated below)
+ALERTS_EXPR = f'ALERTS{{alertname=~"{ALERT_PREFIX}.*", alertname!="{LIVE_FINDING}", alertstate="firing"}}'
 # The alert annotation's query in the form Grafana 11.6's dashboard schema accepts: ``expr`` at the
 # top of the annotation. The schema's ``target`` is the Grafana datasource's (required limit,
 # matchAny, tags, type; nothing else), so a Prometheus query there fails it ("'type' is a required
@@ -42,7 +42,7 @@ ALERT_ANNOTATION_NAME = "hopline alerts"
 # hopline watch's findings on every time series (the latency panels among them): one region per
 # firing incident, from the first scrape that saw it (its onset plus the detection delay; the
 # sentence's "at 10:05" is the onset) to its resolve; the labels say stage, scope and direction.
-FINDINGS_EXPR = f"{live.FINDING} > 0"
+FINDINGS_EXPR = LIVE_FINDING_EXPR
 FINDINGS_ANNOTATION_NAME = "hopline findings"
 
 

@@ -4,6 +4,14 @@ Recording rules precompute the stage and TTFT quantiles (and stage means) over 5
 ``stage`` / ``view`` and ``service, model, replica``, so alerts compare cheap series and an
 "an hour ago" comparison (``offset 1h``) costs nothing. Every alert name starts with
 ``ALERT_PREFIX``: the dashboards annotate ``ALERTS{alertname=~"Hopline.*"}``.
+
+``hopline watch`` sends its own alerts (``HoplineShift``, ``HoplinePitfall``: the sentence, the
+evidence, the side that owns it) to Alertmanager. ``LIVE_FINDING`` mirrors its
+``hopline_live_finding`` in Prometheus' ``ALERTS`` (its alert lists and rule views), and pages
+nobody: the series holds every firing finding, those the watcher decided not to page (standing,
+a change in the traffic, the caller's own lateness) too, so the generated Alertmanager routes it
+to a receiver without configs (``SILENT``). ``HoplineWatchDown`` says when the watcher, and so
+every live finding, is gone.
 """
 
 from __future__ import annotations
@@ -12,14 +20,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from hopline.collector import metric_names as m
+from hopline.middleware.contract import live_metrics as live
 
 from . import promql
+from .provisioning import WATCH_JOB
 
 ALERT_PREFIX = "Hopline"
 WINDOW = "5m"
 QUANTILES = (0.5, 0.9, 0.99)
 SCOPE = ("service", "model", "replica")
 LIFECYCLE_UID = "hopline-lifecycle"
+LIVE_FINDING = f"{ALERT_PREFIX}LiveFinding"
+LIVE_FINDING_EXPR = f"{live.FINDING} > 0"  # the "Findings now" panel's and the annotation's query
+SILENT = (LIVE_FINDING,)  # alerts the generated Alertmanager sends to no one (see the module doc)
 
 
 def recorded(metric: m.Metric, statistic: str) -> str:
@@ -74,6 +87,7 @@ def alerting_rules(t: Thresholds = DEFAULT_THRESHOLDS) -> list[dict[str, Any]]:
     ttft_p90 = recorded(m.TTFT_SECONDS, "p90")
     errors = promql.rate(m.REQUESTS, ("service", "model"), window=WINDOW, variables=False, outcome="!ok")
     requests = promql.rate(m.REQUESTS, ("service", "model"), window=WINDOW, variables=False)
+    negative = m.NEGATIVE_STAGES.series
     return [
         {
             "alert": f"{ALERT_PREFIX}QueueTimeShift",
@@ -117,7 +131,11 @@ def alerting_rules(t: Thresholds = DEFAULT_THRESHOLDS) -> list[dict[str, Any]]:
         },
         {
             "alert": f"{ALERT_PREFIX}NegativeStages",
-            "expr": f"sum by (stage) (increase({m.NEGATIVE_STAGES.series}[10m])) > 0",
+            # the collector makes a stage's series at its first negative value, so that value is
+            # no increase(): a series that was not there 10 minutes ago counts too (tested with
+            # promtool: before, a stage's first negative values never fired)
+            "expr": f"sum by (stage) (increase({negative}[10m])) > 0"
+            f" or sum by (stage) ({negative} unless {negative} offset 10m) > 0",
             "labels": {"severity": "info"},
             "annotations": {
                 "summary": "Stage {{ $labels.stage }} came out negative for some requests.",
@@ -151,6 +169,36 @@ def alerting_rules(t: Thresholds = DEFAULT_THRESHOLDS) -> list[dict[str, Any]]:
                 "or unreachable, or the traffic outgrew the sink; sink: the collector refused the events "
                 "or stayed unreachable for the retry budget; closed: emitted after shutdown.",
                 "dashboard": _link(service="service", replica="replica"),
+            },
+        },
+        {
+            "alert": LIVE_FINDING,
+            "expr": LIVE_FINDING_EXPR,
+            "labels": {"severity": "none"},
+            "annotations": {
+                "summary": "hopline watch finds a {{ $labels.kind }} of {{ $labels.stage }} "
+                "({{ $labels.direction }}, factor {{ $value | printf \"%.3g\" }}) in "
+                "{{ if $labels.scope_key }}{{ $labels.scope_key }}={{ $labels.scope_value }}"
+                "{{ else }}all traffic{{ end }}.",
+                "description": "A mirror of hopline watch's hopline_live_finding, for Prometheus' and "
+                "Grafana's alert views: it pages nobody (the generated Alertmanager routes it to a "
+                "receiver without configs). The watcher's own alert, which pages, says the sentence, "
+                "the evidence, example requests and the side that owns it.",
+                "dashboard": f"/d/{LIFECYCLE_UID}",
+            },
+        },
+        {
+            "alert": f"{ALERT_PREFIX}WatchDown",
+            "expr": f'up{{job="{WATCH_JOB}"}} == 0',
+            "for": "5m",
+            "labels": {"severity": "warning"},
+            "annotations": {
+                "summary": "hopline watch at {{ $labels.instance }} cannot be scraped: live findings reach "
+                "neither the panels nor Alertmanager.",
+                "description": "The watcher follows the collector's store and sends its findings to "
+                "Alertmanager; while it is down nothing pages for a change in the traffic's stages. "
+                "Its log says why (a store it cannot read, a --listen port in use).",
+                "dashboard": f"/d/{LIFECYCLE_UID}",
             },
         },
     ]

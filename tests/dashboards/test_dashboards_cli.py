@@ -17,6 +17,7 @@ EXPECTED_FILES = {
     "docker-compose.yml",
     "prometheus/prometheus.yml",
     "prometheus/hopline-rules.yml",
+    "alertmanager/alertmanager.yml",
     "grafana/provisioning/datasources/hopline.yml",
     "grafana/provisioning/dashboards/hopline.yml",
     "grafana/dashboards/hopline-lifecycle.json",
@@ -82,7 +83,7 @@ def test_exemplars_link_request_ids_to_the_collector(built: Path):
 def test_the_dashboard_provider_and_compose_mounts_point_at_the_written_files(built: Path):
     compose = yaml.safe_load((built / provisioning.COMPOSE_FILE).read_text())
     services = compose["services"]
-    assert set(services) == {"collector", "prometheus", "grafana"}
+    assert set(services) == {"collector", "watch", "prometheus", "alertmanager", "grafana"}
     assert "--enable-feature=exemplar-storage" in services["prometheus"]["command"]
     assert services["grafana"]["image"] == "grafana/grafana:11.6.0"
     # the collector is built from this checkout's Dockerfile (hopline is on no package index), and
@@ -90,7 +91,8 @@ def test_the_dashboard_provider_and_compose_mounts_point_at_the_written_files(bu
     context = Path(services["collector"]["build"]["context"])
     dockerfile = (context / "Dockerfile").read_text()
     assert context == Path(__file__).resolve().parents[2]
-    assert "pip install --no-cache-dir '/src[collector]'" in dockerfile
+    assert 'ARG EXTRAS=collector\nRUN pip install --no-cache-dir "/src[${EXTRAS}]"' in dockerfile
+    assert "args" not in services["collector"]["build"]  # the Dockerfile's default: the collector extra
     assert 'ENTRYPOINT ["hopline", "collector"]' in dockerfile
     assert services["collector"]["command"] == ["--host", "0.0.0.0", "--port", "9400", "--data-dir",
                                                 provisioning.COLLECTOR_DATA]  # fmt: skip
@@ -107,6 +109,10 @@ def test_the_dashboard_provider_and_compose_mounts_point_at_the_written_files(bu
     assert config == provisioning.prometheus_config(vllm={"r1": "127.0.0.1:8001", "r2": "127.0.0.1:8002"})
     assert all((mounts["/etc/prometheus"] / f).is_file() for f in config["rule_files"])
     assert config["scrape_configs"][0]["static_configs"][0]["targets"] == ["collector:9400"]
+    assert config["scrape_configs"][1]["static_configs"][0]["targets"] == ["watch:9800"]
+    assert config["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] == ["alertmanager:9093"]
+    # Alertmanager reads the written alertmanager.yml
+    assert (mounts["/etc/alertmanager"] / "alertmanager.yml").is_file()
     # Grafana's provider path holds both dashboards; the home dashboard is one of them
     (provider,) = yaml.safe_load((built / provisioning.PROVIDER_FILE).read_text())["providers"]
     dashboards = mounts[provider["options"]["path"]]
