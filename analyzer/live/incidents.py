@@ -46,9 +46,16 @@ Each step (``IncidentBook.step``) reads the findings on the horizon at event tim
   scope and sentence stay those of ``hopline analyze``;
 - one incident, one page: a finding of another subject in the same place that began within
   ``merge_s`` of a firing incident (or later, costing no more than what it paged with), or the
-  same subject in another place at the same moment, is that incident's co-mover
+  same subject in another place at the same moment, or the same subject moving on the same way
+  later within the scope it fires for (it got worse), is that incident's co-mover
   (``_companion``), and keeps it firing until it too came back; the caller's own lateness
   never leads (``findings.lateness``);
+- the lead is the one that costs users most: a finding whose hold is over waits while another
+  one in the same place, within ``merge_s`` of its onset, costing users more and able to page,
+  is still on hold (``_outranked``). A flood's API-server lateness is seen a step before its
+  queue (a 30 ms rise that settles early, against 1.3 s that needs a few more requests): it
+  must not page first and make the queue its co-mover. The wait is at most the other's hold;
+  a finding that is gone before its hold ends leaves the first to page at the next step;
 - what does not page (``Incident.pages``) is noted: a change of the traffic (``MixChange``), a
   pitfall with no onset (``standing``), the caller's own lateness, a server's late loop short of
   critical, a shift under ``FELT_MS``;
@@ -355,6 +362,7 @@ class IncidentBook:
     frame: pl.DataFrame = field(default_factory=pl.DataFrame)  # this step's requests
     suppressed: int = 0  # incidents not opened because max_firing were firing
     ongoing: set[tuple] = field(default_factory=set)  # this step's fingerprints without an end
+    contenders: list[tuple[Finding, str | None]] = field(default_factory=list)  # this step's ongoing, with lateness
 
     @property
     def merge_s(self) -> float:
@@ -382,6 +390,7 @@ class IncidentBook:
         self.named = {k: v for k, v in self.named.items() if v[0] >= now - keep_s}
         self.named.update((fingerprint(f), (now, f)) for f in reversed(ongoing))  # the first wins
         lateness_of = {id(f): lateness.explained(f, frame) for f in ongoing}
+        self.contenders = [(f, lateness_of[id(f)]) for f in ongoing]
         order = sorted(findings, key=lambda f: _lead_order(f, lateness_of.get(id(f))))
         for finding in order:  # the lead first: the one an incident shows
             incident, news, worded = self._apply(now, finding, frame, seen, lateness_of.get(id(finding)))
@@ -470,11 +479,18 @@ class IncidentBook:
         for incident in reversed(self.incidents):
             if incident.standing or onset < incident.onset - self.merge_s:
                 continue  # a standing condition is no change for others to move with
-            if incident.key[:2] == key[:2]:  # the same change in another place at the same moment
-                if incident.state == "firing" and incident.key[3] == key[3] and abs(onset - incident.onset) <= self.merge_s:
-                    return incident
-                continue
             if incident.state == "resolved" and onset > (incident.ends_at or incident.onset):
+                continue
+            if incident.key[:2] == key[:2]:
+                if incident.key[3] != key[3]:
+                    continue
+                if incident.state == "firing" and abs(onset - incident.onset) <= self.merge_s:
+                    return incident  # the same change in another place at the same moment
+                # or the same stage moving on, the same way, within the place it is for, while it
+                # went on: the incident getting worse (a flood's batch queueing longer still)
+                if onset >= incident.onset and _nested(incident.key[2], key[2]):
+                    if len(incident.key[2]) <= len(key[2]):
+                        return incident
                 continue
             lead = incident.fired or incident.finding
             later = onset > incident.onset + self.merge_s
@@ -572,6 +588,8 @@ class IncidentBook:
         share = live_share(finding, frame, onset)
         if share is None or share < MINOR_SHARE:
             return None
+        if self._outranked(now, key, finding, onset, frame):
+            return None
         if len(self.firing()) >= self.max_firing:
             self.suppressed += 1
             return None
@@ -584,6 +602,22 @@ class IncidentBook:
         incident.common = common_values(incident.scope, self.dims, frame, onset)
         self.incidents.append(incident)
         return incident
+
+    def _outranked(self, now: float, key: tuple, finding: Finding, onset: float, frame: pl.DataFrame) -> bool:
+        """Whether another ongoing finding in the same place, within ``merge_s`` of ``onset``,
+        that costs users more and could page, is still on hold (it will lead; see the module doc)."""
+        for other, late in self.contenders:
+            other_key = fingerprint(other)
+            if other_key == key or abs(other.cost_s) <= abs(finding.cost_s) or other_key[3] != key[3]:
+                continue
+            if isinstance(other, MixChange) or self._standing(other) or late in CALLERS or _unfelt(other):
+                continue
+            other_onset = onset_of(other, self.latest)
+            if abs(other_onset - onset) > self.merge_s or now - self.held.get(other_key, now) >= self.hold_s:
+                continue  # another moment, or its hold is over (then it is the incident already)
+            if _nested(other_key[2], key[2]) or same_place(dict(other_key[2]), dict(key[2]), frame, min(onset, other_onset)):
+                return True
+        return False
 
     def _broadest_named(
         self, key: tuple, finding: Finding, frame: pl.DataFrame, held_since: float

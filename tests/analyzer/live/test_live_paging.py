@@ -142,6 +142,50 @@ def test_a_later_larger_change_in_the_same_place_is_news_of_its_own(queue_rise):
     assert news.finding.stage == "prefill" and len(b.firing()) == 2
 
 
+def test_a_larger_change_still_on_hold_leads_what_began_with_it(queue_rise):
+    """A flood's API-server lateness settles a step before its queue: with its hold over, it waits
+    for the queue (same place, same moment, costing users more) and becomes its co-mover."""
+    frame, queue = queue_rise
+    network = replace(queue, stage="network", summary="network time rose 8×", at=ONSET - 10, impact_s=queue.impact_s / 10)
+    b = book(hold_s=10.0)
+    assert b.step(ONSET + 10, [network], frame) == []  # on hold
+    assert b.step(ONSET + 20, [network, queue], frame) == []  # its hold is over, the queue's is not
+    (opened,) = b.step(ONSET + 30, [network, queue], frame)
+    assert opened.finding.stage == "queue" and opened.pages
+    assert [f.stage for f in opened.co_movers] == ["network"] and len(b.incidents) == 1
+    # without a larger one on hold, the network pages as soon as its hold is over
+    alone = book(hold_s=10.0)
+    alone.step(ONSET + 10, [network], frame)
+    (paged,) = alone.step(ONSET + 20, [network], frame)
+    assert paged.finding.stage == "network" and paged.pages
+    # nor does a larger one from another moment hold it back
+    later = replace(queue, at=ONSET + 60)
+    apart = book(hold_s=10.0, recent_s=120.0)
+    apart.step(ONSET + 10, [network], frame)
+    assert [i.finding.stage for i in apart.step(ONSET + 70, [network, later], frame)] == ["network"]
+
+
+def test_the_same_stage_rising_further_inside_its_incident_is_no_second_page(queue_rise):
+    """A flood's queue on the replica, then the batch's own queue doubling 30 s on: the incident
+    got worse, one page; still so once the incident resolved, for a rise that began inside it."""
+    frame, queue = queue_rise
+    b = book(recent_s=120.0)
+    (opened,) = b.step(ONSET + 20, [queue], frame)
+    # beyond merge_s (45 s here) of its onset: not the analysis placing the same change better
+    worse = replace(queue, scope={"replica": "r2", "service": "batch"}, at=ONSET + 60, impact_s=queue.impact_s * 3)
+    assert b.step(ONSET + 80, [queue, worse], frame) == []
+    assert len(b.incidents) == 1 and [f.scope for f in opened.co_movers] == [worse.scope]
+    over = book(recent_s=120.0)
+    (first,) = over.step(ONSET + 20, [queue], frame)
+    over._resolve(first, ONSET + 70, "came back")
+    assert over.step(ONSET + 90, [worse], frame) == [] and len(over.incidents) == 1
+    # a rise of the same stage in a scope wider than the incident's is news (more than it paged for)
+    wider = replace(queue, scope={}, at=ONSET + 60, impact_s=queue.impact_s * 3)
+    again = book(recent_s=120.0)
+    again.step(ONSET + 20, [queue], frame)
+    assert [i.finding.scope for i in again.step(ONSET + 80, [queue, wider], frame)] == [{}]
+
+
 def test_the_callers_own_lateness_leads_nothing_and_pages_nothing(queue_rise):
     frame, queue = queue_rise
     delay = replace(queue, stage="client_delay", summary="client-side delay rose", impact_s=queue.impact_s * 5)
