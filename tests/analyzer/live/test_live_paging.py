@@ -28,6 +28,7 @@ from hopline.analyzer.findings.rank import users_time
 from hopline.analyzer.live.incidents import IncidentBook, since
 from hopline.analyzer.live.watch import Watch
 from hopline.analyzer.timelines import timelines
+from hopline.middleware.contract.times import to_epoch
 from support.cli import hopline
 from support.synth import DEFAULT_START, StageShift, generate
 
@@ -37,6 +38,7 @@ RUNS = {
     "vllm-flood-live-2026-12-04": LiveConfig(),
     "vllm-flood-ci-1": LiveConfig(window_s=2.0, settle_s=2.0, lateness_s=2.0, hold_s=5.0),
     "vllm-flood-ci-3": LiveConfig(window_s=2.0, settle_s=2.0, lateness_s=2.0, hold_s=5.0),
+    "vllm-flood-ci-5": LiveConfig(window_s=2.0, settle_s=2.0, lateness_s=2.0, hold_s=5.0),
 }
 
 
@@ -89,6 +91,25 @@ def test_a_real_flood_on_a_loaded_host_pages_once_for_the_queue_on_its_replica(n
     # "network" on loopback was its load generator reading the first token late)
     noted = [i for i in detector.book.incidents if not i.pages]
     assert all(i.late == "client" for i in noted)
+
+
+def test_the_api_servers_lateness_seen_first_does_not_lead_the_floods_page():
+    """``vllm-flood-ci-4``: the API server's lateness (network 3.8 -> 34 ms) settles one step
+    before the queue (0 -> 1.4 s); it once paged first with the queue in its sentence, and the
+    batch's queue doubling 26 s into the flood paged again. The flood is one page, the queue on
+    r1. (After the flood the chat's decode doubled as other test suites took the host's CPU: a
+    real slowdown, with an onset after the flood's end, that pages on its own.)"""
+    name = "vllm-flood-ci-4"
+    sent, detector = replayed(name, RUNS["vllm-flood-ci-1"])
+    run = json.loads((REPRO / name / "run.json").read_text())
+    start, end = run["flood_start"], run["flood_end"]
+    during = [(now, a) for now, a in sent if "endsAt" not in a and to_epoch(a["startsAt"]) < end]
+    shown = [(now - start, a["labels"], a["annotations"]["summary"][:120]) for now, a in during]
+    assert len({tuple(sorted(a["labels"].items())) for _, a in during}) == 1, shown
+    labels = during[0][1]["labels"]
+    assert (labels["stage"], labels["replica"]) == ("queue", "r1") and start <= during[0][0] <= start + 60, shown
+    (flood,) = [i for i in detector.book.incidents if i.pages and i.fired_onset < end]
+    assert {f.stage for f in flood.co_movers if isinstance(f, Shift)} >= {"queue"}  # the batch's own queue
 
 
 def test_analyze_json_of_the_recorded_flood_parses_and_puts_the_queue_first(tmp_path):
