@@ -63,6 +63,9 @@ class VerboseOutputs(Detector):
     kind = "pitfall"
     needs = ("output_tokens", "service", "model")
     brings_rise_of = "decode"
+    # a reasoning model thinking longer is first a rise of its reasoning phase (a shift stage):
+    # the finding that says so in tokens is that rise's, said once from it
+    caused_by_rise_of = "reasoning"
     verbose_factor: float = 2.0  # the caller's p50 output tokens after the change / before
     length_jump: float = 0.25  # or its finish_reason=length share rose by this much
     min_requests: int = 60  # a caller needs this many requests to be judged against itself

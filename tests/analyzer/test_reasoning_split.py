@@ -31,9 +31,11 @@ TEMPLATE_ADVICE = "check its chat template and stop tokens"
 
 
 def verbose(log: pl.DataFrame) -> tuple[list[Finding], list[Pitfall]]:
+    """The findings, and the verbose_outputs pitfalls among them or said with a shift."""
     found = find(timelines(log.lazy()).collect(), CTX)
     top = [*found.findings, *found.minor]
-    return top, [f for f in top if isinstance(f, Pitfall) and f.name == "verbose_outputs"]
+    every = [*top, *(p for f in top if isinstance(f, Shift) for p in f.with_pitfalls)]
+    return top, [f for f in every if isinstance(f, Pitfall) and f.name == "verbose_outputs"]
 
 
 def test_the_timelines_carry_the_engines_reasoning_count_and_the_content_is_the_rest():
@@ -54,9 +56,11 @@ def test_the_timelines_carry_the_engines_reasoning_count_and_the_content_is_the_
 def test_a_model_that_thinks_3x_longer_is_said_as_reasoning_with_content_unchanged(seed):
     top, found = verbose(reasoning_growth_log(seed, counted=True))
     said = [f.sentence for f in top]
-    # the reasoning phase's shift stays the headline (test_mix_change); the pitfall adds the tokens
+    # the reasoning phase's shift stays the headline (test_mix_change); the pitfall, said with it
+    # (one incident: their seconds are the same), adds the tokens
     assert (type(top[0]), top[0].stage) == (Shift, "reasoning"), said
-    assert len(found) == 1, said
+    assert len(found) == 1 and found[0] in top[0].with_pitfalls, said
+    assert "reasoning got 3.0x longer" in top[0].sentence, said
     p = found[0]
     assert (p.kind, p.name, p.scope) == ("pitfall", "verbose_outputs", {"service": "chat"}), said
     assert abs(p.at - (START + INCIDENT_S)) <= WINDOW_S
