@@ -7,6 +7,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+from hopline.analyzer.findings.shifts.stats import ShiftConfig
 from hopline.analyzer.findings.words import clock  # noqa: F401 (said here too)
 from hopline.middleware.contract.events import printable
 from hopline.middleware.contract.rules import LOOK, STAGE_ORDER
@@ -144,7 +145,7 @@ def mix_words(shift: Change) -> str:
     return text + f"; {label(shift)} per {unit} {moved} ({b:.3g} → {a:.3g} ms, {shift.statistic})"
 
 
-UNCHANGED = 0.15  # a per-unit figure within this is said unchanged (``ShiftConfig.unchanged_within``)
+UNCHANGED = ShiftConfig.unchanged_within  # a per-unit figure within this is said unchanged, as another stage
 
 
 def summary(shift: Change) -> str:
