@@ -69,6 +69,23 @@ def explained(finding: Finding, frame: pl.DataFrame) -> str | None:
     return None
 
 
+# what a late side's share of a finding's time is, said after its sentence (``said``)
+SAID = {
+    "client": "the caller took it in late (its own event loop or threads ran late), not the wire",
+    "gateway": "the gateway's server took the requests in late (its event loop ran late), not the wire",
+    "engine": "the engine's API server took the requests in late (its event loop ran late), not the wire",
+}
+
+
+def said(finding: Finding, side: str | None) -> str:
+    """The clause that says whose lateness ``finding``'s time is (``explained``'s ``side``), for
+    a finding of a remainder stage (network time no endpoint stamps); '' otherwise."""
+    if side is None or side not in SAID:
+        return ""
+    stage = finding.stage if isinstance(finding, Shift) else getattr(finding, "spent_in", None)
+    return f"; mostly {SAID[side]}" if stage in REMAINDERS else ""
+
+
 def level(rows: pl.DataFrame, stage: str) -> tuple[str, float] | None:
     """The side whose loop lateness accounts for at least ``SHARE`` of ``stage``'s level over
     ``rows`` (a standing condition), with that lateness' median in ms; None when none does."""

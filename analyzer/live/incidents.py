@@ -286,7 +286,7 @@ class Incident:
     @property
     def words(self) -> str:
         """The alert's sentence: what it paged with; resolved, with how it ended."""
-        said = (self.fired or self.finding).sentence
+        said = (self.fired or self.finding).sentence + lateness.said(self.fired or self.finding, self.late)
         if self.state == "resolved":
             end = iso_utc(self.ends_at)[11:19] if self.ends_at is not None else "now"
             said += f"; resolved at {end}" + (f": {self.ended}" if self.ended else "")

@@ -217,6 +217,7 @@ def test_the_callers_own_lateness_leads_nothing_and_pages_nothing(queue_rise):
     alone = book()
     (noted,) = alone.step(ONSET + 20, [delay], frame)
     assert not noted.pages and noted.late == "client" and noted.severity == "warning"
+    assert "caller took it in late" not in noted.words  # client_delay is no remainder: its words say it
     printed: list[str] = []
     detector = LiveDetector(LiveConfig(window_s=10.0))
     Watch(detector, out=printed.append).on_step(ONSET + 20, [noted])
@@ -276,6 +277,9 @@ def test_network_time_that_is_the_engines_late_loop_pages_as_the_engines(queue_r
     assert lateness.explained(rise, slow) == "engine"
     (opened,) = book().step(ONSET + 20, [rise], slow)
     assert opened.pages and opened.side == "engine" and payload(opened)["labels"]["side"] == "engine"
+    # and it is said as the engine's server taking the requests late, not as the wire
+    summary = payload(opened)["annotations"]["summary"]
+    assert summary.startswith("network time rose") and "engine's API server took the requests in late" in summary
 
 
 def test_a_server_late_for_a_moment_is_noted_a_saturated_one_pages(queue_rise):
