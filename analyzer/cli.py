@@ -20,6 +20,7 @@ from typing import Annotated, Any
 import orjson
 import polars as pl
 import typer
+from hopline.middleware.contract.errors import HoplineError
 from hopline.analyzer import attribution, bounded, io, report
 from hopline.analyzer.sql import TimelinesError, read_timelines
 from hopline.middleware.contract.exits import ClickException, UsageError
@@ -71,7 +72,7 @@ def event_files(paths: list[Path], since: str | None = None, until: str | None =
     return files
 
 
-class NoHopEvents(ValueError):
+class NoHopEvents(HoplineError, ValueError):
     """The input holds no hop event at all; the message says where and the first reason."""
 
 

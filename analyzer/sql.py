@@ -29,6 +29,7 @@ from typing import Annotated
 import polars as pl
 import sqlglot
 import typer
+from hopline.middleware.contract.errors import HoplineError
 from hopline.analyzer.io import SCHEMA
 from hopline.analyzer.timelines import (
     ATTEMPT_SPAN_S,
@@ -358,7 +359,7 @@ def timelines_sql(dialect: str = "duckdb", source: str = "events", pretty: bool 
 # --- reading an exported per-request table back --------------------------------------------------
 
 
-class TimelinesError(ValueError):
+class TimelinesError(HoplineError, ValueError):
     """A per-request table that is not the timelines view's output; the message says why."""
 
 

@@ -34,6 +34,7 @@ from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 import orjson
+from hopline.middleware.contract.errors import HoplineError
 from hopline.collector.dedup import RecentKeys
 from hopline.collector.emitter_stats import EmitterStats, split_reports
 from hopline.collector.join import Joiner
@@ -82,7 +83,7 @@ class IngestResult:
         return out
 
 
-class IngestError(Exception):
+class IngestError(HoplineError):
     """The whole body is refused; ``status`` is the HTTP status, the message the reason, ``reason``
     its bounded metric label (hopline_collector_bodies_rejected_total)."""
 

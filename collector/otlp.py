@@ -38,6 +38,7 @@ from fastapi.responses import Response
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 from google.rpc import status_pb2
+from hopline.middleware.contract.errors import HoplineError
 from hopline.collector.ingest import JSON_TYPES, IngestError, gunzip, media_type, read_body, unauthorized
 from hopline.collector.store import StoreError
 from hopline.middleware.log import logger
@@ -65,13 +66,13 @@ MAX_SPAN_BYTES = 64 * 1024  # one span, encoded; larger: rejected (hop events ho
 SLICE = 2_000  # spans decoded and mapped per job on the parse thread (~10-50 ms), then stored and joined
 
 
-class OtlpError(Exception):
+class OtlpError(HoplineError):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
 
 
-class SpanError(ValueError):
+class SpanError(HoplineError, ValueError):
     """One span cannot be taken (too deep, too large, does not decode): it alone is rejected."""
 
 

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
+from hopline.middleware.contract.errors import HoplineError
 from hopline.middleware.contract import VIEWS
 
 RANKINGS = ("ttft", "e2e")  # what ?by= may rank ?slowest= by
@@ -80,7 +81,7 @@ def summarize(
     )
 
 
-class QueryError(ValueError):
+class QueryError(HoplineError, ValueError):
     """A query parameter that is wrong; the message names it (400)."""
 
 

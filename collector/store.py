@@ -52,6 +52,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import polars as pl
+from hopline.middleware.contract.errors import HoplineError
 from hopline.collector.compaction import PARQUET_NAME, compact_hour, fsync_dir, trim_partial_line
 
 NDJSON_NAME = "events.ndjson"
@@ -60,7 +61,7 @@ QUARANTINE_DIR = "quarantine"
 HOUR = 3600
 
 
-class StoreError(Exception):
+class StoreError(HoplineError):
     """The events could not be stored; the message is the reason given to the sender (503)."""
 
 

@@ -314,3 +314,28 @@ def test_the_live_side_reads_findings_as_types_not_as_json() -> None:
             if dict_reads.search(text)
         ]
     assert not wrong, wrong
+
+
+def test_every_error_hopline_raises_on_purpose_is_a_hopline_error() -> None:
+    """One ``except HoplineError`` catches what hopline raises for a caller (``contract.errors``):
+    every exception class defined in a part derives from it (read with ``ast``: a class whose base
+    is an exception type and not ``HoplineError`` is listed)."""
+    exception = re.compile(r"(Error|Exception|Exit|Warning)$")
+    wrong = []
+    for path in modules():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            bases = [ast.unparse(base).split(".")[-1] for base in node.bases]
+            if any(exception.search(b) for b in bases) and "HoplineError" not in bases and node.name != "HoplineError":
+                wrong.append(f"{path.relative_to(REPO)}: class {node.name}({', '.join(bases)})")
+    assert not wrong, wrong
+
+
+def test_every_part_ships_its_type_hints() -> None:
+    """PEP 561: each part carries ``py.typed`` and the distribution includes it."""
+    import tomllib
+
+    data = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    assert "py.typed" in data["*"]
+    assert [part for part in PARTS if not (REPO / part / "py.typed").is_file()] == []

@@ -7,6 +7,7 @@ inside a user's process.
 - ``spans``: OTLP span → hop event mapping; ``records``: engine-record readers;
   ``trace_export``: timelines → OTLP spans.
 - ``kv``: KV-cache arithmetic; ``times`` and ``durations``: parsing of instants and durations.
+- ``errors``: ``HoplineError``, the base of every error hopline raises for a caller to catch.
 - ``docs``: docs/contract.md, generated from the above.
 
 Nothing here imports the host-side modules (client, gateway, engine, emit, sinks).

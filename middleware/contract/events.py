@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+from hopline.middleware.contract.errors import HoplineError
 
 VERSION = 1
 
@@ -254,7 +255,7 @@ def trace_id_of(traceparent: bytes | str | None) -> str | None:
 # --- validation and serialization --------------------------------------------------------------
 
 
-class EventError(ValueError):
+class EventError(HoplineError, ValueError):
     """An event that breaks the contract; the message says which field and why.
 
     ``reason`` is a short, bounded name for metrics (``too_deep``, ``too_large``, ...); None lets

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hopline.middleware.contract.errors import HoplineError
+
 # Bytes per stored value, by the names people write (torch dtype names, vLLM's --kv-cache-dtype).
 DTYPE_BYTES: dict[str, float] = {
     "fp32": 4,
@@ -44,7 +46,7 @@ DTYPE_BYTES: dict[str, float] = {
 }
 
 
-class KVConfigError(ValueError):
+class KVConfigError(HoplineError, ValueError):
     """A model description the KV arithmetic cannot use; the message says which field and why."""
 
 

@@ -47,10 +47,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+from hopline.middleware.contract.errors import HoplineError
 from hopline.middleware.contract import VERSION, normalize_request_id
 
 
-class RecordError(ValueError):
+class RecordError(HoplineError, ValueError):
     """A line that is a known engine record but cannot be read; the message says which field."""
 
 
