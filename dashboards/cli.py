@@ -9,6 +9,7 @@ import typer
 
 # imported here, not lazily: without the `dashboards` extra (grafana-foundation-sdk, pyyaml) this
 # module fails to load and `hopline` lists the command with the extra to install
+from . import kubernetes
 from .build import write
 from .provisioning import COLLECTOR_URL
 from .rules import DEFAULT_THRESHOLDS, Thresholds
@@ -89,9 +90,33 @@ def build(
         typer.echo(path)
 
 
+def kubernetes_manifests(
+    out: Annotated[
+        Path, typer.Option("--out", "-o", help="Directory to write into (created if missing).")
+    ] = Path("deploy/kubernetes/overlays/kube-prometheus-stack"),
+    queue_factor: Annotated[float, typer.Option(help="As in `build`.")] = _DEFAULTS.queue_factor,
+    queue_floor: Annotated[float, typer.Option(help="As in `build`.")] = _DEFAULTS.queue_floor_s,
+    ttft_gap: Annotated[float, typer.Option(help="As in `build`.")] = _DEFAULTS.ttft_gap_s,
+    error_ratio: Annotated[float, typer.Option(help="As in `build`.")] = _DEFAULTS.error_ratio,
+) -> None:
+    """Write the rules as a PrometheusRule and the dashboards as ConfigMaps for Grafana's sidecar
+    (labelled grafana_dashboard: "1") to OUT, for kube-prometheus-stack.
+
+    Example (from a checkout, rewriting the overlay's generated files):
+
+        hopline dashboards kubernetes --out deploy/kubernetes/overlays/kube-prometheus-stack
+    """
+    thresholds = Thresholds(
+        queue_factor=queue_factor, queue_floor_s=queue_floor, ttft_gap_s=ttft_gap, error_ratio=error_ratio
+    )
+    for path in kubernetes.write(out, thresholds):
+        typer.echo(path)
+
+
 def register(app: typer.Typer) -> None:
     group = typer.Typer(
         help="Grafana dashboards and Prometheus rules for hopline's metrics.", no_args_is_help=True
     )
     group.command("build", help=build.__doc__)(build)
+    group.command("kubernetes", help=kubernetes_manifests.__doc__)(kubernetes_manifests)
     app.add_typer(group, name="dashboards")

@@ -47,6 +47,10 @@ NOT_HERE = {
     "vllm serve MODEL --otlp-traces-endpoint http://collector:9400/v1/traces": "vllm serve with a model from a hub",
     "pip install '.[dashboards]'": "pip install into the user's environment",
     "cd hopline-grafana && docker compose up": "docker (tests/dashboards/ checks the compose file and provisioning)",
+    "kubectl apply -k deploy/kubernetes/overlays/kube-prometheus-stack": "a Kubernetes cluster "
+    "(tests/deploy/ renders and validates it offline)",
+    "kubectl apply -k deploy/kubernetes/examples/vllm": "a Kubernetes cluster with GPUs (tests/deploy/ renders "
+    "and validates it offline)",
     "duckdb -c \"COPY ($(cat timelines.sql)) TO 'timelines.parquet' (FORMAT parquet)\"": "the duckdb CLI over a "
     "compacted Parquet store (tests/analyzer/test_sql.py runs this view on DuckDB, and the next command on its output)",
     "hopline analyze --timelines timelines.parquet": "needs the table the duckdb command above writes "
