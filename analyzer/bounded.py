@@ -36,6 +36,7 @@ from hopline.analyzer import report
 from hopline.analyzer.findings.model import iso_utc
 from hopline.analyzer.io import Scanned, ScanReport
 from hopline.analyzer.timelines import resolve_by_trace, timelines
+from hopline.middleware.contract import units
 
 BUCKET_FOLDER = re.compile(r"^bucket=(\d+)$")
 BUCKET_SEED = 5  # the bucket key's hash seed
@@ -48,16 +49,11 @@ SAMPLE_SEED = 17
 EVENT_BYTES = 500
 REQUEST_BYTES = 2_200
 DEFAULT_MAX_MEMORY = 6 * 1024**3
-_SIZE = re.compile(r"^\s*([0-9.]+(?:e[0-9]+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 
 
 def parse_size(text: str) -> int:
-    """``--max-memory``: ``6GiB``, ``6G``, ``512MB``, ``2e9`` -> bytes (powers of 1024 for units)."""
-    match = _SIZE.match(text)
-    if match is None:
-        raise ValueError(f"not a size: {text!r} (examples: 6GiB, 512MiB)")
-    size = int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+    """``--max-memory``: ``6GiB``, ``512MB`` (the contract's one reading: ``contract.units``) -> bytes."""
+    size = units.parse_size(text)
     if size <= 0:
         raise ValueError(f"--max-memory must be more than 0, got {text!r}")
     return size

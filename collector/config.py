@@ -19,6 +19,7 @@ from typing import Any
 from hopline.collector.kv_cache import parse_model_config
 from hopline.middleware.contract.durations import parse_duration
 from hopline.middleware.contract.spans import parse_resource_map
+from hopline.middleware.contract.units import parse_size
 
 FSYNC_POLICIES = ("batch", "interval", "none")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
@@ -76,17 +77,9 @@ def durations(text: str) -> float:
     return parse_duration(text)
 
 
-SIZE_UNITS = {"": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 10**6, "mb": 10**6, "mib": 2**20,
-              "g": 10**9, "gb": 10**9, "gib": 2**30}  # fmt: skip
-
-
 def sizes(text: str) -> int:
-    """``"64MiB"`` -> 67108864, ``"512k"`` -> 512000; a bare number is bytes."""
-    number = text.strip().rstrip("bBiIkKmMgG")
-    unit = text.strip()[len(number) :].lower()
-    if not number.isdigit() or unit not in SIZE_UNITS:
-        raise ValueError(f"not a size: {text!r} (examples: 0, 1048576, 512KiB, 64MiB, 1GiB)")
-    return int(number) * SIZE_UNITS[unit]
+    """``"64MiB"`` -> 67108864, ``"512MB"`` -> 512000000: the contract's one reading (``contract.units``)."""
+    return parse_size(text)
 
 
 def model_configs(specs: Iterable[str]) -> dict[str, int]:
