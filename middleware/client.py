@@ -69,7 +69,14 @@ from hopline.middleware.contract import (
 from hopline.middleware.emit import Emitter, get_emitter
 from hopline.middleware.log import logger
 from hopline.middleware.loop import LagProbe, ThreadProbe, lag_probe, thread_probe
-from hopline.middleware.sse import MAX_JSON_BYTES, StreamReader, error_summary, request_summary, response_summary
+from hopline.middleware.sse import (
+    MAX_JSON_BYTES,
+    StreamReader,
+    error_summary,
+    reported_gateway_timing,
+    request_summary,
+    response_summary,
+)
 
 REQUEST_ID_HEADER = "x-request-id"
 ATTEMPT_HEADER = "x-hopline-attempt"
@@ -231,6 +238,7 @@ class _Call:
         "slot_at",
         "held",
         "probe",
+        "gateway_timing",
     )
 
     def __init__(self, emitter: Emitter, request_id: str, attempt: int, extra: dict[str, Any], sent_attrs: dict[str, Any]) -> None:
@@ -255,6 +263,8 @@ class _Call:
         self.slot_at: float | None = None  # when a full pool freed a connection for it
         self.held = _HOLDING  # its place in the pool: holding, closing its response, left
         self.probe: LagProbe | ThreadProbe | None = None
+        # a gateway's own per-phase timing from the response's headers (LiteLLM's detailed timing)
+        self.gateway_timing: dict[str, float] = {}
 
     def hold(self, slots: _Slots | None, probe: LagProbe | ThreadProbe | None) -> None:
         """Count this request against its transport's pool (and note its loop's lag probe)."""
@@ -343,6 +353,7 @@ class _Call:
         if status >= 400:
             self.fail(f"http_{status}", status)
             return False
+        self.gateway_timing = reported_gateway_timing(response.headers)
         if response.headers.get("content-type", "").startswith("text/event-stream"):
             self.reader = StreamReader()
         else:
@@ -364,7 +375,7 @@ class _Call:
                 self.fail(reader.error, reader.error_status)
             elif reader.done:
                 self.final = True
-                self.emit("client.last_token", ts, **reader.summary())
+                self.emit("client.last_token", ts, **reader.summary(), **self.gateway_timing)
             return
         parts = self.json
         if parts is not None and chunk:
@@ -380,7 +391,7 @@ class _Call:
             return
         if self.reader is not None:
             self.final = True
-            self.emit("client.last_token", **self.reader.summary())
+            self.emit("client.last_token", **self.reader.summary(), **self.gateway_timing)
             return
         body = b"".join(self.json) if self.json else b""
         error = error_summary(body)
@@ -388,7 +399,7 @@ class _Call:
             self.fail(error)
             return
         self.final = True
-        self.emit("client.last_token", **response_summary(body))
+        self.emit("client.last_token", **response_summary(body), **self.gateway_timing)
 
     def on_close(self) -> None:
         """The response was closed: before its end, that is a cancelled stream."""

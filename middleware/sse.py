@@ -117,6 +117,40 @@ def reported_durations(metrics: Any) -> dict[str, float]:
     return out
 
 
+# LiteLLM's per-phase timing headers (``LITELLM_DETAILED_TIMING=true`` on the proxy; read in litellm
+# 1.106.12: ``set_timing_metrics`` in litellm/litellm_core_utils/llm_response_utils/response_metadata.py,
+# the headers in ``get_custom_headers``, litellm/proxy/common_request_processing.py). Milliseconds on
+# the proxy's clock, in the response's headers (a stream's too, sent before its body):
+#   pre-processing  = the provider call's start - the proxy's arrival stamp (``litellm_received_at``,
+#                     taken at auth: the same anchor as hopline's callback's gateway.received)
+#   llm-api         = the provider call (on a stream: until the engine's response began)
+#   post-processing = the response time - pre - llm-api (0 where negative)
+# (``message-copy``, the copy of the request's messages for logging, falls inside pre-processing
+# and is not read.) Read as the attribute on the right (seconds) of the client's ``*.last_token``.
+REPORTED_GATEWAY_TIMING = {
+    "x-litellm-timing-pre-processing-ms": "gateway_pre_s",
+    "x-litellm-timing-llm-api-ms": "gateway_upstream_s",
+    "x-litellm-timing-post-processing-ms": "gateway_post_s",
+}
+
+
+def reported_gateway_timing(headers: Any) -> dict[str, float]:
+    """``REPORTED_GATEWAY_TIMING`` of a response's headers (anything with ``get``) as seconds;
+    absent, non-numeric, negative or non-finite values are left out."""
+    out: dict[str, float] = {}
+    for header, attr in REPORTED_GATEWAY_TIMING.items():
+        raw = headers.get(header)
+        if raw is None or len(raw) > 32:
+            continue
+        try:
+            value = float(raw)
+        except ValueError:
+            continue
+        if 0 <= value < 1e12:  # NaN and inf fail this too
+            out[attr] = value / 1000.0
+    return out
+
+
 def _output_in_choice(choice: Any) -> bool:
     """The rule for one decoded (dict) choice."""
     if not isinstance(choice, dict):

@@ -130,6 +130,13 @@ ATTRIBUTE_TYPES: dict[str, tuple[type, ...]] = {
     "engine_queue_s": (int, float),
     "engine_prefill_s": (int, float),
     "engine_decode_s": (int, float),
+    # a gateway's own phases as its response's headers reported them (LiteLLM's
+    # ``x-litellm-timing-*-ms`` with LITELLM_DETAILED_TIMING=true; sse.REPORTED_GATEWAY_TIMING), on the
+    # client's ``*.last_token``: before it called the engine (auth, routing: hopline's ``gateway``
+    # stage), its call to the engine (on a stream: until the engine's response began), after it
+    "gateway_pre_s": (int, float),
+    "gateway_upstream_s": (int, float),
+    "gateway_post_s": (int, float),
     # an engine's KV-cache blocks for the request (TensorRT-LLM's per-request records)
     "kv_blocks_allocated": (int,),
     "kv_blocks_new": (int,),
@@ -577,6 +584,8 @@ INPUTS: tuple[Input, ...] = (
     Input("client_reported_queue_s", "client.last_token", "engine_queue_s"),
     Input("client_reported_prefill_s", "client.last_token", "engine_prefill_s"),
     Input("client_reported_decode_s", "client.last_token", "engine_decode_s"),
+    # the gateway's time before it called the engine, as its response's headers said it
+    Input("client_reported_gateway_pre_s", "client.last_token", "gateway_pre_s"),
     # P/D: the prefill instance (LEG_HOPS), measured on its own clock
     Input("prefill_received", "prefill.received"),
     Input("prefill_last", "prefill.last_token"),
@@ -624,6 +633,11 @@ ATTRIBUTE_SOURCES: dict[str, tuple[str, ...]] = {
     "spec_acceptance_length": ("engine.stats", "engine.last_token", "gateway.last_token", "client.last_token"),
     "spec_draft_tokens": ("engine.stats", "engine.last_token", "gateway.last_token", "client.last_token"),
     "spec_accepted_tokens": ("engine.stats", "engine.last_token", "gateway.last_token", "client.last_token"),
+    # the gateway's phases as its response's headers said them (LiteLLM's detailed timing): where
+    # its hops are there too, pre-processing and the ``gateway`` stage measure the same span
+    "gateway_pre_s": ("client.last_token",),
+    "gateway_upstream_s": ("client.last_token",),
+    "gateway_post_s": ("client.last_token",),
 }
 
 NO_ENGINE_NO_GATEWAY = ("engine_received", "gateway_received")  # a fallback row's condition
@@ -648,7 +662,15 @@ STAGES: tuple[Stage, ...] = (
     # the terms of client_ttft (or of client_e2e for a non-streaming request)
     Stage("client_delay", "stage", (_f("client_delay_s"),)),
     Stage("connect", "stage", (_f("pool_wait_s", "connect_s", "tls_s"),)),
-    Stage("gateway", "stage", (_f("gateway_forwarded", "-gateway_received"),)),
+    Stage(
+        "gateway",
+        "stage",
+        (
+            _f("gateway_forwarded", "-gateway_received"),
+            # no gateway hops: the gateway's pre-processing as its response's headers said it
+            _f("client_reported_gateway_pre_s"),
+        ),
+    ),
     Stage(
         "queue",
         "stage",

@@ -229,6 +229,7 @@ def running_proxy(root: Path) -> Iterator[Proxy]:
             "HOPLINE_REPLICA": "gw-0",
             "HOPLINE_REQUEST_ID_BODY_FIELD": "rid",  # the opt-in for engines like SGLang (body ``rid``)
             "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # the wheel's own cost map: no fetch from the internet
+            "LITELLM_DETAILED_TIMING": "true",  # x-litellm-timing-*-ms headers (test_litellm_timing.py)
             "NO_PROXY": "127.0.0.1,localhost",
         }
         log = root / "litellm.log"
