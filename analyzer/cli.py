@@ -227,10 +227,15 @@ def checked_options(
         dims = parse_scopes(by)
         slo_targets = attribution.Slo.parse(slo) if slo else None
         budget = bounded.Budget.of(bounded.parse_size(max_memory))
-        if window != "auto" and parse_duration(window) <= 0:  # a bad --window fails before any file is read
-            raise ValueError(f"--window must be longer than 0, got {window!r} (examples: 500ms, 10s, 1m)")
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
+    if window != "auto":  # a bad --window fails before any file is read; a bare 5: 5 ms or 5 s? (as budget)
+        try:
+            width = parse_duration(window, unit_required=True)
+        except ValueError as exc:
+            raise UsageError(f"--window: {exc}") from None
+        if width <= 0:
+            raise UsageError(f"--window must be longer than 0, got {window!r} (examples: 500ms, 10s, 1m)")
     try:
         kv_bytes = kv_bytes_per_token(kv_config)
     except KVConfigError as exc:

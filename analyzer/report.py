@@ -269,6 +269,26 @@ def _render_findings(findings: Findings, console: Console, show_minor: bool, com
         console.print(minor_line(len(findings.minor), command), markup=False, highlight=False)
 
 
+HEAD_WIDTH = 80  # the report's first line fits a terminal of 80 columns
+
+
+def head_lines(result: dict) -> list[str]:
+    """``2,400 requests, 2026-01-05 10:00:00 → 10:01:59 UTC (119 s, window 1 s)``: one line of at
+    most ``HEAD_WIDTH`` columns, or two when the span crosses days on a long run."""
+    span = result["span"]
+    count = f"[bold]{plural(result['requests'], 'request')}[/]"
+    sizes = f"({span['seconds']:,.0f} s, window {result['window_s']:g} s)"
+    if not span["start"] or not span["end"]:
+        return [f"{count} {sizes}"]
+    start, end = (span[k].replace("T", " ").removesuffix("Z") for k in ("start", "end"))
+    if start[:10] == end[:10]:
+        end = end[11:]
+    line = f"{count}, {start} → {end} UTC {sizes}"
+    if len(line) - len("[bold][/]") <= HEAD_WIDTH:
+        return [line]
+    return [f"{count} {sizes}", f"from {span['start']} to {span['end']}"]
+
+
 def render(
     analysis: Analysis, console: Console, *, show_minor: bool = False, command: str = "hopline analyze …"
 ) -> None:
@@ -277,10 +297,8 @@ def render(
     ``show_minor`` (``--all``)."""
     result = analysis.facts
     span = result["span"]
-    console.print(
-        f"[bold]{plural(result['requests'], 'request')}[/] from {span['start']} to {span['end']} "
-        f"({span['seconds']:,.0f} s, window {result['window_s']:g} s)"
-    )
+    for line in head_lines(result):
+        console.print(line)
     sampled = sample_line(result)
     if sampled:
         console.print(sampled, markup=False, highlight=False)

@@ -7,7 +7,6 @@ names a setting.
 
 from __future__ import annotations
 
-import errno
 import inspect
 import os
 import socket
@@ -26,6 +25,7 @@ import uvicorn
 from hopline.collector.app import connection_limits, create_app
 from hopline.collector.config import CollectorConfig, Setting, settings
 from hopline.middleware.contract.exits import ClickException, UsageError, run
+from hopline.middleware.http_limits import listening_socket
 
 # "\b": click prints the next paragraph as written (each line fits in 80 columns)
 EXAMPLE = """
@@ -54,18 +54,7 @@ def check_can_start(config: CollectorConfig, host: str, port: int) -> socket.soc
         probe.unlink()
     except OSError as exc:
         raise ClickException(f"cannot use --data-dir {config.data_dir}: {exc.strerror or exc}") from exc
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-        sock.listen(2048)
-    except OSError as exc:
-        sock.close()
-        why = "it is in use" if exc.errno == errno.EADDRINUSE else exc.strerror or str(exc)
-        raise ClickException(f"cannot listen on {host}:{port}: {why}") from exc
-    sock.set_inheritable(True)
-    return sock
+    return listening_socket(host, port)
 
 
 KEYWORD = inspect.Parameter.KEYWORD_ONLY

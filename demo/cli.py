@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import orjson
 import typer
+from hopline.analyzer.live.alertmanager import check_urls
 from hopline.analyzer.live.cli import ENV_ALERTMANAGER, alertmanager_urls
+from hopline.middleware.contract.exits import UsageError
 from hopline.demo.orchestrate import TRUSTED_LAG_MS, DemoRun
-from hopline.demo.scenarios import DEFAULT_SCENARIO, SCENARIOS, matches
+from hopline.middleware.contract.exits import UsageError
+from hopline.demo.scenarios import DEFAULT_SCENARIO, SCENARIOS, Scenario, alert_matches, matches
 from rich.console import Console
 
 
@@ -58,6 +61,10 @@ def demo(
         raise typer.BadParameter(
             f"unknown scenario {scenario!r}; choose from {', '.join(SCENARIOS)}", param_hint="--scenario"
         )
+    try:  # refused as hopline watch refuses it, before anything starts
+        urls = check_urls(alertmanager_urls(alertmanager))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
     chosen = SCENARIOS[scenario]
     console = Console(stderr=json)
     if seconds < chosen.min_seconds:
@@ -73,7 +80,7 @@ def demo(
             html=html,
             console=console,
             seed=seed,
-            alertmanager=alertmanager_urls(alertmanager),
+            alertmanager=urls,
         )
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: every process the demo started has been stopped[/yellow]")
@@ -90,19 +97,34 @@ def demo(
         from hopline.demo.analysis import print_report
 
         print_report(run.analysis, console, run.folder)
-        findings = report.get("findings") or []
-        named = bool(findings) and matches(findings[0], chosen.expect)
-        console.print(
-            f"\ninjected: {chosen.injected}\n"
-            + ("[green]the first finding names it[/green]" if named else "[red]the first finding does not name it[/red]")
-        )
-    for line in closing_lines(run, html):
+        named = named_line(report.get("findings") or [], chosen, seconds)
+        console.print(f"\ninjected: {chosen.injected}\n{named}")
+    for line in closing_lines(run, html, chosen.expect):
         console.print(line, highlight=False)
 
 
-def closing_lines(run: DemoRun, html: Path | None) -> list[str]:
-    """What to do next: one request to look at, where the files are (or that they are gone), and
-    whether the machine was too busy for the timings to be trusted."""
+def named_line(findings: list[dict[str, Any]], chosen: Scenario, seconds: float) -> str:
+    """Whether the analysis named the injected incident: by its first finding, by a later one, or
+    not at all (and then whether the run was shorter than the scenario needs)."""
+    if findings and matches(findings[0], chosen.expect):
+        return "[green]the first finding names it[/green]"
+    later = next((i for i, f in enumerate(findings[1:], 2) if matches(f, chosen.expect)), None)
+    if later is not None:
+        return f"[yellow]finding {later} names it, not the first[/yellow]"
+    short = (
+        f": --seconds {seconds:g} is under the {chosen.min_seconds:g} s it needs"
+        if seconds < chosen.min_seconds
+        else ": rerun it longer (--seconds) or on a quieter machine"
+    )
+    if not findings:
+        return f"[red]no finding: the analysis did not see it{short}[/red]"
+    return f"[red]no finding names it{short}[/red]"
+
+
+def closing_lines(run: DemoRun, html: Path | None, expect: dict[str, Any] | None = None) -> list[str]:
+    """What to do next: what fired live (the alert of the injected incident, ``expect``: the
+    scenario's), one request to look at, where the files are (or that they are gone), and whether
+    the machine was too busy for the timings to be trusted."""
     lines = []
     if not run.trusted:
         lines.append(
@@ -111,15 +133,24 @@ def closing_lines(run: DemoRun, html: Path | None) -> list[str]:
             "quieter machine.[/yellow]"
         )
     firing = [a for a in run.live_alerts if not a["alert"].get("endsAt")]
-    if firing:
+    injected = [a for a in firing if expect is not None and alert_matches(a["alert"], expect)]
+    if injected:  # the page the injected incident raised, whatever fired before it
+        first = injected[0]
+        lines.append(
+            f"live: {len(firing)} alert{'s' if len(firing) != 1 else ''} fired while it ran, the injected "
+            f"incident's {first['seconds_since_onset']:.0f} s after its onset: "
+            f"{first['alert']['annotations']['summary']}"
+        )
+    elif firing:
         # the page that matters: the first critical one that is a change (not a standing warning)
         first = min(
             firing,
             key=lambda a: (a["alert"]["labels"].get("severity") != "critical", a["alert"]["labels"].get("standing") == "true"),
         )
         said = "the first" if first is firing[0] else "the first critical one"
+        none = ", none for the injected incident;" if expect is not None else ","
         lines.append(
-            f"live: {len(firing)} alert{'s' if len(firing) != 1 else ''} fired while it ran, {said} "
+            f"live: {len(firing)} alert{'s' if len(firing) != 1 else ''} fired while it ran{none} {said} "
             f"{first['seconds_since_onset']:.0f} s after its onset: {first['alert']['annotations']['summary']}"
         )
     else:

@@ -1,5 +1,6 @@
 """The demo's live answer: ``hopline watch --follow`` on the collector's store while the traffic
-runs, each alert printed in the terminal as Alertmanager receives it, with the seconds since onset.
+runs, each alert printed in the terminal in two lines (what moved and where, with the seconds since
+its onset; then its sentence), and kept whole, as Alertmanager receives it, in ``RUN_DIR/alerts.log``.
 
 The watch is a child process like the rest of the stack (``process.Child``), reniced so that its
 analysis (every window of event time) never takes the CPU the load generator needs to keep time:
@@ -29,6 +30,7 @@ import orjson
 from hopline.analyzer.attribution import auto_window
 from hopline.demo.process import Child, python_module
 from rich.console import Console
+from rich.markup import escape
 
 QUIET_S = 3.0  # wall-clock seconds without a new event after which the watch finishes
 NICE = 10  # the watch's niceness: the demo's timings come first
@@ -55,20 +57,24 @@ def watch_argv(run_dir: Path, seconds: float, alertmanager: list[str]) -> list[s
     return python_module("hopline.analyzer.live", *args)
 
 
+# labels that say what and how bad, not where (the rest of an alert's labels are its scope)
+NOT_SCOPE = ("alertname", "severity", "direction", "side", "stage", "pitfall", "standing")
+
+
 def alert_text(line: dict[str, Any]) -> str:
-    """One alert for the terminal: state, seconds since onset, labels, sentence, then the alert
-    as Alertmanager receives it (``POST /api/v2/alerts``)."""
+    """One alert for the terminal, in two lines: state, seconds since onset, what moved (the stage
+    or the pitfall) and where (its scope labels), then its sentence. The whole alert, as
+    Alertmanager receives it, is in RUN_DIR/alerts.log."""
     alert = line["alert"]
     labels = alert["labels"]
     state = "RESOLVED" if alert.get("endsAt") else "FIRING"
-    shown = ", ".join(f"{k}={v}" for k, v in labels.items() if k != "alertname")
+    what = labels.get("stage") or labels.get("pitfall") or labels["alertname"]
+    where = ", ".join(f"{k}={v}" for k, v in labels.items() if k not in NOT_SCOPE) or "all traffic"
     head = (
         f"[bold]{'[green]' if state == 'RESOLVED' else '[red]'}live alert {state}[/] "
-        f"+{line['seconds_since_onset']:.0f} s since onset[/bold] {labels['alertname']}{{{shown}}}\n"
-        f"  {alert['annotations']['summary']}"
+        f"+{line['seconds_since_onset']:.0f} s since onset[/bold]: {escape(what)} on {escape(where)}"
     )
-    body = orjson.dumps(alert, option=orjson.OPT_INDENT_2).decode()
-    return head + "\n[dim]" + "\n".join("  " + ln for ln in body.splitlines()) + "[/dim]"
+    return f"{head}\n  {escape(alert['annotations']['summary'])}"
 
 
 @dataclass

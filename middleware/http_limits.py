@@ -28,11 +28,17 @@ Each close is counted in ``closed[why]`` (``over_cap``, ``header_timeout``, ``bo
 handed to ``on_close`` (a Prometheus counter) and logged, once a minute per kind
 (``http_connections_closed``). uvicorn is imported only by ``protocol()``: emitting needs none
 of this.
+
+``listening_socket`` binds a server's port before anything says it started, so that a port in use
+is one line and exit 1 (``ClickException``) for the collector and ``hopline watch --listen`` alike,
+not a traceback or a log line from uvicorn's thread while the process goes on.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
+import socket
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,6 +48,25 @@ from hopline.middleware.log import warn_throttled
 
 FD_RESERVE = 256  # descriptors of the open-files limit left to the process's own files
 WHY = ("over_cap", "header_timeout", "body_timeout")
+
+
+def listening_socket(host: str, port: int, backlog: int = 2048) -> socket.socket:
+    """A socket bound to ``host:port`` and listening (inheritable, for uvicorn's ``sockets=``), or
+    ``ClickException`` (exit 1) saying why not in one line."""
+    from hopline.middleware.contract.exits import ClickException  # typer: for the CLIs only
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(backlog)
+    except OSError as exc:
+        sock.close()
+        why = "it is in use" if exc.errno == errno.EADDRINUSE else exc.strerror or str(exc)
+        raise ClickException(f"cannot listen on {host}:{port}: {why}") from exc
+    sock.set_inheritable(True)
+    return sock
 
 
 def open_files_limit() -> int | None:

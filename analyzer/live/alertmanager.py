@@ -12,6 +12,9 @@ timeout, a non-2xx answer) is retried with exponential backoff (``backoff_s`` do
 alert whose ``endsAt`` it set itself after its ``resolve_timeout``, 5 min by default: the resend
 must come sooner, Prometheus uses 1 min); a resolved one is sent (with its ``endsAt``) until one
 post succeeds. A queue is bounded (``capacity`` alerts; the oldest are dropped and counted).
+``on_result`` (when set) hears of every post on the target's thread: the Alertmanager's URL, the
+batch, and None when it accepted the batch, else why not (``hopline watch`` prints an alert only
+once an Alertmanager took it, and says on stderr what it could not deliver).
 
 A resend never overwrites a resolve: once an alert's resolve was queued, a firing version of it
 with the same ``startsAt`` (or an older one) is stale and dropped, wherever it comes from (the
@@ -30,6 +33,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
@@ -134,12 +138,14 @@ class _Target:
                 error = self._post(client, batch)
                 if error is None:
                     stats.add(stats.sent, self.url, len(batch))
+                    sender.tell(self.url, batch, error)  # before the queue says empty (``close``)
                     with self.wake:
                         stats.queued[self.url] = len(self.pending)
                     delay, retrying = sender.backoff_s, False
                     continue
                 stats.add(stats.failures, self.url)
                 stats.last_error[self.url] = error
+                sender.tell(self.url, batch, error)
                 self._requeue(batch)
                 retrying = True
                 if sender.stopped.wait(delay):
@@ -159,6 +165,14 @@ class _Target:
         return f"HTTP {response.status_code}: {response.text[:200]}"
 
 
+def check_urls(urls: list[str]) -> list[str]:
+    """``urls`` when each is an Alertmanager base URL (http:// or https://), else ValueError."""
+    for url in urls:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"Alertmanager URL must start with http:// or https://, got {url!r}")
+    return urls
+
+
 class AlertSender:
     """Delivers alerts to one or more Alertmanagers on background threads (see the module doc)."""
 
@@ -173,9 +187,7 @@ class AlertSender:
         max_backoff_s: float = 30.0,
         ahead_s: float | None = None,
     ) -> None:
-        for url in urls:
-            if not url.startswith(("http://", "https://")):
-                raise ValueError(f"Alertmanager URL must start with http:// or https://, got {url!r}")
+        check_urls(urls)
         self.resend_s, self.capacity, self.timeout_s = resend_s, capacity, timeout_s
         self.backoff_s, self.max_backoff_s = backoff_s, max_backoff_s
         self.ahead_s = ahead_s  # None: times as the detector dates them (see the module doc)
@@ -187,6 +199,16 @@ class AlertSender:
         self.resolved: dict[tuple, float] = {}  # label set -> the latest startsAt queued resolved
         self.lock = threading.Lock()
         self.resender = threading.Thread(target=self._resend, name="hopline-alert-resend", daemon=True)
+        # hears of each post: (url, batch, None if accepted else why not); see the module doc
+        self.on_result: Callable[[str, list[dict], str | None], None] | None = None
+
+    def tell(self, url: str, batch: list[dict], error: str | None) -> None:
+        """``on_result`` for one post; what it raises is dropped (a printout never stops delivery)."""
+        if self.on_result is not None:
+            try:
+                self.on_result(url, batch, error)
+            except Exception:  # noqa: BLE001
+                pass
 
     def start(self) -> AlertSender:
         for target in self.targets:

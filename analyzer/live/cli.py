@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
-import orjson
 import typer
 from hopline.analyzer.io import ScanReport
 from hopline.analyzer.live.alertmanager import AlertSender
@@ -21,7 +20,7 @@ from hopline.analyzer.live.watch import STATE_NAME, SentState, Watch
 from hopline.middleware.contract.durations import parse_duration
 from hopline.middleware.contract.exits import ClickException, UsageError
 from hopline.middleware.contract.rules import scope_sources
-from hopline.middleware.http_limits import ConnectionLimits
+from hopline.middleware.http_limits import ConnectionLimits, listening_socket
 
 HELP = """Watch hop events as they come and raise the findings of `hopline analyze` while they happen.
 
@@ -80,6 +79,7 @@ def serving(
     from hopline.analyzer.live.server import FindingsApp
 
     host, port = parse_listen(listen)
+    sock = listening_socket(host, port)  # a port in use: one line, exit 1, before anything runs
     limits = limits or ConnectionLimits()
     switch_interval = sys.getswitchinterval()
     sys.setswitchinterval(min(switch_interval, SWITCH_INTERVAL_S))
@@ -87,21 +87,24 @@ def serving(
     server = uvicorn.Server(
         uvicorn.Config(app, host=host, port=port, http=limits.protocol(), log_level="warning")
     )
-    thread = threading.Thread(target=server.run, name="hopline-watch-http", daemon=True)
+    thread = threading.Thread(
+        target=server.run, kwargs={"sockets": [sock]}, name="hopline-watch-http", daemon=True
+    )
     thread.start()
     try:
         yield
     finally:
         server.should_exit = True
         thread.join(timeout=5)
+        sock.close()
         sys.setswitchinterval(switch_interval)
 
 
-def printer(json_out: bool):
+def printer():
     def out(line: str) -> None:
         print(line, flush=True)
 
-    return out if not json_out else None
+    return out
 
 
 def run_replay(watch: Watch, paths: list[Path], every_s: float) -> ScanReport:
@@ -288,13 +291,11 @@ def watch_command(
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
     paths = list(replay_paths or follow or [])
-    watch = Watch(LiveDetector(cfg), sender=sender, out=printer(json_out), store=str(paths[0]))
+    watch = Watch(LiveDetector(cfg), sender=sender, out=printer(), store=str(paths[0]), json_out=json_out)
     watch.state = SentState.load(state_path(state, follow))
-    if json_out:
-        watch.out = None
-        watch.detector.on_step = json_printer(watch)
     if sender is not None:
         sender.start()
+    undelivered = 0
     try:
         with serving(watch, listen, read_token, limits):
             if replay_paths:
@@ -311,24 +312,12 @@ def watch_command(
     finally:
         if sender is not None:
             sender.close()
-
-
-def json_printer(watch: Watch):
-    """``on_step`` that prints each alert that begins to page or resolves as one JSON line, with
-    the event-time seconds since its onset, and then does what ``Watch.on_step`` does."""
-    from hopline.analyzer.live.alertmanager import payload
-    from hopline.analyzer.live.watch import news
-
-    def on_step(now: float, changed: list) -> None:
-        for incident in changed:
-            if incident.pages and news(now, incident):
-                alert = payload(incident, store=watch.store)
-                line = {"seconds_since_onset": round(now - incident.onset, 3), "alert": alert}
-                sys.stdout.write(orjson.dumps(line).decode() + "\n")
-        sys.stdout.flush()
-        watch.on_step(now, changed)
-
-    return on_step
+            undelivered = watch.finish()
+    if undelivered and (replay_paths or quiet_s is not None):  # it finished by itself: say it failed
+        raise ClickException(
+            f"{undelivered} alert{'s' if undelivered != 1 else ''} reached no Alertmanager "
+            f"({', '.join(sender.stats.last_error) if sender else ''}): see above"
+        )
 
 
 def summary(watch: Watch, report: ScanReport) -> None:

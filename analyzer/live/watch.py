@@ -14,6 +14,13 @@ is (the same alert again, harmless); nothing is ever sent resolved because the s
 with the process is sent again by the replay (a resolved version is never held back). A state
 file that cannot be read or parsed is reported on stderr and the watch starts without it; one
 that cannot be written is reported once and the watch goes on.
+
+With an Alertmanager (``sender``), an alert that pages is printed once an Alertmanager accepted
+it (``AlertSender.on_result``), not when it is found: FIRING means a page is on its way. A post
+that fails is said on stderr with its reason (once per alert and Alertmanager; delivery is
+retried), and ``finish`` says on stderr each alert no Alertmanager took by the end and counts
+them (``hopline watch --replay`` and ``--until-quiet`` then exit 1). A firing version held back
+by the state is printed as such, never as FIRING.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import orjson
-from hopline.analyzer.live.alertmanager import AlertSender, payload
+from hopline.analyzer.live.alertmanager import AlertSender, label_key, payload
 from hopline.analyzer.live.detector import LiveDetector
 from hopline.analyzer.live.incidents import FELT_MS, Incident
 from hopline.analyzer.findings.model import iso_utc
@@ -39,12 +46,20 @@ STATE_NAME = ".hopline-watch-state.json"  # --follow DIR's default state file, i
 STATE_KEEP = 1000  # alerts a state file remembers (the latest by startsAt)
 
 
-def alert_line(now: float, incident: Incident, alert: dict) -> str:
-    """``[+20s] FIRING HoplineShift{stage=queue, replica=r2, ...} queue time tripled ...``"""
+def alert_name(alert: dict) -> str:
+    """``HoplineShift{severity=critical, stage=queue, replica=r2, ...}``"""
     labels = alert["labels"]
     shown = ", ".join(f"{k}={v}" for k, v in labels.items() if k != "alertname")
+    return f"{labels['alertname']}{{{shown}}}"
+
+
+def alert_line(now: float, incident: Incident, alert: dict, *, held: bool = False) -> str:
+    """``[+20s] FIRING HoplineShift{stage=queue, replica=r2, ...} queue time tripled ...``;
+    ``held``: a firing version the state holds back (``SentState.holds_back``)."""
     state = "FIRING" if incident.state == "firing" else "RESOLVED"
-    if incident.standing:
+    if held:
+        state = "NOT SENT AGAIN (sent resolved before this restart)"
+    elif incident.standing:
         state = "NOTED (not paged: standing, a condition with no onset)"
     elif incident.mix:
         state = "NOTED (not paged: a change in the traffic, not a slowdown)"
@@ -53,9 +68,34 @@ def alert_line(now: float, incident: Incident, alert: dict) -> str:
     elif not incident.pages:
         state = f"NOTED (not paged: the {incident.late} side's own lateness{'' if incident.late == 'client' else ', not critical'})"
     return (
-        f"[{iso_utc(now)} +{now - incident.onset:.0f}s since onset] {state} {labels['alertname']}{{{shown}}}: "
+        f"[{iso_utc(now)} +{now - incident.onset:.0f}s since onset] {state} {alert_name(alert)}: "
         f"{alert['annotations']['summary']}"
     )
+
+
+def json_line(now: float, incident: Incident, alert: dict) -> str:
+    """The alert as Alertmanager receives it, with the event-time seconds since its onset."""
+    return orjson.dumps({"seconds_since_onset": round(now - incident.onset, 3), "alert": alert}).decode()
+
+
+def _rank(alert: dict) -> tuple[float, int]:
+    """A version of an alert: its onset, then firing before resolved."""
+    return to_epoch(alert["startsAt"]), 1 if alert.get("endsAt") else 0
+
+
+def said(alert: dict) -> str:
+    """An alert for stderr: ``firing HoplineShift{...}: summary``."""
+    status = "resolved" if alert.get("endsAt") else "firing"
+    return f"{status} {alert_name(alert)}: {alert['annotations']['summary']}"
+
+
+@dataclass(frozen=True)
+class Awaiting:
+    """A printout waiting for an Alertmanager to accept its alert (this version or a newer one)."""
+
+    rank: tuple[float, int]
+    line: str
+    said: str  # for stderr (``said``)
 
 
 def news(now: float, incident: Incident) -> bool:
@@ -186,23 +226,53 @@ class Watch:
     alerts_printed: int = 0
     state: SentState = field(default_factory=SentState)
     held_back: int = 0  # firing versions not sent: the state says they were resolved
+    json_out: bool = False  # print the paging alerts as JSON lines (``json_line``), nothing else
+    warn: Callable[[str], None] = _stderr
+    awaiting: dict[tuple, list[Awaiting]] = field(default_factory=dict)  # label set -> printouts
+    refused: set[tuple] = field(default_factory=set)  # (label set, version, URL) said as refused
+    last_error: dict[str, str] = field(default_factory=dict)  # per Alertmanager URL
+    print_lock: threading.Lock = field(default_factory=threading.Lock)
     follow_failures: int = 0  # --follow polls that could not list or open the files (``Tail.failures``)
 
     def __post_init__(self) -> None:
         self.detector.on_step = self.on_step
+        if self.sender is not None:
+            self.sender.on_result = self.delivered
+
+    def _print(self, line: str) -> None:
+        with self.print_lock:
+            if self.out is not None:
+                self.out(line)
+                self.alerts_printed += 1
 
     def on_step(self, now: float, changed: list[Incident]) -> None:
         alerts = []
+        # what a line says happened at: the step's event time, never past the newest event (a
+        # drain, --until-quiet, steps time on without events to resolve what fires)
+        newest = self.detector.newest
+        at = min(now, newest) if newest is not None else now
         for incident in changed:
             alert = payload(incident, store=self.store, generator_url=self.generator_url)
-            if incident.pages:
-                if self.state.holds_back(alert):
-                    self.held_back += 1
-                else:
-                    alerts.append(alert)
-            if self.out is not None and news(now, incident):
-                self.out(alert_line(now, incident, alert))
-                self.alerts_printed += 1
+            shown = self.out is not None and news(now, incident) and (incident.pages or not self.json_out)
+            held = incident.pages and self.state.holds_back(alert)
+            if held:
+                self.held_back += 1
+            elif incident.pages:
+                alerts.append(alert)
+            if not shown:
+                continue
+            if self.json_out:
+                line = None if held else json_line(at, incident, alert)
+            else:
+                line = alert_line(at, incident, alert, held=held)
+            if line is None:
+                continue
+            if incident.pages and not held and self.sender is not None:
+                waiting = Awaiting(_rank(alert), line, said(alert))
+                with self.print_lock:
+                    self.awaiting.setdefault(label_key(alert), []).append(waiting)
+            else:
+                self._print(line)
         if self.sender is not None and alerts:
             self.sender.update(alerts)
             self.state.record(alerts)
@@ -211,3 +281,40 @@ class Watch:
         published = [Published(i.state == "firing", i.last_seen, orjson.dumps(i.to_json())) for i in snapshot]
         with self.lock:
             self.snapshot, self.published = snapshot, published
+
+    def delivered(self, url: str, batch: list[dict], error: str | None) -> None:
+        """``AlertSender.on_result``: print what an Alertmanager accepted (each waiting printout of
+        this version or an older one); say on stderr what one refused, once per alert version and URL."""
+        with self.print_lock:
+            if error is not None:
+                self.last_error[url] = error
+            for alert in batch:
+                key, rank = label_key(alert), _rank(alert)
+                if error is not None:
+                    if (key, rank, url) not in self.refused:
+                        if len(self.refused) >= STATE_KEEP * 10:
+                            self.refused.clear()
+                        self.refused.add((key, rank, url))
+                        self.warn(
+                            f"hopline watch: not delivered yet, Alertmanager {url} did not take it "
+                            f"({error}); retrying: {said(alert)}"
+                        )
+                    continue
+                waiting = self.awaiting.pop(key, [])
+                for w in waiting:
+                    if w.rank <= rank and self.out is not None:
+                        self.out(w.line)
+                        self.alerts_printed += 1
+                left = [w for w in waiting if w.rank > rank]
+                if left:
+                    self.awaiting[key] = left
+
+    def finish(self) -> int:
+        """After ``sender.close()``: say on stderr each alert no Alertmanager accepted, and count them."""
+        with self.print_lock:
+            left = [w for waiting in self.awaiting.values() for w in waiting]
+            self.awaiting.clear()
+            errors = "; ".join(f"{url}: {e}" for url, e in self.last_error.items()) or "no answer in time"
+        for w in left:
+            self.warn(f"hopline watch: NOT DELIVERED to any Alertmanager ({errors}): {w.said}")
+        return len(left)

@@ -131,7 +131,11 @@ def test_follow_serves_findings_and_metrics_while_the_incident_runs(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-    assert "FIRING HoplineShift" in proc.stdout.read()
+    # nothing reached an Alertmanager: no FIRING on stdout, the alert said on stderr as undelivered
+    out, err = proc.stdout.read(), proc.stderr.read()
+    assert "FIRING" not in out, out
+    assert f"not delivered yet, Alertmanager {dead} did not take it (ConnectError" in err, err[-2000:]
+    assert "retrying: firing HoplineShift{" in err, err[-2000:]
 
 
 def test_follow_until_quiet_on_traffic_that_just_ended_resolves_at_alertmanager_at_once(tmp_path):
