@@ -198,8 +198,9 @@ def analyze_command(
     max_memory: Annotated[
         str,
         typer.Option(
-            help="Memory to stay within, e.g. 6GiB: a larger log is analysed a bucket of requests at a time "
-            "(temporary files under TMPDIR), its statistics on a seeded sample of requests.",
+            help="Memory to stay within, e.g. 6GiB (MB = 10^6 bytes, MiB = 2^20): a larger log is analysed a "
+            "bucket of requests at a time (temporary files under TMPDIR), its statistics on a seeded sample "
+            "of requests.",
         ),
     ] = "6GiB",
 ) -> None:
