@@ -2,10 +2,11 @@
 
 Routes: ``POST /v1/events`` (ingest), ``GET /v1/requests/{id}`` (one request's joined
 timeline), ``GET /v1/requests?since=…&until=…&slowest=N`` (recently finished requests in
-brief: ID, TTFT, e2e, outcome, scope; ``recent.py``), ``GET /metrics`` (Prometheus text, or
-OpenMetrics with ``request_id`` exemplars when the ``Accept`` header asks for it, as Prometheus
-does with exemplar storage on), ``GET /healthz`` (200, or 503 with the reason while events
-cannot be stored: ``store.EventStore.failure``).
+brief: ID, TTFT, e2e, outcome, scope; ``recent.py``), ``GET /v1/windows?since=…&until=…``
+(per-window, per-scope sketches of the stages, mergeable across collectors; ``windows.py``),
+``GET /metrics`` (Prometheus text, or OpenMetrics with ``request_id`` exemplars when the
+``Accept`` header asks for it, as Prometheus does with exemplar storage on), ``GET /healthz``
+(200, or 503 with the reason while events cannot be stored: ``store.EventStore.failure``).
 
 The handlers are ``routes.py``'s (and ``otlp.py``'s ``POST /v1/traces``), auth included; this
 module wires the parts (``build_collector``), runs them (``lifespan``) and assembles the app.
@@ -41,6 +42,7 @@ from hopline.collector.join import Joiner
 from hopline.collector.metrics import ExpositionRegistry, Recorder, build_metrics
 from hopline.collector.store import EventStore, StoreError
 from hopline.collector.tail import Tailer
+from hopline.collector.windows import WindowSummaries
 from hopline.middleware.http_limits import WHY, ConnectionLimits
 from hopline.middleware.log import logger
 from prometheus_client import CollectorRegistry
@@ -98,6 +100,17 @@ def build_collector(config: CollectorConfig) -> Collector:
         joiner.on_finish = finished_request_exporter(config.otlp_export)
     dedup = RecentKeys(config.dedup_capacity, config.dedup_window_s)
     m = recorder.m
+    if config.window_s > 0:  # GET /v1/windows
+        overflowed = {by: m.window_scopes_overflowed.labels(by=by) for by in config.window_by}
+        joiner.windows = windows = WindowSummaries(
+            width_s=config.window_s,
+            keep_s=config.window_keep_s,
+            by=config.window_by,
+            scope_cap=config.window_scope_cap,
+            settle_s=config.window_settle_s,
+            on_overflow=lambda by, count: overflowed[by].inc(count),
+        )
+        m.window_summary_bytes.set_function(windows.memory_bytes)
     m.open_requests.set_function(lambda: len(joiner.open))
     m.open_request_bytes.set_function(lambda: joiner.open_bytes)
     m.finished_request_bytes.set_function(lambda: joiner.finished_bytes)
@@ -136,6 +149,8 @@ async def _housekeeping(c: Collector) -> None:
         try:
             while c.joiner.sweep(limit=SWEEP_SLICE):  # a backlog in slices, others in between
                 await asyncio.sleep(0)
+            if c.joiner.windows is not None:  # settled windows' rows into sketches (once a second)
+                c.joiner.windows.fold()
             if time.monotonic() >= next_probe:  # /healthz follows the store without waiting for events
                 next_probe = time.monotonic() + STORE_PROBE_INTERVAL_S
                 await loop.run_in_executor(c.ingestor.writer, c.store.probe)

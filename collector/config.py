@@ -18,6 +18,7 @@ from typing import Any
 
 from hopline.collector.kv_cache import parse_model_config
 from hopline.middleware.contract.durations import parse_duration
+from hopline.middleware.contract.rules import SCOPE_SOURCES
 from hopline.middleware.contract.spans import parse_resource_map
 from hopline.middleware.contract.units import parse_size
 
@@ -88,6 +89,21 @@ def model_configs(specs: Iterable[str]) -> dict[str, int]:
 
 def resource_maps(specs: Iterable[str]) -> dict[str, tuple[str, ...]]:
     return dict(parse_resource_map(spec) for spec in specs)
+
+
+def window_scopes(names: str | Iterable[str]) -> tuple[str, ...]:
+    """``--window-by`` values: scope attributes of the rule book (``rules.SCOPE_SOURCES``), each once."""
+    if isinstance(names, str):
+        names = [names]
+    chosen = tuple(dict.fromkeys(n.strip() for name in names for n in name.split(",") if n.strip()))
+    unknown = [n for n in chosen if n not in SCOPE_SOURCES]
+    if unknown:
+        known = ", ".join(SCOPE_SOURCES)
+        raise ValueError(f"--window-by: unknown scope {unknown[0]!r}: give some of {known}")
+    return chosen
+
+
+WINDOW_BY = ("replica", "model", "service")
 
 
 MIB = 1024 * 1024
@@ -166,6 +182,20 @@ class CollectorConfig:
         "Finished requests kept for GET /v1/requests/{id}."))
     recent_requests: int = setting(100_000, option="--recent-requests", kind=int, min=1, help=(
         "Finished requests kept in brief (~350 bytes each) for GET /v1/requests?since=…&slowest=N."))
+    # per-window, per-scope summaries (windows.py): DDSketches that merge across collectors
+    window_s: float = setting("10s", option="--window", parse=durations, help=(
+        "Width of the per-window, per-scope summaries of finished requests served at GET /v1/windows "
+        "(windows aligned to Unix time, by each request's start; 0s: none kept)."))
+    window_keep_s: float = setting("1h", option="--window-keep", parse=durations, help=(
+        "Window summaries kept, in event time behind the newest window."))
+    window_by: tuple[str, ...] = setting(
+        ",".join(WINDOW_BY), option="--window-by", parse=window_scopes, help=(
+        "Scope attributes summarized per window, comma-separated (of replica, model, service, region, "
+        "route, prefill_replica, decode_replica, …)."),
+    )
+    window_scope_cap: int = setting(128, option="--window-scope-cap", kind=int, min=1, help=(
+        "Most values of one attribute in one window; later ones are summarized as other (counted in "
+        "hopline_collector_window_scopes_overflowed)."))
     dedup_capacity: int = setting(500_000, option="--dedup-capacity", kind=int, min=1, help=(
         "Event keys per dedup generation (two are kept): retries within it are dropped."))
     dedup_window_s: float = setting("10m", option="--dedup-window", parse=durations, help=(
@@ -198,6 +228,9 @@ class CollectorConfig:
     # distinct (service, model, replica) per metric family; overflow -> (other, other, other).
     # Bounds /metrics: hopline_stage_seconds holds 12 stages x 31 buckets x scope_cap series.
     scope_cap: int = 128
+    # a window's rows are folded into its sketches (and served) this long after it ends: requests
+    # that started in it and finish later still land in it
+    window_settle_s: float = 30.0
     compact_interval_s: float = 60.0  # how often closed hours are compacted and retention applied
     compact_delay_s: float = 60.0  # an hour is compacted this long after it closed
 
@@ -213,6 +246,12 @@ class CollectorConfig:
         for name, option in (("header_timeout_s", "--header-timeout"), ("body_timeout_s", "--body-timeout")):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{option} must be more than 0, got {getattr(self, name)!r}")
+        if not (self.window_s >= 0 and self.window_keep_s >= self.window_s):
+            raise ValueError(
+                f"--window must be 0 or more and --window-keep at least --window, got {self.window_s!r} and "
+                f"{self.window_keep_s!r}"
+            )
+        object.__setattr__(self, "window_by", window_scopes(self.window_by))
         object.__setattr__(self, "data_dir", Path(self.data_dir))
 
     @classmethod

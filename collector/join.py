@@ -32,7 +32,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hopline.collector.metrics import Recorder
 from hopline.collector.recent import RecentRequests, summarize
@@ -49,6 +49,9 @@ from hopline.middleware.contract import (
     negative_stages,
 )
 from hopline.middleware.contract.rules import describe_request
+
+if TYPE_CHECKING:
+    from hopline.collector.windows import WindowSummaries
 
 FINAL_HOP_SET = frozenset(h for hops in FINAL_HOPS.values() for h in hops)
 # hop -> (component, is a final hop): one dict lookup per event on the hot path
@@ -163,6 +166,8 @@ class Joiner:
         }
         self.traces = TraceRouter(max_traces=max_open)
         self.recent = RecentRequests(recent)  # every finished request in brief (GET /v1/requests)
+        # per-window, per-scope summaries of every finished request (windows.py); None: not kept
+        self.windows: WindowSummaries | None = None
         # called with (request ID, events, stage values, rule-book description) per complete request
         self.on_finish: Callable[[str, list, dict, dict], None] | None = None
 
@@ -326,7 +331,10 @@ class Joiner:
         self._release_all(req)
         self.counts["complete"] += 1
         self._remember(rid, FinishedRequest(events, "complete", req.bytes))
-        self.recent.add(summarize(rid, events, values, described, "complete"))
+        summary = summarize(rid, events, values, described, "complete")
+        self.recent.add(summary)
+        if self.windows is not None:
+            self.windows.add(summary.started, scope, values, summary.outcome, summary.ttft_s, summary.e2e_s)
         if self.on_finish is not None:
             self.on_finish(rid, events, values, described)
 
@@ -350,7 +358,10 @@ class Joiner:
         self.counts[why] += 1
         recorder.closed_incomplete(why)
         self._remember(rid, FinishedRequest(events, why, req.bytes))
-        self.recent.add(summarize(rid, events, compute_stages(events), described, why))
+        summary = summarize(rid, events, compute_stages(events), described, why)
+        self.recent.add(summary)
+        if self.windows is not None:  # counted (arrivals, outcome), no stages: it did not finish
+            self.windows.add(summary.started, scope, None, summary.outcome)
 
     def _release_all(self, req: OpenRequest) -> None:
         if req.engine:

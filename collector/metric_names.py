@@ -138,11 +138,21 @@ HTTP_CONNECTIONS_CLOSED = Metric(
     "--max-connections, at once), header_timeout (no complete headers within --header-timeout), "
     "body_timeout (a body idle for --body-timeout).",
 )
+WINDOW_SCOPES_OVERFLOWED = Metric(
+    "hopline_collector_window_scopes_overflowed", "counter", ("by",),
+    "Finished requests summarized as other in their window's summaries (GET /v1/windows): their "
+    "value of the attribute `by` came after --window-scope-cap others in that window.",
+)
+WINDOW_SUMMARY_BYTES = Metric(
+    "hopline_collector_window_summary_bytes", "gauge", (),
+    "Estimated memory of the window summaries kept for GET /v1/windows (serialized sketches, rows "
+    "not yet folded).",
+)
 
 COLLECTOR_HEALTH: tuple[Metric, ...] = (
     BODIES_REJECTED, STORE_FAILURES, COMPACTION_FAILURES, QUARANTINED_PARTS, DEDUP_KEYS,
     OPEN_REQUEST_BYTES, FINISHED_REQUEST_BYTES, REQUESTS_CLOSED_INCOMPLETE, SCOPES_OVERFLOWED,
-    EVENT_LOOP_LAG, HTTP_CONNECTIONS_CLOSED,
+    EVENT_LOOP_LAG, HTTP_CONNECTIONS_CLOSED, WINDOW_SCOPES_OVERFLOWED, WINDOW_SUMMARY_BYTES,
 )
 
 ALL: tuple[Metric, ...] = (

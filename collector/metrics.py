@@ -79,6 +79,8 @@ class Metrics:
     scopes_overflowed: Counter
     event_loop_lag: Gauge
     http_connections_closed: Counter
+    window_scopes_overflowed: Counter
+    window_summary_bytes: Gauge
 
 
 _BUCKETS = {
@@ -129,6 +131,8 @@ def build_metrics(registry: CollectorRegistry) -> Metrics:
         scopes_overflowed=m[names.SCOPES_OVERFLOWED.name],
         event_loop_lag=m[names.EVENT_LOOP_LAG.name],
         http_connections_closed=m[names.HTTP_CONNECTIONS_CLOSED.name],
+        window_scopes_overflowed=m[names.WINDOW_SCOPES_OVERFLOWED.name],
+        window_summary_bytes=m[names.WINDOW_SUMMARY_BYTES.name],
     )
 
 

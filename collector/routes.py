@@ -1,9 +1,9 @@
 """The collector's HTTP routes as named handlers on one router (``app.py`` includes it once).
 
 Each handler finds the collector at ``request.app.state.collector``. Auth: ``POST /v1/events``
-needs ``token`` when set; the read endpoints (``/metrics``, ``/v1/requests…``) need ``read_token``
-or ``token`` (unless ``open_reads``), since a timeline names a request's service, model, replica
-and timings; ``/healthz`` is always open. ``POST /v1/traces`` is ``otlp.py``'s.
+needs ``token`` when set; the read endpoints (``/metrics``, ``/v1/requests…``, ``/v1/windows``)
+need ``read_token`` or ``token`` (unless ``open_reads``), since a timeline names a request's
+service, model, replica and timings; ``/healthz`` is always open. ``POST /v1/traces`` is ``otlp.py``'s.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
 router = APIRouter()
 QUERY_PARAMETERS = ("since", "until", "slowest", "by", "limit")
+WINDOW_PARAMETERS = ("since", "until")
 READ_REFUSED = "missing or wrong bearer token (read token or token)"
 
 
@@ -107,6 +108,26 @@ async def list_requests(request: Request) -> Response:
     return _json({"capacity": c.joiner.recent.capacity, **answer})
 
 
+@router.get("/v1/windows")
+async def list_windows(request: Request) -> Response:
+    """Settled windows that start in [since, until]: per scope value, each stage's sketch, count and
+    sum, arrivals and outcomes (``windows.py``); 404 when the collector keeps none (``--window 0s``)."""
+    if _reads_refused(request):
+        return _error(401, READ_REFUSED)
+    windows = _collector(request).joiner.windows
+    try:
+        query = windows_query(request.query_params)
+    except QueryError as exc:
+        return _error(400, str(exc))
+    if windows is None:
+        return _error(404, "this collector keeps no window summaries (--window 0s)")
+    answer = windows.answer(**query)  # on the loop: folds what is pending, lists the folded parts
+    loop = asyncio.get_running_loop()
+    # encoding on the scrape thread: the parts are never changed once made
+    return Response(await loop.run_in_executor(_collector(request).scraper, orjson.dumps, answer),
+                    media_type="application/json")
+
+
 @router.get("/v1/requests/{request_id}")
 async def get_request(request: Request, request_id: str) -> Response:
     """One request's joined timeline, open or recently finished."""
@@ -167,6 +188,24 @@ def requests_query(params: Mapping[str, str]) -> dict[str, Any]:
         raise QueryError("give slowest (the N slowest) or limit (the N newest), not both")
     if "by" in params:
         query["by"] = params["by"]
+    return query
+
+
+def windows_query(params: Mapping[str, str]) -> dict[str, float]:
+    """``GET /v1/windows``'s parameters (Unix seconds or ISO-8601); ``QueryError`` naming the one
+    that is wrong, or an unknown one."""
+    unknown = sorted(set(params) - set(WINDOW_PARAMETERS))
+    if unknown:
+        raise QueryError(f"unknown parameter {unknown[0]!r}: give {', '.join(WINDOW_PARAMETERS)}")
+    query: dict[str, float] = {}
+    for name in WINDOW_PARAMETERS:
+        if name in params:
+            try:
+                query[name] = to_epoch(params[name])
+            except ValueError as exc:
+                raise QueryError(f"{name}: {exc}") from None
+    if query.get("since", float("-inf")) > query.get("until", float("inf")):
+        raise QueryError(f"since ({params['since']}) is after until ({params['until']})")
     return query
 
 
