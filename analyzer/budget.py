@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from hopline.middleware.contract.exits import UsageError
+from hopline.middleware.exits import UsageError
 from hopline.middleware.contract.durations import parse_duration
 from hopline.middleware.contract.kv import KVConfigError, KVSpec, dtype_bytes
 from rich.console import Console

@@ -23,7 +23,7 @@ import typer
 from hopline.middleware.contract.errors import HoplineError
 from hopline.analyzer import attribution, bounded, io, report
 from hopline.analyzer.sql import TimelinesError, read_timelines
-from hopline.middleware.contract.exits import ClickException, UsageError
+from hopline.middleware.exits import ClickException, UsageError
 from hopline.middleware.contract.durations import parse_duration
 from hopline.middleware.contract.kv import KVConfigError, KVSpec
 from hopline.middleware.contract.rules import SCOPE_SOURCES, scope_sources

@@ -48,7 +48,7 @@ from hopline.analyzer.timelines import (
     _source_hops,
     timelines,
 )
-from hopline.middleware.contract.exits import UsageError
+from hopline.middleware.exits import UsageError
 from hopline.middleware.contract import (
     ATTRIBUTE_SOURCES,
     FINAL_HOPS,

@@ -24,7 +24,7 @@ from typer.core import TyperCommand
 import uvicorn
 from hopline.collector.app import connection_limits, create_app
 from hopline.collector.config import CollectorConfig, Setting, settings
-from hopline.middleware.contract.exits import ClickException, UsageError, run
+from hopline.middleware.exits import ClickException, UsageError, run
 from hopline.middleware.http_limits import listening_socket
 
 # "\b": click prints the next paragraph as written (each line fits in 80 columns)

@@ -9,9 +9,9 @@ import orjson
 import typer
 from hopline.analyzer.live.alertmanager import check_urls
 from hopline.analyzer.live.cli import ENV_ALERTMANAGER, alertmanager_urls
-from hopline.middleware.contract.exits import UsageError
+from hopline.middleware.exits import UsageError
 from hopline.demo.orchestrate import TRUSTED_LAG_MS, DemoRun
-from hopline.middleware.contract.exits import UsageError
+from hopline.middleware.exits import UsageError
 from hopline.demo.scenarios import DEFAULT_SCENARIO, SCENARIOS, Scenario, alert_matches, matches
 from rich.console import Console
 

@@ -25,7 +25,7 @@ from time import perf_counter
 from typing import Any
 
 from hopline.middleware import clock
-from hopline.middleware.contract import LEGS, new_request_id, normalize_request_id, trace_id_of
+from hopline.middleware.contract.events import LEGS, new_request_id, normalize_request_id, trace_id_of
 from hopline.middleware.emit import Emitter, get_emitter
 from hopline.middleware.log import logger
 from hopline.middleware.sse import MAX_JSON_BYTES, StreamReader, error_summary, response_summary

@@ -8,8 +8,8 @@ reported that way: an ImportError from inside hopline is a bug, and is shown as 
 
 One error style for every command: one line on standard error, ``hopline COMMAND: what was
 wrong``; exit status 2 for bad usage (``UsageError``, ``typer.BadParameter``), 1 for a failure
-(``ClickException``), 130 after Ctrl-C. Commands raise those exceptions (re-exported here from the
-click that typer runs on); ``run`` prints them.
+(``ClickException``), 130 after Ctrl-C. Commands raise those exceptions (``exits.py``, beside this
+module: the parts import it, never this one); ``run`` prints them.
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ from importlib.metadata import EntryPoint, entry_points
 
 import typer
 
-from hopline.middleware.contract.exits import ClickException, UsageError, install_hint, run
+from hopline.middleware.contract.install import install_hint
+from hopline.middleware.exits import ClickException, run
 
-__all__ = ["ClickException", "UsageError", "build", "main", "run"]
+__all__ = ["build", "main"]
 
 HELP = """Where did this LLM request's time go? Hop timing for client, gateway and engine.
 

@@ -59,7 +59,7 @@ except ImportError:  # pragma: no cover - depends on what is installed
 
 from hopline.middleware import clock
 from hopline.middleware.asgi import parse_attempt
-from hopline.middleware.contract import (
+from hopline.middleware.contract.events import (
     is_valid_trace_id,
     new_eid,
     new_request_id,

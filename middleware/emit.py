@@ -56,7 +56,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hopline.middleware import clock
-from hopline.middleware.contract import EMITTER_STATS_HOP, VERSION, new_eid
+from hopline.middleware.contract.events import EMITTER_STATS_HOP, VERSION, new_eid
 from hopline.middleware.log import logger, warn_throttled
 from hopline.middleware.sinks import NullSink, Sink, make_sink
 

@@ -52,7 +52,7 @@ from hopline.middleware.asgi import (
     scan_request_headers,
     with_request_id,
 )
-from hopline.middleware.contract import new_request_id, trace_id_of
+from hopline.middleware.contract.events import new_request_id, trace_id_of
 from hopline.middleware.attempts import ATTEMPTS, AttemptRegistry
 from hopline.middleware.emit import Emitter
 from hopline.middleware.loop import loop_lag

@@ -44,7 +44,7 @@ from hopline.middleware.asgi import (
     resolve_emitter,
     with_request_id,
 )
-from hopline.middleware.contract import LEGS
+from hopline.middleware.contract.events import LEGS
 from hopline.middleware.emit import Emitter, get_emitter
 from hopline.middleware.log import logger
 from hopline.middleware.loop import loop_lag

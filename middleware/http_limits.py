@@ -53,7 +53,7 @@ WHY = ("over_cap", "header_timeout", "body_timeout")
 def listening_socket(host: str, port: int, backlog: int = 2048) -> socket.socket:
     """A socket bound to ``host:port`` and listening (inheritable, for uvicorn's ``sockets=``), or
     ``ClickException`` (exit 1) saying why not in one line."""
-    from hopline.middleware.contract.exits import ClickException  # typer: for the CLIs only
+    from hopline.middleware.exits import ClickException  # typer: for the CLIs only
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)

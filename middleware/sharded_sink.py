@@ -38,7 +38,7 @@ from collections import deque
 from typing import Any
 from urllib.parse import urlsplit
 
-from hopline.middleware.contract import EMITTER_STATS_HOP, EMITTER_TARGET_COUNTS
+from hopline.middleware.contract.events import EMITTER_STATS_HOP, EMITTER_TARGET_COUNTS
 from hopline.middleware.log import warn_throttled
 from hopline.middleware.sinks import EVENTS_PATH, Event, HttpSink
 

@@ -42,7 +42,7 @@ import httpx
 import orjson
 
 from hopline.middleware import clock
-from hopline.middleware.contract import dumps
+from hopline.middleware.contract.events import dumps
 from hopline.middleware.log import warn_throttled
 
 Event = dict[str, Any]

@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import Any
 
 from hopline.middleware.attempts import ATTEMPTS, AttemptRegistry
-from hopline.middleware.contract import normalize_request_id
+from hopline.middleware.contract.events import normalize_request_id
 from hopline.middleware.emit import Emitter, configured_emitter
 from hopline.middleware.log import logger, warn_throttled
 

@@ -13,8 +13,10 @@ still a dependency), and so is every string that names a hopline module
 from __future__ import annotations
 
 import ast
+import json
 import re
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -138,8 +140,9 @@ def test_middleware_imports_no_extras_package_at_import_time() -> None:
 # vocabulary imports nothing of the host side; and no part goes through the command assembler.
 VOCABULARY = "hopline.middleware.contract"
 # hopline's own logger, used by the collector too; the bounded uvicorn protocol of hopline's own
-# servers (the collector's, ``hopline watch --listen``'s), which a gateway could run as well
-SHARED_WITH_THE_HOST = {"hopline.middleware.log", "hopline.middleware.http_limits"}
+# servers (the collector's, ``hopline watch --listen``'s), which a gateway could run as well; the
+# command errors every part's commands raise (beside the command assembler)
+SHARED_WITH_THE_HOST = {"hopline.middleware.log", "hopline.middleware.http_limits", "hopline.middleware.exits"}
 ASSEMBLER = "hopline.middleware.cli"
 
 
@@ -175,7 +178,7 @@ def test_the_vocabulary_imports_no_host_side_code() -> None:
 
 
 def test_no_part_imports_the_command_assembler() -> None:
-    """Parts raise typer/click exceptions themselves (``contract.exits``); only the ``hopline``
+    """Parts raise typer/click exceptions themselves (``middleware/exits.py``); only the ``hopline``
     console script (pyproject) names the assembler."""
     found = [
         f"{path.relative_to(REPO)}:{line}: {target}"
@@ -193,6 +196,90 @@ def test_the_vocabulary_checks_see_what_they_must(tmp_path: Path) -> None:
     path.write_text("from hopline.middleware.client import instrument\nfrom hopline.middleware.contract import rules\n")
     flagged = {v.split(": ")[1] for v in host_side_imports(path, root=tmp_path)}
     assert flagged == {"hopline.middleware.client", "hopline.middleware.client.instrument"}
+
+
+# --- what an emitter loads of the contract -------------------------------------------------------
+# The code that runs inside a user's process (client, gateway, engine, emit, sinks, ...) needs the
+# hops, the fields and validation (``contract.events``) and a few small modules, never the stage
+# table (``contract.stages``) nor the rule book, which only the readers need; nor the package face
+# ``hopline.middleware.contract``, which hands out the stage table's names too.
+EMITTER_CONTRACT = tuple(
+    f"{VOCABULARY}.{name}" for name in ("events", "errors", "units", "durations", "times", "install")
+)
+
+
+def emitter_contract_imports(path: Path, root: Path = REPO) -> list[str]:
+    """What a host-side module of middleware/ imports of the contract beyond ``EMITTER_CONTRACT``."""
+    return [
+        f"{path.relative_to(root)}:{line}: {target}"
+        for line, target in imported(path, root)
+        if _under(target, VOCABULARY) and not any(_under(target, m) for m in EMITTER_CONTRACT)
+    ]
+
+
+def host_side_modules() -> list[Path]:
+    return [path for path in sorted((REPO / "middleware").glob("*.py")) if module_name(path) != ASSEMBLER]
+
+
+def test_emitters_import_only_the_events_of_the_contract() -> None:
+    found = [v for path in host_side_modules() for v in emitter_contract_imports(path)]
+    assert found == []
+
+
+def test_an_emitter_does_not_load_the_stage_table() -> None:
+    """The same, as a process sees it: importing every host-side module loads ``contract.events``
+    and not ``contract.stages`` nor ``contract.rules``."""
+    names = [module_name(path) for path in host_side_modules()]
+    probe = (
+        "import importlib, json, sys\n"
+        "loaded = []\n"
+        f"for name in {names!r}:\n"
+        "    try:\n"
+        "        importlib.import_module(name)\n"
+        "    except ModuleNotFoundError as exc:\n"  # an extra's package (litellm, vllm) not installed
+        "        assert not exc.name.startswith('hopline'), exc\n"
+        "        continue\n"
+        "    loaded.append(name)\n"
+        "print(json.dumps([loaded, sorted(m for m in sys.modules if m.startswith('hopline.middleware.contract'))]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    loaded, contract = json.loads(out)
+    assert {"hopline.middleware.client", "hopline.middleware.gateway", "hopline.middleware.engine"} <= set(loaded)
+    assert f"{VOCABULARY}.events" in contract
+    assert f"{VOCABULARY}.stages" not in contract and f"{VOCABULARY}.rules" not in contract, contract
+
+
+def test_the_emitter_check_sees_what_it_must(tmp_path: Path) -> None:
+    path = tmp_path / "middleware" / "probe.py"
+    path.parent.mkdir(parents=True)
+    path.write_text(
+        "from hopline.middleware.contract import HOPS\n"
+        "from hopline.middleware.contract.stages import STAGES\n"
+        "from hopline.middleware.contract.events import validate_event\n"
+        "from hopline.middleware.contract.errors import HoplineError\n"
+    )
+    flagged = {v.split(": ")[1] for v in emitter_contract_imports(path, root=tmp_path)}
+    assert flagged == {
+        "hopline.middleware.contract", "hopline.middleware.contract.HOPS",
+        "hopline.middleware.contract.stages", "hopline.middleware.contract.stages.STAGES",
+    }  # fmt: skip
+
+
+def test_the_contract_face_is_its_all() -> None:
+    """``hopline.middleware.contract``'s public names are its ``__all__`` (the names of ``events``
+    and ``stages``) and its submodules: no ``os`` or ``orjson`` of a star import. ``events`` holds
+    no name of the stage table."""
+    import types
+
+    from hopline.middleware import contract
+    from hopline.middleware.contract import events, stages
+
+    public = {n for n in dir(contract) if not n.startswith("_")}
+    stray = {n for n in public - set(contract.__all__) if not isinstance(getattr(contract, n), types.ModuleType)}
+    assert stray == set()
+    assert all(getattr(contract, name) is not None for name in contract.__all__)
+    for name in ("STAGES", "INPUTS", "Formula", "compute_stages", "VIEWS"):
+        assert not hasattr(events, name) and getattr(contract, name) is getattr(stages, name)
 
 
 # --- the checker itself: it sees what it must ---------------------------------------------------

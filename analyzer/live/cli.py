@@ -18,7 +18,7 @@ from hopline.analyzer.live.detector import LiveConfig, LiveDetector
 from hopline.analyzer.live.feed import Tail, replay
 from hopline.analyzer.live.watch import STATE_NAME, SentState, Watch
 from hopline.middleware.contract.durations import parse_duration
-from hopline.middleware.contract.exits import ClickException, UsageError
+from hopline.middleware.exits import ClickException, UsageError
 from hopline.middleware.contract.rules import scope_sources
 from hopline.middleware.http_limits import ConnectionLimits, listening_socket
 

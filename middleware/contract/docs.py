@@ -97,8 +97,9 @@ def render() -> str:
     out = [
         "# The hop event contract, the request rules and the findings JSON",
         "",
-        "Generated from `middleware/contract/events.py` and `middleware/contract/rules.py` by "
-        "`python -m hopline.middleware.contract.docs`; do not edit by hand (a test regenerates it).",
+        "Generated from `middleware/contract/events.py`, `middleware/contract/stages.py` and "
+        "`middleware/contract/rules.py` by `python -m hopline.middleware.contract.docs`; do not edit by hand "
+        "(a test regenerates it).",
         "Other emitters and scripts are written against this page.",
         "",
         f"## Events (contract v{c.VERSION})",

@@ -10,7 +10,7 @@ caught those goes on working; ``except HoplineError`` catches any of them::
     except HoplineError as exc:  # EventError, RecordError, TimelinesError, ...
         ...
 
-Errors of a command's usage are typer's (``contract.exits``): they end the command, not a caller.
+Errors of a command's usage are typer's (``middleware/exits.py``): they end the command, not a caller.
 """
 
 from __future__ import annotations

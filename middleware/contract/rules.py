@@ -29,17 +29,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hopline.middleware.contract import (
-    ATTRIBUTE_SOURCES,
-    FINAL_HOPS,
-    LEG_HOPS,
-    PREFILL_LEG,
-    TIME_STAGES,
-    TTFT_STAGES,
-    VIEWS,
-    component,
-    is_valid_trace_id,
-)
+from hopline.middleware.contract.events import FINAL_HOPS, LEG_HOPS, PREFILL_LEG, component, is_valid_trace_id
+from hopline.middleware.contract.stages import ATTRIBUTE_SOURCES, TIME_STAGES, TTFT_STAGES, VIEWS
 
 COMPONENTS = ("client", "gateway", "engine")  # nearest the user first
 

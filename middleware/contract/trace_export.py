@@ -88,7 +88,7 @@ class RequestTraceExporter:
             from opentelemetry.sdk.trace import TracerProvider
             from opentelemetry.sdk.trace.export import BatchSpanProcessor
         except ImportError as exc:
-            from hopline.middleware.contract.exits import install_hint
+            from hopline.middleware.contract.install import install_hint
 
             raise RuntimeError(f"OTLP export needs the otlp extra ({install_hint('otlp')}): {exc}") from None
 

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 import typer
-from hopline.middleware.cli import ClickException, UsageError, build, run
-from hopline.middleware.contract.exits import install_hint
+from hopline.middleware.cli import build
+from hopline.middleware.contract.install import install_hint
+from hopline.middleware.exits import ClickException, UsageError, run
 from support.cli import hopline
 from support.servers import env_without_hopline
 

@@ -1,19 +1,17 @@
-"""How every ``hopline`` command says what went wrong, shared by the parts that define commands.
+"""How every ``hopline`` command says what went wrong, beside the command assembler (``cli.py``)
+and shared by the parts that define commands.
 
 ``UsageError`` (and ``typer.BadParameter``): bad usage, exit status 2. ``ClickException``: a
 failure, exit status 1. ``run`` runs a typer app and prints either as one line naming the
 command and what was wrong (the ``hopline`` command and ``python -m hopline.collector`` alike).
 Parts raise these themselves and never import the command assembler (``hopline.middleware.cli``).
+How to install a missing extra is ``contract.install``.
 """
 
 from __future__ import annotations
 
-import json
-import shlex
 import sys
 from collections.abc import Sequence
-from importlib.metadata import distributions
-from pathlib import Path
 from typing import Any
 
 import typer
@@ -23,7 +21,7 @@ try:  # typer >= 0.29 runs on its own copy of click
 except ImportError:  # older typer runs on click
     from click.exceptions import ClickException, UsageError
 
-__all__ = ["ClickException", "UsageError", "install_hint", "run"]
+__all__ = ["ClickException", "UsageError", "run"]
 
 
 def _plain_flags(command: Any) -> None:
@@ -82,45 +80,3 @@ def _command_path(argv: Sequence[str] | None, command: Any, prog_name: str) -> s
         words.append(arg)
         group = sub
     return " ".join(words)
-
-
-def install_hint(
-    extra: str, installed_from: dict[str, Any] | None = None, python: str = sys.executable
-) -> str:
-    """The command that adds ``extra`` to this Python's hopline, from where hopline came from:
-    hopline is on no package index, so ``pip install 'hopline[analyzer]'`` would find nothing.
-
-    ``installed_from``: pip's record of the install (PEP 610 ``direct_url.json``; default: read
-    from the installed distribution): a clone (``-e`` when editable), a wheel or a repository URL.
-    A source tree run without an install names the tree; otherwise the clone's path is a placeholder.
-    """
-    from urllib.parse import urlparse  # only on this path: not on every command's start
-    from urllib.request import url2pathname
-
-    info = _direct_url() if installed_from is None else installed_from
-    pip = f"{shlex.quote(python)} -m pip install"
-    url = str(info.get("url", ""))
-    if url.startswith("file://"):
-        where = shlex.quote(f"{url2pathname(urlparse(url).path)}[{extra}]")
-        return f"{pip} -e {where}" if info.get("dir_info", {}).get("editable") else f"{pip} {where}"
-    if url:
-        vcs = info.get("vcs_info", {}).get("vcs")
-        return (
-            f"{pip} {shlex.quote(f'hopline[{extra}] @ {vcs}+{url}' if vcs else f'hopline[{extra}] @ {url}')}"
-        )
-    tree = Path(__file__).resolve().parents[2]  # middleware/contract/exits.py in a clone
-    if installed_from is None and (tree / "pyproject.toml").is_file() and (tree / "middleware").is_dir():
-        return f"{pip} {shlex.quote(f'{tree}[{extra}]')}"
-    return f"{pip} '/path/to/hopline[{extra}]' (the clone, or a wheel built from it: see its README, Install)"
-
-
-def _direct_url() -> dict[str, Any]:
-    """pip's ``direct_url.json`` of the installed hopline ({} when none says where it came from)."""
-    for dist in distributions(name="hopline"):  # a source tree's hopline.egg-info can come first
-        text = dist.read_text("direct_url.json")
-        if text:
-            try:
-                return json.loads(text)
-            except ValueError:
-                return {}
-    return {}
