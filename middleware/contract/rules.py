@@ -1,6 +1,6 @@
 """The request rule book: everything about a request beyond its stages, as data.
 
-The stage table (``contract.STAGES``) says how a request's time splits; this module says the
+The stage table (``contract.stages``) says how a request's time splits; this module says the
 rest, once, for every part: how a request ended (``OUTCOME_RULES``), which service, replica,
 model and other scope attributes it belongs to (``SCOPE_SOURCES``), which hops it should have
 (``EXPECTED_HOPS``) and what each stage is called and drawn as (``STAGE_LOOKS``, ``VIEW_LOOKS``).
@@ -105,7 +105,6 @@ def group_requests(events: Iterable[Mapping[str, Any]]) -> dict[str, list[Mappin
 # --- outcome -------------------------------------------------------------------------------------
 
 OUTCOMES = ("ok", "error", "rejected", "disconnected", "incomplete")
-ENDINGS = ("done", "rejected", "cancel", "error")
 # An error event says the caller went away (not that the service failed) when it carries one of
 # these: 499 is nginx's "client closed request"; hopline's client reports a stream closed before
 # its end as ``cancelled``, its ASGI middleware a downstream that left as ``disconnected``.
@@ -169,10 +168,6 @@ def outcome_of(ending: Mapping[str, str | None]) -> str:
     return "incomplete"
 
 
-def request_outcome(events: Iterable[Mapping[str, Any]]) -> str:
-    return describe_request(events)["outcome"]
-
-
 # --- scope ---------------------------------------------------------------------------------------
 
 
@@ -211,9 +206,6 @@ SCOPE_SOURCES: dict[str, tuple[Source, ...]] = {
     "prefill_replica": (Source("prefill", "replica"), Source("gateway.forwarded", "upstream", leg="prefill")),
     "decode_replica": (Source("engine", "replica", leg="decode"), Source("gateway.forwarded", "upstream", leg="decode")),
 }
-# The scopes every report and metric is cut by (bounded label values); the others are searched
-# by the analyzer when present with few values.
-SCOPE_LABELS = ("service", "model", "replica")
 _ATTRIBUTE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
 
 
@@ -232,11 +224,6 @@ def scope_sources(extra: Iterable[str] = ()) -> dict[str, tuple[Source, ...]]:
 
 def _in(source: Source, hop: str) -> bool:
     return hop == source.where if "." in source.where else component(hop) == source.where
-
-
-def request_scope(events: Iterable[Mapping[str, Any]]) -> dict[str, str | None]:
-    """Every scope attribute of ``SCOPE_SOURCES`` for one request's events (None when no source has it)."""
-    return describe_request(events)["scope"]
 
 
 # --- expected hops -------------------------------------------------------------------------------
@@ -381,11 +368,6 @@ def describe_request(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     return {"outcome": outcome_of(ending), "scope": scope, "missing": missing}
 
 
-def missing_hops(events: Iterable[Mapping[str, Any]]) -> list[str]:
-    """Expected hops absent from the components that reported on a request, in request order."""
-    return describe_request(events)["missing"]
-
-
 # --- the stage vocabulary ------------------------------------------------------------------------
 
 
@@ -465,7 +447,6 @@ LOOK = {look.name: look for look in STAGE_LOOKS}
 VIEW_LOOK = {look.name: look for look in VIEW_LOOKS}
 STAGE_ORDER = tuple(look.name for look in STAGE_LOOKS)  # waterfall / chart order
 TTFT_PARTS = tuple(look.name for look in STAGE_LOOKS if look.ttft_part)  # terms and fallbacks
-FALLBACKS = tuple(look.name for look in STAGE_LOOKS if look.stands_for)
 SIDES = ("client", "gateway", "network", "engine")  # who owns a finding's time (an alert's ``side``)
 # where a pitfall's seconds are spent (``Pitfall.spent_in``) when that is not a stage
 SPENT_OUTSIDE_STAGES = {"retry": "client"}
