@@ -38,7 +38,7 @@ from hopline.middleware.contract import (
     TS_MAX,
     iter_ndjson,
 )
-from hopline.middleware.contract.records import translate_lines
+from hopline.middleware.contract.records import is_record_file, translate_lines
 from hopline.middleware.contract.times import TimeBound, to_epoch  # shared with the collector's ?since=
 
 SCHEMA: dict[str, pl.DataType] = {name: getattr(pl, dtype)() for name, dtype in STORAGE_COLUMNS.items()}
@@ -46,8 +46,6 @@ _EVENT_SCHEMA = {name: dtype for name, dtype in SCHEMA.items() if name != "attrs
 _KNOWN = frozenset(_EVENT_SCHEMA)
 MAX_ERRORS = 10
 _NDJSON_NAME = re.compile(r"\.(ndjson|jsonl)(\.gz)?$|\.(ndjson|jsonl)\.[0-9][0-9.]*(\.gz)?$")
-# engines' per-request record files read as NDJSON (middleware/contract/records.py): SGLang's metrics export
-_RECORD_NAME = re.compile(r"sglang-request-metrics-[0-9_]+\.log$")
 _PARTITION = re.compile(r"^(date|hour)=(.+)$")
 # What the storage types can hold: integer columns' ranges, and times Polars can turn into dates.
 _INT_RANGES = {
@@ -95,7 +93,8 @@ class ScanReport:
 
 
 def is_ndjson(path: Path) -> bool:
-    return _NDJSON_NAME.search(path.name) is not None or _RECORD_NAME.match(path.name) is not None
+    # or an engine's per-request record file by its own name (each RecordFormat row names its files)
+    return _NDJSON_NAME.search(path.name) is not None or is_record_file(path.name)
 
 
 def is_parquet(path: Path) -> bool:

@@ -26,10 +26,10 @@ from hopline.middleware.contract.records import (
     SGLANG,
     TRTLLM,
     RecordError,
-    poll_trtllm,
     record_events,
     translate_lines,
 )
+from hopline.middleware.trtllm_poll import poll_trtllm
 from litellm_testing import FIXTURES, helpers
 
 SGLANG_LOG = FIXTURES / "sglang-0.5.23-request-metrics.log"
@@ -174,7 +174,7 @@ def test_trtllm_record_without_offset_is_refused_with_the_reason():
     assert translated == b'{"ts": 1.0}' and errors == [
         (
             "line 1: tensorrt-llm record 17: no hopline_clock_offset_s (its times are a monotonic clock; "
-            "save records with `python -m hopline.middleware.contract.records poll-trtllm`)"
+            "save records with `hopline poll-trtllm`)"
         )
     ]
 
