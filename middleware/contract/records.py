@@ -109,8 +109,8 @@ class RecordFormat:
     timestamps are already Unix epoch time). ``per_second``: units of the times and durations
     per second (1000: milliseconds). ``hops``: hop -> the alternatives for its time, each a sum of
     signed fields; a ``prefill.*`` (``decode.*``) hop is that P/D leg's, emitted as ``engine.*``
-    with ``leg``. ``stats``: stats hop -> attribute -> alternatives (seconds). ``attrs``: (event
-    attribute, field, hops that carry it). ``source``: the code the row was read from.
+    with ``leg``. ``stats``: stats hop -> attribute -> alternatives (in the row's unit, saved as
+    seconds). ``attrs``: (event attribute, field, hops that carry it). ``clock`` is in seconds. ``source``: the code the row was read from.
     """
 
     name: str
