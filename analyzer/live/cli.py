@@ -17,6 +17,8 @@ from hopline.analyzer.live.alertmanager import AlertSender
 from hopline.analyzer.live.detector import LiveConfig, LiveDetector
 from hopline.analyzer.live.feed import Tail, replay
 from hopline.analyzer.live.watch import STATE_NAME, SentState, Watch
+from hopline.analyzer.live.windowed import CollectorFeed, WindowDetector
+from hopline.analyzer.windows import WindowsError
 from hopline.middleware.contract.durations import parse_duration
 from hopline.middleware.exits import ClickException, UsageError
 from hopline.middleware.contract.rules import scope_sources
@@ -32,6 +34,9 @@ Follow the collector's store (or a file sink's NDJSON) and alert through Alertma
 
 At hundreds of requests/s and more, analyse a fixed sixteenth of the requests (chosen by request ID):
 [bold]hopline watch --follow /var/lib/hopline --sample 0.0625 --horizon 10m[/bold]
+
+Across collectors on several machines, read their window summaries over HTTP (the cost follows windows x scope values, not requests):
+[bold]hopline watch --collector http://c1:9400 --collector http://c2:9400 --collector-token "$HOPLINE_COLLECTOR_READ_TOKEN" --alertmanager http://alertmanager:9093[/bold]
 
 Each alert is printed as Alertmanager receives it, with the event-time seconds since its onset:
 [2026-01-05T10:06:40Z +40s since onset] FIRING HoplineShift{severity=critical, direction=up, stage=queue, replica=r2, model=llama-3.1-8b}: queue time tripled at 10:06 on replica r2 (p50 39 → 126 ms); ...
@@ -135,6 +140,32 @@ def run_follow(watch: Watch, paths: list[Path], poll_s: float, until_quiet_s: fl
             time.sleep(poll_s)
 
 
+def collector_urls(given: list[str] | None) -> list[str]:
+    """``--collector`` (repeatable, each may be comma-separated): base URLs, http(s) only."""
+    urls = [u.strip() for g in given or [] for u in g.split(",") if u.strip()]
+    for url in urls:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"--collector wants a collector's base URL, e.g. http://c1:9400, got {url!r}")
+    return urls
+
+
+def run_collectors(watch: Watch, poll_s: float, until_quiet_s: float | None = None) -> None:
+    """Poll the collectors' windows and step on what they served; with ``until_quiet_s``, stop
+    once no new window part came for that long (wall clock, counted from the first) and finish
+    (``WindowDetector.drain``)."""
+    detector = watch.detector
+    last_news: float | None = None
+    while True:
+        before = detector.feed.series.requests
+        detector.poll()
+        if detector.feed.series.requests != before:
+            last_news = time.monotonic()
+        elif until_quiet_s is not None and last_news is not None and time.monotonic() - last_news >= until_quiet_s:
+            detector.drain()
+            return
+        time.sleep(poll_s)
+
+
 State = Annotated[
     str | None,
     typer.Option(
@@ -146,7 +177,7 @@ State = Annotated[
 UntilQuiet = Annotated[
     str | None,
     typer.Option(
-        help="--follow: stop once nothing new came for this long, and finish as a replay does "
+        help="--follow, --collector: stop once nothing new came for this long, and finish as a replay does "
         "(time runs on without events; what fires resolves once its scope stays quiet)."
     ),
 ]
@@ -227,6 +258,20 @@ def watch_command(
             help="Follow NDJSON as it grows: the collector's store folder (--data-dir) or a file sink's files."
         ),
     ] = None,
+    collector: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Read these collectors' window summaries (GET /v1/windows) over HTTP and detect on them "
+            "(repeatable, or comma-separated): one watcher for every shard; --window must be theirs.",
+        ),
+    ] = None,
+    collector_token: Annotated[
+        str | None,
+        typer.Option(
+            envvar="HOPLINE_COLLECTOR_READ_TOKEN",
+            help="--collector: send 'Authorization: Bearer <token>' (the collectors' --read-token).",
+        ),
+    ] = None,
     alertmanager: Annotated[
         list[str] | None,
         typer.Option(help=f"Alertmanager base URL (repeatable; else ${ENV_ALERTMANAGER}, comma-separated)."),
@@ -256,7 +301,7 @@ def watch_command(
     resend: Annotated[
         str, typer.Option(help="Re-send firing alerts this often (below Alertmanager's resolve_timeout).")
     ] = "1m",
-    poll: Annotated[str, typer.Option(help="--follow: how often to look for new lines.")] = "1s",
+    poll: Annotated[str, typer.Option(help="--follow: how often to look for new lines; --collector: to ask for new windows.")] = "1s",
     until_quiet: UntilQuiet = None,
     state: State = None,
     hold: Hold = None,
@@ -276,9 +321,12 @@ def watch_command(
         ),
     ] = 1.0,
 ) -> None:
-    if bool(replay_paths) == bool(follow):
-        raise UsageError("give --replay PATH or --follow PATH (one of them)")
+    if sum(map(bool, (replay_paths, follow, collector))) != 1:
+        raise UsageError("give --replay PATH, --follow PATH or --collector URL (one of them)")
     try:
+        urls_in = collector_urls(collector)
+        if urls_in and sample != 1.0:
+            raise ValueError("--sample is for --replay and --follow: --collector reads every request's windows")
         bound = future if follow else None  # a replay has no wall clock
         cfg = live_config(by, window, horizon, recent, settle, lateness, hold, sample, bound)
         urls = alertmanager_urls(alertmanager)
@@ -291,7 +339,12 @@ def watch_command(
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
     paths = list(replay_paths or follow or [])
-    watch = Watch(LiveDetector(cfg), sender=sender, out=printer(), store=str(paths[0]), json_out=json_out)
+    if urls_in:
+        feed = CollectorFeed(urls_in, token=collector_token, warn=lambda line: print(line, file=sys.stderr, flush=True))
+        detector = WindowDetector(feed, cfg)
+        watch = Watch(detector, sender=sender, out=printer(), store=None, json_out=json_out)  # type: ignore[arg-type]
+    else:
+        watch = Watch(LiveDetector(cfg), sender=sender, out=printer(), store=str(paths[0]), json_out=json_out)
     watch.state = SentState.load(state_path(state, follow))
     if sender is not None:
         sender.start()
@@ -303,16 +356,22 @@ def watch_command(
                 if not report.events:
                     raise ClickException(f"no hop events in {', '.join(map(str, paths))}")
                 summary(watch, report)
+            elif urls_in:
+                run_collectors(watch, poll_s, quiet_s)
             else:
                 run_follow(watch, paths, poll_s, quiet_s)
     except FileNotFoundError as exc:
         raise UsageError(str(exc)) from exc
+    except WindowsError as exc:
+        raise ClickException(str(exc)) from exc
     except KeyboardInterrupt:
         pass
     finally:
         if sender is not None:
             sender.close()
             undelivered = watch.finish()
+    if urls_in:
+        detector.feed.close()
     if undelivered and (replay_paths or quiet_s is not None):  # it finished by itself: say it failed
         raise ClickException(
             f"{undelivered} alert{'s' if undelivered != 1 else ''} reached no Alertmanager "

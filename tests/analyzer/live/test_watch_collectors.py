@@ -1,0 +1,127 @@
+"""``hopline watch --collector URL…`` (issue 36, route b): three real collector processes fed by
+the sharded sink, one watcher that reaches them over HTTP only (their window summaries, GET
+/v1/windows, with the collectors' read token) and a real Alertmanager with a webhook receiver.
+
+The log: two replicas at 20 requests/s for 10 minutes; queue x3 on r2 from 3:00 to 6:00. The
+events are sent while the watcher runs, a minute of event time at a time. One incident is one
+alert: fired once (queue on r2, onset 3:00, the shift detector's sentence), resolved once; the
+same stage, scope and onset as the request-level detector on the whole log (``find_shifts``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+import time
+
+import orjson
+import polars as pl
+import pytest
+from hopline.analyzer.findings.shifts.detector import find_shifts
+from hopline.analyzer.timelines import timelines
+from hopline.middleware.sharded_sink import ShardedHttpSink
+from support.alertmanager import alertmanager_with_webhook
+from support.collector import collector_process
+from support.servers import wait_until
+from support.synth import StageShift, generate
+
+RISE = StageShift("queue", 3.0, at_s=180, until_s=360, scope={"replica": "r2"})
+SHORT = ("--horizon", "4m", "--recent", "2m")
+TOKENS = ("--token", "write-secret", "--read-token", "read-secret")
+LABELS = {
+    "alertname": "HoplineShift", "severity": "critical", "direction": "up", "side": "engine", "stage": "queue",
+    "replica": "r2", "model": "llama-3.1-8b",  # every request on r2 was for it (the log has one model)
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def events() -> pl.DataFrame:
+    return generate(duration_s=600, rate=20, seed=7, replicas=("r1", "r2"), incidents=[RISE]).sort("ts")
+
+
+def rows_of(events: pl.DataFrame) -> list[list[dict]]:
+    """The events as the sink takes them, a minute of event time a batch."""
+    minute = (pl.col("ts") // 60).alias("_minute")
+    parts = events.drop("attrs").with_columns(minute).partition_by("_minute", maintain_order=True)
+    return [[{k: v for k, v in r.items() if v is not None and k != "_minute"} for r in p.to_dicts()] for p in parts]
+
+
+def watcher(urls: list[str], alertmanager: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "hopline.analyzer.live", *(a for u in urls for a in ("--collector", u)),
+         "--collector-token", "read-secret", *SHORT, "--json", "--poll", "0.2s", "--until-quiet", "20s",
+         "--alertmanager", alertmanager],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def check_one_alert(out: str, webhook) -> None:
+    lines = [orjson.loads(x) for x in out.splitlines()]
+    firing = [x["alert"] for x in lines if not x["alert"].get("endsAt")]
+    resolved = [x["alert"] for x in lines if x["alert"].get("endsAt")]
+    assert [a["labels"] for a in firing] == [LABELS], out[-3000:]
+    assert firing[0]["startsAt"] == "2026-01-05T10:03:00Z"
+    assert firing[0]["annotations"]["summary"].startswith("queue time tripled at 10:03 on replica r2 (p50 ")
+    assert "prefill and decode unchanged" in firing[0]["annotations"]["summary"]
+    assert [a["labels"] for a in resolved] == [LABELS]
+    assert resolved[0]["endsAt"] == "2026-01-05T10:06:00Z"  # the burst's end, as the windows saw it
+    wait_until("the resolved notification", lambda: webhook.alerts("resolved"), timeout=90)
+    assert {tuple(sorted(a["labels"].items())) for a in webhook.alerts()} == {tuple(sorted(LABELS.items()))}
+    assert [a["status"] for a in webhook.alerts()].count("firing") >= 1
+
+
+def test_one_watch_over_three_collectors_gives_one_alert_fired_and_resolved_once(tmp_path, events):
+    offline = find_shifts(timelines(events.lazy()).collect(), 10.0, ("replica", "model", "service"))
+    assert (offline[0].stage, offline[0].scope, offline[0].at) == ("queue", {"replica": "r2"}, 1767607380.0)
+    with contextlib.ExitStack() as stack:
+        urls = [stack.enter_context(collector_process(tmp_path / f"c{i}", *TOKENS))[1] for i in range(3)]
+        am, webhook = stack.enter_context(alertmanager_with_webhook(tmp_path))
+        watch = watcher(urls, am.url)
+        stack.callback(lambda: watch.poll() is None and watch.kill())
+        sink = ShardedHttpSink(urls, capacity=200_000, batch_size=2000, flush_interval=0.05, token="write-secret")
+        for batch in rows_of(events):
+            sink.write(batch)
+            time.sleep(0.5)
+        sink.set_deadline(time.monotonic() + 120)
+        sink.close()
+        assert sink.delivery_counts()["dropped_sink"] == 0
+        out, err = watch.communicate(timeout=600)
+        assert watch.returncode == 0, err[-3000:]
+        check_one_alert(out, webhook)
+        assert "not read" not in err, err[-2000:]  # every collector answered every poll
+
+
+def test_a_collector_killed_and_restarted_mid_run_the_alert_still_fires(tmp_path, events):
+    """Collector 1 is killed before the rise's minutes are sent and restarted on its port (its
+    windows not yet served are lost, said by the watcher on stderr; the sink retries what it
+    could not deliver): the rise is still one alert, fired and resolved once."""
+    with contextlib.ExitStack() as stack:
+        dirs = [tmp_path / f"c{i}" for i in range(3)]
+        procs, urls = [], []
+        for d in dirs:
+            proc, url = stack.enter_context(collector_process(d, *TOKENS))
+            procs.append(proc)
+            urls.append(url)
+        am, webhook = stack.enter_context(alertmanager_with_webhook(tmp_path))
+        watch = watcher(urls, am.url)
+        stack.callback(lambda: watch.poll() is None and watch.kill())
+        sink = ShardedHttpSink(
+            urls, capacity=200_000, batch_size=2000, flush_interval=0.05, token="write-secret", retry_budget=120.0
+        )
+        batches = rows_of(events)
+        for n, batch in enumerate(batches):
+            if n == 2:  # 2:00 of event time: collector 1 goes down, and comes back on its port
+                time.sleep(3)
+                procs[1].kill()
+                procs[1].wait(timeout=10)
+                port = int(urls[1].rsplit(":", 1)[1])
+                stack.enter_context(collector_process(dirs[1], *TOKENS, port=port))
+            sink.write(batch)
+            time.sleep(0.5)
+        sink.set_deadline(time.monotonic() + 120)
+        sink.close()
+        out, err = watch.communicate(timeout=600)
+        assert watch.returncode == 0, err[-3000:]
+        assert f"collector {urls[1]} not read" in err  # said once it was down
+        check_one_alert(out, webhook)
