@@ -139,7 +139,7 @@ def cpu_us_per(fn, n: int) -> float:
 def _ingest_once(batches: list[bytes], fsync: str, requests: int) -> tuple[float, float]:
     """(wall seconds, CPU seconds) to ingest ``batches`` into a fresh collector."""
     tmp = Path(tempfile.mkdtemp(prefix="hopline-bench-"))
-    c = build_collector(CollectorConfig(data_dir=tmp, grace_s=0, fsync=fsync))
+    c = build_collector(CollectorConfig(data_dir=tmp, grace=0, fsync=fsync))
     c.store.open()
 
     async def run() -> None:
@@ -213,7 +213,7 @@ def bench_ingest(requests: int, rounds: int) -> None:
         print(f"| {name} | {_median(values)} |")
     # where the time goes, one pass
     tmp = Path(tempfile.mkdtemp(prefix="hopline-bench-"))
-    c = build_collector(CollectorConfig(data_dir=tmp, grace_s=0, fsync="batch"))
+    c = build_collector(CollectorConfig(data_dir=tmp, grace=0, fsync="batch"))
     c.store.open()
     parsed: list = []
     parse = cpu_us_per(lambda: parsed.extend(c.ingestor.parse(b, "ndjson") for b in batches), n)
@@ -316,7 +316,7 @@ def bench_memory(total: int, max_open: int) -> None:
     me = psutil.Process()
     rss0 = me.memory_info().rss
     tmp = Path(tempfile.mkdtemp(prefix="hopline-bench-"))
-    c = build_collector(CollectorConfig(data_dir=tmp, grace_s=0, fsync="batch", max_open_requests=max_open))
+    c = build_collector(CollectorConfig(data_dir=tmp, grace=0, fsync="batch", max_open=max_open))
     c.store.open()
     print(f"## memory: {total:,} requests (4 engine hops; every 10th never finishes), max_open={max_open:,}")
     checkpoints = {100_000, 500_000, 1_000_000, total}

@@ -57,7 +57,7 @@ def bench_fuzz(cases: int) -> None:
     from ingest_fuzz import run_fuzz
 
     tmp = Path(tempfile.mkdtemp(prefix="hopline-fuzz-"))
-    config = CollectorConfig(data_dir=tmp, fsync="none", grace_s=0.0)
+    config = CollectorConfig(data_dir=tmp, fsync="none", grace=0.0)
     start = time.perf_counter()
     with serve(config) as c:
         report = run_fuzz(c.url, cases)

@@ -55,6 +55,7 @@ from support.synth import StageShift, generate  # noqa: E402
 QS = (0.5, 0.9, 0.99)
 MIN_VALUES = 10  # a (window, replica, stage) cell with fewer values is left out of the error table
 WIDTH = 10.0
+NO_STORE = Path("/nonexistent/hopline-bench")  # the summaries alone never touch the data directory
 
 
 REPRO = Path(__file__).resolve().parents[1] / "tests" / "data" / "repro"
@@ -103,7 +104,8 @@ def datasets(demo: Path | None = None) -> dict[str, dict[str, list[dict]]]:
 def bench_error(sets: dict[str, dict[str, list[dict]]]) -> None:
     for name, by_id in sets.items():
         # keep every window: the recordings are days apart
-        shards = [WindowSummaries(width_s=WIDTH, settle_s=0, keep_s=1e9) for _ in range(3)]
+        config = CollectorConfig(data_dir=NO_STORE, window=WIDTH, window_settle=0.0, window_keep=1e9)
+        shards = [WindowSummaries.from_config(config) for _ in range(3)]
         exact: dict[tuple, list[float]] = collections.defaultdict(list)
         for rid, events in by_id.items():
             values, described = compute_stages(events), describe_request(events)
@@ -141,7 +143,7 @@ def bench_error(sets: dict[str, dict[str, list[dict]]]) -> None:
 
 def _run(bodies: list[bytes], events: int, window: str) -> tuple[float, int]:
     tmp = Path(tempfile.mkdtemp(prefix="hopline-bench-windows-"))
-    options = {"data_dir": tmp, "window_s": window, "fsync": "none", "grace_s": "1h"}
+    options = {"data_dir": tmp, "window": window, "fsync": "none", "grace": "1h"}
     config = CollectorConfig.from_options(options)
     c = build_collector(config)
     c.store.open()
@@ -173,7 +175,7 @@ def _calls(by_id: dict[str, list[dict]]) -> list[tuple]:
 
 def _summaries_alone(calls: list[tuple]) -> float:
     """CPU seconds of the summaries' whole work for these requests: every add, every fold, the answer."""
-    windows = WindowSummaries(width_s=WIDTH)
+    windows = WindowSummaries.from_config(CollectorConfig(data_dir=NO_STORE, window=WIDTH))
     cpu0 = time.process_time()
     for call in calls:
         windows.add(*call)

@@ -36,7 +36,7 @@ def ingest(path: Path) -> None:
     lines = path.read_bytes().splitlines()
     batches = batches_of(lines)
     tmp = Path(tempfile.mkdtemp(prefix="hopline-ir-"))
-    c = build_collector(CollectorConfig(data_dir=tmp, grace_s=0, fsync="batch"))
+    c = build_collector(CollectorConfig(data_dir=tmp, grace=0, fsync="batch"))
     c.store.open()
 
     async def run() -> None:

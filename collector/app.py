@@ -73,42 +73,22 @@ class Collector:
 
 
 def build_collector(config: CollectorConfig) -> Collector:
-    """The collector's parts, wired (no threads or tasks started: the app's lifespan does that)."""
+    """The collector's parts, wired (no threads or tasks started: the app's lifespan does that).
+    Each part takes its settings from ``config`` (``from_config``)."""
     registry = ExpositionRegistry()
-    recorder = Recorder(build_metrics(registry), label_cap=config.label_cap, scope_cap=config.scope_cap)
-    store = EventStore(
-        config.data_dir,
-        fsync=config.fsync,
-        fsync_interval_s=config.fsync_interval_s,
-        min_free=config.healthz_min_free,
-    )
-    joiner = Joiner(
-        recorder,
-        grace_s=config.grace_s,
-        ttl_s=config.ttl_s,
-        max_open=config.max_open_requests,
-        finished_cache=config.completed_cache,
-        kv_bytes_per_token=config.kv_bytes_per_token,
-        max_open_bytes=config.max_open_bytes,
-        max_finished_bytes=config.max_finished_bytes,
-        max_events=config.max_events_per_request,
-        recent=config.recent_requests,
-    )
+    recorder = Recorder.from_config(config, build_metrics(registry))
+    store = EventStore.from_config(config)
+    joiner = Joiner.from_config(config, recorder)
     if config.otlp_export:  # each finished request as a trace (otlp_export.py)
         from hopline.collector.otlp_export import finished_request_exporter
 
         joiner.on_finish = finished_request_exporter(config.otlp_export)
-    dedup = RecentKeys(config.dedup_capacity, config.dedup_window_s)
+    dedup = RecentKeys.from_config(config)
     m = recorder.m
-    if config.window_s > 0:  # GET /v1/windows
+    if config.window > 0:  # GET /v1/windows
         overflowed = {by: m.window_scopes_overflowed.labels(by=by) for by in config.window_by}
-        joiner.windows = windows = WindowSummaries(
-            width_s=config.window_s,
-            keep_s=config.window_keep_s,
-            by=config.window_by,
-            scope_cap=config.window_scope_cap,
-            settle_s=config.window_settle_s,
-            on_overflow=lambda by, count: overflowed[by].inc(count),
+        joiner.windows = windows = WindowSummaries.from_config(
+            config, on_overflow=lambda by, count: overflowed[by].inc(count)
         )
         m.window_summary_bytes.set_function(windows.memory_bytes)
     m.open_requests.set_function(lambda: len(joiner.open))
@@ -118,8 +98,8 @@ def build_collector(config: CollectorConfig) -> Collector:
     for why in WHY:  # every reason shows from the start, at 0
         m.http_connections_closed.labels(why=why)
     scraper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hopline-scrape")
-    ingestor = Ingestor(store, joiner, recorder, dedup, EmitterStats(registry), max_future_s=config.max_future_s)
-    receiver = otlp.OtlpReceiver(ingestor, registry, config.otlp_resource)
+    ingestor = Ingestor.from_config(config, store, joiner, recorder, dedup, EmitterStats(registry))
+    receiver = otlp.OtlpReceiver.from_config(config, ingestor, registry)
     return Collector(config, registry, recorder, store, joiner, ingestor, scraper, receiver)
 
 
@@ -129,8 +109,8 @@ def connection_limits(c: Collector) -> ConnectionLimits:
     closed = c.recorder.m.http_connections_closed
     return ConnectionLimits(
         c.config.max_connections,
-        c.config.header_timeout_s,
-        c.config.body_timeout_s,
+        c.config.header_timeout,
+        c.config.body_timeout,
         on_close=lambda why: closed.labels(why=why).inc(),
     )
 
@@ -157,7 +137,7 @@ async def _housekeeping(c: Collector) -> None:
             if c.config.fsync == "interval":
                 await loop.run_in_executor(c.ingestor.writer, lambda: c.store.sync(force=False))
             if time.monotonic() >= next_compaction:
-                next_compaction = time.monotonic() + c.config.compact_interval_s
+                next_compaction = time.monotonic() + c.config.compact_interval
                 await loop.run_in_executor(None, _compact_and_expire, c)
         except asyncio.CancelledError:
             raise
@@ -191,13 +171,13 @@ def _compact_and_expire(c: Collector) -> None:
         logger.error("part_quarantined", path=str(path), reason=reason)
 
     try:
-        for path in c.store.compact(c.config.compact_delay_s, on_quarantine=quarantined):
+        for path in c.store.compact(c.config.compact_delay, on_quarantine=quarantined):
             logger.info("hour_compacted", path=str(path))
     except (OSError, StoreError) as exc:
         m.compaction_failures.inc()
         logger.warning("compaction_failed", error=str(exc))
     try:
-        for path in c.store.expire(c.config.retention_s):
+        for path in c.store.expire(c.config.retention):
             logger.info("hour_expired", path=str(path))
     except OSError as exc:
         m.compaction_failures.inc()
@@ -261,12 +241,7 @@ async def _start(c: Collector) -> list[asyncio.Task]:
     tasks = [asyncio.create_task(_housekeeping(c), name="hopline-housekeeping")]
     config = c.config
     if config.tail:
-        tailer = Tailer(
-            config.tail,
-            config.data_dir / "tail-state.json",
-            lambda data: c.ingestor.ingest(data, "ndjson"),
-            interval_s=config.tail_interval_s,
-        )
+        tailer = Tailer.from_config(config, lambda data: c.ingestor.ingest(data, "ndjson"))
         tasks.append(asyncio.create_task(tailer.run(), name="hopline-tail"))
     logger.info("collector_started", data_dir=str(config.data_dir), fsync=config.fsync, tail=list(config.tail))
     return tasks

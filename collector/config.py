@@ -1,16 +1,22 @@
 """The collector's settings, each declared once: the fields of ``CollectorConfig``.
 
-A field made with ``setting(...)`` is a user setting. Its one declaration gives the option
-(``--grace``), the environment variable (``HOPLINE_GRACE``, derived from the option), the key in a
-``--config`` TOML file (``grace``), the default as a user writes it (``2s``), how text becomes the
-value (``parse``: a ValueError names what is wrong) and the range of a number, and the help line.
-``cli.py`` makes the ``hopline collector`` command from these declarations, ``markdown_table()``
-the README's table of settings (a test compares them). Fields without ``setting`` are limits
-tuned in code and tests: every limit that bounds memory or disk is here with the reason for it.
+A field made with ``setting(...)`` is a user setting. Its name is its option (``max_open``:
+``--max-open``), and its one declaration gives the environment variable (``HOPLINE_MAX_OPEN``), the
+key in a ``--config`` TOML file (``max-open``), the default as a user writes it (``2s``), how text
+becomes the value (``parse``: a ValueError names what is wrong) and the range of a number, and the
+help line. ``cli.py`` makes the ``hopline collector`` command from these declarations,
+``markdown_table()`` the README's table of settings (a test compares them). Fields without
+``setting`` are limits tuned in code and tests: every limit that bounds memory or disk is here with
+the reason for it. Durations are seconds and sizes bytes, named without a unit (as the options are).
+
+The collector's parts take their settings from here and nowhere else: each has a
+``from_config(config, ...)`` that passes the fields it uses under the same names (``Joiner(grace=...)``),
+and none has a default of its own for them. A new setting is its field here plus the code that uses it.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import MISSING, Field, dataclass, field, fields, replace
 from pathlib import Path
@@ -31,7 +37,6 @@ ENV_PREFIX = "HOPLINE_"
 class Setting:
     """What one field needs to be a setting of ``hopline collector`` (see ``setting``)."""
 
-    option: str  # "--grace"
     help: str
     show: str | None = None  # the default as written on the command line ("2s"); None: not shown
     parse: Callable[[Any], Any] | None = None  # the command line's value -> the field's value
@@ -41,6 +46,12 @@ class Setting:
     max: int | None = None
     choices: tuple[str, ...] = ()
     metavar: str | None = None  # the value's name in --help (default: from the kind)
+    name: str = ""  # the field's name ("max_open"), filled in by ``settings()``
+
+    @property
+    def option(self) -> str:
+        """The command line's option: the field's name with dashes (``--max-open``)."""
+        return "--" + self.name.replace("_", "-")
 
     @property
     def key(self) -> str:
@@ -111,113 +122,104 @@ MIB = 1024 * 1024
 
 @dataclass(frozen=True)
 class CollectorConfig:
-    data_dir: Path = setting(
-        option="--data-dir", kind=Path, help="Where events are stored (DIR/events/date=…/hour=…)."
-    )
-    host: str = setting("127.0.0.1", option="--host", help="Address to listen on.")
-    port: int = setting(
-        9400, option="--port", kind=int, min=0, max=65535,
-        help="Port to listen on (0: any free port).",
-    )
+    data_dir: Path = setting(kind=Path, help="Where events are stored (DIR/events/date=…/hour=…).")
+    host: str = setting("127.0.0.1", help="Address to listen on.")
+    port: int = setting(9400, kind=int, min=0, max=65535, help="Port to listen on (0: any free port).")
     # GET /metrics and /v1/requests need "Authorization: Bearer <read_token>" (or <token>); without
     # a read token they need <token> when that is set. /healthz stays open.
-    token: str | None = setting(None, option="--token", help=(
+    token: str | None = setting(None, help=(
         "Bearer token POST /v1/events requires (GET /metrics and /v1/requests too, unless --read-token "
         "or --open-reads). An empty one is refused."))
-    read_token: str | None = setting(None, option="--read-token", help=(
+    read_token: str | None = setting(None, help=(
         "Bearer token GET /metrics and /v1/requests accept (besides --token, which they require when "
         "set). /healthz stays open."))
-    open_reads: bool = setting(False, option="--open-reads", kind=bool, help=(
+    open_reads: bool = setting(False, kind=bool, help=(
         "Leave /metrics and /v1/requests open even with --token (a Prometheus without credentials)."))
     # model name -> KV-cache bytes per token (see hopline.collector.kv_cache)
-    kv_bytes_per_token: dict[str, int] = setting(
-        factory=dict, option="--model-config", repeat=True, parse=model_configs, help=(
+    model_config: dict[str, int] = setting(
+        factory=dict, repeat=True, parse=model_configs, help=(
         "NAME=PATH (a Hugging Face config.json) or NAME=layers,kv_heads,head_dim,kv_dtype, for the "
         "KV-cache gauge. Repeatable."),
     )
-    retention_s: float = setting("14d", option="--retention", parse=durations, help=(
+    retention: float = setting("14d", parse=durations, help=(
         "Delete stored hours older than this (e.g. 36h, 14d)."))
-    tail: tuple[str, ...] = setting((), option="--tail", repeat=True, parse=tuple, help=(
+    tail: tuple[str, ...] = setting((), repeat=True, parse=tuple, help=(
         "Follow NDJSON files written by the file sink, e.g. '/var/log/hopline/events.ndjson*'. Repeatable."))
     # batch: write + fsync before every acknowledgement (survives power loss); interval: write
-    # before acknowledging, fsync at most every fsync_interval_s (survives a killed process, may
+    # before acknowledging, fsync at most every fsync_interval (survives a killed process, may
     # lose the last interval on power loss); none: write only, the OS decides.
-    fsync: str = setting("batch", option="--fsync", choices=FSYNC_POLICIES, help=(
+    fsync: str = setting("batch", choices=FSYNC_POLICIES, help=(
         "batch: fsync every batch before acknowledging it; interval: write before acknowledging, "
         "fsync every --fsync-interval; none: write only."))
-    fsync_interval_s: float = setting("1s", option="--fsync-interval", parse=durations, help=(
+    fsync_interval: float = setting("1s", parse=durations, help=(
         "fsync period of --fsync interval."))
-    max_body_bytes: int = setting(8 * MIB, option="--max-body", kind=int, min=1, help=(
+    max_body: int = setting(8 * MIB, kind=int, min=1, help=(
         "Largest request body accepted, in bytes (413 above), compressed or not."))
     # connections that never finish their request must not hold file descriptors (issue 34, item 2)
-    max_connections: int = setting(1000, option="--max-connections", kind=int, min=1, help=(
+    max_connections: int = setting(1000, kind=int, min=1, help=(
         "Most HTTP connections open at once: one beyond them is closed as it opens. Lowered to leave "
         "256 descriptors of the open-files limit (ulimit -n) to the collector's own files."))
-    header_timeout_s: float = setting("10s", option="--header-timeout", parse=durations, help=(
+    header_timeout: float = setting("10s", parse=durations, help=(
         "Close a connection whose request line and headers are not complete this long after it "
         "opened (or after the first byte of its next request)."))
-    body_timeout_s: float = setting("30s", option="--body-timeout", parse=durations, help=(
+    body_timeout: float = setting("30s", parse=durations, help=(
         "Close a connection that sends no byte of its request's body for this long."))
     # a sender's clock a year ahead would move every live detector's event time a year forward
-    max_future_s: float = setting("5m", option="--max-future", parse=durations, help=(
+    max_future: float = setting("5m", parse=durations, help=(
         "Refuse an event whose ts is more than this ahead of the collector's own clock (a sender's "
         "clock gone wrong); the batch's other events are stored."))
-    healthz_min_free: int = setting("64MiB", option="--healthz-min-free", parse=sizes, metavar="SIZE", help=(
+    healthz_min_free: int = setting("64MiB", parse=sizes, metavar="SIZE", help=(
         "/healthz answers 503 while the data directory's file system has less free space than this "
         "(the largest body the collector accepts, decompressed), so a load balancer drains a "
         "collector before a full disk refuses events; 0: only failed writes count."))
     # join
-    grace_s: float = setting("2s", option="--grace", parse=durations, help=(
+    grace: float = setting("2s", parse=durations, help=(
         "Wait this long for late hops once a request's final hops arrived."))
     # sliding: a request without max_tokens can decode for minutes
-    ttl_s: float = setting("15m", option="--ttl", parse=durations, help=(
+    ttl: float = setting("15m", parse=durations, help=(
         "An unfinished request expires this long after its last event."))
-    max_open_requests: int = setting(100_000, option="--max-open", kind=int, min=1, help=(
+    max_open: int = setting(100_000, kind=int, min=1, help=(
         "Most requests joined at once (the least recently active is evicted)."))
-    max_open_bytes: int = setting(
-        256 * MIB, option="--max-open-bytes", kind=int, min=1, help=(
-        "Most estimated bytes of events held by open requests (oldest evicted)."),
-    )
-    completed_cache: int = setting(10_000, option="--finished-cache", kind=int, min=0, help=(
+    max_open_bytes: int = setting(256 * MIB, kind=int, min=1, help=(
+        "Most estimated bytes of events held by open requests (oldest evicted)."))
+    finished_cache: int = setting(10_000, kind=int, min=0, help=(
         "Finished requests kept for GET /v1/requests/{id}."))
-    recent_requests: int = setting(100_000, option="--recent-requests", kind=int, min=1, help=(
+    recent_requests: int = setting(100_000, kind=int, min=1, help=(
         "Finished requests kept in brief (~350 bytes each) for GET /v1/requests?since=…&slowest=N."))
     # per-window, per-scope summaries (windows.py): DDSketches that merge across collectors
-    window_s: float = setting("10s", option="--window", parse=durations, help=(
+    window: float = setting("10s", parse=durations, help=(
         "Width of the per-window, per-scope summaries of finished requests served at GET /v1/windows "
         "(windows aligned to Unix time, by each request's start; 0s: none kept)."))
-    window_keep_s: float = setting("1h", option="--window-keep", parse=durations, help=(
+    window_keep: float = setting("1h", parse=durations, help=(
         "Window summaries kept, in event time behind the newest window."))
     window_by: tuple[str, ...] = setting(
-        ",".join(WINDOW_BY), option="--window-by", parse=window_scopes, help=(
+        ",".join(WINDOW_BY), parse=window_scopes, help=(
         "Scope attributes summarized per window, comma-separated (of replica, model, service, region, "
         "route, prefill_replica, decode_replica, …)."),
     )
-    window_scope_cap: int = setting(128, option="--window-scope-cap", kind=int, min=1, help=(
+    window_scope_cap: int = setting(128, kind=int, min=1, help=(
         "Most values of one attribute in one window; later ones are summarized as other (counted in "
         "hopline_collector_window_scopes_overflowed)."))
-    dedup_capacity: int = setting(500_000, option="--dedup-capacity", kind=int, min=1, help=(
+    dedup_capacity: int = setting(500_000, kind=int, min=1, help=(
         "Event keys per dedup generation (two are kept): retries within it are dropped."))
-    dedup_window_s: float = setting("10m", option="--dedup-window", parse=durations, help=(
+    dedup_window: float = setting("10m", parse=durations, help=(
         "A dedup generation older than this is forgotten."))
     # OTLP: scope field -> resource attributes to read it from, in place of spans.RESOURCE_SCOPE's
     otlp_resource: dict[str, tuple[str, ...]] = setting(
-        factory=dict, option="--otlp-resource", repeat=True, parse=resource_maps, help=(
+        factory=dict, repeat=True, parse=resource_maps, help=(
         "FIELD=ATTR[,ATTR…]: read service, replica or model of OTLP spans from these resource "
         "attributes, e.g. replica=k8s.pod.name. Repeatable."),
     )
-    otlp_max_spans: int = setting(100_000, option="--otlp-max-spans", kind=int, min=1, help=(
+    otlp_max_spans: int = setting(100_000, kind=int, min=1, help=(
         "Most spans in one POST /v1/traces (413 with an OTLP error above); they are decoded, mapped "
         "and stored in slices off the event loop."))
-    otlp_export: str | None = setting(None, option="--otlp-export", help=(
+    otlp_export: str | None = setting(None, help=(
         "Send each finished request as a trace (root + one span per stage) to this OTLP/HTTP traces "
         "URL, e.g. http://tempo:4318/v1/traces."))
-    log_level: str = setting(
-        "warning", option="--log-level", choices=LOG_LEVELS, help="uvicorn's log level."
-    )
+    log_level: str = setting("warning", choices=LOG_LEVELS, help="uvicorn's log level.")
 
     # -- limits tuned in code and tests ------------------------------------------------------------
-    tail_interval_s: float = 0.5
+    tail_interval: float = 0.5
     max_decompressed_bytes: int = 64 * MIB  # gzip bombs stop here (413)
     # lines (or array items) per body, 413 above: bounds the parse time of one body (~10 µs a
     # line at worst, so ~0.5 s on the parse thread) whatever its bytes hold; sinks send 1,000
@@ -230,9 +232,9 @@ class CollectorConfig:
     scope_cap: int = 128
     # a window's rows are folded into its sketches (and served) this long after it ends: requests
     # that started in it and finish later still land in it
-    window_settle_s: float = 30.0
-    compact_interval_s: float = 60.0  # how often closed hours are compacted and retention applied
-    compact_delay_s: float = 60.0  # an hour is compacted this long after it closed
+    window_settle: float = 30.0
+    compact_interval: float = 60.0  # how often closed hours are compacted and retention applied
+    compact_delay: float = 60.0  # an hour is compacted this long after it closed
 
     def __post_init__(self) -> None:
         for f, s in settings():
@@ -243,13 +245,13 @@ class CollectorConfig:
             value = getattr(self, name)
             if value is not None and not value.strip():
                 raise ValueError(f"{name} is empty: give a real token, or none to run without auth")
-        for name, option in (("header_timeout_s", "--header-timeout"), ("body_timeout_s", "--body-timeout")):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{option} must be more than 0, got {getattr(self, name)!r}")
-        if not (self.window_s >= 0 and self.window_keep_s >= self.window_s):
+        for option, value in (("--header-timeout", self.header_timeout), ("--body-timeout", self.body_timeout)):
+            if not value > 0:
+                raise ValueError(f"{option} must be more than 0, got {value!r}")
+        if not (self.window >= 0 and self.window_keep >= self.window):
             raise ValueError(
-                f"--window must be 0 or more and --window-keep at least --window, got {self.window_s!r} and "
-                f"{self.window_keep_s!r}"
+                f"--window must be 0 or more and --window-keep at least --window, got {self.window!r} and "
+                f"{self.window_keep!r}"
             )
         object.__setattr__(self, "window_by", window_scopes(self.window_by))
         object.__setattr__(self, "data_dir", Path(self.data_dir))
@@ -286,9 +288,13 @@ class CollectorConfig:
 
 def settings() -> Iterator[tuple[Field, Setting]]:
     """(field, its declaration) for every user setting, in declaration order."""
-    for f in fields(CollectorConfig):
-        if "setting" in f.metadata:
-            yield f, f.metadata["setting"]
+    return iter(_settings())
+
+
+@functools.cache
+def _settings() -> tuple[tuple[Field, Setting], ...]:
+    declared = (f for f in fields(CollectorConfig) if "setting" in f.metadata)
+    return tuple((f, replace(f.metadata["setting"], name=f.name)) for f in declared)
 
 
 def markdown_table() -> str:

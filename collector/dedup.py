@@ -1,9 +1,9 @@
 """Bounded memory of recently seen event keys, to drop duplicates from sink retries.
 
 Two generations of sets: lookups check both, inserts go to the current one, and the current one
-becomes the previous one (the old previous is forgotten) when it holds ``capacity`` keys or is
-``window_s`` old (checked once per batch, so a generation may exceed
-``capacity`` by one batch). Memory stays under two generations whatever arrives; a retry is recognised
+becomes the previous one (the old previous is forgotten) when it holds ``dedup_capacity`` keys or is
+``dedup_window`` seconds old (checked once per batch, so a generation may exceed
+``dedup_capacity`` by one batch). Memory stays under two generations whatever arrives; a retry is recognised
 as long as it comes within one generation (seconds to minutes; sink retries come within seconds).
 
 The ingest path asks ``key in keys`` before writing a batch and ``update``s the set only after
@@ -16,14 +16,20 @@ from __future__ import annotations
 import time
 from collections.abc import Hashable
 
+from hopline.collector.config import CollectorConfig
+
 
 class RecentKeys:
-    def __init__(self, capacity: int = 500_000, window_s: float = 600.0) -> None:
-        self.capacity = capacity
-        self.window_s = window_s
+    def __init__(self, *, dedup_capacity: int, dedup_window: float) -> None:
+        self.dedup_capacity = dedup_capacity
+        self.dedup_window = dedup_window
         self._current: set[Hashable] = set()
         self._previous: set[Hashable] = set()
         self._started = time.monotonic()
+
+    @classmethod
+    def from_config(cls, config: CollectorConfig) -> RecentKeys:
+        return cls(dedup_capacity=config.dedup_capacity, dedup_window=config.dedup_window)
 
     def add(self, key: Hashable) -> bool:
         """Remember ``key``; False when it was already there (a duplicate)."""
@@ -45,7 +51,7 @@ class RecentKeys:
 
     def rotate_if_due(self) -> None:
         """Start a new generation when the current one is full or old (call once per batch)."""
-        if len(self._current) >= self.capacity or time.monotonic() - self._started > self.window_s:
+        if len(self._current) >= self.dedup_capacity or time.monotonic() - self._started > self.dedup_window:
             self._previous = self._current
             self._current = set()
             self._started = time.monotonic()

@@ -4,7 +4,7 @@
 Decompression, parsing and validation run on a parse thread, never on the event loop, so no
 body can stall ``/healthz`` or other requests; a body is bounded in decompressed bytes and in
 lines (413 above either). Every line is validated with ``contract.validate_event``, and its
-``ts`` may be at most ``max_future_s`` (``--max-future``) ahead of the collector's own clock: a
+``ts`` may be at most ``max_future`` (``--max-future``) ahead of the collector's own clock: a
 sender's clock gone wrong must not date events a year ahead (the contract takes any ``ts``
 before 2100; one such event moves a live detector's event time). Valid lines of a mixed batch
 are kept, invalid ones are reported by line number with the reason. What is
@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 from hopline.middleware.contract.errors import HoplineError
+from hopline.collector.config import CollectorConfig
 from hopline.collector.dedup import RecentKeys
 from hopline.collector.emitter_stats import EmitterStats, split_reports
 from hopline.collector.join import Joiner
@@ -207,13 +208,13 @@ class Ingestor:
         joiner: Joiner,
         recorder: Recorder,
         dedup: RecentKeys,
-        emitter_stats: EmitterStats | None = None,
+        emitter_stats: EmitterStats | None,
         *,
-        max_future_s: float | None = None,
+        max_future: float | None,
     ) -> None:
         self.store = store
-        # None: any ts the contract takes; the collector passes --max-future (5 min by default)
-        self.max_future_s = max_future_s
+        # seconds ahead of this clock an event's ts may be (--max-future); None: any the contract takes
+        self.max_future = max_future
         self.joiner = joiner
         self.recorder = recorder
         self.dedup = dedup
@@ -221,6 +222,18 @@ class Ingestor:
         self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hopline-store")
         # one parse thread: concurrent bodies queue (compressed) instead of multiplying memory
         self.parser = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hopline-parse")
+
+    @classmethod
+    def from_config(
+        cls,
+        config: CollectorConfig,
+        store: EventStore,
+        joiner: Joiner,
+        recorder: Recorder,
+        dedup: RecentKeys,
+        emitter_stats: EmitterStats | None,
+    ) -> Ingestor:
+        return cls(store, joiner, recorder, dedup, emitter_stats, max_future=config.max_future)
 
     def decode(
         self,
@@ -265,7 +278,7 @@ class Ingestor:
         keys: list = []
         sizes: list[int] = []
         rejected = result.rejected
-        ahead_s = self.max_future_s
+        ahead_s = self.max_future
         now = time.time()
         latest = now + ahead_s if ahead_s is not None else float("inf")
         # locals: one lookup per batch instead of one per line on the hot path

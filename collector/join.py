@@ -4,18 +4,19 @@ Per-request state is keyed by request ID (events with a trace stand-in first go 
 trace rule, ``trace_join.TraceRouter``). A request is *complete* when, for every component
 that reported on it (client, gateway, engine), the component's final hop
 (``contract.FINAL_HOPS``) arrived for the highest attempt that component reported; it is then
-finished after ``grace_s`` more seconds, so late hops (``engine.stats`` comes after
+finished after ``grace`` more seconds, so late hops (``engine.stats`` comes after
 ``engine.last_token``) still count. Events may arrive in any order: a new, higher attempt
-re-opens a request that looked complete. A request that stays incomplete expires ``ttl_s``
+re-opens a request that looked complete. A request that stays incomplete expires ``ttl`` seconds
 after its last event (sliding; long generations keep it alive) and is counted by its first
 missing hop. Outcome, scope and missing hops come from the rule book (``middleware/contract/rules.py``).
 At most ``max_open`` requests are open, holding at most ``max_open_bytes`` of
 events (estimated per event from its NDJSON size, ``event_bytes``): beyond either, the least
 recently active one is evicted and counted the same way. A request that reaches
-``max_events`` events is closed as incomplete (``overflow``) at once; its later events are
-stored but kept only up to the same cap in the finished LRU. So memory is bounded whatever
-arrives: by ``max_open_bytes`` for open requests and ``finished_cache`` x ``max_events`` events
-(and ``max_finished_bytes``) for finished ones.
+``max_events_per_request`` events is closed as incomplete (``overflow``) at once; its later events
+are stored but kept only up to the same cap in the finished LRU. So memory is bounded whatever
+arrives: by ``max_open_bytes`` for open requests and ``finished_cache`` x ``max_events_per_request``
+events (and ``max_finished_bytes``) for finished ones. Each bound is a setting or limit of
+``CollectorConfig`` (``Joiner.from_config``), under the same name.
 
 A request's events are kept as the validated dicts (no second decode when it finishes; a
 dict costs ~750 bytes against ~300 for its NDJSON line, bounded by ``max_open``). Finished
@@ -34,6 +35,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from hopline.collector.config import CollectorConfig
 from hopline.collector.metrics import Recorder
 from hopline.collector.recent import RecentRequests, summarize
 from hopline.collector.stages import compute_stages
@@ -57,7 +59,6 @@ FINAL_HOP_SET = frozenset(h for hops in FINAL_HOPS.values() for h in hops)
 # hop -> (component, is a final hop): one dict lookup per event on the hot path
 HOP_INFO = {hop: (component(hop), hop in FINAL_HOP_SET) for hop in HOPS}
 ENGINE_DONE = frozenset(FINAL_HOPS["engine"])
-MAX_EVENTS_PER_REQUEST = 512  # a request with more is closed as incomplete (bounded memory)
 
 
 def event_bytes(line_bytes: int) -> int:
@@ -135,28 +136,28 @@ class Joiner:
         self,
         recorder: Recorder,
         *,
-        grace_s: float = 2.0,
-        ttl_s: float = 900.0,
-        max_open: int = 100_000,
-        finished_cache: int = 10_000,
-        kv_bytes_per_token: Mapping[str, int] | None = None,
+        grace: float,
+        ttl: float,
+        max_open: int,
+        max_open_bytes: int,
+        finished_cache: int,
+        max_finished_bytes: int,
+        max_events_per_request: int,
+        recent_requests: int,
+        model_config: Mapping[str, int],  # model name -> KV-cache bytes per token
         clock: Callable[[], float] = time.monotonic,
-        max_open_bytes: int = 256 * 1024 * 1024,
-        max_finished_bytes: int = 64 * 1024 * 1024,
-        max_events: int = MAX_EVENTS_PER_REQUEST,
-        recent: int = 100_000,
     ) -> None:
         self.recorder = recorder
-        self.grace_s = grace_s
-        self.ttl_s = ttl_s
+        self.grace = grace
+        self.ttl = ttl
         self.max_open = max_open
         self.finished_cache = finished_cache
         self.max_open_bytes = max_open_bytes
         self.max_finished_bytes = max_finished_bytes
-        self.max_events = max_events
+        self.max_events_per_request = max_events_per_request
         self.open_bytes = 0  # estimated memory of the open requests' events
         self.finished_bytes = 0
-        self.kv_bytes_per_token = dict(kv_bytes_per_token or {})
+        self.kv_bytes_per_token = dict(model_config)
         self.clock = clock
         self.open: OrderedDict[str, OpenRequest] = OrderedDict()  # least recently active first
         self.finished: OrderedDict[str, FinishedRequest] = OrderedDict()
@@ -165,11 +166,29 @@ class Joiner:
             "complete": 0, "expired": 0, "evicted": 0, "overflow": 0, "late_events": 0, "overflow_events": 0
         }
         self.traces = TraceRouter(max_traces=max_open)
-        self.recent = RecentRequests(recent)  # every finished request in brief (GET /v1/requests)
+        self.recent = RecentRequests(recent_requests)  # every finished request in brief (GET /v1/requests)
         # per-window, per-scope summaries of every finished request (windows.py); None: not kept
         self.windows: WindowSummaries | None = None
         # called with (request ID, events, stage values, rule-book description) per complete request
         self.on_finish: Callable[[str, list, dict, dict], None] | None = None
+
+    @classmethod
+    def from_config(
+        cls, config: CollectorConfig, recorder: Recorder, *, clock: Callable[[], float] = time.monotonic
+    ) -> Joiner:
+        return cls(
+            recorder,
+            grace=config.grace,
+            ttl=config.ttl,
+            max_open=config.max_open,
+            max_open_bytes=config.max_open_bytes,
+            finished_cache=config.finished_cache,
+            max_finished_bytes=config.max_finished_bytes,
+            max_events_per_request=config.max_events_per_request,
+            recent_requests=config.recent_requests,
+            model_config=config.model_config,
+            clock=clock,
+        )
 
     # -- ingest ---------------------------------------------------------------------------------
 
@@ -178,7 +197,7 @@ class Joiner:
         finish whatever is due."""
         now = self.clock()
         open_, finished = self.open, self.finished
-        max_events = self.max_events
+        max_events = self.max_events_per_request
         # (event, its NDJSON bytes or None): a stand-in request re-joined under its owner comes back here
         pending: deque[tuple[dict[str, Any], int | None]] = deque(
             zip(events, sizes, strict=True) if sizes is not None else ((ev, None) for ev in events)
@@ -236,10 +255,10 @@ class Joiner:
                 self._engine_load(req, ev, hop, attempt)
             # only a final hop can complete a request (anything else keeps it or makes it open)
             if final and req.due is None and req.complete():
-                if self.grace_s <= 0:
+                if self.grace <= 0:
                     self._finish(rid, req)
                 else:
-                    req.due = now + self.grace_s
+                    req.due = now + self.grace
                     self._due.append((req.due, rid))
         if len(open_) > self.max_open:
             self._evict(len(open_) - self.max_open)
@@ -296,7 +315,7 @@ class Joiner:
                 self._finish(rid, req)
             else:  # a new attempt arrived during the grace period
                 req.due = None
-        cutoff = now - self.ttl_s
+        cutoff = now - self.ttl
         expired = 0
         while open_:
             rid, req = next(iter(open_.items()))

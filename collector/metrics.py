@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hopline.collector import metric_names as names
+from hopline.collector.config import CollectorConfig
 from hopline.collector.histogram import ExemplarHistogram, HistogramChild
 from hopline.middleware.contract import TIME_STAGES
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -200,7 +201,7 @@ class ScopedChildren:
 class Recorder:
     """Observes finished requests and hop events on ``Metrics``, with capped labels and cached children."""
 
-    def __init__(self, metrics: Metrics, label_cap: int = 64, scope_cap: int = 128) -> None:
+    def __init__(self, metrics: Metrics, *, label_cap: int, scope_cap: int) -> None:
         self.m = metrics
         self.service = LabelCap(label_cap)
         self.model = LabelCap(label_cap)
@@ -211,6 +212,10 @@ class Recorder:
         self._scoped_children: dict[tuple[str, str, str], ScopedChildren] = {}
         # raw (model, replica) of engine events -> (in-flight, KV) children (bounded)
         self._engine_children: dict[tuple[str | None, str | None], tuple[Any, Any]] = {}
+
+    @classmethod
+    def from_config(cls, config: CollectorConfig, metrics: Metrics) -> Recorder:
+        return cls(metrics, label_cap=config.label_cap, scope_cap=config.scope_cap)
 
     def _child(self, metric: Any, labels: tuple[str, ...]) -> Any:
         key = (id(metric), labels)

@@ -39,6 +39,7 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 from google.rpc import status_pb2
 from hopline.middleware.contract.errors import HoplineError
+from hopline.collector.config import CollectorConfig
 from hopline.collector.ingest import JSON_TYPES, IngestError, gunzip, media_type, read_body, unauthorized
 from hopline.collector.store import StoreError
 from hopline.middleware.log import logger
@@ -293,14 +294,20 @@ class OtlpReceiver:
     """Spans -> hop events -> the collector's ingest path; counts what it mapped, ignored, rejected."""
 
     def __init__(
-        self, ingestor: Ingestor, registry: CollectorRegistry, resource_map: Mapping[str, Sequence[str]]
+        self, ingestor: Ingestor, registry: CollectorRegistry, *, otlp_resource: Mapping[str, Sequence[str]]
     ) -> None:
         self.ingestor = ingestor
-        self.resource_map = dict(resource_map)
+        self.resource_map = dict(otlp_resource)
         self.spans = Counter(
             "hopline_otlp_spans", "OTLP spans received, by outcome (ignored: no mapping row)", ["outcome"],
             registry=registry,
         )  # fmt: skip
+
+    @classmethod
+    def from_config(
+        cls, config: CollectorConfig, ingestor: Ingestor, registry: CollectorRegistry
+    ) -> OtlpReceiver:
+        return cls(ingestor, registry, otlp_resource=config.otlp_resource)
 
     async def export(self, spans: Spans) -> tuple[int, str]:
         """Map, store and join the spans in slices, each decoded and mapped on the parse thread;
@@ -370,7 +377,7 @@ async def post_traces(request: Request) -> Response:
     if encoding not in ("gzip", "identity", ""):
         return _failure(415, f"unsupported content encoding {encoding!r}: send gzip or identity", json)
     try:
-        body = await read_body(request, config.max_body_bytes)
+        body = await read_body(request, config.max_body)
 
         def unpack() -> Spans:  # on the parse thread: never stalls the loop
             raw = gunzip(body, config.max_decompressed_bytes) if encoding == "gzip" else body

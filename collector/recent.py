@@ -128,7 +128,7 @@ def _iso(epoch: float) -> str:
 class RecentRequests:
     """The last ``capacity`` finished requests' summaries (a bounded deque: O(1) per request)."""
 
-    def __init__(self, capacity: int = 100_000) -> None:
+    def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self._kept: deque[Summary] = deque(maxlen=capacity)
 

@@ -66,7 +66,7 @@ async def post_events(request: Request) -> Response:
         rejected("unsupported_type")
         return _error(415, f"unsupported content type {kind!r}: send application/x-ndjson or application/json")
     try:
-        body = await read_body(request, c.config.max_body_bytes)
+        body = await read_body(request, c.config.max_body)
         result = await c.ingestor.ingest(
             body,
             "json" if kind in JSON_TYPES else "ndjson",

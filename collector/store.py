@@ -15,14 +15,14 @@ late or far-future event can never land in an hour that was already compacted.
 
 Durability (``fsync``): ``batch`` writes and fsyncs each batch before it is acknowledged
 (survives power loss); ``interval`` writes each batch before acknowledging and fsyncs at most
-every ``fsync_interval_s`` (survives a killed process: written data lives in the kernel's page
+every ``fsync_interval`` seconds (survives a killed process: written data lives in the kernel's page
 cache); ``none`` writes and leaves flushing to the OS. A write that fails (disk full, read-only,
 permissions) is rolled back to the previous end of file and raises ``StoreError``: nothing that
 was not stored is acknowledged. A torn last line left by a crash mid-write (never acknowledged)
 is cut off when the file is opened again.
 
 Health (``failure``): the reason the last write or probe failed, or that the file system has less
-room than ``min_free`` (checked after each write and in each probe), None while storing works; the
+room than ``healthz_min_free`` (checked after each write and in each probe), None while storing works; the
 app's ``/healthz`` answers 503 with it. A write refused for want of space is rolled back, which can
 leave room for a small probe file but not for the next batch: the free-space check, not the probe
 file, keeps health at 503 until space really returns.
@@ -94,15 +94,15 @@ class EventStore:
         self,
         data_dir: Path,
         *,
-        fsync: str = "batch",
-        fsync_interval_s: float = 1.0,
-        min_free: int = 0,
+        fsync: str,
+        fsync_interval: float,
+        healthz_min_free: int,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.root = Path(data_dir) / "events"
         self.quarantine_root = Path(data_dir) / QUARANTINE_DIR
         self.fsync = fsync
-        self.fsync_interval_s = fsync_interval_s
+        self.fsync_interval = fsync_interval
         self.clock = clock
         self._lock = threading.Lock()
         self._opened = False
@@ -113,9 +113,19 @@ class EventStore:
         self._dirty = False
         self._last_sync = time.monotonic()
         self.appended_bytes = 0
-        self.min_free = min_free  # bytes the file system must have free for health to say ok
+        self.healthz_min_free = healthz_min_free  # bytes the file system must have free for health to say ok
         self._write_failure: str | None = None  # why the last write or probe failed
-        self._space_failure: str | None = None  # too little room left (min_free)
+        self._space_failure: str | None = None  # too little room left (healthz_min_free)
+
+    @classmethod
+    def from_config(cls, config: CollectorConfig, *, clock: Callable[[], float] = time.time) -> EventStore:
+        return cls(
+            config.data_dir,
+            fsync=config.fsync,
+            fsync_interval=config.fsync_interval,
+            healthz_min_free=config.healthz_min_free,
+            clock=clock,
+        )
 
     @property
     def failure(self) -> str | None:
@@ -197,7 +207,7 @@ class EventStore:
                 os.fdatasync(fd)
             elif self.fsync == "interval":
                 self._dirty = True
-                if time.monotonic() - self._last_sync >= self.fsync_interval_s:
+                if time.monotonic() - self._last_sync >= self.fsync_interval:
                     self._sync()
         except OSError as exc:
             try:
@@ -238,8 +248,8 @@ class EventStore:
             return self.failure
 
     def _check_space(self) -> None:
-        """Set or clear ``_space_failure`` from the file system's free bytes (``min_free``)."""
-        if self.min_free <= 0:
+        """Set or clear ``_space_failure`` from the file system's free bytes (``healthz_min_free``)."""
+        if self.healthz_min_free <= 0:
             return
         try:
             st = os.statvfs(self.root)
@@ -248,9 +258,9 @@ class EventStore:
         free = st.f_bavail * st.f_frsize
         self._space_failure = (
             None
-            if free >= self.min_free
+            if free >= self.healthz_min_free
             else f"{free / 2**20:.1f} MiB free on {self.root}, less than --healthz-min-free "
-            f"({self.min_free / 2**20:.1f} MiB)"
+            f"({self.healthz_min_free / 2**20:.1f} MiB)"
         )
 
     def _write_probe(self) -> None:
@@ -280,9 +290,9 @@ class EventStore:
         self._last_sync = time.monotonic()
 
     def sync(self, *, force: bool = True) -> None:
-        """fsync what was written: always (shutdown), or when ``fsync_interval_s`` has passed (timer)."""
+        """fsync what was written: always (shutdown), or when ``fsync_interval`` has passed (timer)."""
         with self._lock:
-            if not force and time.monotonic() - self._last_sync < self.fsync_interval_s:
+            if not force and time.monotonic() - self._last_sync < self.fsync_interval:
                 return
             try:
                 self._sync()
@@ -379,9 +389,9 @@ class EventStore:
         fsync_dir(source)
         return moved
 
-    def expire(self, retention_s: float) -> list[Path]:
-        """Delete hours that ended more than ``retention_s`` ago; returns the directories removed."""
-        cutoff = self.clock() - retention_s
+    def expire(self, retention: float) -> list[Path]:
+        """Delete hours that ended more than ``retention`` seconds ago; returns the directories removed."""
+        cutoff = self.clock() - retention
         removed = []
         expired = [(self.root, h) for h in self._hours()] + [
             (self.quarantine_root, h) for h in self._hours(self.quarantine_root)

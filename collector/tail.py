@@ -22,29 +22,36 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import orjson
+from hopline.collector.config import CollectorConfig
 from hopline.collector.ingest import IngestError
 from hopline.collector.store import StoreError
 from hopline.middleware.log import logger
 from hopline.middleware.contract.records import translate_lines
 
 CHUNK_BYTES = 4 * 1024 * 1024  # read at most this much of one file per step
+STATE_FILE = "tail-state.json"  # in the data directory: each followed file's read position
 
 
 class Tailer:
     def __init__(
         self,
-        patterns: tuple[str, ...],
+        tail: tuple[str, ...],
         state_path: Path,
         ingest: Callable[[bytes], Awaitable[object]],
         *,
-        interval_s: float = 0.5,
+        tail_interval: float,
     ) -> None:
-        self.patterns = patterns
+        self.patterns = tail
         self.state_path = Path(state_path)
         self.ingest = ingest
-        self.interval_s = interval_s
+        self.tail_interval = tail_interval
         self.positions: dict[tuple[int, int], int] = {}  # (st_dev, st_ino) -> offset of the next line
         self._load()
+
+    @classmethod
+    def from_config(cls, config: CollectorConfig, ingest: Callable[[bytes], Awaitable[object]]) -> Tailer:
+        """``--tail``'s files, their read positions kept in the data directory."""
+        return cls(config.tail, config.data_dir / STATE_FILE, ingest, tail_interval=config.tail_interval)
 
     def _load(self) -> None:
         try:
@@ -130,4 +137,4 @@ class Tailer:
                 raise
             except Exception as exc:  # noqa: BLE001 - keep following whatever one pass met
                 logger.warning("tail_failed", error=str(exc))
-            await asyncio.sleep(self.interval_s)
+            await asyncio.sleep(self.tail_interval)

@@ -23,7 +23,7 @@ from hopline.middleware.contract.rules import TRACE_RULE, is_stand_in
 class TraceRouter:
     """Per trace: its owners (request IDs of their own) and the stand-in requests not yet placed."""
 
-    def __init__(self, max_traces: int = 100_000) -> None:
+    def __init__(self, max_traces: int) -> None:
         self.max_traces = max_traces
         self._traces: OrderedDict[str, tuple[set[str], set[str]]] = OrderedDict()
 

@@ -1,7 +1,7 @@
 """Per-window, per-scope summaries of finished requests, mergeable across collectors (issue 36).
 
 For every finished request the join hands over (``add``), the collector keeps, in the window of
-the request's start (its earliest event's ``ts``, event time; windows of ``width_s`` aligned to
+the request's start (its earliest event's ``ts``, event time; windows of ``window`` seconds aligned to
 Unix time) and for each scope attribute of ``by`` (default replica, model, service), the
 request's stages (``contract.TIME_STAGES``, plus ``ttft`` and ``e2e`` as the outermost view saw
 them) and co-movers (prompt, output and cached tokens) as quantile sketches with their exact count
@@ -21,7 +21,7 @@ the order of merging.
 Cost. The hot path (``add``, once per finished request) only appends the request's scope id (its
 scope values, capped, looked up once per distinct scope and window), its values as one tuple and
 its outcome to its window: ~1 µs, against ~170 µs to ingest a request's 12 events. Sketches are made
-in batches (``fold``): a window is folded once it is settled (``settle_s`` after its end, by the
+in batches (``fold``): a window is folded once it is settled (``window_settle`` seconds after its end, by the
 collector's clock: requests finish after their grace period), then rows that arrive later are
 folded every ``LATE_FOLD_INTERVAL_S`` as a further *part* of the window (counted as ``late``; the
 reader merges parts as it merges collectors, so the collector never decodes a sketch). A fold is
@@ -33,10 +33,10 @@ makes, value by value (``tests/collector/test_collector_windows.py`` checks it).
 bench/bench_windows.py measures the whole added CPU (rows, folds, serialization) against ingest
 in the same run.
 
-Bounds. A window holds at most ``scope_cap`` values per attribute: later values of that window go
+Bounds. A window holds at most ``window_scope_cap`` values per attribute: later values of that window go
 to ``other`` (counted per part in ``overflowed``, per attribute, and in
 ``hopline_collector_window_scopes_overflowed`` when folded).
-Windows are kept for ``keep_s`` of event time behind the newest one (a request older than that
+Windows are kept for ``window_keep`` seconds of event time behind the newest one (a request older than that
 is counted in ``too_old``, not kept). A folded part keeps each sketch serialized as it is served
 (``SKETCH_FORMAT``): the protobuf holds 8 bytes per bin between the smallest and largest value of
 the part (~100-500 bins for a stage's spread within a window at 1%; at most ``BIN_LIMIT``, the
@@ -60,6 +60,7 @@ from typing import Any
 import numpy as np
 from ddsketch import LogarithmicMapping
 from ddsketch.pb.proto import KeyMappingProto, pb
+from hopline.collector.config import CollectorConfig
 from hopline.middleware.contract import TIME_STAGES
 
 OTHER = "other"
@@ -132,19 +133,19 @@ class WindowSummaries:
     def __init__(
         self,
         *,
-        width_s: float = 10.0,
-        keep_s: float = 3600.0,
-        by: Iterable[str] = ("replica", "model", "service"),
-        scope_cap: int = 128,
-        settle_s: float = 30.0,
+        window: float,
+        window_keep: float,
+        window_by: Iterable[str],
+        window_scope_cap: int,
+        window_settle: float,
         clock: Callable[[], float] = time.time,
         on_overflow: Callable[[str, int], None] | None = None,
     ) -> None:
-        self.width = float(width_s)
-        self.keep = max(1, int(round(keep_s / width_s)))  # windows kept
-        self.by = tuple(by)
-        self.scope_cap = scope_cap
-        self.settle_s = settle_s
+        self.width = float(window)
+        self.keep = max(1, int(round(window_keep / window)))  # windows kept
+        self.by = tuple(window_by)
+        self.scope_cap = window_scope_cap
+        self.settle_s = window_settle
         self.clock = clock
         self.on_overflow = on_overflow
         self.windows: dict[int, Window] = {}  # window index (start // width) -> window
@@ -157,6 +158,24 @@ class WindowSummaries:
         self._mapping_proto = KeyMappingProto.to_proto(mapping)
         self._log_gamma = math.log(mapping.gamma)
         self._scope_of = operator.itemgetter(*self.by) if len(self.by) > 1 else (lambda s: (s[self.by[0]],))
+
+    @classmethod
+    def from_config(
+        cls,
+        config: CollectorConfig,
+        *,
+        clock: Callable[[], float] = time.time,
+        on_overflow: Callable[[str, int], None] | None = None,
+    ) -> WindowSummaries:
+        return cls(
+            window=config.window,
+            window_keep=config.window_keep,
+            window_by=config.window_by,
+            window_scope_cap=config.window_scope_cap,
+            window_settle=config.window_settle,
+            clock=clock,
+            on_overflow=on_overflow,
+        )
 
     # -- hot path ---------------------------------------------------------------------------------
 

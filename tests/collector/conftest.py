@@ -12,7 +12,7 @@ from support.collector import Running, serve
 
 @pytest.fixture
 def config(tmp_path: Path) -> CollectorConfig:
-    return CollectorConfig(data_dir=tmp_path / "data", grace_s=0.0)
+    return CollectorConfig(data_dir=tmp_path / "data", grace=0.0)
 
 
 @pytest.fixture

@@ -56,7 +56,7 @@ def main() -> None:
     parser.add_argument("--mode", choices=MODES, default="ok")
     parser.add_argument("--delay", type=float, default=5.0)
     args = parser.parse_args()
-    app = FaultInjector(create_app(CollectorConfig(data_dir=args.data_dir, grace_s=0.0)), args.mode, args.delay)
+    app = FaultInjector(create_app(CollectorConfig(data_dir=args.data_dir, grace=0.0)), args.mode, args.delay)
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
 
 

@@ -7,7 +7,7 @@ requests x 500 events took 366 MB, and nothing reported the join's memory.
 
 from __future__ import annotations
 
-from support.collector import serve
+from support.collector import parts_config, serve
 from support.events import event, ndjson
 from hopline.collector import metric_names as names
 from hopline.collector.config import CollectorConfig
@@ -20,10 +20,10 @@ from prometheus_client.parser import text_string_to_metric_families
 T = 1767225600.0
 
 
-def joiner_with(**kw) -> tuple[Joiner, CollectorRegistry]:
+def joiner_with(**settings) -> tuple[Joiner, CollectorRegistry]:
     registry = CollectorRegistry()
-    recorder = Recorder(build_metrics(registry), scope_cap=kw.pop("scope_cap", 128))
-    return Joiner(recorder, grace_s=0, **kw), registry
+    config = parts_config(grace=0.0, **settings)
+    return Joiner.from_config(config, Recorder.from_config(config, build_metrics(registry))), registry
 
 
 def add(joiner: Joiner, events: list[dict]) -> None:
@@ -83,7 +83,7 @@ def test_open_requests_are_bounded_by_bytes_oldest_evicted_first():
 
 
 def test_a_request_over_the_event_cap_is_closed_as_incomplete_and_counted():
-    joiner, registry = joiner_with(max_events=100)
+    joiner, registry = joiner_with(max_events_per_request=100)
     events = [event("engine.received", "chatty", T, stream=True)] + [
         event("engine.scheduled", "chatty", T + i * 1e-3) for i in range(1, 500)
     ]
@@ -100,7 +100,7 @@ def test_a_request_over_the_event_cap_is_closed_as_incomplete_and_counted():
 
 def test_the_collector_exposes_its_own_health(tmp_path):
     """Every health metric is on /metrics, and the ones this run moves say what happened."""
-    config = CollectorConfig(data_dir=tmp_path, grace_s=60.0)
+    config = CollectorConfig(data_dir=tmp_path, grace=60.0)
     with serve(config) as c:
         batch = [event("client.sent", f"h{i}", T, stream=True) for i in range(10)]
         headers = {"Content-Type": "application/x-ndjson"}

@@ -14,7 +14,7 @@ CI_CASES = 2000
 
 
 def test_fuzzed_batches_never_5xx_and_every_valid_line_is_stored(tmp_path):
-    config = CollectorConfig(data_dir=tmp_path / "data", fsync="none", grace_s=0.0)
+    config = CollectorConfig(data_dir=tmp_path / "data", fsync="none", grace=0.0)
     with serve(config) as c:
         report = run_fuzz(c.url, CI_CASES)
         assert c.client.get("/healthz").status_code == 200

@@ -12,7 +12,7 @@ from support.collector import serve, stored_lines
 
 
 def test_http_sink_with_token_reaches_the_store_and_the_join(tmp_path):
-    config = CollectorConfig(data_dir=tmp_path / "data", token="t0ken", grace_s=0)
+    config = CollectorConfig(data_dir=tmp_path / "data", token="t0ken", grace=0)
     with serve(config) as c:
         emitter = Emitter(HttpSink(c.url, token="t0ken"), service="kite-chat", replica="r1", model="m")
         t = time.time()

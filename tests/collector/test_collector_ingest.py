@@ -108,7 +108,7 @@ def test_gzip_body_is_accepted(collector):
 
 
 def test_oversized_and_gzip_bomb_are_413(tmp_path):
-    config = CollectorConfig(data_dir=tmp_path / "d", max_body_bytes=10_000, max_decompressed_bytes=100_000)
+    config = CollectorConfig(data_dir=tmp_path / "d", max_body=10_000, max_decompressed_bytes=100_000)
     with serve(config) as c:
         r = c.client.post("/v1/events", content=b" " * 10_001, headers=NDJSON)
         assert r.status_code == 413
@@ -135,7 +135,7 @@ def test_token_is_required_when_configured(tmp_path):
 def test_unusable_data_dir_is_503_and_a_retry_is_accepted_once_it_works(tmp_path):
     blocker = tmp_path / "blocker"
     blocker.write_text("a file where the data directory's parent should be")
-    config = CollectorConfig(data_dir=blocker / "data", grace_s=0)
+    config = CollectorConfig(data_dir=blocker / "data", grace=0)
     batch = ndjson([event("client.sent", "ro-1", 1767225600.0, stream=True)])
     with serve(config) as c:
         r = c.client.post("/v1/events", content=batch, headers=NDJSON)
@@ -152,7 +152,7 @@ def test_unusable_data_dir_is_503_and_a_retry_is_accepted_once_it_works(tmp_path
 
 def test_disk_full_is_503_and_nothing_is_acknowledged(tmp_path):
     """The hour's event file is a symlink to /dev/full: every write fails with ENOSPC."""
-    config = CollectorConfig(data_dir=tmp_path / "d", grace_s=0)
+    config = CollectorConfig(data_dir=tmp_path / "d", grace=0)
     now = int(time.time())
     for hour in (now, now + 3600):  # the test may straddle an hour boundary
         directory = hour_dir(config.data_dir / "events", hour // 3600 * 3600)

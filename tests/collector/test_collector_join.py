@@ -11,7 +11,7 @@ from hopline.collector.metrics import Recorder, build_metrics
 from hopline.middleware.contract import validate_event
 from hopline.middleware.contract.rules import SCOPE_SOURCES, group_requests
 from prometheus_client import CollectorRegistry
-from support.collector import serve
+from support.collector import parts_config, serve
 from support.events import event, ndjson
 from support.golden import GOLDEN
 
@@ -26,7 +26,7 @@ def test_golden_stages_through_the_collector(tmp_path):
     """
     events = [e for case in GOLDEN["cases"] for e in case["events"]]
     # the cases that never end (outcome incomplete) expire after the TTL
-    with serve(CollectorConfig(data_dir=tmp_path / "d", grace_s=0.5, ttl_s=2.0)) as collector:
+    with serve(CollectorConfig(data_dir=tmp_path / "d", grace=0.5, ttl=2.0)) as collector:
         for batch in (events[1::2], events[::2]):  # out of order across and within requests
             r = collector.client.post(
                 "/v1/events", content=ndjson(batch), headers={"Content-Type": "application/x-ndjson"}
@@ -107,10 +107,11 @@ class Clock:
         return self.now
 
 
-def make_joiner(**kw) -> tuple[Joiner, CollectorRegistry, Clock]:
+def make_joiner(**settings) -> tuple[Joiner, CollectorRegistry, Clock]:
     registry = CollectorRegistry()
     clock = Clock()
-    joiner = Joiner(Recorder(build_metrics(registry), label_cap=kw.pop("label_cap", 64)), clock=clock, **kw)
+    config = parts_config(**settings)
+    joiner = Joiner.from_config(config, Recorder.from_config(config, build_metrics(registry)), clock=clock)
     return joiner, registry, clock
 
 
@@ -119,7 +120,7 @@ def feed(joiner: Joiner, *events: dict) -> None:
 
 
 def test_grace_waits_for_late_stats_and_a_new_attempt_reopens():
-    joiner, registry, clock = make_joiner(grace_s=2.0)
+    joiner, registry, clock = make_joiner(grace=2.0)
     t = 1767225600.0
     feed(
         joiner,
@@ -164,7 +165,7 @@ def test_grace_waits_for_late_stats_and_a_new_attempt_reopens():
 
 
 def test_expiry_is_sliding_and_counts_the_first_missing_hop():
-    joiner, registry, clock = make_joiner(grace_s=0, ttl_s=60)
+    joiner, registry, clock = make_joiner(grace=0.0, ttl=60.0)
     t = 1767225600.0
     feed(
         joiner,
@@ -195,7 +196,7 @@ def test_expiry_is_sliding_and_counts_the_first_missing_hop():
 
 
 def test_open_requests_are_capped_oldest_evicted():
-    joiner, registry, _ = make_joiner(grace_s=0, max_open=3, finished_cache=2)
+    joiner, registry, _ = make_joiner(grace=0.0, max_open=3, finished_cache=2)
     for i in range(5):
         feed(joiner, event("gateway.received", f"cap{i}", 1767225600.0 + i))
     assert list(joiner.open) == ["cap2", "cap3", "cap4"]
@@ -208,7 +209,7 @@ def test_open_requests_are_capped_oldest_evicted():
 
 def test_in_flight_and_kv_bytes_follow_engine_hops_in_any_order():
     bpt = 2 * 32 * 8 * 128 * 2  # llama-3-8b-like, bf16: 131072 bytes per token
-    joiner, registry, _ = make_joiner(grace_s=0, kv_bytes_per_token={"m": bpt})
+    joiner, registry, _ = make_joiner(grace=0.0, model_config={"m": bpt})
     t = 1767225600.0
     labels = {"model": "m", "replica": "r1"}
     feed(joiner, event("engine.received", "k1", t, model="m", replica="r1", prompt_tokens=1000, stream=True))
@@ -229,7 +230,7 @@ def test_a_pd_prefill_leg_neither_finishes_the_request_nor_shares_the_decode_ins
     """Engine-only P/D (SGLang PD spans, or engines without a client): the prefill instance's last
     token is not the request's end, and each instance holds its own in-flight slot, though both
     legs are attempt 0."""
-    joiner, registry, _ = make_joiner(grace_s=0)
+    joiner, registry, _ = make_joiner(grace=0.0)
     t = 1767225600.0
     feed(joiner, event("engine.received", "pd1", t, model="m", replica="p1", stream=False, leg="prefill"))
     feed(joiner, event("engine.received", "pd1", t + 0.3, model="m", replica="d1", stream=True, leg="decode"))
@@ -247,7 +248,7 @@ def test_a_pd_prefill_leg_neither_finishes_the_request_nor_shares_the_decode_ins
 
 
 def test_labels_are_capped_to_other():
-    joiner, registry, _ = make_joiner(grace_s=0, label_cap=2)
+    joiner, registry, _ = make_joiner(grace=0.0, label_cap=2)
     t = 1767225600.0
     for i in range(4):
         rid = f"svc{i}"
@@ -277,13 +278,13 @@ def test_labels_are_capped_to_other():
     ],
 )
 def test_outcome_from_the_outermost_final_hop(final, outcome):
-    joiner, _, _ = make_joiner(grace_s=0)
+    joiner, _, _ = make_joiner(grace=0.0)
     feed(joiner, event("client.sent", "o", 1.0, stream=True), final)
     assert joiner.lookup("o")["outcome"] == outcome
 
 
 def test_gateway_rejection_is_rejected():
-    joiner, _, _ = make_joiner(grace_s=0)
+    joiner, _, _ = make_joiner(grace=0.0)
     feed(
         joiner,
         event("client.sent", "rej", 1.0, stream=True),
@@ -295,7 +296,7 @@ def test_gateway_rejection_is_rejected():
 
 
 def test_without_max_tokens_counted(tmp_path):
-    with serve(CollectorConfig(data_dir=tmp_path / "d", grace_s=0)) as c:
+    with serve(CollectorConfig(data_dir=tmp_path / "d", grace=0)) as c:
         events = [
             event(
                 "engine.received",

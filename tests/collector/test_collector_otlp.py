@@ -74,7 +74,7 @@ def as_otlp_json_message(message) -> bytes:
 
 @pytest.fixture
 def running(tmp_path):
-    with serve(CollectorConfig(data_dir=tmp_path / "d", grace_s=0.0, token="s3cret")) as running:
+    with serve(CollectorConfig(data_dir=tmp_path / "d", grace=0.0, token="s3cret")) as running:
         running.client.headers["Authorization"] = "Bearer s3cret"  # the read endpoints need it too
         yield running
 
@@ -169,7 +169,7 @@ def test_a_span_with_an_id_that_is_not_hex_is_rejected_alone(running):
 
 
 def test_body_limits_are_those_of_v1_events(tmp_path):
-    with serve(CollectorConfig(data_dir=tmp_path / "d", max_body_bytes=1000, max_decompressed_bytes=5000)) as running:
+    with serve(CollectorConfig(data_dir=tmp_path / "d", max_body=1000, max_decompressed_bytes=5000)) as running:
         big = encode_spans(vllm_like_spans() * 20).SerializeToString()
         assert len(big) > 1000
         assert running.client.post("/v1/traces", content=big, headers=PROTOBUF).status_code == 413

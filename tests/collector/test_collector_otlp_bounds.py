@@ -59,7 +59,7 @@ def test_a_deep_attribute_rejects_its_span_only_and_the_valid_spans_are_stored(t
         body, headers = message.SerializeToString(), PROTOBUF
     else:
         body, headers = as_otlp_json_message(message), {"content-type": "application/json"}
-    with serve(CollectorConfig(data_dir=tmp_path / "d", grace_s=0.0)) as c:
+    with serve(CollectorConfig(data_dir=tmp_path / "d", grace=0.0)) as c:
         r = c.client.post("/v1/traces", content=body, headers=headers)
         assert r.status_code == 200, r.content
         answer = answer_of(r)

@@ -89,7 +89,7 @@ def test_quantiles_and_exemplars_through_prometheus(tmp_path):
     events = []
     for i in range(10):
         events += request_events(f"prom-{i}", t + i * 0.001, 0.12, 0.25 if i < 4 else 0.6)
-    with serve(CollectorConfig(data_dir=tmp_path / "data", grace_s=0)) as c:
+    with serve(CollectorConfig(data_dir=tmp_path / "data", grace=0)) as c:
         r = c.client.post(
             "/v1/events", content=ndjson(events), headers={"Content-Type": "application/x-ndjson"}
         )
@@ -144,7 +144,7 @@ def test_metrics_have_no_created_series_and_a_host_registry_keeps_its_own(tmp_pa
 
     host = CollectorRegistry()
     Counter("host_jobs", "a host application's counter", registry=host).inc()
-    with serve(CollectorConfig(data_dir=tmp_path / "data", grace_s=0)) as c:
+    with serve(CollectorConfig(data_dir=tmp_path / "data", grace=0)) as c:
         events = request_events("created-1", time.time() - 5, 0.12, 0.25)
         r = c.client.post("/v1/events", content=ndjson(events), headers={"Content-Type": "application/x-ndjson"})
         assert r.json()["accepted"] == len(events)

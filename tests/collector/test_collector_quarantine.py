@@ -8,6 +8,9 @@ retention deleted nothing, and the only signal was a log line a minute.
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
+from pathlib import Path
 
 import polars as pl
 from hopline.collector.app import _compact_and_expire, build_collector
@@ -16,6 +19,11 @@ from hopline.collector.config import CollectorConfig
 from hopline.collector.store import HOUR, NDJSON_NAME, EventStore, hour_dir
 
 T0 = 1767225600  # 2026-01-01T00:00:00Z
+
+
+def store_in(data_dir: Path, clock: Callable[[], float] = time.time) -> EventStore:
+    """The collector's store as configured by default, less the free-space check (its own tests)."""
+    return EventStore.from_config(CollectorConfig(data_dir=data_dir, healthz_min_free=0), clock=clock)
 
 
 def line(rid: str, **extra) -> bytes:
@@ -32,7 +40,7 @@ def test_conflicting_types_compact_line_by_line(tmp_path):
     """An unknown attribute that is an object on one line and a list on the next is valid JSON for
     the contract; Polars' schema inference cannot type it, the line-by-line path can."""
     write_hour(tmp_path, T0, line("a", x={"k": 1}) + line("b", x=[1, 2]) + line("c", route="/v1"))
-    store = EventStore(tmp_path, clock=lambda: T0 + 3 * HOUR)
+    store = store_in(tmp_path, clock=lambda: T0 + 3 * HOUR)
     quarantined = []
     written = store.compact(delay_s=0, on_quarantine=lambda p, r: quarantined.append(p))
     assert written == [hour_dir(tmp_path / "events", T0) / PARQUET_NAME]
@@ -48,7 +56,7 @@ def test_invalid_lines_are_quarantined_and_later_hours_and_retention_go_on(tmp_p
     poison = line("big", attempt=2**40) + line("ok-1", stream=True) + line("huge", n=2**64 - 1)
     write_hour(tmp_path, T0, poison)
     write_hour(tmp_path, T0 + HOUR, line("ok-2", stream=True))
-    store = EventStore(tmp_path, clock=lambda: T0 + 3 * HOUR)
+    store = store_in(tmp_path, clock=lambda: T0 + 3 * HOUR)
     reports = []
     written = store.compact(delay_s=0, on_quarantine=lambda p, r: reports.append((p, r)))
     assert written == [hour_dir(tmp_path / "events", h) / PARQUET_NAME for h in (T0, T0 + HOUR)]
@@ -58,15 +66,15 @@ def test_invalid_lines_are_quarantined_and_later_hours_and_retention_go_on(tmp_p
     assert pl.read_parquet(written[0])["request_id"].to_list() == ["ok-1"]
     assert not list((tmp_path / "events").glob("date=*/hour=*/*.ndjson"))
     # retention removes old hours, quarantined ones included
-    later = EventStore(tmp_path, clock=lambda: T0 + 100 * HOUR)
+    later = store_in(tmp_path, clock=lambda: T0 + 100 * HOUR)
     later.open()
-    removed = later.expire(retention_s=24 * HOUR)
+    removed = later.expire(retention=24 * HOUR)
     assert len(removed) == 3
     assert not list(tmp_path.glob("*/date=*/hour=*"))
 
 
 def test_the_collector_counts_and_logs_a_quarantined_part(tmp_path, capsys):
-    config = CollectorConfig(data_dir=tmp_path, compact_delay_s=0)
+    config = CollectorConfig(data_dir=tmp_path, compact_delay=0)
     c = build_collector(config)
     c.store.clock = lambda: T0 + 3 * HOUR
     write_hour(tmp_path, T0, line("bad", attempt=-(2**40)) + line("fine", stream=True))

@@ -56,7 +56,7 @@ def ingest(c, events: list[dict]) -> None:
 
 
 def test_slowest_requests_in_a_window_with_their_ttft_e2e_outcome_and_scope(tmp_path):
-    with serve(CollectorConfig(data_dir=tmp_path / "data", grace_s=0.0, ttl_s=0.5)) as c:
+    with serve(CollectorConfig(data_dir=tmp_path / "data", grace=0.0, ttl=0.5)) as c:
         ingest(c, all_events())
         wait_until("the hung request to expire", lambda: c.collector.joiner.counts["expired"] == 1)
 
@@ -100,7 +100,7 @@ def test_slowest_requests_in_a_window_with_their_ttft_e2e_outcome_and_scope(tmp_
 
 
 def test_bad_parameters_are_one_line_400s_naming_the_parameter(tmp_path):
-    with serve(CollectorConfig(data_dir=tmp_path / "data", grace_s=0.0)) as c:
+    with serve(CollectorConfig(data_dir=tmp_path / "data", grace=0.0)) as c:
         cases = {
             "since=yesterday": "since: not a time: 'yesterday'",
             "slowest=0": "slowest must be a whole number from 1 to 10000, got '0'",
@@ -118,7 +118,7 @@ def test_bad_parameters_are_one_line_400s_naming_the_parameter(tmp_path):
 
 
 def test_listing_needs_the_token_when_one_is_set(tmp_path):
-    config = CollectorConfig(data_dir=tmp_path / "data", grace_s=0.0, token="s3cret")
+    config = CollectorConfig(data_dir=tmp_path / "data", grace=0.0, token="s3cret")
     with serve(config) as c:
         c.client.headers["Authorization"] = "Bearer s3cret"
         ingest(c, streaming("auth-1", T0, 0.5))

@@ -33,7 +33,7 @@ def emit_request(emitter: Emitter, rid: str) -> None:
 
 
 def test_drops_while_the_collector_is_down_or_failing_are_counted_exported_and_delivery_resumes(tmp_path):
-    app = FaultInjector(create_app(CollectorConfig(data_dir=tmp_path / "data", grace_s=0.0)), mode="error")
+    app = FaultInjector(create_app(CollectorConfig(data_dir=tmp_path / "data", grace=0.0)), mode="error")
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))  # bound, not listening: connections are refused (the collector is down)
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"

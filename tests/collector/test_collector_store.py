@@ -3,14 +3,23 @@
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
+from pathlib import Path
 
 import polars as pl
 import pytest
 from hopline.collector.compaction import PARQUET_NAME
+from hopline.collector.config import CollectorConfig
 from hopline.collector.store import HOUR, NDJSON_NAME, EventStore, StoreError, hour_dir, parse_hour_dir
 from hopline.middleware.contract import STORAGE_COLUMNS
 
 T0 = 1767225600  # 2026-01-01T00:00:00Z
+
+
+def store_in(data_dir: Path, clock: Callable[[], float] = time.time) -> EventStore:
+    """The collector's store as configured by default, less the free-space check (its own tests)."""
+    return EventStore.from_config(CollectorConfig(data_dir=data_dir, healthz_min_free=0), clock=clock)
 
 
 class Clock:
@@ -27,7 +36,7 @@ def line(rid: str, ts: float, hop: str = "client.sent", **extra) -> bytes:
 
 def test_layout_is_hive_partitions_by_ingest_hour(tmp_path):
     clock = Clock(T0 + 5 * HOUR + 10)
-    store = EventStore(tmp_path, clock=clock)
+    store = store_in(tmp_path, clock=clock)
     store.open()
     store.append(line("a", 1.0))  # the event's own ts is irrelevant: ingest time decides
     store.close()
@@ -42,7 +51,7 @@ def test_torn_tail_from_a_crash_is_cut_before_appending(tmp_path):
     directory = hour_dir(tmp_path / "events", T0)
     directory.mkdir(parents=True)
     (directory / NDJSON_NAME).write_bytes(line("a", 1.0) + b'{"v":1,"ts":2,"requ')  # killed mid-write
-    store = EventStore(tmp_path, clock=clock)
+    store = store_in(tmp_path, clock=clock)
     store.open()
     store.append(line("b", 3.0))
     store.close()
@@ -51,7 +60,7 @@ def test_torn_tail_from_a_crash_is_cut_before_appending(tmp_path):
 
 def test_closed_hours_are_compacted_to_the_storage_schema(tmp_path):
     clock = Clock(T0 + 100)
-    store = EventStore(tmp_path, clock=clock)
+    store = store_in(tmp_path, clock=clock)
     store.open()
     store.append(
         line("r2", 5.0, "engine.stats", queue_s=1, attempt=1)
@@ -78,7 +87,7 @@ def test_closed_hours_are_compacted_to_the_storage_schema(tmp_path):
 
 def test_a_quiet_collector_still_compacts_its_last_hour(tmp_path):
     clock = Clock(T0 + 100)
-    store = EventStore(tmp_path, clock=clock)
+    store = store_in(tmp_path, clock=clock)
     store.open()
     store.append(line("q", 1.0))
     clock.now = T0 + 3 * HOUR  # nothing written since
@@ -89,14 +98,14 @@ def test_a_quiet_collector_still_compacts_its_last_hour(tmp_path):
 
 def test_hours_never_go_back_to_a_compacted_hour(tmp_path):
     clock = Clock(T0 + 100)
-    store = EventStore(tmp_path, clock=clock)
+    store = store_in(tmp_path, clock=clock)
     store.open()
     store.append(line("a", 1.0))
     clock.now = T0 + 2 * HOUR
     store.compact(delay_s=0)
     store.close()
     clock.now = T0 + 200  # the wall clock stepped back, and the collector restarted
-    again = EventStore(tmp_path, clock=clock)
+    again = store_in(tmp_path, clock=clock)
     again.open()
     again.append(line("b", 2.0))
     again.close()
@@ -106,7 +115,7 @@ def test_hours_never_go_back_to_a_compacted_hour(tmp_path):
 
 def test_crash_between_rename_and_unlink_keeps_each_event_once(tmp_path):
     clock = Clock(T0 + 100)
-    store = EventStore(tmp_path, clock=clock)
+    store = store_in(tmp_path, clock=clock)
     store.open()
     store.append(line("a", 1.0))
     store.close()
@@ -122,12 +131,12 @@ def test_crash_between_rename_and_unlink_keeps_each_event_once(tmp_path):
 
 def test_retention_deletes_old_hours_and_empty_dates(tmp_path):
     clock = Clock(T0 + 100)
-    store = EventStore(tmp_path, clock=clock)
+    store = store_in(tmp_path, clock=clock)
     store.open()
     store.append(line("old", 1.0))
     clock.now = T0 + 30 * HOUR
     store.append(line("new", 2.0))
-    removed = store.expire(retention_s=24 * HOUR)
+    removed = store.expire(retention=24 * HOUR)
     assert removed == [hour_dir(tmp_path / "events", T0)]
     assert not (tmp_path / "events" / "date=2026-01-01").exists()
     assert (hour_dir(tmp_path / "events", T0 + 30 * HOUR) / NDJSON_NAME).exists()
@@ -137,4 +146,4 @@ def test_retention_deletes_old_hours_and_empty_dates(tmp_path):
 def test_unusable_directory_raises_store_error(tmp_path):
     (tmp_path / "f").write_text("x")
     with pytest.raises(StoreError, match="Not a directory|cannot create"):
-        EventStore(tmp_path / "f" / "d").open()
+        store_in(tmp_path / "f" / "d").open()

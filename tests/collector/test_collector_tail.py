@@ -15,7 +15,7 @@ def test_tail_follows_rotation_and_resumes_without_duplicates(tmp_path):
     logs = tmp_path / "logs"
     logs.mkdir()
     live = logs / "events.ndjson"
-    config = CollectorConfig(data_dir=tmp_path / "data", tail=(f"{live}*",), tail_interval_s=0.05, grace_s=0)
+    config = CollectorConfig(data_dir=tmp_path / "data", tail=(f"{live}*",), tail_interval=0.05, grace=0)
     sink = FileSink(live, max_bytes=1000)  # ~8 events per file: rotates every other batch
     written: list[str] = []
 

@@ -9,6 +9,7 @@ from hopline.collector.join import Joiner
 from hopline.collector.metrics import Recorder, build_metrics
 from hopline.middleware.contract import validate_event
 from prometheus_client import CollectorRegistry
+from support.collector import parts_config
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 STAND_IN = f"trace:{TRACE}:cccccccccccccccc"
@@ -25,7 +26,8 @@ ENGINE = [ev("eng-1", "engine.received", 100.1), ev("eng-1", "engine.first_token
 
 
 def joiner():
-    return Joiner(Recorder(build_metrics(CollectorRegistry())), grace_s=60.0)
+    config = parts_config(grace=60.0)
+    return Joiner.from_config(config, Recorder.from_config(config, build_metrics(CollectorRegistry())))
 
 
 @pytest.mark.parametrize("order", ["client_first", "engine_first", "interleaved"])

@@ -25,7 +25,7 @@ from hopline.collector.stages import compute_stages
 from hopline.collector.windows import RELATIVE_ACCURACY, WindowSummaries
 from hopline.middleware.contract.rules import describe_request
 from prometheus_client.parser import text_string_to_metric_families
-from support.collector import serve
+from support.collector import parts_config, serve
 from support.events import ndjson
 from support.servers import wait_until
 from support.synth import generate
@@ -49,7 +49,7 @@ def requests() -> dict[str, list[dict]]:
 def windows_config(tmp_path, name: str, **limits) -> CollectorConfig:
     # grace: a request's late hops (engine.stats) arrive in the same body; settled at once: the
     # generated events are from 2026-01-05, long past
-    return CollectorConfig(data_dir=tmp_path / name, grace_s=0.2, fsync="none", window_settle_s=0.0, **limits)
+    return CollectorConfig(data_dir=tmp_path / name, grace=0.2, fsync="none", window_settle=0.0, **limits)
 
 
 def ingest(c, by_id: dict[str, list[dict]]) -> None:
@@ -126,7 +126,7 @@ def test_the_bins_are_those_ddsketch_add_makes():
     everywhere (zeros and a heavy tail included)."""
     rng = np.random.default_rng(7)
     values = np.concatenate([rng.lognormal(-3, 1.5, 5000), np.zeros(50), rng.pareto(1.2, 200) * 5])
-    windows = WindowSummaries(width_s=WIDTH, by=("replica",), settle_s=0)
+    windows = WindowSummaries.from_config(parts_config(window=WIDTH, window_by="replica", window_settle=0.0))
     reference = DDSketch(RELATIVE_ACCURACY)
     for v in values:
         windows.add(1000.0, {"replica": "r1"}, {"queue": float(v)}, "ok")

@@ -80,8 +80,8 @@ def test_a_batch_of_only_future_events_is_refused_whole_with_the_reason_per_line
 
 def test_the_bound_is_a_setting(tmp_path):
     """``--max-future`` (``HOPLINE_MAX_FUTURE``): 30 s refuses what is 2 min ahead."""
-    assert CollectorConfig(data_dir=tmp_path).max_future_s == 300.0
-    assert CollectorConfig.from_options({"data_dir": tmp_path, "max_future_s": "30s"}).max_future_s == 30.0
+    assert CollectorConfig(data_dir=tmp_path).max_future == 300.0
+    assert CollectorConfig.from_options({"data_dir": tmp_path, "max_future": "30s"}).max_future == 30.0
     with collector_process(tmp_path / "data", "--max-future", "30s") as (_, url):
         now = time.time()
         batch = [

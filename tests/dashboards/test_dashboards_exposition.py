@@ -49,9 +49,9 @@ def exposition(tmp_path_factory: pytest.TempPathFactory, traffic) -> dict[str, l
     collector = build_collector(
         CollectorConfig(
             data_dir=tmp_path_factory.mktemp("events"),
-            grace_s=0.0,
-            ttl_s=60.0,
-            kv_bytes_per_token={"m": 1024},
+            grace=0.0,
+            ttl=60.0,
+            model_config={"m": 1024},
             fsync="none",
         )
     )

@@ -129,7 +129,7 @@ def test_tail_feeds_records_to_the_collector_as_hop_events(tmp_path: Path):
     async def ingest(data: bytes) -> None:
         ingested.append(data)
 
-    tailer = Tailer((str(tmp_path / "sglang-*.log"),), tmp_path / "tail-state.json", ingest)
+    tailer = Tailer((str(tmp_path / "sglang-*.log"),), tmp_path / "tail-state.json", ingest, tail_interval=0.5)
     assert asyncio.run(tailer.poll()) == log.stat().st_size
     events = [validate_event(orjson.loads(line)) for chunk in ingested for line in chunk.splitlines()]
     assert sorted({e["request_id"] for e in events}) == ["9f2c1d7e4b5a4c3d8e6f7a8b9c0d1e2f", "caller-rid-1"]

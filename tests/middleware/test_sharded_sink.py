@@ -89,8 +89,8 @@ def hanging_url():
 
 def test_a_hanging_collector_holds_up_only_its_share_which_is_counted_for_it(tmp_path):
     with (
-        serve(CollectorConfig(data_dir=tmp_path / "a", grace_s=0.0)) as a,
-        serve(CollectorConfig(data_dir=tmp_path / "b", grace_s=0.0)) as b,
+        serve(CollectorConfig(data_dir=tmp_path / "a", grace=0.0)) as a,
+        serve(CollectorConfig(data_dir=tmp_path / "b", grace=0.0)) as b,
         hanging_url() as stuck,
     ):
         sink = ShardedHttpSink([a.url, b.url, stuck], flush_interval=0.01, timeout=60.0)

@@ -149,7 +149,7 @@ def test_collector_otlp_export_sends_each_finished_request(receiver, tmp_path):
     from hopline.collector.app import build_collector
     from hopline.collector.config import CollectorConfig
 
-    c = build_collector(CollectorConfig(data_dir=tmp_path / "d", grace_s=30.0, otlp_export=receiver.url))
+    c = build_collector(CollectorConfig(data_dir=tmp_path / "d", grace=30.0, otlp_export=receiver.url))
     c.joiner.add([validate_event(e) for name in USED for e in CASES[name]["events"]])
     c.joiner.finish_all()  # as at shutdown: every complete request is finished (and exported) now
     c.joiner.on_finish.exporter.close()  # flush the batch processor

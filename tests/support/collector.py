@@ -18,6 +18,12 @@ from hopline.collector.config import CollectorConfig
 from support.servers import env_without_hopline, free_port, running_server
 
 
+def parts_config(**given: Any) -> CollectorConfig:
+    """A ``CollectorConfig`` for the collector's parts built alone (``Joiner.from_config``, ...): the
+    declarations' defaults with ``given`` over them, and a data directory that is never created."""
+    return CollectorConfig(data_dir=Path("/nonexistent/hopline-parts"), **given)
+
+
 class Running:
     """A collector being served: its app, base URL, the ``Collector`` object and an HTTP client."""
 
