@@ -5,7 +5,7 @@ statistics on the per-request table.
 (≈ 130 bytes an event: 5M requests, 59M events, 7.6 GiB). Here the events are split into
 buckets by a hash of ``request_id`` — every event of a request lands in the same bucket — and
 each bucket's timelines are built alone and written once to a Parquet table in a work folder.
-The statistics (``report.analyze``, the same code as for a small log) then run on that table:
+The statistics (``pipeline.analysis``, the same code as for a small log) then run on that table:
 all of it when it holds at most ``sample_requests`` requests, else on a seeded sample of
 requests (a fixed hash of ``request_id`` below a threshold: the same requests on every run),
 with the totals that are cheap to get exactly (requests, span, outcomes, negative stages,
@@ -32,9 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
-from hopline.analyzer import report
 from hopline.analyzer.findings.model import iso_utc
-from hopline.analyzer.io import Scanned, ScanReport
+from hopline.analyzer.io import Scanned
 from hopline.analyzer.timelines import resolve_by_trace, timelines
 from hopline.middleware.contract import units
 
@@ -44,7 +43,7 @@ SPLIT_SEED = 6  # for splitting a bucket that is too large again
 SAMPLE_SEED = 17
 # Measured peaks (ru_maxrss, polars 2.1): timelines() on a bucket, Polars' in-memory engine,
 # ≈ 420-500 bytes an event (5.9M events: 2.45 GiB; the streaming engine buffers the group-by's
-# rows: 4.2 GiB for the same CPU); report.analyze on a collected timelines frame ≈ 2.2 KB a
+# rows: 4.2 GiB for the same CPU); pipeline.analysis on a collected timelines frame ≈ 2.2 KB a
 # request. Each kept within half the budget.
 EVENT_BYTES = 500
 REQUEST_BYTES = 2_200
@@ -234,9 +233,9 @@ def _counts(frame: pl.LazyFrame, column: str, explode: bool = False) -> dict[str
 
 
 def exact_totals(table: Table) -> dict:
-    """What the findings object counts over every request, from the whole table with Polars'
-    streaming engine: a few columns of every request, read in morsels (the in-memory engine
-    held those columns whole: about 2 GiB more at 50M requests)."""
+    """What the findings object counts over every request (``report.Facts``' fields by name),
+    from the whole table with Polars' streaming engine: a few columns of every request, read in
+    morsels (the in-memory engine held those columns whole: about 2 GiB more at 50M requests)."""
     frame = table.frame
     row = frame.select(
         pl.col("start").min().alias("start"),
@@ -254,29 +253,3 @@ def exact_totals(table: Table) -> dict:
         "missing_hops": {"requests": int(row["missing"]), "by_hop": _counts(frame, "missing", explode=True)},
     }
 
-
-def analyze(
-    scanned: list[Scanned],
-    scan: ScanReport,
-    *,
-    scopes: tuple[str, ...] = (),
-    budget: Budget | None = None,
-    work_dir: Path | None = None,
-    **options,
-) -> tuple[report.Analysis, pl.DataFrame]:
-    """The analysis (``report.analysis``'s, ``options`` passed on) and the timelines it
-    was computed from (the sample, when the log has more than ``budget.sample_requests``
-    requests: then ``sample`` says how many of how many, and the totals are exact)."""
-    budget = budget or Budget.of()
-    table = build_table(scanned, scopes, budget, work_dir)
-    try:
-        # the exact totals first, while nothing else is held: their peak and the statistics' do not add
-        totals = exact_totals(table) if table.requests > budget.sample_requests else None
-        frame = sample(table, budget.sample_requests).collect()
-        result = report.analysis(frame, scan=scan, **options)
-        if totals is not None:
-            result.facts.update(totals)
-            result.facts["sample"] = {"requests": frame.height, "of": table.requests, "seed": SAMPLE_SEED}
-    finally:
-        table.close()
-    return result, frame

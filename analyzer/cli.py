@@ -1,7 +1,7 @@
 """``hopline analyze``: event logs in; stages, shifts and pitfalls out (terminal, JSON, HTML).
 
-``analyze_command`` is the thin Typer layer (options, progress, output); ``event_files`` and
-``analyze_files`` are plain functions that return the data, for scripts and tests.
+``analyze_command`` is the thin Typer layer (options, progress, output); ``event_files`` finds
+the files to read; the analysis itself is ``pipeline``'s (``analyze_files``, ``analysis``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from dataclasses import replace
 from datetime import UTC, datetime
 import shlex
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -20,13 +19,13 @@ from typing import Annotated, Any
 import orjson
 import polars as pl
 import typer
-from hopline.middleware.contract.errors import HoplineError
-from hopline.analyzer import attribution, bounded, io, report
+from hopline.analyzer import attribution, bounded, io, pipeline, report
+from hopline.analyzer.pipeline import NoHopEvents
 from hopline.analyzer.sql import TimelinesError, read_timelines
 from hopline.middleware.exits import ClickException, UsageError
 from hopline.middleware.contract.durations import parse_duration
 from hopline.middleware.contract.kv import KVConfigError, KVSpec
-from hopline.middleware.contract.rules import SCOPE_SOURCES, scope_sources
+from hopline.middleware.contract.rules import scope_sources
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
 
@@ -70,76 +69,6 @@ def event_files(paths: list[Path], since: str | None = None, until: str | None =
             f"no event files (*.ndjson, *.jsonl, *.parquet) under {', '.join(map(str, paths))}"
         )
     return files
-
-
-class NoHopEvents(HoplineError, ValueError):
-    """The input holds no hop event at all; the message says where and the first reason."""
-
-
-def no_events_message(paths: list[Path], scan: io.ScanReport) -> str:
-    """One line: no hop events in PATH, and the first reason when something was bad."""
-    where = ", ".join(map(str, paths)) if len(paths) <= 3 else f"{len(paths)} files"
-    counts = ((scan.bad_lines, "bad line"), (len(scan.bad_files), "bad file"))
-    bad = [f"{n:,} {what}{'s' if n > 1 else ''}" for n, what in counts if n]
-    detail = f" ({', '.join(bad)}; first: {scan.errors[0]})" if bad and scan.errors else ""
-    return f"no hop events in {where}{detail}"
-
-
-def analyze_files(
-    files: list[Path],
-    *,
-    since: str | None = None,
-    until: str | None = None,
-    window: str = "auto",
-    by: tuple[str, ...] = attribution.SCOPES,
-    slo: attribution.Slo | None = None,
-    kv_bytes: int | None = None,
-    on_file: Callable[[Path], None] | None = None,
-    on_step: Callable[[str], None] | None = None,
-    budget: bounded.Budget | None = None,
-) -> tuple[report.Analysis, pl.DataFrame]:
-    """The analysis of ``files`` and the per-request timelines it was computed from
-    (a sample of them for a log beyond ``budget``, see ``bounded``); ``NoHopEvents`` when the
-    files hold none (empty, garbage, JSON that is not hop events)."""
-    scanned, scan = io.scan_each(files, since=since, until=until, progress=on_file)
-    if not scan.events:
-        raise NoHopEvents(no_events_message(files, scan))
-    if on_step is not None:
-        on_step("building timelines, then finding shifts and pitfalls")
-    result, frame = bounded.analyze(
-        scanned,
-        scan,
-        scopes=tuple(d for d in by if d not in SCOPE_SOURCES),
-        budget=budget,
-        window=window,
-        by=by,
-        slo=slo,
-        kv_bytes_per_token=kv_bytes,
-    )
-    if not result.facts.get("requests") and (since is not None or until is not None):
-        raise NoHopEvents(excluded_message(scanned, since, until))
-    return result, frame
-
-
-def excluded_message(scanned: list[io.Scanned], since: str | None, until: str | None) -> str:
-    """One line for a --since / --until that leaves no request: how many events and requests lie
-    outside it, and the time the data covers (read from the files already scanned, unbounded)."""
-    every = [replace(s, bounds=(None, None)).events for s in scanned]
-    frame = pl.concat(every, how="vertical") if every else pl.LazyFrame(schema=io.SCHEMA)
-    inside = pl.col("ts").is_between(io.to_epoch(since) or -math.inf, io.to_epoch(until) or math.inf)
-    facts = frame.select(
-        events=pl.len(), inside=inside.sum(), requests=pl.col("request_id").n_unique(),
-        first=pl.col("ts").min(), last=pl.col("ts").max(),
-    ).collect().row(0, named=True)  # fmt: skip
-    given = " ".join(f"--{name} {value}" for name, value in (("since", since), ("until", until)) if value)
-    outside = facts["events"] - (facts["inside"] or 0)
-    if facts["first"] is None:
-        return f"no requests with {given}: the files hold no hop events"
-    first, last = (datetime.fromtimestamp(facts[k], UTC) for k in ("first", "last"))
-    return (
-        f"no requests with {given}: {outside:,} of {facts['events']:,} events ({facts['requests']:,} "
-        f"request IDs) are outside it; the data covers {first:%Y-%m-%d %H:%M:%S} to {last:%Y-%m-%d %H:%M:%S} UTC"
-    )
 
 
 def analyze_command(
@@ -262,7 +191,7 @@ def write_outputs(result: report.Analysis, frame: pl.DataFrame, out: Outputs, er
         from hopline.analyzer.otlp_out import export_timelines
 
         sent = export_timelines(frame, out.otlp)
-        sample = result.facts.get("sample")
+        sample = result.facts.sample
         of = f" (the sample the statistics used, of {sample['of']:,} requests)" if sample else ""
         err.print(f"hopline analyze: {sent} request(s) sent as traces to {out.otlp}{of}", markup=False)
     if out.html is not None:
@@ -288,14 +217,14 @@ def scan_as_shown(result: report.Analysis) -> report.Analysis:
     """``result`` with its scan's errors as the terminal lists them: every bad file (the first
     ``io.MAX_ERRORS`` errors kept by the reader can all be bad lines), then how many more bad
     lines there are than the ones listed. The JSON keeps the reader's own lists."""
-    scan = result.facts.get("scan")
+    scan = result.facts.scan
     if not scan:
         return result
     files = scan.get("bad_files") or []
     lines = [e for e in scan["errors"] if e not in files]
     more = scan["bad_lines"] - len(lines)
     shown = lines + ([f"… and {more:,} more bad line{'s' if more > 1 else ''}"] if more > 0 else []) + files
-    return replace(result, facts={**result.facts, "scan": {**scan, "errors": shown}})
+    return replace(result, facts=replace(result.facts, scan={**scan, "errors": shown}))
 
 
 def timelines_analysis(
@@ -317,7 +246,7 @@ def timelines_analysis(
     try:
         kv_bytes = options["kv_bytes"]
         stats = {k: v for k, v in options.items() if k != "kv_bytes"}
-        return report.analysis(frame, **stats, kv_bytes_per_token=kv_bytes), frame
+        return pipeline.analysis(frame, **stats, kv_bytes_per_token=kv_bytes), frame
     except Exception as exc:  # the command's edge: one line, never a traceback
         raise internal_error(exc) from exc
 
@@ -360,7 +289,7 @@ def events_analysis(
             disable=not err.is_terminal,
         ) as progress:
             task = progress.add_task("reading events", total=len(files))
-            result, frame = analyze_files(
+            result, frame = pipeline.analyze_files(
                 files,
                 since=since,
                 until=until,

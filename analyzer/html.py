@@ -400,7 +400,7 @@ def render_html(
 ) -> Path:
     """Write the report to ``path`` and return it.
 
-    ``analysis`` is ``report.analysis``'s (typed findings and the facts), ``timelines`` the collected output
+    ``analysis`` is ``pipeline.analysis``'s (typed findings and the facts), ``timelines`` the collected output
     of ``timelines()`` (one row per request). With ``kv_bytes_per_token`` (``kv.KVSpec``) the
     report adds each replica's KV cache in flight over time. Minor findings are one line naming
     ``command`` (how to list them), or listed with ``show_minor`` (``--all``).
@@ -408,8 +408,8 @@ def render_html(
     path = Path(path)
     findings, facts = analysis.findings, analysis.facts
     sections: list[tuple[str, str]] = [("Findings", _findings_html(findings, show_minor, command))]
-    if facts.get("stages"):
-        sections.append(("Stages over all requests", _stages_html(facts["stages"])))
+    if facts.stages:
+        sections.append(("Stages over all requests", _stages_html(facts.stages)))
     if timelines.height:
         agg = _aggregates(timelines)
         window = int(agg["meta"]["window_s"][0])
@@ -438,7 +438,7 @@ def render_html(
         f" from {datetime.fromtimestamp(first, UTC):%Y-%m-%d %H:%M:%S} to {datetime.fromtimestamp(last, UTC):%H:%M:%S} UTC"
         if first is not None else ""
     )  # fmt: skip
-    meta = f"{facts.get('requests', timelines.height):,} requests{span}; generated {generated}"
+    meta = f"{facts.requests:,} requests{span}; generated {generated}"
     sampled = sample_line(facts)
     if sampled:
         meta += f". {sampled}"

@@ -1,12 +1,13 @@
 """The analysis as one object (the findings contract of DESIGN.md) and as a terminal report.
 
-``analysis`` takes collected timelines and returns an ``Analysis``: the findings, detected and
-decided by ``findings`` (typed; ranking, relations and ``minor`` decided there, once), and the
-facts around them. ``render`` only draws it with rich tables; ``Analysis.to_json`` (``analyze``)
-is the object ``hopline analyze --json`` prints. Keys beyond the contract
-(``by_scope``, ``windows``, ``goodput``, ``negative_stages``, ``missing_hops``, ``outcomes``,
-``scan``, ``span``, ``dominant``, ``minor``; ``impact_s``, ``share_of_users_time`` and ``context``
-on findings) are additive.
+``Analysis`` is the result of ``pipeline`` (the one place that composes the analysis): the
+findings, detected and decided by ``findings`` (typed; ranking, relations and ``minor`` decided
+there, once), and the ``Facts`` around them (``Facts.of``: stages, span, outcomes, … over the
+per-request timelines). ``render`` only draws it with rich tables; ``Analysis.to_json`` is the
+object ``hopline analyze --json`` prints. Keys beyond the contract (``by_scope``, ``windows``,
+``goodput``, ``negative_stages``, ``missing_hops``, ``outcomes``, ``scan``, ``span``,
+``dominant``, ``minor``; ``impact_s``, ``share_of_users_time`` and ``context`` on findings) are
+additive.
 
 Findings that cost users almost nothing (``findings.rank.is_minor``: under ``MINOR_SHARE`` of
 their time) are kept out of ``findings``, in ``minor``: a report leads with what a user can act on.
@@ -14,16 +15,16 @@ their time) are kept out of ``findings``, in ``minor``: a report leads with what
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, ClassVar
 
 import polars as pl
 import polars.selectors as cs
 from hopline.analyzer import attribution
 from hopline.analyzer.attribution import Slo
 from hopline.analyzer.io import ScanReport
-from hopline.analyzer.findings import Context, Finding, Findings, find
+from hopline.analyzer.findings import Finding, Findings
 from hopline.analyzer.findings.model import iso_utc
-from hopline.analyzer.findings.detector import scopes_to_search
 from hopline.analyzer.findings.rank import MINOR_SHARE
 from hopline.middleware.contract import VIEWS
 from hopline.middleware.contract.events import printable
@@ -40,93 +41,105 @@ def _counts(series: pl.Series) -> dict[str, int]:
     return {str(k): int(v) for k, v in counted.iter_rows()}
 
 
+def _listed(timelines: pl.DataFrame, column: str, key: str) -> dict[str, Any]:
+    """``negative_stages`` / ``missing_hops``: how many requests list something in ``column``,
+    and how often each item is listed."""
+    items = timelines.select(pl.col(column).explode().drop_nulls())[column]
+    return {"requests": int(timelines[column].list.len().gt(0).sum()), key: _counts(items)}
 
 
 @dataclass(frozen=True)
-class Analysis:
-    """One analysis: the decided findings (typed) and the facts around them (every other key of
-    the findings object: stages, span, outcomes, windows, …, in the JSON's order). Outputs read it;
-    ``to_json`` is the object ``hopline analyze --json`` prints."""
+class Facts:
+    """Every key of the findings object beside the findings, in the JSON's order, as JSON-ready
+    values: the stages over all requests, the span, outcomes, windows, … The optional ones
+    (``windows`` with requests, ``goodput`` with --slo, ``scan`` from files, ``sample`` past the
+    memory budget) are None when absent and left out of the JSON. ``Facts.EMPTY`` is the facts of
+    no request (a one-second window); ``Facts.of`` computes them from per-request timelines."""
 
-    findings: Findings
-    facts: dict
+    EMPTY: ClassVar[Facts]
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"windows", "goodput", "scan", "sample"})
 
-    def to_json(self) -> dict:
-        out: dict = {}
-        for key, value in self.facts.items():
-            out[key] = value
-            if key == "stages":  # the findings follow the stages, as DESIGN.md shows the object
-                out.update(self.findings.to_json())
-        return out
+    requests: int = 0
+    window_s: float = 1.0
+    stages: dict[str, dict] = field(default_factory=dict)
+    split_requests: int = 0
+    dominant: str | None = None
+    span: dict[str, Any] = field(default_factory=lambda: {"start": None, "end": None, "seconds": 0.0})
+    outcomes: dict[str, int] = field(default_factory=dict)
+    negative_stages: dict[str, Any] = field(default_factory=lambda: {"requests": 0, "by_stage": {}})
+    missing_hops: dict[str, Any] = field(default_factory=lambda: {"requests": 0, "by_hop": {}})
+    by_scope: dict[str, list[dict]] = field(default_factory=dict)
+    windows: list[dict] | None = None
+    goodput: dict | None = None
+    scan: dict | None = None
+    sample: dict | None = None  # {"requests", "of", "seed"}: the statistics' sample (``bounded``)
 
-
-def analyze(timelines: pl.DataFrame, **options) -> dict:
-    """``analysis`` (``options`` passed on) as the JSON-ready findings object."""
-    return analysis(timelines, **options).to_json()
-
-
-def analysis(
-    timelines: pl.DataFrame,
-    *,
-    window: str | None = None,
-    by: tuple[str, ...] = attribution.SCOPES,
-    slo: Slo | None = None,
-    scan: ScanReport | None = None,
-    kv_bytes_per_token: int | None = None,
-) -> Analysis:
-    """Stages, findings (shifts and pitfalls, largest effect on users' time first) and context."""
-    n = timelines.height
-    by = scopes_to_search(timelines, by)
-    start, end = timelines["start"].min(), timelines["start"].max()
-    span = (end - start) if n else 0.0
-    window_s = attribution.choose_window(window, span or 0.0)
-    overall, scope_rows = attribution.scope_stats(timelines, by) if n else ({}, {})
-    stages = attribution.stage_table(overall) if n else {}
-    ctx = Context(window_s=window_s, scopes=by, kv_bytes_per_token=kv_bytes_per_token)
-    decided = find(timelines, ctx)
-    negative = (
-        timelines.select(pl.col("negative").explode().drop_nulls())["negative"]
-        if n
-        else pl.Series([], dtype=pl.String)
-    )
-    missing = (
-        timelines.select(pl.col("missing").explode().drop_nulls())["missing"]
-        if n
-        else pl.Series([], dtype=pl.String)
-    )
-    result: dict = {
-        "requests": n,
-        "window_s": window_s,
-        "stages": stages,
-        "split_requests": overall.get("split_requests", 0) if n else 0,
-        "dominant": attribution.dominant(stages, overall.get("split_requests", 0)) if n else None,
-        "span": {
-            "start": start and iso_utc(start),
-            "end": end and iso_utc(end),
-            "seconds": round(span or 0.0, 3),
-        },
-        "outcomes": _counts(timelines["outcome"].cast(pl.String)) if n else {},
-        "negative_stages": {
-            "requests": int(timelines["negative"].list.len().gt(0).sum()) if n else 0,
-            "by_stage": _counts(negative),
-        },
-        "missing_hops": {
-            "requests": int(timelines["missing"].list.len().gt(0).sum()) if n else 0,
-            "by_hop": _counts(missing),
-        },
-        "by_scope": attribution.scope_tables(scope_rows),
-    }
-    if n:
+    @classmethod
+    def of(
+        cls,
+        timelines: pl.DataFrame,
+        *,
+        window_s: float,
+        by: tuple[str, ...],
+        slo: Slo | None = None,
+        scan: ScanReport | None = None,
+    ) -> Facts:
+        """The facts of ``timelines`` (one row per request) in ``window_s`` windows, broken down
+        by the scopes ``by``; goodput with ``slo``; the reader's counts with ``scan``."""
+        scanned = scan.to_dict() if scan is not None else None
+        if timelines.height == 0:
+            return replace(cls.EMPTY, window_s=window_s, scan=scanned)
+        start, end = timelines["start"].min(), timelines["start"].max()
+        overall, scope_rows = attribution.scope_stats(timelines, by)
+        stages = attribution.stage_table(overall)
+        split = overall.get("split_requests", 0)
         series = attribution.windowed(timelines.lazy(), window_s).with_columns(
             cs.float().round(3), pl.col("window").dt.strftime("%Y-%m-%dT%H:%M:%SZ")
         )
         series = series.collect()
-        result["windows"] = series.select(c.name for c in series if c.null_count() < c.len()).to_dicts()
-    if slo is not None and n:
-        result["goodput"] = attribution.goodput(timelines.lazy(), slo)
-    if scan is not None:
-        result["scan"] = scan.to_dict()
-    return Analysis(decided, result)
+        return cls(
+            requests=timelines.height,
+            window_s=window_s,
+            stages=stages,
+            split_requests=split,
+            dominant=attribution.dominant(stages, split),
+            span={"start": iso_utc(start), "end": iso_utc(end), "seconds": round(end - start, 3)},
+            outcomes=_counts(timelines["outcome"].cast(pl.String)),
+            negative_stages=_listed(timelines, "negative", "by_stage"),
+            missing_hops=_listed(timelines, "missing", "by_hop"),
+            by_scope=attribution.scope_tables(scope_rows),
+            windows=series.select(c.name for c in series if c.null_count() < c.len()).to_dicts(),
+            goodput=attribution.goodput(timelines.lazy(), slo) if slo is not None else None,
+            scan=scanned,
+        )
+
+    def to_json(self, findings: Findings) -> dict:
+        """The findings object: these facts with ``findings`` after the stages (as DESIGN.md
+        shows it); the optional keys only when present."""
+        out: dict = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None and f.name in self.OPTIONAL:
+                continue
+            out[f.name] = value
+            if f.name == "stages":
+                out.update(findings.to_json())
+        return out
+
+
+Facts.EMPTY = Facts()
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """One analysis: the decided findings (typed) and the facts around them. Outputs read it;
+    ``to_json`` is the object ``hopline analyze --json`` prints."""
+
+    findings: Findings
+    facts: Facts
+
+    def to_json(self) -> dict:
+        return self.facts.to_json(self.findings)
 
 
 # --- terminal ---------------------------------------------------------------------------------
@@ -241,10 +254,10 @@ def minor_line(count: int, command: str) -> str:
     )
 
 
-def sample_line(facts: dict) -> str | None:
+def sample_line(facts: Facts) -> str | None:
     """What a sampled analysis (``bounded``: a log past its memory budget) was computed from, said
     beside the report: the statistics and findings come from the sample, the counts from all."""
-    sample = facts.get("sample")
+    sample = facts.sample
     if not sample:
         return None
     return (
@@ -272,12 +285,12 @@ def _render_findings(findings: Findings, console: Console, show_minor: bool, com
 HEAD_WIDTH = 80  # the report's first line fits a terminal of 80 columns
 
 
-def head_lines(result: dict) -> list[str]:
+def head_lines(facts: Facts) -> list[str]:
     """``2,400 requests, 2026-01-05 10:00:00 → 10:01:59 UTC (119 s, window 1 s)``: one line of at
     most ``HEAD_WIDTH`` columns, or two when the span crosses days on a long run."""
-    span = result["span"]
-    count = f"[bold]{plural(result['requests'], 'request')}[/]"
-    sizes = f"({span['seconds']:,.0f} s, window {result['window_s']:g} s)"
+    span = facts.span
+    count = f"[bold]{plural(facts.requests, 'request')}[/]"
+    sizes = f"({span['seconds']:,.0f} s, window {facts.window_s:g} s)"
     if not span["start"] or not span["end"]:
         return [f"{count} {sizes}"]
     start, end = (span[k].replace("T", " ").removesuffix("Z") for k in ("start", "end"))
@@ -295,24 +308,24 @@ def render(
     """The analysis for a person: what to look at first, then the numbers behind it. Minor
     findings are one line (``command`` is how to see them), or a table of their own with
     ``show_minor`` (``--all``)."""
-    result = analysis.facts
-    span = result["span"]
-    for line in head_lines(result):
+    facts = analysis.facts
+    for line in head_lines(facts):
         console.print(line)
-    sampled = sample_line(result)
+    sampled = sample_line(facts)
     if sampled:
         console.print(sampled, markup=False, highlight=False)
     _render_findings(analysis.findings, console, show_minor, command)
-    views = _views_table(result["stages"])
+    views = _views_table(facts.stages)
     if views is not None:
         console.print(views)
-    console.print(_stage_table(result["stages"], result.get("split_requests", 0)))
-    if result.get("dominant"):
-        console.print(f"Largest part of TTFT: [bold]{_label(result['dominant'])}[/] ({_parts_text(result['stages'])})")
-    for dim, rows in result.get("by_scope", {}).items():
+    console.print(_stage_table(facts.stages, facts.split_requests))
+    if facts.dominant:
+        largest = f"[bold]{_label(facts.dominant)}[/] ({_parts_text(facts.stages)})"
+        console.print(f"Largest part of TTFT: {largest}")
+    for dim, rows in facts.by_scope.items():
         if len(rows) >= 2:
             console.print(_scope_table(dim, rows))
-    good = result.get("goodput")
+    good = facts.goodput
     if good:
         targets = ", ".join(f"{k.removesuffix('_ms')} ≤ {v:g} ms" for k, v in good["targets"].items())
         line = f"Goodput ({targets}): {good['good']:,} of {good['requests']:,} requests met every target"
@@ -321,19 +334,19 @@ def render(
         if good["culprit"]:
             line += f"; misses spent most extra time in [bold]{good['culprit']}[/] (+{good['excess_ms'][good['culprit']]:.0f} ms)"
         console.print(line)
-    outcomes = ", ".join(f"{k} {v:,}" for k, v in result["outcomes"].items())
+    outcomes = ", ".join(f"{k} {v:,}" for k, v in facts.outcomes.items())
     console.print(f"Outcomes: {outcomes or '–'}")
-    neg = result["negative_stages"]
+    neg = facts.negative_stages
     if neg["requests"]:
         detail = ", ".join(f"{k} {v:,}" for k, v in neg["by_stage"].items())
         console.print(
             f"[yellow]{plural(neg['requests'], 'request')} with negative stages ({detail}): instrumentation or clock problem[/]"
         )
-    miss = result["missing_hops"]
+    miss = facts.missing_hops
     if miss["requests"]:
         detail = ", ".join(f"{k} {v:,}" for k, v in list(miss["by_hop"].items())[:6])
         console.print(f"{plural(miss['requests'], 'request')} with missing hops ({detail})")
-    scan = result.get("scan")
+    scan = facts.scan
     if scan:
         console.print(
             f"Read {plural(scan['files'], 'file')}, {plural(scan['lines'], 'line')}; "

@@ -6,7 +6,9 @@
 
 The query: hop events (globally shuffled Parquet, ``bench/gen_large.py``) -> one row per request
 with the contract's stages -> p50 / p90 / p99 of the 7 stages (connect, network, gateway,
-frontend, queue, prefill, decode) per replica.
+frontend, queue, prefill, decode) per replica: the per-request table alone, beside other engines.
+The whole analysis as ``hopline analyze`` runs it (``pipeline.analyze_files``: the table, the
+facts, the findings) is ``bench_bounded.py``'s ``analyze`` engine.
 
 * ``hopline``: ``io.scan_events`` + ``timelines.timelines`` + a Polars quantile aggregation;
 * ``duckdb``: the timelines view of ``hopline sql`` (hopline.analyzer.sql; 2 threads, memory_limit)

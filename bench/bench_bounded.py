@@ -14,7 +14,7 @@ The log is a store bucketed by request (``gen_large.py --buckets``: ``bucket=K``
 * ``hopline-seven``: the same with a table of ``replica`` and the 7 stages only
   (``build_table(columns=...)``: Polars computes only the aggregations those need), i.e. the
   same output as the DuckDB query's;
-* ``analyze``: ``hopline analyze --json``'s whole analysis (``cli.analyze_files``: the table,
+* ``analyze``: ``hopline analyze --json``'s whole analysis (``pipeline.analyze_files``: the table,
   then the findings on it, a seeded sample of requests beyond the budget's);
 * ``anchor``: issue 26's anchor, an independently written DuckDB query (``ANCHOR_SQL``,
   ``../shared/reference/perf-anchor-duckdb.sql`` or ``$HOPLINE_BENCH_ANCHOR_SQL``),
@@ -103,10 +103,10 @@ def run_hopline_seven(files: list[Path]) -> pl.DataFrame:
 
 
 def run_analyze(files: list[Path]) -> pl.DataFrame:
-    from hopline.analyzer.cli import analyze_files
+    from hopline.analyzer.pipeline import analyze_files
 
-    analysis, _ = analyze_files(files)
-    result = analysis.to_json()  # report.Analysis since 2026-12-02 (the findings decided once)
+    analysis, _ = analyze_files(files)  # the command's own composition (analyzer/pipeline.py)
+    result = analysis.to_json()
     print(json.dumps({"requests": result["requests"], "sample": result.get("sample"),
                       "findings": len(result["findings"])}), file=sys.stderr)  # fmt: skip
     return pl.DataFrame()

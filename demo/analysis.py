@@ -8,23 +8,17 @@ from typing import Any
 
 import polars as pl
 from hopline.demo.engine_sim import EngineConfig
-from hopline.analyzer.io import ScanReport, find_files, scan_events
-from hopline.analyzer.report import Analysis, analysis, render
-from hopline.analyzer.timelines import timelines
+from hopline.analyzer.io import find_files
+from hopline.analyzer.pipeline import analyze_files
+from hopline.analyzer.report import Analysis, render
 from rich.console import Console
 
 
-def load_timelines(run_dir: Path) -> tuple[pl.DataFrame, ScanReport]:
-    """One row per request, from the run's folder, read as ``hopline analyze RUN_DIR`` reads it."""
-    events, scan = scan_events(find_files([run_dir]))
-    return timelines(events).collect(), scan
-
-
 def analyze_run(run_dir: Path) -> tuple[Analysis, pl.DataFrame]:
-    """The analysis (its JSON: docs/findings.md) and the timelines it was computed from: exactly
-    what ``hopline analyze RUN_DIR`` prints, so the kept folder can be analysed again as it is."""
-    frame, scan = load_timelines(run_dir)
-    return analysis(frame, scan=scan), frame
+    """The analysis (its JSON: docs/findings.md) and the timelines it was computed from (one row
+    per request): ``hopline analyze RUN_DIR``'s own pipeline with its defaults, so what the demo
+    prints is what the kept folder gives when analysed again as it is."""
+    return analyze_files(find_files([run_dir]))
 
 
 def render_html(report: Analysis, frame: pl.DataFrame, path: Path) -> Path:

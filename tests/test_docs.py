@@ -31,7 +31,7 @@ def test_the_committed_findings_page_and_schema_are_the_generated_ones(tmp_path)
 
 @pytest.fixture(scope="module")
 def result() -> dict:
-    from hopline.analyzer import report
+    from hopline.analyzer import pipeline
     from hopline.analyzer.attribution import Slo
     from hopline.analyzer.io import ScanReport
     from hopline.analyzer.timelines import timelines
@@ -44,7 +44,7 @@ def result() -> dict:
         ColdConnections("search-assist"),
     ]
     events = generate(duration_s=240, seed=2, incidents=incidents)
-    return report.analyze(timelines(events.lazy()).collect(), slo=Slo.parse("ttft=300ms"), scan=ScanReport())
+    return pipeline.analyze(timelines(events.lazy()).collect(), slo=Slo.parse("ttft=300ms"), scan=ScanReport())
 
 
 def test_every_key_of_the_findings_json_is_documented(result):

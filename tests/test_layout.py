@@ -426,3 +426,40 @@ def test_every_part_ships_its_type_hints() -> None:
     data = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
     assert "py.typed" in data["*"]
     assert [part for part in PARTS if not (REPO / part / "py.typed").is_file()] == []
+
+
+PIPELINE = REPO / "analyzer" / "pipeline.py"
+# what the command, the demo and bench run as the analysis: each reaches it through the pipeline
+PIPELINE_CALLERS = ("analyzer/cli.py", "demo/analysis.py", "bench/bench_bounded.py")
+
+
+def analysis_builders(path: Path) -> list[str]:
+    """Where ``path`` builds an analysis itself: ``Analysis(...)`` or ``Facts.of(...)`` (line: call)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if not isinstance(node, ast.Call):
+            continue
+        func = ast.unparse(node.func)
+        if func.split(".")[-1] == "Analysis" or func.endswith("Facts.of"):
+            found.append(f"{node.lineno}: {func}(...)")
+    return found
+
+
+def test_only_the_pipeline_composes_the_analysis() -> None:
+    """One composition of the offline analysis (events -> timelines -> facts + findings): no other
+    module of a part or of bench/ builds an ``Analysis`` or its ``Facts``, and the command, the demo
+    and bench import the pipeline."""
+    paths = [*modules(), *sorted((REPO / "bench").glob("*.py"))]
+    wrong = [f"{p.relative_to(REPO)}:{c}" for p in paths if p != PIPELINE for c in analysis_builders(p)]
+    assert not wrong, wrong
+    assert analysis_builders(PIPELINE)  # the checker sees the one place that does
+    callers = {name: {n for _, n in imported(REPO / name)} for name in PIPELINE_CALLERS}
+    assert [name for name, names in callers.items() if "hopline.analyzer.pipeline" not in names] == []
+
+
+def test_the_composition_check_sees_what_it_must(tmp_path: Path) -> None:
+    source = tmp_path / "elsewhere.py"
+    source.write_text("from hopline.analyzer import report\n\ndef f(a, b):\n    return report.Analysis(a, b)")
+    assert analysis_builders(source) == ["4: report.Analysis(...)"]
+    source.write_text("from hopline.analyzer.report import Facts\n\nfacts = Facts.of(frame, window_s=1, by=())")
+    assert analysis_builders(source) == ["3: Facts.of(...)"]

@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 import pytest
-from hopline.analyzer.report import HEAD_WIDTH, head_lines
+from hopline.analyzer.report import HEAD_WIDTH, Facts, head_lines
 from support.cli import hopline
 from support.synth import StageShift, generate, write_ndjson
 
@@ -58,7 +58,7 @@ def test_the_first_line_fits_80_columns(log):
 )
 def test_the_head_fits_80_columns_whatever_the_span(requests, start, end, seconds, window):
     span = {"start": start, "end": end, "seconds": seconds}
-    facts = {"requests": requests, "span": span, "window_s": window}
+    facts = Facts(requests=requests, span=span, window_s=window)
     lines = [line.replace("[bold]", "").replace("[/]", "") for line in head_lines(facts)]
     assert all(len(line) <= HEAD_WIDTH for line in lines), lines
     assert lines[0].startswith(f"{requests:,} requests")

@@ -16,7 +16,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 from hopline.analyzer import bounded, io
-from hopline.analyzer.cli import analyze_files, event_files
+from hopline.analyzer.cli import event_files
+from hopline.analyzer.pipeline import analyze_files
 from hopline.middleware.contract.rules import trace_stand_in
 from support.cli import hopline
 from support.events import event

@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 from hopline.analyzer.findings.failover import retried_rows
 from hopline.analyzer.findings.model import to_second
-from hopline.analyzer.report import analyze
+from hopline.analyzer.pipeline import analyze
 from hopline.analyzer.timelines import timelines
 from support.failover_scenarios import failover_log
 

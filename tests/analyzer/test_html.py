@@ -21,14 +21,15 @@ import pytest
 from hopline.analyzer.html import STAGE_COLOURS, choose_window, render_html
 from hopline.analyzer.io import scan_events
 from hopline.analyzer.findings import Findings, Pitfall, Shift
-from hopline.analyzer.report import Analysis, analysis
+from hopline.analyzer.pipeline import analysis
+from hopline.analyzer.report import Analysis, Facts
 from hopline.analyzer.timelines import timelines
 from support import synth
 from support.synth import StageShift
 
 CHROMIUM = "/usr/bin/chromium"
 WIDTH, HEIGHT = 1400, 2600
-FACTS = {"requests": 1, "window_s": 1.0, "stages": {}}
+FACTS = Facts(requests=1)
 
 
 def shift(**kw) -> Shift:
@@ -217,7 +218,7 @@ def test_plots_render_in_headless_chromium(report: Path, tmp_path: Path) -> None
 
 def test_empty_timelines_still_write_a_report(tmp_path: Path) -> None:
     frame, _ = scan_events([])
-    path = render_html(Analysis(Findings(), {"requests": 0, "window_s": 0, "stages": {}}), timelines(frame).collect(),
+    path = render_html(Analysis(Findings(), Facts.EMPTY), timelines(frame).collect(),
                        tmp_path / "empty.html")  # fmt: skip
     text = path.read_text()
     assert "No requests in the input." in text and "No findings" in text
@@ -230,7 +231,7 @@ def test_window_adapts_to_the_span(span: float, window: int) -> None:
 
 def test_kv_chart_when_bytes_per_token_are_known(frame: pl.DataFrame, tmp_path: Path) -> None:
     with_kv = render_html(
-        Analysis(Findings(), {}), frame, tmp_path / "kv.html", kv_bytes_per_token=98_304
+        Analysis(Findings(), Facts.EMPTY), frame, tmp_path / "kv.html", kv_bytes_per_token=98_304
     ).read_text()
     assert with_kv.count('class="plotly-graph-div"') == 5 and "KV cache in flight per replica" in with_kv
 
@@ -270,7 +271,8 @@ def test_shift_labels_never_overlap_in_chromium(frame: pl.DataFrame, tmp_path: P
         shift(summary=f"{s} moved", stage=s, factor=2.5, at=float(int(frame["start"].min() + t)))
         for s, t in zip(stages, at, strict=True)
     )
-    page = render_html(Analysis(Findings(findings=shifts), {"requests": frame.height}), frame, tmp_path / "marks.html")
+    marked = Analysis(Findings(findings=shifts), Facts(requests=frame.height))
+    page = render_html(marked, frame, tmp_path / "marks.html")
     probe = tmp_path / "probe.html"
     probe.write_text(page.read_text().replace("</body>", MEASURE + "</body>"))
     dom = chromium("--dump-dom", probe.as_uri(), profile=tmp_path / "probe-profile")

@@ -11,7 +11,7 @@ from hopline.analyzer.findings.detector import Context
 from hopline.analyzer.findings.model import Pitfall, Shift
 from hopline.analyzer.findings.prefix_cache_miss import PrefixCacheMiss
 from hopline.analyzer.findings.rank import find
-from hopline.analyzer.report import analysis
+from hopline.analyzer.pipeline import analysis
 from hopline.analyzer.timelines import timelines
 from support.modern import INCIDENT_S, START, cache_log, pd_log, reasoning_log
 
@@ -94,7 +94,7 @@ def test_reasoning_and_content_time_in_the_ttft_table_and_acceptance_length_with
     """A reasoning model: TTFT counts the first reasoning token (~70 ms), the first content comes
     ~1.2 s later; r1's acceptance length halves at 10:05 and its decode doubles."""
     result = analysis(frame_of(reasoning_log(1)), window="10s")
-    stages = result.facts["stages"]
+    stages = result.facts.stages
     assert stages["client_ttft"]["p50_ms"] < 100
     assert stages["reasoning"]["p50_ms"] == pytest.approx(1200, rel=0.05)
     assert stages["client_content_ttft"]["p50_ms"] == pytest.approx(stages["client_ttft"]["p50_ms"] + 1200, rel=0.05)

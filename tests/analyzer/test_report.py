@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 import polars as pl
 import pytest
-from hopline.analyzer import report
+from hopline.analyzer import pipeline, report
 from hopline.analyzer.findings import Context, Pitfall, Shift
 from hopline.analyzer.findings.rank import caused_by_shifts
 from support.synth import ColdConnections, LongPrompts, StageShift, generate, on_localhost
@@ -24,7 +24,7 @@ def result() -> report.Analysis:
         services=("kite-chat-with-a-long-service-name", "search-assist"),
         incidents=[StageShift("queue", 3.0, at_s=150, scope={"replica": "r2"})],
     )
-    return report.analysis(timelines(events.lazy()).collect())
+    return pipeline.analysis(timelines(events.lazy()).collect())
 
 
 @pytest.mark.parametrize("width", [80, 150])
@@ -61,7 +61,7 @@ def cold_localhost() -> report.Analysis:
             ColdConnections("search-assist"),
         ],
     )
-    return report.analysis(timelines(on_localhost(events).lazy()).collect())
+    return pipeline.analysis(timelines(on_localhost(events).lazy()).collect())
 
 
 def test_a_new_connection_per_request_adding_0_ms_is_minor(cold_localhost):
@@ -80,7 +80,7 @@ def test_a_new_connection_per_request_adding_0_ms_is_minor(cold_localhost):
 def test_a_new_connection_per_request_that_costs_tls_is_a_main_finding():
     """The same client over a real network (~42 ms of connect + TLS per request) is not minor."""
     events = generate(duration_s=300, seed=6, incidents=[ColdConnections("search-assist")])
-    result = report.analyze(timelines(events.lazy()).collect())
+    result = pipeline.analyze(timelines(events.lazy()).collect())
     (cold,) = [f for f in result["findings"] if f["name"] == "new_connection_per_request"]
     assert cold["share_of_users_time"] > 0.1  # ~42 ms of a ~130 ms TTFT, on half the requests
     assert result["minor"] == []
@@ -122,7 +122,7 @@ def test_a_long_prefill_stall_after_a_prefill_rise_is_said_as_its_consequence():
         seed=8,
         incidents=[StageShift("prefill", 4.0, at_s=120, scope={"replica": "r1"}), LongPrompts("r1", 3, after=0.6)],
     )
-    result = report.analyze(timelines(events.lazy()).collect())
+    result = pipeline.analyze(timelines(events.lazy()).collect())
     names = [f.get("name") for f in result["findings"] + result["minor"]]
     assert "long_prefill_stall" not in names
     first = result["findings"][0]
@@ -137,9 +137,11 @@ def test_a_queue_rise_behind_long_prefills_is_said_as_the_stalls_consequence():
     end: the queue rise that brings is the stall's (the fix is chunked prefill, not replicas), as
     in the demo's huge-prompt scenario on a busy machine."""
     stall_only = LongPrompts("r1", 80, prompt_tokens=14_000, after=0.4)
-    alone = report.analyze(timelines(generate(duration_s=300, seed=8, incidents=[stall_only]).lazy()).collect())
+    alone = pipeline.analyze(
+        timelines(generate(duration_s=300, seed=8, incidents=[stall_only]).lazy()).collect()
+    )
     events = generate(duration_s=300, seed=8, incidents=[replace(stall_only, queue_behind=True)])
-    result = report.analyze(timelines(events.lazy()).collect())
+    result = pipeline.analyze(timelines(events.lazy()).collect())
     everything = result["findings"] + result["minor"]
     assert [f for f in everything if f["kind"] == "shift" and f["stage"] == "queue"] == []
     first = result["findings"][0]
@@ -157,7 +159,8 @@ def test_a_queue_rise_of_its_own_stays_a_shift_beside_long_prefills():
     rise is not the stall's, most of its queued seconds were not spent behind a long prefill."""
     incidents = [StageShift("queue", 4.0, at_s=120, scope={"replica": "r1"}),
                  LongPrompts("r1", 5, prompt_tokens=14_000, after=0.3, queue_behind=True)]  # fmt: skip
-    result = report.analyze(timelines(generate(duration_s=300, seed=8, incidents=incidents).lazy()).collect())
+    events = generate(duration_s=300, seed=8, incidents=incidents)
+    result = pipeline.analyze(timelines(events.lazy()).collect())
     first = result["findings"][0]
     assert (first["kind"], first["stage"], first["scope"]) == ("shift", "queue", {"replica": "r1"})
     (stall,) = [f for f in result["findings"] + result["minor"] if f.get("name") == "long_prefill_stall"]

@@ -190,7 +190,7 @@ def test_a_rise_in_steps_is_one_shift_from_before_the_first_step_to_after_the_la
 def test_a_region_incident_is_reported_in_its_region():
     """Network time triples for clients in region eu only: the shift is found in scope
     {region: eu}, searched on its own (region has two values), not as all traffic's network."""
-    from hopline.analyzer import report
+    from hopline.analyzer import pipeline
 
     events = generate(
         duration_s=600,
@@ -198,7 +198,7 @@ def test_a_region_incident_is_reported_in_its_region():
         regions=("eu", "us"),
         incidents=[StageShift("network", 3.0, at_s=300, scope={"region": "eu"})],
     )
-    result = report.analyze(timelines(events.lazy()).collect())
+    result = pipeline.analyze(timelines(events.lazy()).collect())
     first = result["findings"][0]
     assert (first["kind"], first["stage"], first["scope"]) == ("shift", "network", {"region": "eu"})
     assert first["factor"] > 2
@@ -209,14 +209,15 @@ def test_any_attribute_is_a_scope_when_named():
     """``--by tenant``: an attribute hopline has no column for, read from the events' unknown
     fields (attrs), is a scope for the breakdown and the shift search."""
     import polars as pl
-    from hopline.analyzer import report
+    from hopline.analyzer import pipeline
 
     events = generate(duration_s=600, seed=22, incidents=[StageShift("queue", 4.0, at_s=300, scope={"replica": "r2"})])
     tenant = pl.when(pl.col("hop") == "client.sent").then(
         pl.format('{{"tenant": "t{}"}}', (pl.col("request_id").hash(3) % 2).cast(pl.String))
     )
     events = events.with_columns(attrs=tenant)
-    result = report.analyze(timelines(events.lazy(), scopes=("tenant",)).collect(), by=("replica", "tenant"))
+    frame = timelines(events.lazy(), scopes=("tenant",)).collect()
+    result = pipeline.analyze(frame, by=("replica", "tenant"))
     assert {r["scope"]["tenant"] for r in result["by_scope"]["tenant"]} == {"t0", "t1"}
     assert result["findings"][0]["scope"] == {"replica": "r2"}
 
@@ -404,11 +405,11 @@ TWO_MODELS = {
 
 
 def cell_shifts(scope: dict[str, str], seed: int = 31) -> list[dict]:
-    from hopline.analyzer import report
+    from hopline.analyzer import pipeline
 
     incident = StageShift("queue", 4.0, at_s=300, scope=scope)
     events = generate(duration_s=600, seed=seed, incidents=[incident], **TWO_MODELS)
-    return report.analyze(timelines(events.lazy()).collect())["findings"]
+    return pipeline.analyze(timelines(events.lazy()).collect())["findings"]
 
 
 def test_a_change_on_one_replica_for_one_model_names_both():

@@ -13,7 +13,7 @@ import pytest
 from hopline.analyzer.findings.common import requested_mix
 from hopline.analyzer.findings.detector import Context
 from hopline.analyzer.findings.verbose_outputs import VerboseOutputs
-from hopline.analyzer.report import analyze
+from hopline.analyzer.pipeline import analyze
 from hopline.analyzer.timelines import timelines
 from support.synth import VerboseService, generate
 from support.template_scenarios import longer_from

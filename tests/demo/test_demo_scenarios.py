@@ -22,7 +22,7 @@ from typing import Any
 
 import polars as pl
 import pytest
-from hopline.demo.analysis import load_timelines
+from hopline.demo.analysis import analyze_run
 from hopline.demo.orchestrate import TRUSTED_LAG_MS
 from hopline.demo.scenarios import SCENARIOS, matches
 from hopline.demo.wiring import WARMUP_PREFIX
@@ -135,7 +135,7 @@ def test_stages_agree_with_the_simulators_true_intervals(demo_run) -> None:
     warmup = truth["request_id"].str.starts_with(WARMUP_PREFIX)
     assert warmup.sum() > 10
     truth = truth.filter(~warmup)
-    frame = load_timelines(out)[0].join(truth, on="request_id", how="inner", suffix="_truth")
+    frame = analyze_run(out)[1].join(truth, on="request_id", how="inner", suffix="_truth")
     # every request the engines finished was joined by hopline, on the replica that served it
     assert frame.height == truth.height > 100
     assert (frame["replica"] == frame["replica_truth"]).all()

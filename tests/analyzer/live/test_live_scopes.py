@@ -20,7 +20,7 @@ from hopline.analyzer.live.alertmanager import payload
 from hopline.analyzer.live.detect import findings_now
 from hopline.analyzer.live.detector import LiveConfig, LiveDetector
 from hopline.analyzer.live.incidents import IncidentBook
-from hopline.analyzer.report import analyze
+from hopline.analyzer.pipeline import analyze
 from hopline.analyzer.timelines import timelines
 from support.synth import DEFAULT_START, StageShift, generate
 

@@ -1,0 +1,129 @@
+"""The offline analysis, composed in one place: ``hopline analyze``, the demo and bench call it.
+
+    event files ── io.scan_each ──▶ events (checked; --since/--until)
+                ── bounded.build_table ──▶ per-request timelines (a bucket of requests at a time)
+                ── bounded.sample ──▶ the statistics' frame (all requests, or a seeded sample)
+    frame ──┬── report.Facts.of ──▶ stages, span, outcomes, windows, … (exact totals past a sample)
+            └── findings.find ──▶ findings, detected, ranked and decided once
+                                  ──▶ report.Analysis (rendered by report, html; --json is its to_json)
+
+``analyze_files`` is the whole path from event files; ``analysis`` the statistics on timelines
+already built (``hopline analyze --timelines``, tests); ``analyze`` that as the JSON object.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import UTC, datetime
+from pathlib import Path
+
+import polars as pl
+from hopline.analyzer import attribution, bounded, io
+from hopline.analyzer.findings import Context, find
+from hopline.analyzer.findings.detector import scopes_to_search
+from hopline.analyzer.report import Analysis, Facts
+from hopline.middleware.contract.errors import HoplineError
+from hopline.middleware.contract.rules import SCOPE_SOURCES
+
+
+class NoHopEvents(HoplineError, ValueError):
+    """The input holds no hop event at all; the message says where and the first reason."""
+
+
+def analysis(
+    timelines: pl.DataFrame,
+    *,
+    window: str | None = None,
+    by: tuple[str, ...] = attribution.SCOPES,
+    slo: attribution.Slo | None = None,
+    scan: io.ScanReport | None = None,
+    kv_bytes_per_token: int | None = None,
+) -> Analysis:
+    """Stages, findings (shifts and pitfalls, largest effect on users' time first) and the facts
+    around them, of ``timelines`` (one row per request, collected)."""
+    scopes = scopes_to_search(timelines, by)
+    span = (timelines["start"].max() - timelines["start"].min()) if timelines.height else 0.0
+    window_s = attribution.choose_window(window, span or 0.0)
+    ctx = Context(window_s=window_s, scopes=scopes, kv_bytes_per_token=kv_bytes_per_token)
+    facts = Facts.of(timelines, window_s=window_s, by=scopes, slo=slo, scan=scan)
+    return Analysis(find(timelines, ctx), facts)
+
+
+def analyze(timelines: pl.DataFrame, **options) -> dict:
+    """``analysis`` (``options`` passed on) as the JSON-ready findings object."""
+    return analysis(timelines, **options).to_json()
+
+
+def analyze_files(
+    files: list[Path],
+    *,
+    since: str | None = None,
+    until: str | None = None,
+    window: str = "auto",
+    by: tuple[str, ...] = attribution.SCOPES,
+    slo: attribution.Slo | None = None,
+    kv_bytes: int | None = None,
+    on_file: Callable[[Path], None] | None = None,
+    on_step: Callable[[str], None] | None = None,
+    budget: bounded.Budget | None = None,
+    work_dir: Path | None = None,
+) -> tuple[Analysis, pl.DataFrame]:
+    """The analysis of ``files`` and the per-request timelines it was computed from: every
+    request's, or a seeded sample of them for a log beyond ``budget`` (``bounded``; then
+    ``facts.sample`` says how many of how many, and the totals are exact). ``NoHopEvents`` when
+    the files hold none (empty, garbage, JSON that is not hop events), or when --since / --until
+    leave no request."""
+    scanned, scan = io.scan_each(files, since=since, until=until, progress=on_file)
+    if not scan.events:
+        raise NoHopEvents(no_events_message(files, scan))
+    if on_step is not None:
+        on_step("building timelines, then finding shifts and pitfalls")
+    budget = budget or bounded.Budget.of()
+    scopes = tuple(d for d in by if d not in SCOPE_SOURCES)  # the attributes timelines() must carry
+    table = bounded.build_table(scanned, scopes, budget, work_dir)
+    try:
+        # the exact totals first, while nothing else is held: their peak and the statistics' do not add
+        totals = bounded.exact_totals(table) if table.requests > budget.sample_requests else None
+        frame = bounded.sample(table, budget.sample_requests).collect()
+        result = analysis(frame, window=window, by=by, slo=slo, scan=scan, kv_bytes_per_token=kv_bytes)
+    finally:
+        table.close()
+    if totals is not None:
+        sample = {"requests": frame.height, "of": table.requests, "seed": bounded.SAMPLE_SEED}
+        result = replace(result, facts=replace(result.facts, **totals, sample=sample))
+    if not result.facts.requests and (since is not None or until is not None):
+        raise NoHopEvents(excluded_message(scanned, since, until))
+    return result, frame
+
+
+def no_events_message(paths: list[Path], scan: io.ScanReport) -> str:
+    """One line: no hop events in PATH, and the first reason when something was bad."""
+    where = ", ".join(map(str, paths)) if len(paths) <= 3 else f"{len(paths)} files"
+    counts = ((scan.bad_lines, "bad line"), (len(scan.bad_files), "bad file"))
+    bad = [f"{n:,} {what}{'s' if n > 1 else ''}" for n, what in counts if n]
+    detail = f" ({', '.join(bad)}; first: {scan.errors[0]})" if bad and scan.errors else ""
+    return f"no hop events in {where}{detail}"
+
+
+def excluded_message(scanned: list[io.Scanned], since: str | None, until: str | None) -> str:
+    """One line for a --since / --until that leaves no request: how many events and requests lie
+    outside it, and the time the data covers (read from the files already scanned, unbounded)."""
+    every = [replace(s, bounds=(None, None)).events for s in scanned]
+    frame = pl.concat(every, how="vertical") if every else pl.LazyFrame(schema=io.SCHEMA)
+    inside = pl.col("ts").is_between(io.to_epoch(since) or -math.inf, io.to_epoch(until) or math.inf)
+    facts = frame.select(
+        events=pl.len(), inside=inside.sum(), requests=pl.col("request_id").n_unique(),
+        first=pl.col("ts").min(), last=pl.col("ts").max(),
+    ).collect().row(0, named=True)  # fmt: skip
+    given = " ".join(f"--{name} {value}" for name, value in (("since", since), ("until", until)) if value)
+    outside = facts["events"] - (facts["inside"] or 0)
+    if facts["first"] is None:
+        return f"no requests with {given}: the files hold no hop events"
+    first, last = (datetime.fromtimestamp(facts[k], UTC) for k in ("first", "last"))
+    return (
+        f"no requests with {given}: {outside:,} of {facts['events']:,} events ({facts['requests']:,} "
+        f"request IDs) are outside it; the data covers {first:%Y-%m-%d %H:%M:%S} to "
+        f"{last:%Y-%m-%d %H:%M:%S} UTC"
+    )
