@@ -108,9 +108,9 @@ def connection_limits(c: Collector) -> ConnectionLimits:
     timeouts), each connection they close counted in ``hopline_collector_http_connections_closed``."""
     closed = c.recorder.m.http_connections_closed
     return ConnectionLimits(
-        c.config.max_connections,
-        c.config.header_timeout,
-        c.config.body_timeout,
+        max_connections=c.config.max_connections,
+        header_timeout=c.config.header_timeout,
+        body_timeout=c.config.body_timeout,
         on_close=lambda why: closed.labels(why=why).inc(),
     )
 

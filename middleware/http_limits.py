@@ -17,10 +17,10 @@ timers and a count are added around ``connection_made`` and ``data_received`` (n
   of the open-files limit (``RLIMIT_NOFILE``) stay for the process's own files (the store, the
   follower, compaction, logs): sockets never take the last ones.
 - **A header deadline** (nginx's ``client_header_timeout``): a request line and headers must be
-  complete within ``header_timeout_s`` of the connection opening, or of the first byte of the next
+  complete within ``header_timeout`` seconds of the connection opening, or of the first byte of the next
   request on a kept-alive one.
 - **A body timeout** (nginx's ``client_body_timeout``): while a request's body is being read, no
-  byte for ``body_timeout_s`` closes the connection (an idle time, not a total: a large body on a
+  byte for ``body_timeout`` seconds closes the connection (an idle time, not a total: a large body on a
   slow link is fine). Time while uvicorn paused reading, because the app has not taken what came,
   does not count.
 
@@ -84,15 +84,17 @@ class ConnectionLimits:
     """The bounds of one server and what they closed (see the module doc)."""
 
     max_connections: int = 1000
-    header_timeout_s: float = 10.0
-    body_timeout_s: float = 30.0
+    # named as the collector's settings (--header-timeout, --body-timeout), in seconds; these
+    # defaults are ``hopline watch --listen``'s, the collector passes its own
+    header_timeout: float = 10.0
+    body_timeout: float = 30.0
     on_close: Callable[[str], None] | None = None  # called with the reason of each close
     closed: Counter[str] = field(default_factory=Counter)
 
     def __post_init__(self) -> None:
         if self.max_connections < 1:
             raise ValueError(f"max_connections must be at least 1, got {self.max_connections!r}")
-        for name in ("header_timeout_s", "body_timeout_s"):
+        for name in ("header_timeout", "body_timeout"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
 
@@ -117,12 +119,12 @@ class ConnectionLimits:
             why=why,
             total=self.closed[why],
             cap=self.cap,
-            header_timeout_s=self.header_timeout_s,
-            body_timeout_s=self.body_timeout_s,
+            header_timeout_s=self.header_timeout,
+            body_timeout_s=self.body_timeout,
         )
 
     def timeout(self, why: str) -> float:
-        return self.header_timeout_s if why == "header_timeout" else self.body_timeout_s
+        return self.header_timeout if why == "header_timeout" else self.body_timeout
 
     def protocol(self, http: str = "auto") -> type[asyncio.Protocol]:
         """uvicorn's HTTP protocol class (``http``: ``auto``, ``httptools`` or ``h11``, as uvicorn's

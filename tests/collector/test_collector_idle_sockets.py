@@ -109,7 +109,7 @@ def test_the_header_deadline_is_a_total_and_the_body_timeout_an_idle_time(http):
     """Headers a byte every 0.2 s are closed at the 1-s deadline (slowloris' way around an idle
     timeout), on a new connection and on a kept-alive one; a body a byte every 0.2 s is read whole
     under a 1-s body timeout, a body that stops is closed."""
-    limits = ConnectionLimits(header_timeout_s=1.0, body_timeout_s=1.0)
+    limits = ConnectionLimits(header_timeout=1.0, body_timeout=1.0)
     with running_server(echo_length, http=limits.protocol(http)) as url:
         port = int(url.rsplit(":", 1)[1])
         slow = socket.create_connection(("127.0.0.1", port), timeout=10)
