@@ -55,8 +55,9 @@ from hopline.middleware.asgi import (
 from hopline.middleware.contract.events import new_request_id, trace_id_of
 from hopline.middleware.attempts import ATTEMPTS, AttemptRegistry
 from hopline.middleware.emit import Emitter
+from hopline.middleware.cpu_wait import cpu_wait, cpu_wait_probe
 from hopline.middleware.loop import loop_lag
-from hopline.middleware.sse import MAX_JSON_BYTES, request_summary
+from hopline.middleware.sse import MAX_JSON_BYTES, StreamReader, request_summary
 
 DEFAULT_ROUTES = ("/v1/chat/completions", "/v1/completions")
 ROUTES_ENV = "HOPLINE_ENGINE_ROUTES"
@@ -173,6 +174,15 @@ class EngineExchange(Exchange):
                 self.emitter.errors += 1
         super().finish(exc)
 
+    def _last_attrs(self, reader: StreamReader) -> dict[str, Any]:
+        """(worker side) A stream's ``engine.last_token`` attributes, with ``cpu_wait``: how much of
+        the CPU it asked for the engine got lately (``middleware.cpu_wait``; absent off Linux)."""
+        attrs = super()._last_attrs(reader)
+        wait = cpu_wait()
+        if wait is not None:
+            attrs["cpu_wait"] = wait
+        return attrs
+
 
 class EngineMiddleware:
     """Pure ASGI middleware that emits engine hops for generation routes.
@@ -197,6 +207,11 @@ class EngineMiddleware:
         self.emitter = resolve_emitter(emitter, "EngineMiddleware")
         self.routes = frozenset(routes) if routes is not None else routes_from_env()
         self.attempts = ATTEMPTS if attempts is None else attempts
+        if self.emitter is not None:
+            try:
+                cpu_wait_probe()  # sampling from now, so that the first requests' share is there
+            except Exception:  # noqa: BLE001 - never into the host
+                self.emitter.errors += 1
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("path") not in self.routes or self.emitter is None:

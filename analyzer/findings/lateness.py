@@ -9,6 +9,13 @@ loops' lateness accounts for is not the network's: it is the side whose loop was
 engine API server is the engine's; a busy caller is the client's), and the time before the
 caller sent its request (``client_delay``) is the caller's own by definition.
 
+The engine's host is measured the same way (``middleware.cpu_wait``): the share of the time the
+engine's processes were runnable that they spent waiting for a CPU (``engine_cpu_wait``, on
+``engine.last``). A compute-bound step that gets a share ``1 - w`` of the CPU it asks for takes
+``1 / (1 - w)`` as long, so a rise of prefill or decode that the rise of that wait accounts for
+(``(1 - w_before) / (1 - w_after)`` against the stage's own factor) is the host's (``host``):
+other work took the engine's CPUs, the engine did not get slower.
+
 ``explained`` answers for one finding, from the per-request timeline rows: which side's lateness
 accounts for at least ``SHARE`` of its time (of a rise: of the rise; of a standing condition: of
 its level), or None. Each request's lateness counts at most its own network time (a probe's
@@ -24,8 +31,11 @@ from hopline.analyzer.findings.model import Finding, Pitfall, Shift
 LAG_COLUMNS = {"client": "client_read_lag_s", "gateway": "gateway_loop_lag_s", "engine": "engine_loop_lag_s"}
 REMAINDERS = ("network", "upstream_network")  # the stages a late loop's time lands in
 OWN_LATENESS = {"client_delay": "client"}  # stages that are one side's lateness by definition
+HOST_COLUMN = "engine_cpu_wait"
+HOST_STAGES = ("prefill", "decode")  # the engine's compute: as slow as the CPU it gets
 SHARE = 0.5
 MIN_REQUESTS = 10
+MIN_CPU_SHARE = 0.05  # 1 - the wait: a host that leaves the engine less is "all of it"
 
 
 def _medians(rows: pl.DataFrame, stage: str, col: str) -> tuple[float, float, int]:
@@ -47,13 +57,15 @@ def explained(finding: Finding, frame: pl.DataFrame) -> str | None:
         if finding.stage in OWN_LATENESS:
             return OWN_LATENESS[finding.stage] if finding.up else None
         stage = finding.stage
-        if stage not in REMAINDERS or not finding.up or stage not in frame.columns:
+        if stage not in (*REMAINDERS, *HOST_STAGES) or not finding.up or stage not in frame.columns:
             return None
         rows = frame.filter(in_scope(finding.scope).fill_null(False) & pl.col(stage).is_not_null())
         before = rows.filter(pl.col("start") < finding.at)
         after = rows.filter(pl.col("start") >= finding.at)
         if finding.until is not None:
             after = after.filter(pl.col("start") < finding.until)
+        if stage in HOST_STAGES:
+            return _decide(host_part(before, after, stage))
         parts = {}
         for side, col in LAG_COLUMNS.items():
             if col not in rows.columns:
@@ -69,6 +81,25 @@ def explained(finding: Finding, frame: pl.DataFrame) -> str | None:
     return None
 
 
+def host_part(before: pl.DataFrame, after: pl.DataFrame, stage: str) -> dict[str, float]:
+    """``{"host": share}``: how much of ``stage``'s rise (its median's factor - 1) the rise of
+    the engine's CPU wait accounts for, over the requests that measured it (see the module doc);
+    empty when too few did or neither rose."""
+    if HOST_COLUMN not in before.columns:
+        return {}
+    medians = []
+    for rows in (before, after):
+        seen = rows.filter(pl.col(HOST_COLUMN).is_not_null())
+        if seen.height < MIN_REQUESTS:
+            return {}
+        medians.append(seen.select(pl.col(stage).median(), pl.col(HOST_COLUMN).median()).row(0))
+    (t_0, w_0), (t_1, w_1) = medians
+    if not t_0 or not t_1 or t_1 <= t_0 or w_1 is None or w_0 is None or w_1 <= w_0:
+        return {}
+    expected = (1.0 - w_0) / max(1.0 - w_1, MIN_CPU_SHARE)
+    return {"host": (expected - 1.0) / (t_1 / t_0 - 1.0)}
+
+
 # what a late side's share of a finding's time is, said after its sentence (``said``)
 SAID = {
     "client": "the caller took it in late (its own event loop or threads ran late), not the wire",
@@ -79,10 +110,13 @@ SAID = {
 
 def said(finding: Finding, side: str | None) -> str:
     """The clause that says whose lateness ``finding``'s time is (``explained``'s ``side``), for
-    a finding of a remainder stage (network time no endpoint stamps); '' otherwise."""
+    a finding of a remainder stage (network time no endpoint stamps) or of the engine's compute
+    that its host's CPU wait accounts for; '' otherwise."""
+    stage = finding.stage if isinstance(finding, Shift) else getattr(finding, "spent_in", None)
+    if side == "host" and stage in HOST_STAGES:
+        return "; mostly the engine's host being busy (its processes waited longer for a CPU), not a slower engine"
     if side is None or side not in SAID:
         return ""
-    stage = finding.stage if isinstance(finding, Shift) else getattr(finding, "spent_in", None)
     return f"; mostly {SAID[side]}" if stage in REMAINDERS else ""
 
 

@@ -84,7 +84,9 @@ ALERTNAMES = {"shift": "HoplineShift", "mix_change": "HoplineMixChange", "pitfal
 CRITICAL_SHARE = 0.05  # users' time added since the onset, from which an incident is critical
 EXAMPLES = 3  # request IDs an alert names
 FELT_MS = 20.0  # a shift whose statistic moved less than this per request is noted, not paged
-CALLERS = ("client",)  # sides whose own lateness is the measuring caller's: noted, never paged
+# sides whose time is not the serving's doing, noted, never paged: the measuring caller's own
+# lateness; the engine's host giving it less CPU (other work on it: ``findings.lateness``)
+CALLERS = ("client", "host")
 SAME_PLACE = 0.8  # the share of one scope's requests in another from which they are one place
 
 

@@ -65,6 +65,8 @@ def alert_line(now: float, incident: Incident, alert: dict, *, held: bool = Fals
         state = "NOTED (not paged: a change in the traffic, not a slowdown)"
     elif not incident.pages and incident.unfelt:
         state = f"NOTED (not paged: under {FELT_MS:g} ms a request)"
+    elif not incident.pages and incident.late == "host":
+        state = "NOTED (not paged: the engine's host was busy, not a slower engine)"
     elif not incident.pages:
         state = f"NOTED (not paged: the {incident.late} side's own lateness{'' if incident.late == 'client' else ', not critical'})"
     return (

@@ -50,6 +50,9 @@ CLIENT_SENT_MEANINGS = {
     "over the last seconds (a probe due every 50 ms); a sync client (no loop) puts its process's thread "
     "lateness (a thread due every 50 ms: a busy host, the GIL held). `engine.received` and "
     "`gateway.received` carry their server's (below)",
+    "cpu_wait": "on `engine.last_token`: the share (0-1) of the time the engine's processes (its API server "
+    "and their children, e.g. vLLM's engine core) were runnable over the last 2 s that they waited for a "
+    "CPU (Linux schedstat; absent elsewhere)",
 }
 # Per-request columns of event loop lateness: inputs (contract.INPUTS) that are no stage's terms.
 LOOP_LAG_MEANINGS = {
@@ -59,6 +62,9 @@ LOOP_LAG_MEANINGS = {
     "request: a request waits for a busy loop before `engine.received`, time the stage table counts in "
     "`network` (the remainder) that is the engine's",
     "gateway_loop_lag_s": "the same for the gateway's event loop at `gateway.received`",
+    "engine_cpu_wait": "the share (0-1) of the time the engine's processes were runnable, over the last "
+    "seconds when the request ended, that they waited for a CPU: a decode or prefill that slows as it rises "
+    "is the host's (other work took its CPUs), not a slower engine",
 }
 CORE_MEANINGS = {
     "v": "contract version, 1 (absent means 1)",

@@ -117,6 +117,10 @@ ATTRIBUTE_TYPES: dict[str, tuple[type, ...]] = {
     "pool_limit": (int,),
     "client_delay_s": (int, float),
     "loop_lag_s": (int, float),
+    # on engine.last_token: the share (0-1) of the time the engine's processes were runnable over
+    # the last seconds that they waited for a CPU (middleware/cpu_wait.py): a busy host, not a
+    # slower engine
+    "cpu_wait": (int, float),
     "queue_s": (int, float),
     "prefill_s": (int, float),
     "decode_s": (int, float),

@@ -133,6 +133,9 @@ INPUTS: tuple[Input, ...] = (
     Input("client_read_lag_s", "client.first_token", "loop_lag_s"),
     Input("engine_loop_lag_s", "engine.received", "loop_lag_s"),
     Input("gateway_loop_lag_s", "gateway.received", "loop_lag_s"),
+    # how much of the CPU it asked for the engine's host gave it lately (``cpu_wait``: the share
+    # of its runnable time spent waiting): a decode that slows as it rises is the host's
+    Input("engine_cpu_wait", "engine.last_token", "cpu_wait"),
 )
 # Per-request attributes that are not stage inputs: first hop in the list that carries it wins.
 ATTRIBUTE_SOURCES: dict[str, tuple[str, ...]] = {

@@ -316,6 +316,10 @@ def test_vllm_engine_hops_and_stats_join(tmp_path: Path) -> None:
             assert stages[name] is not None, (name, stages)
         if seen["stream"]:
             assert stages["frontend"] >= -FRONTEND_TOLERANCE_S, (request_id, stages)
+            # how much of the CPU it asked for the engine got (its API server and engine core
+            # processes, middleware/cpu_wait.py): a share, on every streamed answer's last event
+            last = next(e for e in mine if e["hop"] == "engine.last_token")
+            assert 0.0 <= last["cpu_wait"] <= 1.0, last
         rows.append((request_id, stats, stages))
 
     # Real queueing: five requests, two slots; the three sent while the two longest run wait

@@ -329,3 +329,36 @@ def test_the_live_horizon_keeps_what_like_with_like_needs():
     sent, _ = replayed("vllm-flood-json-2026-12-04", LiveConfig())
     pages = {tuple(sorted(a["labels"].items())) for _, a in sent if "endsAt" not in a}
     assert [dict(p).get("stage") for p in pages] == ["queue"], pages
+
+
+def test_a_decode_the_hosts_other_work_slowed_is_the_hosts_and_noted_not_paged(queue_rise):
+    """A CPU engine's decode slows when other work takes its host's CPUs: the engine's processes
+    wait for a CPU (``engine_cpu_wait``, on ``engine.last_token``) a larger share of the time they
+    run. A rise that the wait accounts for is the host's: said so, noted, never paged; the same
+    rise with the engine given the CPU it asked for is the engine's, and pages."""
+    frame, queue = queue_rise
+    after = (pl.col("start") >= ONSET).cast(pl.Float64)
+    # 20% of its runnable time waiting before, 50% after: the same work takes 0.8 / 0.5 = 1.6x
+    busy = frame.with_columns(decode=pl.col("decode") * (1 + 0.6 * after), engine_cpu_wait=0.2 + 0.3 * after)
+    added = float(busy.filter(pl.col("start") >= ONSET)["decode"].sum()) * 0.6 / 1.6  # what it cost users
+    rise = replace(
+        queue, stage="decode", summary="decode time rose 1.6×", before_ms=300.0, after_ms=480.0, impact_s=added
+    )
+    assert lateness.explained(rise, busy) == "host"
+    (noted,) = book().step(ONSET + 20, [rise], busy)
+    assert not noted.pages and noted.side == "host" and noted.severity == "warning"
+    assert "engine's host being busy" in noted.words and "not a slower engine" in noted.words
+    printed: list[str] = []
+    Watch(LiveDetector(LiveConfig(window_s=10.0)), out=printed.append).on_step(ONSET + 20, [noted])
+    assert printed and "NOTED (not paged: the engine's host was busy" in printed[0]
+    # a host busy the same all along (the wait did not rise): the engine's own slowdown, paged
+    steady = busy.with_columns(engine_cpu_wait=pl.lit(0.5))
+    assert lateness.explained(rise, steady) is None
+    (paged,) = book().step(ONSET + 20, [rise], steady)
+    assert paged.pages and paged.side == "engine" and "host" not in paged.words
+    # a wait that rose a little explains a little: a tripled decode is still the engine's
+    tripled = busy.with_columns(decode=pl.col("decode") * (1 + 2.0 * after), engine_cpu_wait=0.2 + 0.05 * after)
+    assert lateness.explained(replace(rise, after_ms=900.0), tripled) is None
+    # the queue is never the host's: a flood's queue pages whatever the host's CPUs do
+    queued = busy.with_columns(queue=pl.col("queue") * (1 + 2.0 * after))
+    assert lateness.explained(queue, queued) is None

@@ -1,0 +1,145 @@
+"""How long the engine waited for a CPU: a busy host, told apart from a slower engine.
+
+A CPU engine's decode (and a GPU engine's scheduler, detokenizer and API server) runs as fast as
+the host gives it a CPU. When other work takes the CPUs, each forward pass waits for one and the
+engine's decode slows although nothing in the engine changed. Linux counts that wait per thread:
+``/proc/<pid>/task/<tid>/schedstat`` holds the time the thread ran and the time it was runnable
+but waited for a CPU (the scheduler's ``run_delay``), in nanoseconds.
+
+``CpuWait`` is one daemon thread per process (``cpu_wait_probe``; a forked child starts its own)
+that every ``INTERVAL`` s adds up, over this process's threads and those of its child processes
+(vLLM's engine core runs in a child of its API server) the time they ran and the time they
+waited, and keeps the last ``SPAN`` s of those sums; not its own thread's (on a busy host each of
+its wakes waits too, and a sampler must not make an idle engine look starved). ``share()`` is the share of the time those
+threads wanted a CPU that they spent waiting for one, over that span: 0.0 on an idle host, 0.5
+when the engine got half the CPU it asked for (a compute-bound step then takes twice as long).
+The engine middleware puts it on ``engine.last`` as ``cpu_wait``; the analyzer tells a decode or
+prefill rise that it accounts for as the host's (``findings.lateness``).
+
+A read costs one lock and a subtraction; the sampling thread reads a few small files per thread
+every ``INTERVAL`` s (~40 threads for vLLM's two processes: well under 1 ms). Where there is no
+``/proc`` (not Linux) or schedstat is off, ``share()`` is None and nothing is stamped.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import deque
+
+INTERVAL = 0.5  # seconds between samples
+SPAN = 2.0  # seconds the share is taken over
+MIN_BUSY_S = 0.02  # less run + wait than this over the span: nothing ran, no share
+
+
+def _read(path: str) -> tuple[int, int] | None:
+    try:
+        with open(path, "rb") as f:
+            ran, waited = f.read().split()[:2]
+        return int(ran), int(waited)
+    except (OSError, ValueError):
+        return None
+
+
+def _children(pid: int) -> list[int]:
+    """The child processes of ``pid`` (every thread's ``children`` file; Linux 3.5+)."""
+    found: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                found.extend(int(c) for c in f.read().split())
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+class CpuWait:
+    """See the module doc. ``share()`` never waits on the sampler's sleep."""
+
+    def __init__(self, interval: float = INTERVAL, span: float = SPAN) -> None:
+        self.pid = os.getpid()
+        self.interval = interval
+        self._lock = threading.Lock()
+        self._last: dict[tuple[int, str], tuple[int, int]] = {}  # (pid, tid) -> its last (ran, waited)
+        self._ran = self._waited = 0  # the sums of every sampled thread's increases, ns
+        self._samples: deque[tuple[float, int, int]] = deque(maxlen=max(2, int(span / interval) + 1))
+        self._own = ""  # the sampler's thread ID: its own waits to wake are not the engine's
+        self.available = _read(f"/proc/{self.pid}/schedstat") is not None
+        if self.available:
+            self._sample()
+            threading.Thread(target=self._run, name="hopline-cpu-wait", daemon=True).start()
+
+    def _run(self) -> None:
+        self._own = str(threading.get_native_id())
+        while True:
+            time.sleep(self.interval)
+            try:
+                self._sample()
+            except Exception:  # a sampler never dies of one odd /proc read
+                continue
+
+    def _sample(self) -> None:
+        seen: dict[tuple[int, str], tuple[int, int]] = {}
+        pids = [self.pid]
+        pids.extend(_children(self.pid))
+        ran = waited = 0
+        for pid in pids:
+            try:
+                tasks = os.listdir(f"/proc/{pid}/task")
+            except OSError:
+                continue
+            for tid in tasks:
+                if pid == self.pid and tid == self._own:
+                    continue
+                now = _read(f"/proc/{pid}/task/{tid}/schedstat")
+                if now is None:
+                    continue
+                key = (pid, tid)
+                seen[key] = now
+                before = self._last.get(key)
+                if before is not None:  # a thread seen for the first time adds from its next sample
+                    ran += max(0, now[0] - before[0])
+                    waited += max(0, now[1] - before[1])
+        with self._lock:
+            self._last = seen
+            self._ran += ran
+            self._waited += waited
+            self._samples.append((time.monotonic(), self._ran, self._waited))
+
+    def share(self) -> float | None:
+        """The share of their runnable time this process's and its children's threads waited for
+        a CPU over the last ``SPAN`` s (None: no schedstat, or nothing ran)."""
+        with self._lock:
+            if len(self._samples) < 2:
+                return None
+            (_, ran_0, waited_0), (_, ran_1, waited_1) = self._samples[0], self._samples[-1]
+        ran, waited = ran_1 - ran_0, waited_1 - waited_0
+        if ran + waited < MIN_BUSY_S * 1e9:
+            return None
+        return round(waited / (ran + waited), 3)
+
+
+_PROBE: CpuWait | None = None
+_PROBE_LOCK = threading.Lock()
+
+
+def cpu_wait_probe() -> CpuWait:
+    """This process's CPU wait sampler, started on first use (again in a forked child)."""
+    global _PROBE
+    probe = _PROBE
+    if probe is not None and probe.pid == os.getpid():
+        return probe
+    with _PROBE_LOCK:
+        if _PROBE is None or _PROBE.pid != os.getpid():
+            _PROBE = CpuWait()
+        return _PROBE
+
+
+def cpu_wait() -> float | None:
+    """``share()`` of this process's sampler (started on first use: None until its second sample)."""
+    return cpu_wait_probe().share()
