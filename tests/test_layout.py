@@ -463,3 +463,46 @@ def test_the_composition_check_sees_what_it_must(tmp_path: Path) -> None:
     assert analysis_builders(source) == ["4: report.Analysis(...)"]
     source.write_text("from hopline.analyzer.report import Facts\n\nfacts = Facts.of(frame, window_s=1, by=())")
     assert analysis_builders(source) == ["3: Facts.of(...)"]
+
+
+def readme_layout_blocks(text: str) -> dict[str, str]:
+    """README.md's Layout section as {folder: its text}: a block starts at a line with a path
+    ending in ``/`` after four spaces and holds the indented lines below it."""
+    section = text[text.index("\n## Layout\n") :]
+    section = section[: section.index("\n## ", 4)] if "\n## " in section[4:] else section
+    blocks: dict[str, str] = {}
+    current = None
+    for line in section.splitlines():
+        head = re.match(r"^    ([\w./-]+/)(?:\s|$)", line)
+        if head:
+            current = head.group(1)
+            blocks[current] = line[4 + len(current) :]
+        elif current is not None and line.startswith("      "):
+            blocks[current] += " " + line.strip()
+        else:
+            current = None
+    return blocks
+
+
+def test_the_readme_layout_names_every_module_of_every_package() -> None:
+    """Each package of every part (a folder with ``__init__.py``) has its block in the README's
+    Layout section, and the block names exactly the modules the folder holds (``__init__`` and
+    ``__main__`` aside): a module added, moved or removed without the README fails here."""
+    blocks = readme_layout_blocks((REPO / "README.md").read_text())
+    packages = sorted(init.parent for part in PARTS for init in (REPO / part).rglob("__init__.py"))
+    wrong = []
+    for folder in packages:
+        name = f"{folder.relative_to(REPO)}/"
+        if name not in blocks:
+            wrong.append(f"{name}: no block")
+            continue
+        present = {p.name for p in folder.glob("*.py") if p.name not in ("__init__.py", "__main__.py")}
+        said = set(re.findall(r"(?<![\w/.-])(\w+\.py)\b", blocks[name]))
+        if said != present:
+            wrong.append(f"{name}: not listed {sorted(present - said)}, no such module {sorted(said - present)}")
+    assert not wrong, wrong
+
+
+def test_the_readme_layout_check_sees_what_it_must() -> None:
+    text = "\n## Layout\n\n    pkg/          a.py, b.py\n                  c.py\n    pkg/sub/\n                  d.py\n\nEnd\n"
+    assert readme_layout_blocks(text) == {"pkg/": "          a.py, b.py c.py", "pkg/sub/": " d.py"}
