@@ -257,16 +257,27 @@ class Exchange:
         ``MAX_KEPT_CHUNKS`` have piled up (here, at once, which bounds a request's memory).
         Errors in the observing are counted, never raised; the server's awaitable is returned as is.
         """
+        kept = self._kept
+        if kept is not None:  # past a stream's first token: the per-chunk path
+            try:
+                # only a body message has ``more_body``; one without it (or without ``body``)
+                # takes the general path below. Subscripts, not ``get``: fewer instructions
+                more, body = message["more_body"], message["body"]
+            except Exception:  # noqa: BLE001 - KeyError, or a message that is not a dict
+                pass
+            else:
+                if more:
+                    try:
+                        kept.append(body)
+                        self._kept_at.append(perf_counter())
+                        if len(kept) >= MAX_KEPT_CHUNKS:
+                            self._read_kept()
+                    except Exception:  # noqa: BLE001 - never into the host
+                        self.emitter.errors += 1
+                    return self.downstream(message)  # type: ignore[misc]
         try:
             if message["type"] == "http.response.body":
-                kept = self._kept
-                if kept is not None and message.get("more_body", False):
-                    kept.append(message.get("body", b""))
-                    self._kept_at.append(perf_counter())
-                    if len(kept) >= MAX_KEPT_CHUNKS:
-                        self._read_kept()
-                else:
-                    self.on_body(message, perf_counter())
+                self.on_body(message, perf_counter())
             elif message["type"] == "http.response.start":
                 self.on_start(message, perf_counter())
         except Exception:  # noqa: BLE001 - never into the host
