@@ -25,8 +25,6 @@ sees the ID in ``request.headers["x-request-id"]`` and the response echoes it.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
-from time import perf_counter
 from typing import Any
 
 from hopline.middleware.asgi import (
@@ -136,6 +134,18 @@ def hops(request: Any) -> GatewayHops:
     return found
 
 
+class GatewayExchange(Exchange):
+    """The gateway's ``Exchange``: its ``send`` (inherited, given to the app as is) also echoes the
+    request ID on the response's headers. A streamed chunk takes ``Exchange.send``'s per-chunk
+    path directly, with no closure around it."""
+
+    __slots__ = ()
+
+    def on_start(self, message: Message, t: float) -> None:
+        echo_request_id(message, self.request_id)
+        super().on_start(message, t)
+
+
 class GatewayMiddleware:
     """Pure ASGI middleware for an LLM gateway (see the module docstring).
 
@@ -170,8 +180,13 @@ class GatewayMiddleware:
             request_id = adopt_request_id(raw_id, "gateway")
             if raw_id is None or raw_id != request_id.encode():
                 scope = with_request_id(scope, request_id)
-            exchange = Exchange(
-                self.emitter, "gateway", request_id, parse_attempt(raw_attempt), rejected=self.rejected_statuses
+            exchange = GatewayExchange(
+                self.emitter,
+                "gateway",
+                request_id,
+                parse_attempt(raw_attempt),
+                rejected=self.rejected_statuses,
+                downstream=send,
             )
             traceparent, exchange.trace_id = traceparent_in(scope)
             if lag is None:  # no asyncio loop (trio)
@@ -190,20 +205,8 @@ class GatewayMiddleware:
                 exchange.on_disconnect()
             return message
 
-        def observed_send(message: Message) -> Awaitable[None]:
-            try:
-                kind = message["type"]
-                if kind == "http.response.body":
-                    exchange.on_body(message, perf_counter())
-                elif kind == "http.response.start":
-                    echo_request_id(message, request_id)
-                    exchange.on_start(message, perf_counter())
-            except Exception:
-                exchange.emitter.errors += 1
-            return send(message)
-
         try:
-            await self.app(scope, observed_receive, observed_send)
+            await self.app(scope, observed_receive, exchange.send)
         except BaseException as exc:
             exchange.finish(exc)
             raise
