@@ -17,6 +17,7 @@ This is what the live detector reads at fleet rates (issue 36); it runs no detec
 from __future__ import annotations
 
 import base64
+import functools
 import zlib
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -61,14 +62,19 @@ def decode(text: str, relative_accuracy: float) -> DDSketch:
     return sketch
 
 
+@functools.lru_cache(maxsize=8)
+def _gamma(relative_accuracy: float) -> float:
+    return LogarithmicMapping(relative_accuracy).gamma
+
+
 def decode_bins(text: str, relative_accuracy: float) -> tuple[int, np.ndarray, float]:
     """A collector's sketch as numpy, without a DDSketch: ``(key of the first bin, bin counts,
     zero count)``, keys as ``LogarithmicMapping.key`` (value of key k: gamma**k * 2 / (1 + gamma)).
     What the live window detector reads (``live/windowed.py``): no Python call per bin."""
     message = pb.DDSketch.FromString(zlib.decompress(base64.b64decode(text)))
-    mapping = LogarithmicMapping(relative_accuracy)
-    if message.mapping.interpolation != pb.IndexMapping.NONE or abs(message.mapping.gamma - mapping.gamma) > 1e-12:
-        raise WindowsError(f"a sketch with gamma {message.mapping.gamma}: expected {mapping.gamma} (logarithmic)")
+    gamma = _gamma(relative_accuracy)
+    if message.mapping.interpolation != pb.IndexMapping.NONE or abs(message.mapping.gamma - gamma) > 1e-12:
+        raise WindowsError(f"a sketch with gamma {message.mapping.gamma}: expected {gamma} (logarithmic)")
     store = message.positiveValues
     counts = np.asarray(store.contiguousBinCounts, dtype=float)
     first = store.contiguousBinIndexOffset - int(message.mapping.indexOffset)

@@ -57,7 +57,7 @@ import httpx
 import numpy as np
 import polars as pl
 from ddsketch import LogarithmicMapping
-from hopline.analyzer.findings.model import Finding
+from hopline.analyzer.findings.model import Finding, Shift
 from hopline.analyzer.findings.shifts.incidents import Change, cap_reversals, incidents
 from hopline.analyzer.findings.shifts.scopes import CONFINE_MIN_SIDE
 from hopline.analyzer.findings.shifts.stats import (
@@ -81,6 +81,7 @@ PSEUDO_ROWS = 16  # the book's pseudo-requests per window, attribute and value
 ALL = ("", "")  # the series key of all traffic
 TIMINGS = ("ttft", "e2e")  # the collectors' outermost views, for the users' time and concurrency
 TOKENS = ("prompt_tokens", "cached_tokens")
+READ = frozenset((*SHIFT_STAGES, *TIMINGS, *TOKENS))  # the measures the detector reads (others are not merged)
 
 
 # -- the windows, as numpy ---------------------------------------------------------------------------
@@ -143,6 +144,8 @@ class WindowSeries:
                     arrivals[k] += summary["arrivals"]
                 for kind in ("stages", "tokens"):
                     for name, s in summary[kind].items():
+                        if name not in READ:
+                            continue
                         first, counts, zeros = decode_bins(s["sketch"], self.relative_accuracy)
                         for k in keys:
                             measures = scopes.setdefault(k, {})
@@ -450,7 +453,7 @@ class WindowDetector:
         self.events_not_sampled = 0
         self.events_from_future = 0
         self.horizon = _Horizon(0)
-        self._frames: dict[int, tuple[int, pl.DataFrame]] = {}
+        self._frames: dict[int, tuple[tuple, pl.DataFrame]] = {}
         self._screen: dict = {}
 
     @property
@@ -498,7 +501,10 @@ class WindowDetector:
         starts = sorted(i for i in series.windows if i * width < now)
         self.horizon = _Horizon(sum(series.arrivals.get(i, {}).get(ALL, 0) for i in starts))
         self.findings = find_window_shifts(series, starts, self.config, self.shifts, self._screen) if starts else []
-        frame = self._frame([i for i in starts if i * width >= now - self.config.recent_s])
+        wanted = {f.stage for f in self.findings if isinstance(f, Shift)}
+        for incident in self.book.firing():
+            wanted |= {f.stage for f in (incident.finding, incident.fired, *incident.co_movers) if isinstance(f, Shift)}
+        frame = self._frame([i for i in starts if i * width >= now - self.config.recent_s], tuple(sorted(wanted)))
         changed = self.book.step(now, self.findings, frame, newest=self.newest)
         for incident in changed:  # pseudo-requests have no ID: an alert here names no example request
             incident.examples = [e for e in incident.examples if e is not None]
@@ -509,8 +515,9 @@ class WindowDetector:
             self.on_step(now, changed)
         return changed
 
-    def _frame(self, starts: list[int]) -> pl.DataFrame:
-        """``pseudo_frame`` of these windows, each window's rows made once per version of it."""
+    def _frame(self, starts: list[int], stages: tuple[str, ...]) -> pl.DataFrame:
+        """``pseudo_frame`` of these windows with the ``stages`` the book reads (those of the
+        findings and the firing incidents), each window's rows made once per version of it."""
         series = self.feed.series
         cache = self._frames
         for i in list(cache):
@@ -518,13 +525,15 @@ class WindowDetector:
                 del cache[i]
         parts = []
         for i in starts:
-            version = series.versions.get(i, 0)
+            version = (series.versions.get(i, 0), stages)
             kept = cache.get(i)
             if kept is None or kept[0] != version:
-                kept = cache[i] = (version, pseudo_frame(series, [i], self.config))
+                kept = cache[i] = (version, pseudo_frame(series, [i], self.config, stages))
             if kept[1].height:
                 parts.append(kept[1])
         return pl.concat(parts, how="vertical") if parts else pl.DataFrame()
+
+    # (the frame's stage columns are only those the book reads: a finding's stage, ``returned``)
 
     def incidents(self) -> list[Incident]:
         return list(self.book.incidents)
@@ -538,12 +547,14 @@ def _scope_of(key: tuple[str, str]) -> dict[str, str]:
     return {} if key == ALL else {key[0]: key[1]}
 
 
-SCREEN = 0.9  # a series is searched in full when its coarse rank test reaches this much of the critical z
-RANK_CELL = 4  # the coarse test's categories: 4 DDSketch bins (~8%) above 12.5 ms, milliseconds below
+SCREEN = 0.8  # a series is searched in full when its coarse rank test reaches this much of the critical z
+RANK_CELL = 8  # the coarse test's categories: 8 DDSketch bins (~17%) above 12.5 ms, milliseconds below
+CATEGORIES = 1 << 20  # categories are below this (keys are clamped to a day)
 
 
 def categories(keys: np.ndarray, gamma: float) -> np.ndarray:
     """The coarse test's category of DDSketch keys (monotone; 0: under half a millisecond)."""
+    keys = np.minimum(keys, math.ceil(math.log(86400.0) / math.log(gamma)))
     values = np.power(gamma, keys) * (2.0 / (1 + gamma))
     small = values < 12.5e-3
     cut = math.ceil(math.log(12.5e-3) / math.log(gamma))
@@ -567,25 +578,30 @@ class Screen:
         kept = self.cache.get((i, stage))
         if kept is not None and kept[0] == version and kept[1] == tuple(self.searched):
             return kept[2]
-        scope_idx, cats, counts = [], [], []
+        owners, firsts, lengths, counts, zeros = [], [], [], [], []
         for key, measures in self.series.windows[i].items():
             n = self.index.get(key)
             b = measures.get(stage) if n is not None else None
             if b is None:
                 continue
-            if b.zeros:
-                scope_idx.append(np.array([n]))
-                cats.append(np.array([0]))
-                counts.append(np.array([b.zeros]))
-            if len(b.counts):
-                scope_idx.append(np.full(len(b.counts), n))
-                cats.append(categories(np.arange(b.first, b.first + len(b.counts)), self.gamma))
-                counts.append(b.counts)
-        made = (
-            (np.concatenate(scope_idx), np.concatenate(cats), np.concatenate(counts))
-            if scope_idx
-            else (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0))
-        )
+            owners.append(n)
+            firsts.append(b.first)
+            lengths.append(len(b.counts))
+            counts.append(b.counts)
+            zeros.append(b.zeros)
+        if owners:  # one entry per (scope, category) of the window
+            lengths_ = np.array(lengths)
+            total = int(lengths_.sum())
+            offsets = np.arange(total) - np.repeat(np.cumsum(lengths_) - lengths_, lengths_)
+            keys = np.repeat(np.array(firsts), lengths_) + offsets
+            s = np.concatenate((np.repeat(np.array(owners), lengths_), np.array(owners)))
+            c = np.concatenate((categories(keys, self.gamma), np.zeros(len(owners), np.int64)))
+            counts.append(np.array(zeros, dtype=float))
+            pair, where = np.unique(s * CATEGORIES + c, return_inverse=True)
+            n = np.bincount(where, weights=np.concatenate(counts))
+            made = (pair // CATEGORIES, pair % CATEGORIES, n)
+        else:
+            made = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0))
         self.cache[(i, stage)] = (version, tuple(self.searched), made)
         return made
 
@@ -840,13 +856,14 @@ def bin_quantiles(b: Bins, q: np.ndarray, gamma: float) -> np.ndarray:
     return values[np.minimum(picks, len(values) - 1)]
 
 
-def pseudo_frame(series: WindowSeries, starts: list[int], config: LiveConfig) -> pl.DataFrame:
-    """The incident book's frame of pseudo-requests (module doc)."""
+def pseudo_frame(
+    series: WindowSeries, starts: list[int], config: LiveConfig, stages: tuple[str, ...] = SHIFT_STAGES
+) -> pl.DataFrame:
+    """The incident book's frame of pseudo-requests (module doc), with these stages' columns."""
     width = series.width_s
     gamma = LogarithmicMapping(series.relative_accuracy).gamma
     attributes = [a for a in series.by if a in config.scopes] or [series.by[0]]
     columns: dict[str, list] = defaultdict(list)
-    stages = SHIFT_STAGES
     for i in starts:
         # an attribute with one value in the window (not unknown, not other): every request had it
         values: dict[str, list[str]] = defaultdict(list)

@@ -1,0 +1,279 @@
+"""``hopline watch --collector`` (analyzer/live/windowed.py; issue 36): the watcher's CPU per step
+against traffic, and how soon a small scope's change is alerted, on event-time replays.
+
+    .venv/bin/python bench/bench_live_windows.py cost  [--rates 1000,3000,10000] [--values 200]
+    .venv/bin/python bench/bench_live_windows.py delay [--case big|small] [--seeds 5] [--seed-from 0] [--settle 30]
+    .venv/bin/python bench/bench_live_windows.py request-level [--rl-rate 1000] [--rl-sample 0.0625]
+
+The collectors are in-process ``collector.windows.WindowSummaries`` (the collector's own window
+code: ``add`` per finished request, folds, ``answer`` as ``GET /v1/windows`` serves it), not
+processes behind HTTP: 10,000 requests/s of collector ingest over HTTP does not fit on this 2-core
+machine next to the watcher. The watcher's side is the real one: ``CollectorFeed._merge`` of each
+answer (the JSON's parts, decoded from DDSketch's protobuf) and ``WindowDetector`` steps; its CPU is
+measured around those two only (``time.process_time``), not around the collectors' work.
+
+Requests are drawn with numpy: Poisson-like uniform starts, replica, service (5), model (replica
+mod 5), lognormal stages (network 5 ms, gateway 2 ms, frontend 4 ms, queue 40 ms, prefill 80 ms,
+decode 2 s), tokens; each request is handed to the collector of its shard (a hash of its index)
+when it finishes (start + e2e), in finish order, with the collectors' clock at the replay's event
+time. The collectors settle a window ``--settle`` after its end (the collector's default, 30 s).
+
+cost: at each rate, the same scope values (``--values``: replicas + 5 services + 5 models, the
+replicas being the rest), ``--horizon`` of windows; the watcher's CPU per step (merge + step)
+over the steps after the horizon filled. Also the same for 100 and 1,000 scope values at 1,000
+requests/s (``--by-values``).
+
+delay: a 3x queue from a window boundary on one replica: 1 of 1,000 replicas at 10,000 requests/s
+over 10 collectors, and 1 of 50 at 1,000 over 3. The replay's clock at which the alert first
+fires (an incident that pages) minus the onset, event time, per seed, and the median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from hopline.analyzer.live.detector import LiveConfig  # noqa: E402
+from hopline.analyzer.live.windowed import CollectorFeed, WindowDetector  # noqa: E402
+from hopline.collector.windows import WindowSummaries  # noqa: E402
+
+WIDTH = 10.0
+START = 1_767_607_200.0  # 2026-01-05T10:00:00Z
+STAGES = {"network": 0.005, "gateway": 0.002, "frontend": 0.004, "queue": 0.040, "prefill": 0.080, "decode": 2.0}
+BY = ("replica", "model", "service")
+
+
+def summaries(settle_s: float, clock) -> WindowSummaries:
+    """The collector's window summaries with a cap above the bench's replicas (the default cap,
+    128 values per attribute and window, would fold 1,000 replicas into ``other``)."""
+    try:
+        return WindowSummaries(
+            window=WIDTH, window_keep=3600.0, window_by=BY, window_scope_cap=4096, window_settle=settle_s, clock=clock
+        )
+    except TypeError:  # the constructor's earlier keywords
+        return WindowSummaries(width_s=WIDTH, keep_s=3600.0, by=BY, scope_cap=4096, settle_s=settle_s, clock=clock)
+
+
+def requests(rate: float, seconds: float, replicas: int, seed: int, shifted: int | None, onset_s: float):
+    """Columns of ``rate * seconds`` requests; queue x3 on replica ``shifted`` from ``onset_s``."""
+    rng = np.random.default_rng(seed)
+    n = int(rate * seconds)
+    start = START + np.sort(rng.uniform(0, seconds, n))
+    replica = rng.integers(0, replicas, n)
+    service = rng.integers(0, 5, n)
+    values = {s: rng.lognormal(np.log(m), 0.35, n) for s, m in STAGES.items()}
+    if shifted is not None:
+        hit = (replica == shifted) & (start >= START + onset_s)
+        values["queue"][hit] *= 3.0
+    ttft = sum(values[s] for s in STAGES if s != "decode")
+    e2e = ttft + values["decode"]
+    prompt = rng.integers(200, 2000, n)
+    return start, replica, service, values, ttft, e2e, prompt
+
+
+class Replay:
+    """Requests handed to in-process collectors as they finish, the watcher polling each second
+    of event time; ``watch_cpu`` is the watcher's CPU (merge + steps), ``fired`` the first paging
+    incidents' (clock, incident)."""
+
+    def __init__(self, shards: int, settle_s: float, config: LiveConfig) -> None:
+        self.clock = START
+        self.collectors = [summaries(settle_s, lambda: self.clock) for _ in range(shards)]
+        self.feed = _InProcess(urls=[f"c{i}" for i in range(shards)], replay=self)
+        self.detector = WindowDetector(self.feed, config)
+        self.fired: list[tuple[float, object]] = []
+        self.detector.on_step = self._on_step
+        self.step_cpu: list[float] = []  # the watcher's CPU per step: its merges since the last step and the step
+        self.merge_per_step: list[float] = []  # of which merging the collectors' answers
+        self.merge_cpu = 0.0
+
+    def _on_step(self, now, changed) -> None:
+        for incident in changed:
+            if incident.pages and incident.state == "firing" and incident.first_seen == now:
+                self.fired.append((self.clock, incident))
+
+    def run(self, cols, replicas: int, until_s: float) -> None:
+        start, replica, service, values, ttft, e2e, prompt = cols
+        finish = start + e2e
+        order = np.argsort(finish, kind="stable")
+        names = [f"r{i:04d}" for i in range(replicas)]
+        scopes = {
+            (r, s): {"replica": names[r], "model": f"m{r % 5}", "service": f"s{s}"}
+            for r in range(replicas) for s in range(5)
+        }  # fmt: skip
+        stage_names = [*STAGES, "prompt_tokens", "output_tokens", "cached_tokens"]
+        n = len(order)
+        columns = [values[s][order] for s in STAGES] + [prompt[order], np.full(n, 200), np.zeros(n)]
+        rows = np.column_stack(columns).tolist()  # in finish order, as plain floats
+        shard_of = ((order * 2654435761 % 2**32) % len(self.collectors)).tolist()
+        started, ends = start[order].tolist(), finish[order].tolist()
+        ttfts, e2es = ttft[order].tolist(), e2e[order].tolist()
+        scope_of = [scopes[(r, s)] for r, s in zip(replica[order].tolist(), service[order].tolist(), strict=True)]
+        adds = [c.add for c in self.collectors]
+        k = 0
+        tick = START + 1.0
+        while tick <= START + until_s:
+            while k < n and ends[k] <= tick:
+                adds[shard_of[k]](started[k], scope_of[k], dict(zip(stage_names, rows[k])), "ok", ttfts[k], e2es[k])
+                k += 1
+            self.clock = tick
+            for c in self.collectors:
+                c.fold(tick)
+            before, stepped = self.detector.steps, self.detector.cpu_s
+            t0 = time.process_time()
+            self.detector.poll()
+            spent = time.process_time() - t0 - self.feed.collector_cpu
+            self.feed.collector_cpu = 0.0
+            self.merge_cpu += spent - (self.detector.cpu_s - stepped)
+            if self.detector.steps > before:
+                steps = self.detector.steps - before
+                self.step_cpu.append(spent / steps)
+                self.merge_per_step.append(self.merge_cpu / steps)
+                self.merge_cpu = 0.0
+            tick += 1.0
+
+
+class _InProcess(CollectorFeed):
+    """``CollectorFeed`` reading the in-process collectors' answers (``answer`` is the collector's
+    work: its CPU is taken out of the watcher's)."""
+
+    def __init__(self, urls, replay: Replay) -> None:
+        super().__init__(urls=urls)
+        self.replay = replay
+        self.collector_cpu = 0.0
+
+    def poll(self) -> int:
+        merged = 0
+        since = None if self.newest_start is None else self.newest_start - 120.0
+        for url, c in zip(self.urls, self.replay.collectors, strict=True):
+            t0 = time.process_time()
+            answer = c.answer(since=since, now=self.replay.clock)
+            self.collector_cpu += time.process_time() - t0
+            merged += self._merge(url, answer)
+        return merged
+
+
+def load() -> str:
+    return open("/proc/loadavg").read().split()[0]
+
+
+def cost(args) -> None:
+    horizon = args.horizon
+    config = LiveConfig(window_s=WIDTH, horizon_s=horizon, recent_s=horizon / 2)
+    print(f"cost: horizon {horizon:.0f} s, {args.shards} collectors, settle {args.settle:.0f} s")
+    print(
+        f"{'req/s':>7} {'values':>6} {'requests':>9} {'steps':>5} {'CPU ms/step (median)':>21} {'p90':>6} "
+        f"{'merge':>6} {'load':>5}"
+    )
+    cases = [(r, args.values) for r in args.rates] + [(args.by_rate, v) for v in args.by_values]
+    medians = {}
+    for rate, values in cases:
+        replicas = values - 10
+        seconds = horizon + 120.0
+        cols = requests(rate, seconds, replicas, seed=1, shifted=None, onset_s=0)
+        replay = Replay(args.shards, args.settle, config)
+        replay.run(cols, replicas, seconds + args.settle + 2 * WIDTH)
+        filled = int((horizon + args.settle) / WIDTH)  # steps once the horizon is full
+        steady = replay.step_cpu[filled:] or replay.step_cpu
+        ms = sorted(1e3 * x for x in steady)
+        merge = statistics.median(1e3 * x for x in replay.merge_per_step[filled:] or replay.merge_per_step)
+        med = statistics.median(ms)
+        medians[(rate, values)] = med
+        print(
+            f"{rate:>7.0f} {values:>6} {len(cols[0]):>9,} {len(ms):>5} {med:>21.1f} {ms[int(0.9 * (len(ms) - 1))]:>6.1f} "
+            f"{merge:>6.1f} {load():>5}"
+        )
+    base = [medians[(r, args.values)] for r in args.rates]
+    print(f"max/min across rates at {args.values} values: {max(base) / min(base):.2f}x")
+
+
+def request_level(args) -> None:
+    """The request-level watcher (``LiveDetector``, what ``--follow`` runs) on the same shape of
+    traffic: generated hop events (tests/support/synth.py) at ``--rl-rate`` over the same scope
+    values, the same horizon, ``--rl-sample`` of the requests (1/16: what bench/README.md's
+    production-rate runs use); its CPU per step (``LiveDetector.cpu_s``) after the horizon filled."""
+    from hopline.analyzer.live.detector import LiveDetector
+    from hopline.analyzer.live.feed import replay
+    from support.synth import generate
+
+    horizon, replicas = args.horizon, args.values - 10
+    services = tuple(f"s{i}" for i in range(5))
+    models = {s: f"m{i}" for i, s in enumerate(services)}
+    seconds = horizon + 120.0
+    events = generate(
+        duration_s=seconds, rate=args.rl_rate, seed=1, replicas=tuple(f"r{i:04d}" for i in range(replicas)),
+        services=services, models=models,
+    )  # fmt: skip
+    config = LiveConfig(window_s=WIDTH, horizon_s=horizon, recent_s=horizon / 2, sample=args.rl_sample)
+    detector = LiveDetector(config)
+    per_step = []
+    with_tmp = Path("/tmp") / f"bench-live-windows-{args.rl_rate:.0f}.parquet"
+    events.write_parquet(with_tmp)
+    for batch in replay([with_tmp], WIDTH):
+        before_cpu, before = detector.cpu_s, detector.steps
+        detector.feed(batch)
+        if detector.steps > before:
+            per_step.append((detector.cpu_s - before_cpu) / (detector.steps - before))
+    with_tmp.unlink()
+    filled = int(horizon / WIDTH)
+    ms = sorted(1e3 * x for x in per_step[filled:] or per_step)
+    print(
+        f"request-level (LiveDetector, sample {args.rl_sample:g}): {args.rl_rate:.0f} req/s, {args.values} values, "
+        f"{events['request_id'].n_unique():,} requests, {len(ms)} steps: CPU ms/step median "
+        f"{statistics.median(ms):.1f}, p90 {ms[int(0.9 * (len(ms) - 1))]:.1f} (load {load()})"
+    )
+
+
+def delay(args) -> None:
+    cases = {"big": [(10_000.0, 1000, 10)], "small": [(1_000.0, 50, 3)], "both": [(10_000.0, 1000, 10), (1_000.0, 50, 3)]}
+    onset = args.onset
+    config = LiveConfig(window_s=WIDTH, horizon_s=args.horizon, recent_s=args.horizon / 2)
+    for rate, replicas, shards in cases[args.case]:
+        delays = []
+        for seed in range(args.seed_from, args.seed_from + args.seeds):
+            cols = requests(rate, onset + 120.0, replicas, seed=seed, shifted=7, onset_s=onset)
+            replay = Replay(shards, args.settle, config)
+            t0 = time.process_time()
+            replay.run(cols, replicas, onset + 120.0)
+            hit = [(clock, i) for clock, i in replay.fired if i.scope == {"replica": "r0007"} and i.key[1] == "queue"]
+            others = [i for _, i in replay.fired if i.scope != {"replica": "r0007"}]
+            said = hit[0][1].words[:90] if hit else "-"
+            d = hit[0][0] - (START + onset) if hit else float("nan")
+            delays.append(d)
+            print(
+                f"{rate:>7.0f} req/s, 1 of {replicas} replicas, {shards} collectors, seed {seed}: alerted "
+                f"{d:.0f} s after onset, {len(others)} other alerts; {said!r} "
+                f"(replay CPU {time.process_time() - t0:.0f} s, load {load()})"
+            )
+        print(f"  median {statistics.median(delays):.0f} s (settle {args.settle:.0f} s)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("what", choices=("cost", "delay", "request-level"))
+    parser.add_argument("--rl-rate", type=float, default=1000.0)
+    parser.add_argument("--rl-sample", type=float, default=0.0625)
+    parser.add_argument("--rates", type=lambda s: [float(x) for x in s.split(",")], default=[1000.0, 3000.0, 10000.0])
+    parser.add_argument("--values", type=int, default=200)
+    parser.add_argument("--by-rate", type=float, default=1000.0)
+    parser.add_argument("--by-values", type=lambda s: [int(x) for x in s.split(",") if x], default=[100, 1000])
+    parser.add_argument("--horizon", type=float, default=300.0)
+    parser.add_argument("--shards", type=int, default=3)
+    parser.add_argument("--settle", type=float, default=30.0)
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--seed-from", type=int, default=0)
+    parser.add_argument("--case", choices=("big", "small", "both"), default="both")
+    parser.add_argument("--onset", type=float, default=180.0)
+    args = parser.parse_args()
+    {"cost": cost, "delay": delay, "request-level": request_level}[args.what](args)
+
+
+if __name__ == "__main__":
+    main()
