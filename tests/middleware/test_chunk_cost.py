@@ -45,8 +45,8 @@ def test_the_batch_run_reads_bytearray_chunks_as_it_reads_bytes():
     usage = b"data: " + orjson.dumps({"id": "c", "choices": [], "usage": {"completion_tokens": 7}}) + b"\n\n"
     split = chunk({"content": "no tail here"})
     cut = split.index(b"no tail") + 2  # inside the text: the first part has the head and no quote after it
-    rest = [chunk({"content": "b"}), split[:cut], split[cut:], chunk({"content": ""}),
-            chunk({"content": 'q "x"'}), chunk({"content": "c"}), chunk({}, "stop"), usage, b"data: [DONE]\n\n"]
+    rest = [chunk({"content": "b"}), split[:cut], split[cut:], chunk({"content": ""})]
+    rest += [chunk({"content": 'q "x"'}), chunk({"content": "c"}), chunk({}, "stop"), usage, b"data: [DONE]\n\n"]
     summaries = []
     for kind in (bytes, bytearray):
         reader = StreamReader()
