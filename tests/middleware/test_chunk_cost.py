@@ -36,7 +36,7 @@ def test_the_batch_run_reads_bytearray_chunks_as_it_reads_bytes():
     leave the run and be read exactly, with the same counts, finish and usage as bytes."""
     import orjson
 
-    from hopline.middleware.sse import StreamReader
+    from hopline.middleware.sse import _DONE_EVENT as DONE, StreamReader
 
     def chunk(delta, finish=None):
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
@@ -46,7 +46,7 @@ def test_the_batch_run_reads_bytearray_chunks_as_it_reads_bytes():
     split = chunk({"content": "no tail here"})
     cut = split.index(b"no tail") + 2  # inside the text: the first part has the head and no quote after it
     rest = [chunk({"content": "b"}), split[:cut], split[cut:], chunk({"content": ""})]
-    rest += [chunk({"content": 'q "x"'}), chunk({"content": "c"}), chunk({}, "stop"), usage, b"data: [DONE]\n\n"]
+    rest += [chunk({"content": 'q "x"'}), chunk({"content": "c"}), chunk({}, "stop"), usage, DONE]
     summaries = []
     for kind in (bytes, bytearray):
         reader = StreamReader()
