@@ -3,8 +3,8 @@
 Each collector keeps, per window of requests' starts and per value of its ``--window-by``
 attributes, a DDSketch of each stage (``collector/windows.py``) and serves the settled ones at
 ``GET /v1/windows``. ``CollectorFeed`` reaches every collector over HTTP at each poll, asks for the
-windows of the last ``LOOKBACK_S`` (a window's late parts, folded after its first answer, come
-with them) and merges each part it has not taken yet (a part is known by its window, its fold time
+windows from the newest one taken on, and every ``LOOKBACK_EVERY_S`` for those of the last
+``LOOKBACK_S`` (a window's late parts, folded after its first answer, come with them) and merges each part it has not taken yet (a part is known by its window, its fold time
 and its size, so a restarted collector's new parts are taken and none twice) into ``WindowSeries``:
 per scope value and stage, per window, the sketch's bins as numpy arrays (``windows.decode_bins``).
 Cost follows windows × scope values × stages, never requests.
@@ -76,7 +76,8 @@ from hopline.analyzer.live.detector import LiveConfig
 from hopline.analyzer.live.incidents import Incident, IncidentBook
 from hopline.analyzer.windows import SKETCH_FORMAT, WindowsError, decode_bins
 
-LOOKBACK_S = 120.0  # each poll asks for the windows that started this long before the newest one taken
+LOOKBACK_S = 120.0  # a poll every LOOKBACK_EVERY_S asks for the windows that started this long before the newest
+LOOKBACK_EVERY_S = 10.0  # (the other polls: from the newest window taken on)
 PSEUDO_ROWS = 16  # the book's pseudo-requests per window, attribute and value
 ALL = ("", "")  # the series key of all traffic
 TIMINGS = ("ttft", "e2e")  # the collectors' outermost views, for the users' time and concurrency
@@ -178,12 +179,19 @@ class CollectorFeed:
     newest_start: float | None = None
     warn: Callable[[str], None] | None = None
     client: httpx.Client | None = None
+    _looked_back: float = -math.inf
 
     def poll(self) -> int:
         """Merge what is new; return the parts merged."""
         client = self.client or httpx.Client(timeout=self.timeout_s)
         self.client = client
-        since = None if self.newest_start is None else self.newest_start - LOOKBACK_S
+        # the newest window on, and every LOOKBACK_EVERY_S the last LOOKBACK_S (late parts): the
+        # answer re-sends parts already taken, so asking for the whole lookback each poll would
+        # move ~12 windows of sketches a poll
+        back = 0.0
+        if time.monotonic() - self._looked_back >= LOOKBACK_EVERY_S:
+            back, self._looked_back = LOOKBACK_S, time.monotonic()
+        since = None if self.newest_start is None else self.newest_start - back
         params = {} if since is None else {"since": repr(since)}
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         merged = 0
