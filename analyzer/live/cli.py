@@ -322,7 +322,7 @@ def watch_command(
     ] = 1.0,
 ) -> None:
     if sum(map(bool, (replay_paths, follow, collector))) != 1:
-        raise UsageError("give --replay PATH, --follow PATH or --collector URL (one of them)")
+        raise UsageError("give --replay PATH or --follow PATH or --collector URL (one of them)")
     try:
         urls_in = collector_urls(collector)
         if urls_in and sample != 1.0:

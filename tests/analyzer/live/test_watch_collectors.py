@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 
+import httpx
 import orjson
 import polars as pl
 import pytest
@@ -22,6 +23,7 @@ from hopline.analyzer.findings.shifts.detector import find_shifts
 from hopline.analyzer.timelines import timelines
 from hopline.middleware.sharded_sink import ShardedHttpSink
 from support.alertmanager import alertmanager_with_webhook
+from support.cli import hopline
 from support.collector import collector_process
 from support.servers import wait_until
 from support.synth import StageShift, generate
@@ -125,3 +127,25 @@ def test_a_collector_killed_and_restarted_mid_run_the_alert_still_fires(tmp_path
         assert watch.returncode == 0, err[-3000:]
         assert f"collector {urls[1]} not read" in err  # said once it was down
         check_one_alert(out, webhook)
+
+
+def test_bad_collector_input_is_one_line(tmp_path):
+    run = hopline("watch", "--collector", "c1:9400")
+    assert run.returncode == 2 and "--collector wants a collector's base URL" in run.stderr
+    run = hopline("watch", "--collector", "http://127.0.0.1:9", "--follow", str(tmp_path))
+    assert run.returncode == 2 and "(one of them)" in run.stderr
+    run = hopline("watch", "--collector", "http://127.0.0.1:9", "--sample", "0.5")
+    assert run.returncode == 2 and "--sample is for --replay and --follow" in run.stderr
+
+
+def test_collectors_with_another_window_stop_with_one_line(tmp_path):
+    """The watcher's steps are the collectors' windows: a --window that differs is said, exit 1."""
+    events = generate(duration_s=30, rate=5, seed=1).drop("attrs")
+    body = b"".join(orjson.dumps({k: v for k, v in r.items() if v is not None}) + b"\n" for r in events.to_dicts())
+    with collector_process(tmp_path / "c", "--window", "5s") as (_, url):
+        r = httpx.post(url + "/v1/events", content=body, headers={"Content-Type": "application/x-ndjson"}, timeout=30)
+        assert r.status_code == 200, r.text
+        wait_until("windows served", lambda: httpx.get(url + "/v1/windows", timeout=5).json()["windows"], timeout=60)
+        run = hopline("watch", "--collector", url, "--poll", "0.2s", timeout=60)
+    assert run.returncode == 1
+    assert "the collectors keep 5 s windows: run hopline watch with --window 5s" in run.stderr
