@@ -555,12 +555,16 @@ class IncidentBook:
 
     def _join(self, now: float, incident: Incident, finding: Finding, late: str | None) -> tuple[Incident, bool, bool]:
         """``finding`` began with ``incident`` in its place: one of its co-movers. An incident that
-        does not page (its lead is the measuring side's lateness) is led by a co-mover that would:
-        nothing was sent of it yet, so its labels may change."""
+        does not page (its lead is the measuring side's lateness, a change in the traffic) is led
+        by a co-mover that would, once that co-mover was found at every step for the hold (as
+        long as it would have waited to open: a finding seen for one step leads nothing): nothing
+        was sent of it yet, so its labels may change."""
         incident.last_seen = now
         incident.co_movers = [f for f in incident.co_movers if fingerprint(f) != fingerprint(finding)] + [finding]
         if incident.pages or incident.standing:
             return incident, False, False
+        if now - self.held.get(fingerprint(finding), now) < self.hold_s:
+            return incident, False, False  # it leads once it held as long as one that opens
         onset = onset_of(finding, self.latest)
         share = live_share(finding, self.frame, onset)
         severity = "critical" if (share or 0.0) >= CRITICAL_SHARE else "warning"
@@ -669,6 +673,7 @@ class IncidentBook:
             not incident.pages
             and _would_page(late, severity)
             and not _unfelt(finding)
+            and not isinstance(finding, MixChange)  # a change in the traffic pages with no words
             and until is None
             and not incident.standing
         ):

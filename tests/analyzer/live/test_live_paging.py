@@ -18,7 +18,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 from hopline.analyzer.findings import lateness
-from hopline.analyzer.findings.model import Pitfall, Shift, pitfall
+from hopline.analyzer.findings.model import MixChange, Pitfall, Shift, pitfall
 from hopline.analyzer.io import scan_events
 from hopline.analyzer.live.alertmanager import payload
 from hopline.analyzer.live.detect import findings_now
@@ -91,6 +91,26 @@ def test_a_real_flood_on_a_loaded_host_pages_once_for_the_queue_on_its_replica(n
     # "network" on loopback was its load generator reading the first token late)
     noted = [i for i in detector.book.incidents if not i.pages]
     assert all(i.late == "client" for i in noted)
+
+
+def test_a_co_mover_seen_for_one_step_does_not_lead_a_noted_incident():
+    """ci-6: the batch's longer answers open a noted traffic-mix incident; the API server's
+    frontend, found for one step, joined it and paged (a warning) ahead of the queue, still on
+    hold. A co-mover leads a noted incident only once it held as long as one that opens: the
+    queue pages, critical, once, within a minute of the flood. (Its onset is placed 9.6 s before
+    the flood here, inside test_vllm_flood_live's 10 s slack: the chat requests sent just before
+    it queued behind the batch.)"""
+    name = "vllm-flood-ci-6"
+    sent, detector = replayed(name, LiveConfig(window_s=2.0, settle_s=2.0, lateness_s=2.0, hold_s=5.0))
+    start = flood_start(name)
+    firing = [(now, a["labels"]) for now, a in sent if "endsAt" not in a]
+    assert len({tuple(sorted(labels.items())) for _, labels in firing}) == 1, firing
+    now, labels = firing[0]
+    assert (labels["stage"], labels["replica"], labels["severity"]) == ("queue", "r1", "critical"), firing
+    assert start <= now <= start + 60, now - start
+    # the queue took the lead of the incident the traffic's change opened: that change its co-mover
+    (paged,) = [i for i in detector.book.incidents if i.pages]
+    assert any(isinstance(f, MixChange) and f.stage == "decode" for f in paged.co_movers), paged.co_movers
 
 
 def test_the_api_servers_lateness_seen_first_does_not_lead_the_floods_page():
