@@ -2,7 +2,8 @@
 against traffic, and how soon a small scope's change is alerted, on event-time replays.
 
     .venv/bin/python bench/bench_live_windows.py cost  [--rates 1000,3000,10000] [--values 200]
-    .venv/bin/python bench/bench_live_windows.py delay [--case big|small] [--seeds 5] [--seed-from 0] [--settle 30]
+    .venv/bin/python bench/bench_live_windows.py delay [--case big|small] [--seeds 5] [--seed-from 0]
+        [--settle 30] [--onset 180] [--after 120]
     .venv/bin/python bench/bench_live_windows.py request-level [--rl-rate 1000] [--rl-sample 0.0625]
 
 The collectors are in-process ``collector.windows.WindowSummaries`` (the collector's own window
@@ -40,13 +41,20 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from hopline.analyzer.live.detector import LiveConfig  # noqa: E402
-from hopline.analyzer.live.windowed import CollectorFeed, WindowDetector  # noqa: E402
-from hopline.collector.windows import WindowSummaries  # noqa: E402
+from hopline.analyzer.live.detector import LiveConfig
+from hopline.analyzer.live.windowed import CollectorFeed, WindowDetector
+from hopline.collector.windows import WindowSummaries
 
 WIDTH = 10.0
 START = 1_767_607_200.0  # 2026-01-05T10:00:00Z
-STAGES = {"network": 0.005, "gateway": 0.002, "frontend": 0.004, "queue": 0.040, "prefill": 0.080, "decode": 2.0}
+STAGES = {
+    "network": 0.005,
+    "gateway": 0.002,
+    "frontend": 0.004,
+    "queue": 0.040,
+    "prefill": 0.080,
+    "decode": 2.0,
+}
 BY = ("replica", "model", "service")
 
 
@@ -55,10 +63,17 @@ def summaries(settle_s: float, clock) -> WindowSummaries:
     128 values per attribute and window, would fold 1,000 replicas into ``other``)."""
     try:
         return WindowSummaries(
-            window=WIDTH, window_keep=3600.0, window_by=BY, window_scope_cap=4096, window_settle=settle_s, clock=clock
+            window=WIDTH,
+            window_keep=3600.0,
+            window_by=BY,
+            window_scope_cap=4096,
+            window_settle=settle_s,
+            clock=clock,
         )
     except TypeError:  # the constructor's earlier keywords
-        return WindowSummaries(width_s=WIDTH, keep_s=3600.0, by=BY, scope_cap=4096, settle_s=settle_s, clock=clock)
+        return WindowSummaries(
+            width_s=WIDTH, keep_s=3600.0, by=BY, scope_cap=4096, settle_s=settle_s, clock=clock
+        )
 
 
 def requests(rate: float, seconds: float, replicas: int, seed: int, shifted: int | None, onset_s: float):
@@ -89,12 +104,18 @@ class Replay:
         self.feed = _InProcess(urls=[f"c{i}" for i in range(shards)], replay=self)
         self.detector = WindowDetector(self.feed, config)
         self.fired: list[tuple[float, object]] = []
+        self.found: dict[tuple, float] = {}  # (stage, scope) -> the replay's clock when first found
         self.detector.on_step = self._on_step
-        self.step_cpu: list[float] = []  # the watcher's CPU per step: its merges since the last step and the step
+        self.step_cpu: list[
+            float
+        ] = []  # the watcher's CPU per step: its merges since the last step and the step
         self.merge_per_step: list[float] = []  # of which merging the collectors' answers
         self.merge_cpu = 0.0
 
     def _on_step(self, now, changed) -> None:
+        for f in self.detector.findings:
+            if getattr(f, "stage", None) and (f.stage, tuple(f.scope.items())) not in self.found:
+                self.found[(f.stage, tuple(f.scope.items()))] = self.clock
         for incident in changed:
             if incident.pages and incident.state == "firing" and incident.first_seen == now:
                 self.fired.append((self.clock, incident))
@@ -109,20 +130,33 @@ class Replay:
             for r in range(replicas) for s in range(5)
         }  # fmt: skip
         stage_names = [*STAGES, "prompt_tokens", "output_tokens", "cached_tokens"]
-        n = len(order)
-        columns = [values[s][order] for s in STAGES] + [prompt[order], np.full(n, 200), np.zeros(n)]
-        rows = np.column_stack(columns).tolist()  # in finish order, as plain floats
-        shard_of = ((order * 2654435761 % 2**32) % len(self.collectors)).tolist()
-        started, ends = start[order].tolist(), finish[order].tolist()
-        ttfts, e2es = ttft[order].tolist(), e2e[order].tolist()
-        scope_of = [scopes[(r, s)] for r, s in zip(replica[order].tolist(), service[order].tolist(), strict=True)]
+        ends = finish[order]
         adds = [c.add for c in self.collectors]
         k = 0
         tick = START + 1.0
         while tick <= START + until_s:
-            while k < n and ends[k] <= tick:
-                adds[shard_of[k]](started[k], scope_of[k], dict(zip(stage_names, rows[k])), "ok", ttfts[k], e2es[k])
-                k += 1
+            stop = int(np.searchsorted(ends, tick, side="right"))
+            if stop > k:  # this second's finished requests, as plain Python values
+                idx = order[k:stop]
+                columns = [values[s][idx] for s in STAGES] + [
+                    prompt[idx],
+                    np.full(len(idx), 200),
+                    np.zeros(len(idx)),
+                ]
+                rows = np.column_stack(columns).tolist()
+                shards = ((idx * 2654435761 % 2**32) % len(self.collectors)).tolist()
+                keys = zip(replica[idx].tolist(), service[idx].tolist(), strict=True)
+                for j, key in enumerate(keys):
+                    i = idx[j]
+                    adds[shards[j]](
+                        float(start[i]),
+                        scopes[key],
+                        dict(zip(stage_names, rows[j])),
+                        "ok",
+                        float(ttft[i]),
+                        float(e2e[i]),
+                    )
+                k = stop
             self.clock = tick
             for c in self.collectors:
                 c.fold(tick)
@@ -187,7 +221,8 @@ def cost(args) -> None:
         med = statistics.median(ms)
         medians[(rate, values)] = med
         print(
-            f"{rate:>7.0f} {values:>6} {len(cols[0]):>9,} {len(ms):>5} {med:>21.1f} {ms[int(0.9 * (len(ms) - 1))]:>6.1f} "
+            f"{rate:>7.0f} {values:>6} {len(cols[0]):>9,} {len(ms):>5} {med:>21.1f} "
+            f"{ms[int(0.9 * (len(ms) - 1))]:>6.1f} "
             f"{merge:>6.1f} {load():>5}"
         )
     base = [medians[(r, args.values)] for r in args.rates]
@@ -225,34 +260,49 @@ def request_level(args) -> None:
     filled = int(horizon / WIDTH)
     ms = sorted(1e3 * x for x in per_step[filled:] or per_step)
     print(
-        f"request-level (LiveDetector, sample {args.rl_sample:g}): {args.rl_rate:.0f} req/s, {args.values} values, "
+        f"request-level (LiveDetector, sample {args.rl_sample:g}): {args.rl_rate:.0f} req/s, "
+        f"{args.values} values, "
         f"{events['request_id'].n_unique():,} requests, {len(ms)} steps: CPU ms/step median "
         f"{statistics.median(ms):.1f}, p90 {ms[int(0.9 * (len(ms) - 1))]:.1f} (load {load()})"
     )
 
 
 def delay(args) -> None:
-    cases = {"big": [(10_000.0, 1000, 10)], "small": [(1_000.0, 50, 3)], "both": [(10_000.0, 1000, 10), (1_000.0, 50, 3)]}
+    cases = {
+        "big": [(10_000.0, 1000, 10)],
+        "small": [(1_000.0, 50, 3)],
+        "both": [(10_000.0, 1000, 10), (1_000.0, 50, 3)],
+    }
     onset = args.onset
     config = LiveConfig(window_s=WIDTH, horizon_s=args.horizon, recent_s=args.horizon / 2)
     for rate, replicas, shards in cases[args.case]:
-        delays = []
+        delays, founds = [], []
         for seed in range(args.seed_from, args.seed_from + args.seeds):
-            cols = requests(rate, onset + 120.0, replicas, seed=seed, shifted=7, onset_s=onset)
+            cols = requests(rate, onset + args.after, replicas, seed=seed, shifted=7, onset_s=onset)
             replay = Replay(shards, args.settle, config)
             t0 = time.process_time()
-            replay.run(cols, replicas, onset + 120.0)
-            hit = [(clock, i) for clock, i in replay.fired if i.scope == {"replica": "r0007"} and i.key[1] == "queue"]
+            replay.run(cols, replicas, onset + args.after)
+            hit = [
+                (clock, i)
+                for clock, i in replay.fired
+                if i.scope == {"replica": "r0007"} and i.key[1] == "queue"
+            ]
             others = [i for _, i in replay.fired if i.scope != {"replica": "r0007"}]
             said = hit[0][1].words[:90] if hit else "-"
             d = hit[0][0] - (START + onset) if hit else float("nan")
+            seen = replay.found.get(("queue", (("replica", "r0007"),)))
+            found = seen - (START + onset) if seen is not None else float("nan")
             delays.append(d)
+            founds.append(found)
             print(
-                f"{rate:>7.0f} req/s, 1 of {replicas} replicas, {shards} collectors, seed {seed}: alerted "
-                f"{d:.0f} s after onset, {len(others)} other alerts; {said!r} "
+                f"{rate:>7.0f} req/s, 1 of {replicas} replicas, {shards} collectors, seed {seed}: found "
+                f"{found:.0f} s after onset, alerted {d:.0f} s, {len(others)} other alerts; {said!r} "
                 f"(replay CPU {time.process_time() - t0:.0f} s, load {load()})"
             )
-        print(f"  median {statistics.median(delays):.0f} s (settle {args.settle:.0f} s)")
+        print(
+            f"  median: found {statistics.median(founds):.0f} s, alerted {statistics.median(delays):.0f} s "
+            f"(settle {args.settle:.0f} s)"
+        )
 
 
 def main() -> None:
@@ -260,10 +310,14 @@ def main() -> None:
     parser.add_argument("what", choices=("cost", "delay", "request-level"))
     parser.add_argument("--rl-rate", type=float, default=1000.0)
     parser.add_argument("--rl-sample", type=float, default=0.0625)
-    parser.add_argument("--rates", type=lambda s: [float(x) for x in s.split(",")], default=[1000.0, 3000.0, 10000.0])
+    parser.add_argument(
+        "--rates", type=lambda s: [float(x) for x in s.split(",")], default=[1000.0, 3000.0, 10000.0]
+    )
     parser.add_argument("--values", type=int, default=200)
     parser.add_argument("--by-rate", type=float, default=1000.0)
-    parser.add_argument("--by-values", type=lambda s: [int(x) for x in s.split(",") if x], default=[100, 1000])
+    parser.add_argument(
+        "--by-values", type=lambda s: [int(x) for x in s.split(",") if x], default=[100, 1000]
+    )
     parser.add_argument("--horizon", type=float, default=300.0)
     parser.add_argument("--shards", type=int, default=3)
     parser.add_argument("--settle", type=float, default=30.0)
@@ -271,6 +325,7 @@ def main() -> None:
     parser.add_argument("--seed-from", type=int, default=0)
     parser.add_argument("--case", choices=("big", "small", "both"), default="both")
     parser.add_argument("--onset", type=float, default=180.0)
+    parser.add_argument("--after", type=float, default=120.0)
     args = parser.parse_args()
     {"cost": cost, "delay": delay, "request-level": request_level}[args.what](args)
 

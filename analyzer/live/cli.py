@@ -20,8 +20,8 @@ from hopline.analyzer.live.watch import STATE_NAME, SentState, Watch
 from hopline.analyzer.live.windowed import CollectorFeed, WindowDetector
 from hopline.analyzer.windows import WindowsError
 from hopline.middleware.contract.durations import parse_duration
-from hopline.middleware.exits import ClickException, UsageError
 from hopline.middleware.contract.rules import scope_sources
+from hopline.middleware.exits import ClickException, UsageError
 from hopline.middleware.http_limits import ConnectionLimits, listening_socket
 
 HELP = """Watch hop events as they come and raise the findings of `hopline analyze` while they happen.

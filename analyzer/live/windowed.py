@@ -4,9 +4,10 @@ Each collector keeps, per window of requests' starts and per value of its ``--wi
 attributes, a DDSketch of each stage (``collector/windows.py``) and serves the settled ones at
 ``GET /v1/windows``. ``CollectorFeed`` reaches every collector over HTTP at each poll, asks for the
 windows from the newest one taken on, and every ``LOOKBACK_EVERY_S`` for those of the last
-``LOOKBACK_S`` (a window's late parts, folded after its first answer, come with them) and merges each part it has not taken yet (a part is known by its window, its fold time
-and its size, so a restarted collector's new parts are taken and none twice) into ``WindowSeries``:
-per scope value and stage, per window, the sketch's bins as numpy arrays (``windows.decode_bins``).
+``LOOKBACK_S`` (a window's late parts, folded after its first answer, come with them), and merges
+each part it has not taken yet (a part is known by its window, its fold time and its size, so a
+restarted collector's new parts are taken and none twice) into ``WindowSeries``: per scope value
+and stage, per window, the sketch's bins as numpy arrays (``windows.decode_bins``).
 Cost follows windows × scope values × stages, never requests.
 
 ``WindowDetector`` steps on event time (a step at each window's end, once a collector served the
@@ -58,6 +59,7 @@ import numpy as np
 import polars as pl
 from ddsketch import LogarithmicMapping
 from hopline.analyzer.findings.model import Finding, Shift
+from hopline.analyzer.findings.shifts.context import COVARIATES
 from hopline.analyzer.findings.shifts.incidents import Change, cap_reversals, incidents
 from hopline.analyzer.findings.shifts.scopes import CONFINE_MIN_SIDE
 from hopline.analyzer.findings.shifts.stats import (
@@ -71,18 +73,21 @@ from hopline.analyzer.findings.shifts.stats import (
     log_move,
     z_threshold,
 )
-from hopline.analyzer.findings.shifts.context import COVARIATES
 from hopline.analyzer.live.detector import LiveConfig
 from hopline.analyzer.live.incidents import Incident, IncidentBook
 from hopline.analyzer.windows import SKETCH_FORMAT, WindowsError, decode_bins
 
-LOOKBACK_S = 120.0  # a poll every LOOKBACK_EVERY_S asks for the windows that started this long before the newest
+LOOKBACK_S = (
+    120.0  # a poll every LOOKBACK_EVERY_S asks for the windows that started this long before the newest
+)
 LOOKBACK_EVERY_S = 10.0  # (the other polls: from the newest window taken on)
 PSEUDO_ROWS = 16  # the book's pseudo-requests per window, attribute and value
 ALL = ("", "")  # the series key of all traffic
 TIMINGS = ("ttft", "e2e")  # the collectors' outermost views, for the users' time and concurrency
 TOKENS = ("prompt_tokens", "cached_tokens")
-READ = frozenset((*SHIFT_STAGES, *TIMINGS, *TOKENS))  # the measures the detector reads (others are not merged)
+READ = frozenset(
+    (*SHIFT_STAGES, *TIMINGS, *TOKENS)
+)  # the measures the detector reads (others are not merged)
 
 
 # -- the windows, as numpy ---------------------------------------------------------------------------
@@ -132,7 +137,7 @@ class WindowSeries:
     versions: dict[int, int] = field(default_factory=dict)  # window index -> parts merged into it
 
     def add_part(self, start: float, part: dict) -> None:
-        index = int(round(start / self.width_s))
+        index = round(start / self.width_s)
         scopes = self.windows.setdefault(index, {})
         arrivals = self.arrivals.setdefault(index, defaultdict(int))
         self.requests += part["requests"]
@@ -204,7 +209,9 @@ class CollectorFeed:
             except (httpx.HTTPError, ValueError, WindowsError) as exc:
                 self.failures += 1
                 if url not in self.down and self.warn is not None:
-                    self.warn(f"hopline watch: collector {url} not read ({type(exc).__name__}: {exc}); going on")
+                    self.warn(
+                        f"hopline watch: collector {url} not read ({type(exc).__name__}: {exc}); going on"
+                    )
                 self.down.add(url)
                 continue
             self.down.discard(url)
@@ -291,7 +298,7 @@ class Matrix:
         average ranks by millisecond, variance corrected for ties."""
         pooled = self.pooled(lo, hi)
         n = pooled.sum()
-        _, first, inverse = np.unique(self.groups, return_index=True, return_inverse=True)
+        _, inverse = np.unique(self.groups, return_inverse=True)
         per_group = np.bincount(inverse, weights=pooled)
         below = np.cumsum(per_group) - per_group
         avg = (below + (per_group + 1) / 2.0)[inverse]
@@ -379,7 +386,13 @@ def detect_windows(mx: Matrix, z_crit: float, cfg: ShiftConfig, stage: str, scop
             effect = _effect(mx, (edges[first], edges[first + 1]), (s, edges[i + 2]), z, cfg)
             if effect is not None:
                 found[-1] = Found(
-                    stage, scope, prev.at, *effect, max(prev.z, z, key=abs), edges[first], edges[i + 2],
+                    stage,
+                    scope,
+                    prev.at,
+                    *effect,
+                    max(prev.z, z, key=abs),
+                    edges[first],
+                    edges[i + 2],
                     steps=prev.steps + 1,
                 )
                 continue
@@ -391,10 +404,14 @@ def detect_windows(mx: Matrix, z_crit: float, cfg: ShiftConfig, stage: str, scop
     i = 0
     while i < len(real):
         det = real[i]
-        if det.before_at == 0 and (det.at <= 1 or (det.at <= cfg.cluster_windows and mx.cum[det.at - 1] < cfg.min_side)):
+        if det.before_at == 0 and (
+            det.at <= 1 or (det.at <= cfg.cluster_windows and mx.cum[det.at - 1] < cfg.min_side)
+        ):
             i += 1  # the horizon's first window alone is no baseline (``stats._from_first_window``)
             continue
-        end = next((j for j in range(i + 1, len(real)) if real[j].up != det.up and _returns(det, real[j], cfg)), None)
+        end = next(
+            (j for j in range(i + 1, len(real)) if real[j].up != det.up and _returns(det, real[j], cfg)), None
+        )
         out.append(det)
         if end is None:
             i += 1
@@ -451,7 +468,9 @@ class WindowDetector:
     def __post_init__(self) -> None:
         cfg = self.config
         hold = 2 * cfg.window_s if cfg.hold_s is None else cfg.hold_s
-        self.book = IncidentBook(cfg.window_s, cfg.horizon_s, recent_s=cfg.recent_s, hold_s=hold, dims=cfg.scopes)
+        self.book = IncidentBook(
+            cfg.window_s, cfg.horizon_s, recent_s=cfg.recent_s, hold_s=hold, dims=cfg.scopes
+        )
         self.next_step: float | None = None
         self.now: float | None = None
         self.newest: float | None = None
@@ -505,14 +524,22 @@ class WindowDetector:
         started = time.process_time()
         series = self.feed.series
         width = series.width_s
-        series.forget_before(int(round((now - self.config.horizon_s) / width)))
+        series.forget_before(round((now - self.config.horizon_s) / width))
         starts = sorted(i for i in series.windows if i * width < now)
         self.horizon = _Horizon(sum(series.arrivals.get(i, {}).get(ALL, 0) for i in starts))
-        self.findings = find_window_shifts(series, starts, self.config, self.shifts, self._screen) if starts else []
+        self.findings = (
+            find_window_shifts(series, starts, self.config, self.shifts, self._screen) if starts else []
+        )
         wanted = {f.stage for f in self.findings if isinstance(f, Shift)}
         for incident in self.book.firing():
-            wanted |= {f.stage for f in (incident.finding, incident.fired, *incident.co_movers) if isinstance(f, Shift)}
-        frame = self._frame([i for i in starts if i * width >= now - self.config.recent_s], tuple(sorted(wanted)))
+            wanted |= {
+                f.stage
+                for f in (incident.finding, incident.fired, *incident.co_movers)
+                if isinstance(f, Shift)
+            }
+        frame = self._frame(
+            [i for i in starts if i * width >= now - self.config.recent_s], tuple(sorted(wanted))
+        )
         changed = self.book.step(now, self.findings, frame, newest=self.newest)
         for incident in changed:  # pseudo-requests have no ID: an alert here names no example request
             incident.examples = [e for e in incident.examples if e is not None]
@@ -555,6 +582,7 @@ def _scope_of(key: tuple[str, str]) -> dict[str, str]:
     return {} if key == ALL else {key[0]: key[1]}
 
 
+DEFAULT_SHIFTS = ShiftConfig()
 SCREEN = 0.8  # a series is searched in full when its coarse rank test reaches this much of the critical z
 RANK_CELL = 8  # the coarse test's categories: 8 DDSketch bins (~17%) above 12.5 ms, milliseconds below
 CATEGORIES = 1 << 20  # categories are below this (keys are clamped to a day)
@@ -566,7 +594,9 @@ def categories(keys: np.ndarray, gamma: float) -> np.ndarray:
     values = np.power(gamma, keys) * (2.0 / (1 + gamma))
     small = values < 12.5e-3
     cut = math.ceil(math.log(12.5e-3) / math.log(gamma))
-    return np.where(small, np.round(values / RANK_RESOLUTION_S), 13 + (keys - cut) // RANK_CELL).astype(np.int64)
+    return np.where(small, np.round(values / RANK_RESOLUTION_S), 13 + (keys - cut) // RANK_CELL).astype(
+        np.int64
+    )
 
 
 class Screen:
@@ -577,8 +607,16 @@ class Screen:
     (``Matrix``, ``detect_windows``): the cost of a step follows scopes × windows in numpy, and
     Python per series only where something may have moved."""
 
-    def __init__(self, series: WindowSeries, starts: list[int], searched: list, gamma: float, cache: dict) -> None:
-        self.series, self.starts, self.searched, self.gamma, self.cache = series, starts, searched, gamma, cache
+    def __init__(
+        self, series: WindowSeries, starts: list[int], searched: list, gamma: float, cache: dict
+    ) -> None:
+        self.series, self.starts, self.searched, self.gamma, self.cache = (
+            series,
+            starts,
+            searched,
+            gamma,
+            cache,
+        )
         self.index = {key: n for n, key in enumerate(searched)}
 
     def _window(self, i: int, stage: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -648,7 +686,7 @@ def find_window_shifts(
     series: WindowSeries,
     starts: list[int],
     config: LiveConfig,
-    cfg: ShiftConfig = ShiftConfig(),
+    cfg: ShiftConfig = DEFAULT_SHIFTS,
     cache: dict | None = None,
 ) -> list[Finding]:
     """The shift detector's findings on the windows ``starts`` (indices, ascending); ``cache``:
@@ -723,7 +761,9 @@ def _moved(mx: Matrix, det: Found, cfg: ShiftConfig) -> float | None:
     return log_move(before, after, cfg)
 
 
-def _narrowest(group: list[Found], tested: dict, mx_of, cfg: ShiftConfig, stage: str, z_crit: float) -> list[Found]:
+def _narrowest(
+    group: list[Found], tested: dict, mx_of, cfg: ShiftConfig, stage: str, z_crit: float
+) -> list[Found]:
     """``scopes.narrowest`` on windows (no two-attribute cell: see the module doc)."""
     overall = [d for d in group if not d.scope]
     best: list[Found] = []
@@ -773,7 +813,9 @@ def _confine(det: Found, tested: dict, mx_of, cfg: ShiftConfig, stage: str) -> F
             continue
         q = STATISTICS[det.statistic] / 100
         b, a = mx.quantile(0, det.at, q), mx.quantile(det.at, stop, q)
-        best = Found(stage, {dim: hit[0]}, det.at, det.statistic, b * 1e3, a * 1e3, z, 0, stop, det.until, det.steps)
+        best = Found(
+            stage, {dim: hit[0]}, det.at, det.statistic, b * 1e3, a * 1e3, z, 0, stop, det.until, det.steps
+        )
         best_z = z
     return best
 
@@ -797,7 +839,11 @@ def _load(series: WindowSeries, key, windows: list[int], span: float) -> dict[st
     prompt, _ = _sum(series, key, "prompt_tokens", windows)
     cached, _ = _sum(series, key, "cached_tokens", windows)
     gamma = LogarithmicMapping(series.relative_accuracy).gamma
-    mx = Matrix(np.array(windows), [series.windows.get(i, {}).get(key, {}).get("prompt_tokens") for i in windows], gamma)
+    mx = Matrix(
+        np.array(windows),
+        [series.windows.get(i, {}).get(key, {}).get("prompt_tokens") for i in windows],
+        gamma,
+    )
     p50 = mx.quantile(0, len(windows), 0.5)
     return {
         "span_s": span,
@@ -809,7 +855,9 @@ def _load(series: WindowSeries, key, windows: list[int], span: float) -> dict[st
     }
 
 
-def _change(det: Found, series: WindowSeries, starts: list[int], mx_of, stages: list[str], cfg: ShiftConfig) -> Change:
+def _change(
+    det: Found, series: WindowSeries, starts: list[int], mx_of, stages: list[str], cfg: ShiftConfig
+) -> Change:
     """The ``Change`` (the shift detector's own type: its incidents, words and finding) of a window
     detection, with its context from the windows."""
     width = series.width_s
@@ -858,7 +906,9 @@ def _change(det: Found, series: WindowSeries, starts: list[int], mx_of, stages: 
 def bin_quantiles(b: Bins, q: np.ndarray, gamma: float) -> np.ndarray:
     """The quantiles ``q`` (seconds) of one ``Bins``: the bin of rank q·(count − 1)."""
     counts = np.concatenate(([b.zeros], b.counts))
-    values = np.concatenate(([0.0], np.power(gamma, np.arange(b.first, b.first + len(b.counts))) * (2.0 / (1 + gamma))))
+    values = np.concatenate(
+        ([0.0], np.power(gamma, np.arange(b.first, b.first + len(b.counts))) * (2.0 / (1 + gamma)))
+    )
     cum = np.cumsum(counts)
     picks = np.searchsorted(cum, q * (cum[-1] - 1), side="right")
     return values[np.minimum(picks, len(values) - 1)]

@@ -31,9 +31,11 @@ from support.synth import StageShift, generate
 RISE = StageShift("queue", 3.0, at_s=180, until_s=360, scope={"replica": "r2"})
 SHORT = ("--horizon", "4m", "--recent", "2m")
 TOKENS = ("--token", "write-secret", "--read-token", "read-secret")
+# model: every request on r2 was for it (the log has one model), so the alert carries it as the
+# --follow watcher's does (test_live_sharded.py)
 LABELS = {
-    "alertname": "HoplineShift", "severity": "critical", "direction": "up", "side": "engine", "stage": "queue",
-    "replica": "r2", "model": "llama-3.1-8b",  # every request on r2 was for it (the log has one model)
+    "alertname": "HoplineShift", "severity": "critical", "direction": "up", "side": "engine",
+    "stage": "queue", "replica": "r2", "model": "llama-3.1-8b",
 }  # fmt: skip
 
 
@@ -46,7 +48,10 @@ def rows_of(events: pl.DataFrame) -> list[list[dict]]:
     """The events as the sink takes them, a minute of event time a batch."""
     minute = (pl.col("ts") // 60).alias("_minute")
     parts = events.drop("attrs").with_columns(minute).partition_by("_minute", maintain_order=True)
-    return [[{k: v for k, v in r.items() if v is not None and k != "_minute"} for r in p.to_dicts()] for p in parts]
+    return [
+        [{k: v for k, v in r.items() if v is not None and k != "_minute"} for r in p.to_dicts()]
+        for p in parts
+    ]
 
 
 def watcher(urls: list[str], alertmanager: str) -> subprocess.Popen:
@@ -81,7 +86,9 @@ def test_one_watch_over_three_collectors_gives_one_alert_fired_and_resolved_once
         am, webhook = stack.enter_context(alertmanager_with_webhook(tmp_path))
         watch = watcher(urls, am.url)
         stack.callback(lambda: watch.poll() is None and watch.kill())
-        sink = ShardedHttpSink(urls, capacity=200_000, batch_size=2000, flush_interval=0.05, token="write-secret")
+        sink = ShardedHttpSink(
+            urls, capacity=200_000, batch_size=2000, flush_interval=0.05, token="write-secret"
+        )
         for batch in rows_of(events):
             sink.write(batch)
             time.sleep(0.5)
@@ -109,7 +116,12 @@ def test_a_collector_killed_and_restarted_mid_run_the_alert_still_fires(tmp_path
         watch = watcher(urls, am.url)
         stack.callback(lambda: watch.poll() is None and watch.kill())
         sink = ShardedHttpSink(
-            urls, capacity=200_000, batch_size=2000, flush_interval=0.05, token="write-secret", retry_budget=120.0
+            urls,
+            capacity=200_000,
+            batch_size=2000,
+            flush_interval=0.05,
+            token="write-secret",
+            retry_budget=120.0,
         )
         batches = rows_of(events)
         for n, batch in enumerate(batches):
@@ -141,11 +153,17 @@ def test_bad_collector_input_is_one_line(tmp_path):
 def test_collectors_with_another_window_stop_with_one_line(tmp_path):
     """The watcher's steps are the collectors' windows: a --window that differs is said, exit 1."""
     events = generate(duration_s=30, rate=5, seed=1).drop("attrs")
-    body = b"".join(orjson.dumps({k: v for k, v in r.items() if v is not None}) + b"\n" for r in events.to_dicts())
+    body = b"".join(
+        orjson.dumps({k: v for k, v in r.items() if v is not None}) + b"\n" for r in events.to_dicts()
+    )
     with collector_process(tmp_path / "c", "--window", "5s") as (_, url):
-        r = httpx.post(url + "/v1/events", content=body, headers={"Content-Type": "application/x-ndjson"}, timeout=30)
+        r = httpx.post(
+            url + "/v1/events", content=body, headers={"Content-Type": "application/x-ndjson"}, timeout=30
+        )
         assert r.status_code == 200, r.text
-        wait_until("windows served", lambda: httpx.get(url + "/v1/windows", timeout=5).json()["windows"], timeout=60)
+        wait_until(
+            "windows served", lambda: httpx.get(url + "/v1/windows", timeout=5).json()["windows"], timeout=60
+        )
         run = hopline("watch", "--collector", url, "--poll", "0.2s", timeout=60)
     assert run.returncode == 1
     assert "the collectors keep 5 s windows: run hopline watch with --window 5s" in run.stderr
