@@ -16,7 +16,7 @@ import polars as pl
 from hopline.analyzer import quantiles
 from hopline.middleware.contract import STAGES, TIME_STAGES, TTFT_STAGES
 from hopline.middleware.contract.rules import TTFT_PARTS as RULES_TTFT_PARTS
-from hopline.middleware.contract.durations import parse_duration
+from hopline.middleware.contract.units import parse_duration
 
 VIEW_STAGES = tuple(s.name for s in STAGES if s.kind == "view")
 # What TTFT is made of when the split is unavailable (DESIGN.md fallbacks) — candidates to dominate.

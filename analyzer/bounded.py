@@ -50,7 +50,7 @@ REQUEST_BYTES = 2_200
 DEFAULT_MAX_MEMORY = 6 * 1024**3
 
 
-def parse_size(text: str) -> int:
+def max_memory(text: str) -> int:
     """``--max-memory``: ``6GiB``, ``512MB`` (the contract's one reading: ``contract.units``) -> bytes."""
     size = units.parse_size(text)
     if size <= 0:

@@ -18,8 +18,8 @@ from typing import Annotated, Any
 
 import typer
 from hopline.middleware.exits import UsageError
-from hopline.middleware.contract.durations import parse_duration
 from hopline.middleware.contract.kv import KVConfigError, KVSpec, dtype_bytes
+from hopline.middleware.contract.units import parse_duration
 from rich.console import Console
 from rich.table import Table
 

@@ -23,9 +23,9 @@ from hopline.analyzer import attribution, bounded, io, pipeline, report
 from hopline.analyzer.pipeline import NoHopEvents
 from hopline.analyzer.sql import TimelinesError, read_timelines
 from hopline.middleware.exits import ClickException, UsageError
-from hopline.middleware.contract.durations import parse_duration
 from hopline.middleware.contract.kv import KVConfigError, KVSpec
 from hopline.middleware.contract.rules import scope_sources
+from hopline.middleware.contract.units import SIZE_HELP, parse_duration
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
 
@@ -127,7 +127,7 @@ def analyze_command(
     max_memory: Annotated[
         str,
         typer.Option(
-            help="Memory to stay within, e.g. 6GiB (MB = 10^6 bytes, MiB = 2^20): a larger log is analysed a "
+            help=f"Memory to stay within, e.g. 6GiB ({SIZE_HELP}): a larger log is analysed a "
             "bucket of requests at a time (temporary files under TMPDIR), its statistics on a seeded sample "
             "of requests.",
         ),
@@ -156,7 +156,7 @@ def checked_options(
     try:
         dims = parse_scopes(by)
         slo_targets = attribution.Slo.parse(slo) if slo else None
-        budget = bounded.Budget.of(bounded.parse_size(max_memory))
+        budget = bounded.Budget.of(bounded.max_memory(max_memory))
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
     if window != "auto":  # a bad --window fails before any file is read; a bare 5: 5 ms or 5 s? (as budget)

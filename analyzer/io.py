@@ -39,7 +39,7 @@ from hopline.middleware.contract import (
     iter_ndjson,
 )
 from hopline.middleware.contract.records import is_record_file, translate_lines
-from hopline.middleware.contract.times import TimeBound, to_epoch  # shared with the collector's ?since=
+from hopline.middleware.contract.units import TimeBound, to_epoch  # shared with the collector's ?since=
 
 SCHEMA: dict[str, pl.DataType] = {name: getattr(pl, dtype)() for name, dtype in STORAGE_COLUMNS.items()}
 _EVENT_SCHEMA = {name: dtype for name, dtype in SCHEMA.items() if name != "attrs"}

@@ -195,7 +195,7 @@ def demo_compare(folder: Path) -> dict:
     from hopline.analyzer.live.feed import replay
     from hopline.analyzer.live.incidents import subject
     from hopline.demo.live import watch_argv
-    from hopline.middleware.contract.times import to_epoch
+    from hopline.middleware.contract.units import to_epoch
 
     report = orjson.loads(Path(f"{folder}.json").read_bytes())
     first = report["findings"][0]

@@ -23,10 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from hopline.collector.kv_cache import parse_model_config
-from hopline.middleware.contract.durations import parse_duration
 from hopline.middleware.contract.rules import SCOPE_SOURCES
 from hopline.middleware.contract.spans import parse_resource_map
-from hopline.middleware.contract.units import parse_size
+from hopline.middleware.contract.units import SIZE_HELP, parse_duration, parse_size
 
 FSYNC_POLICIES = ("batch", "interval", "none")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
@@ -64,7 +63,7 @@ class Setting:
             return self.metavar
         if self.choices:
             return "[" + "|".join(self.choices) + "]"
-        if self.parse is durations:
+        if self.parse is parse_duration:
             return "DURATION"
         return {int: "N", Path: "PATH", bool: ""}.get(self.kind, "TEXT")
 
@@ -83,15 +82,6 @@ def setting(default: Any = MISSING, *, factory: Any = MISSING, **declared: Any) 
     elif default not in (MISSING, None) and s.kind is not bool and not s.repeat:
         s = replace(s, show=str(default))
     return field(default=default, default_factory=factory, metadata={"setting": s})
-
-
-def durations(text: str) -> float:
-    return parse_duration(text)
-
-
-def sizes(text: str) -> int:
-    """``"64MiB"`` -> 67108864, ``"512MB"`` -> 512000000: the contract's one reading (``contract.units``)."""
-    return parse_size(text)
 
 
 def model_configs(specs: Iterable[str]) -> dict[str, int]:
@@ -141,7 +131,7 @@ class CollectorConfig:
         "NAME=PATH (a Hugging Face config.json) or NAME=layers,kv_heads,head_dim,kv_dtype, for the "
         "KV-cache gauge. Repeatable."),
     )
-    retention: float = setting("14d", parse=durations, help=(
+    retention: float = setting("14d", parse=parse_duration, help=(
         "Delete stored hours older than this (e.g. 36h, 14d)."))
     tail: tuple[str, ...] = setting((), repeat=True, parse=tuple, help=(
         "Follow NDJSON files written by the file sink, e.g. '/var/log/hopline/events.ndjson*'. Repeatable."))
@@ -151,7 +141,7 @@ class CollectorConfig:
     fsync: str = setting("batch", choices=FSYNC_POLICIES, help=(
         "batch: fsync every batch before acknowledging it; interval: write before acknowledging, "
         "fsync every --fsync-interval; none: write only."))
-    fsync_interval: float = setting("1s", parse=durations, help=(
+    fsync_interval: float = setting("1s", parse=parse_duration, help=(
         "fsync period of --fsync interval."))
     max_body: int = setting(8 * MIB, kind=int, min=1, help=(
         "Largest request body accepted, in bytes (413 above), compressed or not."))
@@ -159,24 +149,24 @@ class CollectorConfig:
     max_connections: int = setting(1000, kind=int, min=1, help=(
         "Most HTTP connections open at once: one beyond them is closed as it opens. Lowered to leave "
         "256 descriptors of the open-files limit (ulimit -n) to the collector's own files."))
-    header_timeout: float = setting("10s", parse=durations, help=(
+    header_timeout: float = setting("10s", parse=parse_duration, help=(
         "Close a connection whose request line and headers are not complete this long after it "
         "opened (or after the first byte of its next request)."))
-    body_timeout: float = setting("30s", parse=durations, help=(
+    body_timeout: float = setting("30s", parse=parse_duration, help=(
         "Close a connection that sends no byte of its request's body for this long."))
     # a sender's clock a year ahead would move every live detector's event time a year forward
-    max_future: float = setting("5m", parse=durations, help=(
+    max_future: float = setting("5m", parse=parse_duration, help=(
         "Refuse an event whose ts is more than this ahead of the collector's own clock (a sender's "
         "clock gone wrong); the batch's other events are stored."))
-    healthz_min_free: int = setting("64MiB", parse=sizes, metavar="SIZE", help=(
+    healthz_min_free: int = setting("64MiB", parse=parse_size, metavar="SIZE", help=(
         "/healthz answers 503 while the data directory's file system has less free space than this "
         "(the largest body the collector accepts, decompressed), so a load balancer drains a "
-        "collector before a full disk refuses events; 0: only failed writes count."))
+        "collector before a full disk refuses events; 0: only failed writes count. " + SIZE_HELP + "."))
     # join
-    grace: float = setting("2s", parse=durations, help=(
+    grace: float = setting("2s", parse=parse_duration, help=(
         "Wait this long for late hops once a request's final hops arrived."))
     # sliding: a request without max_tokens can decode for minutes
-    ttl: float = setting("15m", parse=durations, help=(
+    ttl: float = setting("15m", parse=parse_duration, help=(
         "An unfinished request expires this long after its last event."))
     max_open: int = setting(100_000, kind=int, min=1, help=(
         "Most requests joined at once (the least recently active is evicted)."))
@@ -187,10 +177,10 @@ class CollectorConfig:
     recent_requests: int = setting(100_000, kind=int, min=1, help=(
         "Finished requests kept in brief (~350 bytes each) for GET /v1/requests?since=…&slowest=N."))
     # per-window, per-scope summaries (windows.py): DDSketches that merge across collectors
-    window: float = setting("10s", parse=durations, help=(
+    window: float = setting("10s", parse=parse_duration, help=(
         "Width of the per-window, per-scope summaries of finished requests served at GET /v1/windows "
         "(windows aligned to Unix time, by each request's start; 0s: none kept)."))
-    window_keep: float = setting("1h", parse=durations, help=(
+    window_keep: float = setting("1h", parse=parse_duration, help=(
         "Window summaries kept, in event time behind the newest window."))
     window_by: tuple[str, ...] = setting(
         ",".join(WINDOW_BY), parse=window_scopes, help=(
@@ -202,7 +192,7 @@ class CollectorConfig:
         "hopline_collector_window_scopes_overflowed)."))
     dedup_capacity: int = setting(500_000, kind=int, min=1, help=(
         "Event keys per dedup generation (two are kept): retries within it are dropped."))
-    dedup_window: float = setting("10m", parse=durations, help=(
+    dedup_window: float = setting("10m", parse=parse_duration, help=(
         "A dedup generation older than this is forgotten."))
     # OTLP: scope field -> resource attributes to read it from, in place of spans.RESOURCE_SCOPE's
     otlp_resource: dict[str, tuple[str, ...]] = setting(

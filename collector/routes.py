@@ -19,7 +19,7 @@ from fastapi.responses import Response
 from hopline.collector.ingest import JSON_TYPES, NDJSON_TYPES, IngestError, media_type, read_body, unauthorized
 from hopline.collector.recent import MAX_LIMIT, QueryError, select
 from hopline.collector.store import StoreError
-from hopline.middleware.contract.times import to_epoch
+from hopline.middleware.contract.units import to_epoch
 from hopline.middleware.log import logger
 from prometheus_client.exposition import choose_encoder
 from starlette.requests import ClientDisconnect

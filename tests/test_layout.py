@@ -204,7 +204,7 @@ def test_the_vocabulary_checks_see_what_they_must(tmp_path: Path) -> None:
 # table (``contract.stages``) nor the rule book, which only the readers need; nor the package face
 # ``hopline.middleware.contract``, which hands out the stage table's names too.
 EMITTER_CONTRACT = tuple(
-    f"{VOCABULARY}.{name}" for name in ("events", "errors", "units", "durations", "times", "install")
+    f"{VOCABULARY}.{name}" for name in ("events", "errors", "units", "install")
 )
 
 
@@ -263,6 +263,95 @@ def test_the_emitter_check_sees_what_it_must(tmp_path: Path) -> None:
         "hopline.middleware.contract", "hopline.middleware.contract.HOPS",
         "hopline.middleware.contract.stages", "hopline.middleware.contract.stages.STAGES",
     }  # fmt: skip
+
+
+# --- one reading of sizes, durations and instants -----------------------------------------------
+# ``512MB`` was 512,000,000 bytes to the collector and 536,870,912 to the analyzer, because each had
+# its parser. The parsers live in ``contract.units`` only: no other module defines one (by its name:
+# ``parse_size``, ``to_epoch``, ``parse_time``, ``read_duration``, ...), and a command takes them
+# from ``units``, not through another module that re-exports them.
+UNITS = f"{VOCABULARY}.units"
+UNIT_PARSERS = ("parse_size", "parse_duration", "to_epoch")
+UNIT_PARSER_NAME = re.compile(
+    r"_?(?:parse|read|to)_?(?:size|bytes|memory|duration|seconds|interval|time|instant|epoch|timestamp|datetime)s?"
+)
+
+
+def unit_parsers_elsewhere(path: Path, root: Path = REPO) -> list[str]:
+    """Where ``path`` (not ``contract/units.py``) defines a size, duration or time parser, or imports
+    one of ``UNIT_PARSERS`` from another module than ``units``."""
+    if module_name(path, root) == UNITS:
+        return []
+    where = path.relative_to(root)
+    package = module_name(path, root).split(".")[: None if path.name == "__init__.py" else -1]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and UNIT_PARSER_NAME.fullmatch(node.name):
+            found.append(f"{where}:{node.lineno}: defines {node.name}")
+        elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Lambda):
+            found += [
+                f"{where}:{node.lineno}: defines {t.id}"
+                for t in node.targets
+                if isinstance(t, ast.Name) and UNIT_PARSER_NAME.fullmatch(t.id)
+            ]
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(package[: len(package) - node.level + 1]) if node.level else ""
+            source = ".".join(p for p in (base, node.module) if p)
+            found += [
+                f"{where}:{node.lineno}: imports {a.name} from {source}"
+                for a in node.names
+                if a.name in UNIT_PARSERS and source != UNITS
+            ]
+    return found
+
+
+def test_sizes_durations_and_times_are_read_by_contract_units_only() -> None:
+    found = [v for path in modules() for v in unit_parsers_elsewhere(path)]
+    assert found == []
+
+
+def test_the_unit_parsers_are_what_units_exports() -> None:
+    from hopline.middleware.contract import units
+
+    assert all(name in units.__all__ and callable(getattr(units, name)) for name in UNIT_PARSERS)
+    assert all(UNIT_PARSER_NAME.fullmatch(name) for name in UNIT_PARSERS)
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        pytest.param("def parse_size(text):\n    return int(text)\n", id="own-size-parser"),
+        pytest.param("def f():\n    def _to_seconds(t):\n        return float(t)\n", id="nested-duration"),
+        pytest.param("async def parse_time(text):\n    return 0.0\n", id="async-time-parser"),
+        pytest.param("read_bytes = lambda text: int(text)\n", id="lambda"),
+        pytest.param("from hopline.analyzer.bounded import parse_size\n", id="re-exported"),
+        pytest.param("from .units import to_epoch\n", id="relative"),
+    ],
+)
+def test_the_units_check_sees_what_it_must(tmp_path: Path, source: str) -> None:
+    path = tmp_path / "analyzer" / "probe.py"
+    path.parent.mkdir(parents=True)
+    path.write_text(source)
+    assert len(unit_parsers_elsewhere(path, root=tmp_path)) == 1
+
+
+def test_the_units_check_lets_units_be_used(tmp_path: Path) -> None:
+    path = tmp_path / "collector" / "probe.py"
+    path.parent.mkdir(parents=True)
+    path.write_text(
+        "from hopline.middleware.contract.units import parse_duration, parse_size, to_epoch\n"
+        "from hopline.middleware.contract import units\n"
+        "def max_memory(text):\n    return units.parse_size(text)\n"
+        "def parse_listen(text):\n    return text\n"
+    )
+    assert unit_parsers_elsewhere(path, root=tmp_path) == []
+    units_py = tmp_path / "middleware" / "contract" / "units.py"
+    units_py.parent.mkdir(parents=True)
+    units_py.write_text("def parse_size(text):\n    return int(text)\n")
+    assert unit_parsers_elsewhere(units_py, root=tmp_path) == []
+    beside = units_py.parent / "probe.py"
+    beside.write_text("from .units import to_epoch\n")
+    assert unit_parsers_elsewhere(beside, root=tmp_path) == []
 
 
 def test_the_contract_face_is_its_all() -> None:

@@ -41,7 +41,7 @@ import orjson
 from hopline.middleware.contract.events import printable
 from hopline.analyzer.findings.model import Shift, iso_utc
 from hopline.analyzer.live.incidents import ALERTNAMES, Incident, direction
-from hopline.middleware.contract.times import to_epoch
+from hopline.middleware.contract.units import to_epoch
 
 RESEND_S = 60.0  # as Prometheus' notifier; below Alertmanager's default resolve_timeout (5 min)
 BATCH = 64  # alerts per POST, as Prometheus

@@ -19,8 +19,8 @@ from hopline.analyzer.live.feed import Tail, replay
 from hopline.analyzer.live.watch import STATE_NAME, SentState, Watch
 from hopline.analyzer.live.windowed import CollectorFeed, WindowDetector
 from hopline.analyzer.windows import WindowsError
-from hopline.middleware.contract.durations import parse_duration
 from hopline.middleware.contract.rules import scope_sources
+from hopline.middleware.contract.units import parse_duration
 from hopline.middleware.exits import ClickException, UsageError
 from hopline.middleware.http_limits import ConnectionLimits, listening_socket
 

@@ -19,7 +19,7 @@ import orjson
 from hopline.analyzer.live.metrics import build_registry
 from hopline.analyzer.live.watch import Watch
 from hopline.analyzer.findings.model import iso_utc
-from hopline.middleware.contract.times import to_epoch
+from hopline.middleware.contract.units import to_epoch
 from hopline.middleware.http_limits import ConnectionLimits
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 

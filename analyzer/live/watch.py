@@ -40,7 +40,7 @@ from hopline.analyzer.live.alertmanager import AlertSender, label_key, payload
 from hopline.analyzer.live.detector import LiveDetector
 from hopline.analyzer.live.incidents import FELT_MS, Incident
 from hopline.analyzer.findings.model import iso_utc
-from hopline.middleware.contract.times import to_epoch
+from hopline.middleware.contract.units import to_epoch
 
 STATE_NAME = ".hopline-watch-state.json"  # --follow DIR's default state file, in DIR
 STATE_KEEP = 1000  # alerts a state file remembers (the latest by startsAt)

@@ -9,8 +9,7 @@ inside a user's process.
   vocabulary (how each stage is named and drawn).
 - ``spans``: OTLP span → hop event mapping; ``records``: engine-record readers;
   ``trace_export``: timelines → OTLP spans.
-- ``kv``: KV-cache arithmetic; ``units`` (with ``times`` and ``durations``): the one reading of
-  sizes, durations and instants.
+- ``kv``: KV-cache arithmetic; ``units``: the one reading of sizes, durations and instants.
 - ``errors``: ``HoplineError``, the base of every error hopline raises for a caller to catch.
 - ``docs``: docs/contract.md, generated from the above.
 

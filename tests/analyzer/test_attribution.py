@@ -9,7 +9,7 @@ from hopline.analyzer import attribution
 from hopline.analyzer.attribution import Slo, auto_window, choose_window
 from hopline.analyzer.timelines import timelines
 from hopline.middleware.contract import TTFT_STAGES
-from hopline.middleware.contract.durations import parse_duration
+from hopline.middleware.contract.units import parse_duration
 from support.synth import StageShift, generate
 
 

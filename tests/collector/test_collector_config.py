@@ -20,7 +20,7 @@ import typer
 from hopline.collector import cli
 from hopline.collector.config import CollectorConfig, markdown_table, settings
 from hopline.collector.kv_cache import parse_model_config
-from hopline.middleware.contract.durations import parse_duration
+from hopline.middleware.contract.units import parse_duration
 from support.servers import env_without_hopline
 
 

@@ -4,9 +4,12 @@ the collector and 536,870,912 to the analyzer."""
 from __future__ import annotations
 
 import pytest
-from hopline.analyzer.bounded import parse_size as analyzer_size
-from hopline.collector.config import sizes as collector_size
-from hopline.middleware.contract.units import parse_size
+from hopline.analyzer.bounded import max_memory as analyzer_size
+from hopline.collector.config import settings
+from hopline.middleware.contract.units import SIZE_HELP, parse_size
+
+# how the collector reads a size setting (``--healthz-min-free``)
+collector_size = next(s.parse for f, s in settings() if f.name == "healthz_min_free")
 
 READINGS = {
     "0": 0, "1048576": 1_048_576, "10B": 10, "512k": 512_000, "1kB": 1000, "512KiB": 524_288,
@@ -34,3 +37,8 @@ def test_what_is_no_size_is_refused_with_examples(text):
 def test_the_analyzer_wants_some_memory():
     with pytest.raises(ValueError, match="--max-memory must be more than 0"):
         analyzer_size("0")
+
+
+def test_every_size_setting_of_the_collector_says_which_reading():
+    sized = [s for _, s in settings() if s.parse is parse_size]
+    assert sized and all(SIZE_HELP in s.help for s in sized)

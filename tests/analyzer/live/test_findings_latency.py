@@ -19,7 +19,7 @@ from hopline.analyzer.live.detector import LiveConfig, LiveDetector
 from hopline.analyzer.live.incidents import Incident
 from hopline.analyzer.live.server import FindingsApp, findings_answer
 from hopline.analyzer.live.watch import Watch
-from hopline.middleware.contract.times import to_epoch
+from hopline.middleware.contract.units import to_epoch
 from support.servers import running_server
 
 ONSET = to_epoch("2026-01-05T10:25:00Z")

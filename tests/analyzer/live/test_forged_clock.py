@@ -25,7 +25,7 @@ from hopline.analyzer.live.incidents import Incident
 from hopline.analyzer.live.metrics import FROM_FUTURE, build_registry
 from hopline.analyzer.live.server import findings_answer
 from hopline.analyzer.live.watch import Watch
-from hopline.middleware.contract.times import to_epoch
+from hopline.middleware.contract.units import to_epoch
 from prometheus_client import generate_latest
 from support.alertmanager import Webhook
 from support.servers import wait_until

@@ -15,7 +15,7 @@ from hopline.analyzer.findings.model import Shift
 from hopline.analyzer.live.alertmanager import AlertSender, payload, scope_label
 from hopline.analyzer.live.incidents import Incident
 from hopline.middleware.contract.rules import side_of
-from hopline.middleware.contract.times import to_epoch
+from hopline.middleware.contract.units import to_epoch
 from support.alertmanager import Alertmanager, Webhook, alertmanager_with_webhook
 from support.servers import closed_port_url, wait_until
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import polars as pl
 from hopline.analyzer.live.alertmanager import payload
 from hopline.analyzer.live.detector import LiveConfig, LiveDetector
-from hopline.middleware.contract.times import to_epoch
+from hopline.middleware.contract.units import to_epoch
 from support.synth import DEFAULT_START, StageShift, generate
 
 RISE = StageShift("queue", 3.0, at_s=150, scope={"replica": "r2"})

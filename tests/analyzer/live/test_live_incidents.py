@@ -13,7 +13,7 @@ from hopline.analyzer.live.detect import findings_now
 from hopline.analyzer.live.incidents import IncidentBook, fingerprint
 from hopline.analyzer.findings.model import iso_utc
 from hopline.analyzer.timelines import timelines
-from hopline.middleware.contract.times import to_epoch
+from hopline.middleware.contract.units import to_epoch
 from support.synth import DEFAULT_START, StageShift, generate
 
 ONSET = DEFAULT_START + 150

@@ -28,7 +28,7 @@ from hopline.analyzer.findings.rank import users_time
 from hopline.analyzer.live.incidents import IncidentBook, since
 from hopline.analyzer.live.watch import Watch
 from hopline.analyzer.timelines import timelines
-from hopline.middleware.contract.times import to_epoch
+from hopline.middleware.contract.units import to_epoch
 from support.cli import hopline
 from support.synth import DEFAULT_START, StageShift, generate
 

@@ -16,7 +16,7 @@ from hopline.analyzer.findings.model import iso_utc
 from hopline.analyzer.live.alertmanager import AlertSender
 from hopline.analyzer.live.detector import LiveConfig, LiveDetector
 from hopline.analyzer.live.watch import Watch
-from hopline.middleware.contract.times import to_epoch
+from hopline.middleware.contract.units import to_epoch
 from support.alertmanager import alertmanager_with_webhook
 from support.servers import wait_until
 from support.synth import DEFAULT_START, StageShift, generate

@@ -11,7 +11,7 @@ import httpx
 import orjson
 import polars as pl
 from hopline.analyzer.live.metrics import FINDING
-from hopline.middleware.contract.times import to_epoch
+from hopline.middleware.contract.units import to_epoch
 from support.cli import hopline
 from support.servers import closed_port_url, free_port, wait_until
 from support.synth import StageShift, generate, write_ndjson

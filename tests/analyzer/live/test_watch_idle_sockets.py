@@ -18,7 +18,7 @@ import time
 
 import httpx
 import orjson
-from hopline.middleware.contract.times import to_epoch
+from hopline.middleware.contract.units import to_epoch
 from support.events import event, ndjson
 from support.servers import free_port, wait_until
 from support.sockets import FD_LIMIT, IDLE, all_closed, idle_sockets, limit_fds

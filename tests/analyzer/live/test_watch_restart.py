@@ -24,7 +24,7 @@ from hopline.analyzer.findings.model import Shift
 from hopline.analyzer.live.alertmanager import AlertSender, payload
 from hopline.analyzer.live.incidents import Incident
 from hopline.analyzer.live.watch import STATE_NAME, SentState
-from hopline.middleware.contract.times import to_epoch
+from hopline.middleware.contract.units import to_epoch
 from support.alertmanager import ALERTMANAGER, Webhook, alertmanager_with_webhook
 from support.cli import hopline
 from support.servers import wait_until
