@@ -5,6 +5,7 @@ against traffic, and how soon a small scope's change is alerted, on event-time r
     .venv/bin/python bench/bench_live_windows.py delay [--case big|small] [--seeds 5] [--seed-from 0]
         [--settle 30] [--onset 180] [--after 120]
     .venv/bin/python bench/bench_live_windows.py request-level [--rl-rate 1000] [--rl-sample 0.0625]
+    .venv/bin/python bench/bench_live_windows.py clean [--clean-rate 1000] [--clean-minutes 30] [--values 200]
 
 The collectors are in-process ``collector.windows.WindowSummaries`` (the collector's own window
 code: ``add`` per finished request, folds, ``answer`` as ``GET /v1/windows`` serves it), not
@@ -267,6 +268,27 @@ def request_level(args) -> None:
     )
 
 
+def clean(args) -> None:
+    """No change at all: ``--clean-minutes`` of stationary traffic at ``--clean-rate`` over
+    ``--values`` scope values, the default horizon (30 min) and recent (5 min): the alerts that page
+    (each one a false alarm) and the findings seen at any step."""
+    replicas = args.values - 10
+    seconds = args.clean_minutes * 60.0
+    config = LiveConfig(window_s=WIDTH)
+    cols = requests(args.clean_rate, seconds, replicas, seed=args.seed_from, shifted=None, onset_s=0)
+    replay = Replay(args.shards, args.settle, config)
+    t0 = time.process_time()
+    replay.run(cols, replicas, seconds)
+    print(
+        f"clean: {args.clean_rate:.0f} req/s, {args.values} values, {args.clean_minutes:g} min, "
+        f"{len(cols[0]):,} requests, {replay.detector.steps} steps: {len(replay.fired)} paged alerts, "
+        f"{len(replay.found)} (stage, scope) ever found; replay CPU {time.process_time() - t0:.0f} s, "
+        f"load {load()}"
+    )
+    for (stage, scope), at in sorted(replay.found.items(), key=lambda kv: kv[1]):
+        print(f"  found {stage} {dict(scope)} at +{at - START:.0f} s")
+
+
 def delay(args) -> None:
     cases = {
         "big": [(10_000.0, 1000, 10)],
@@ -307,7 +329,9 @@ def delay(args) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("what", choices=("cost", "delay", "request-level"))
+    parser.add_argument("what", choices=("cost", "delay", "request-level", "clean"))
+    parser.add_argument("--clean-rate", type=float, default=1000.0)
+    parser.add_argument("--clean-minutes", type=float, default=30.0)
     parser.add_argument("--rl-rate", type=float, default=1000.0)
     parser.add_argument("--rl-sample", type=float, default=0.0625)
     parser.add_argument(
@@ -327,7 +351,7 @@ def main() -> None:
     parser.add_argument("--onset", type=float, default=180.0)
     parser.add_argument("--after", type=float, default=120.0)
     args = parser.parse_args()
-    {"cost": cost, "delay": delay, "request-level": request_level}[args.what](args)
+    {"cost": cost, "delay": delay, "request-level": request_level, "clean": clean}[args.what](args)
 
 
 if __name__ == "__main__":
