@@ -70,7 +70,7 @@ def _gamma(relative_accuracy: float) -> float:
 def decode_bins(text: str, relative_accuracy: float) -> tuple[int, np.ndarray, float]:
     """A collector's sketch as numpy, without a DDSketch: ``(key of the first bin, bin counts,
     zero count)``, keys as ``LogarithmicMapping.key`` (value of key k: gamma**k * 2 / (1 + gamma)).
-    What the live window detector reads (``live/windowed.py``): no Python call per bin."""
+    What the window shift detector reads (``findings/shifts/windows.py``): no Python call per bin."""
     message = pb.DDSketch.FromString(zlib.decompress(base64.b64decode(text)))
     gamma = _gamma(relative_accuracy)
     if message.mapping.interpolation != pb.IndexMapping.NONE or abs(message.mapping.gamma - gamma) > 1e-12:

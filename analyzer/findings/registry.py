@@ -3,6 +3,11 @@
 ``REGISTRY`` is the one list of what ``hopline analyze`` looks for: the shift detector, then the
 pitfalls in the order the README explains them. A new detector is one module (a ``Detector``
 that owns its thresholds and its wording) and one line here.
+
+The shift detector's method on collectors' window summaries (``findings/shifts/windows.py``) is
+reached here too, by ``hopline watch --collector`` (``live/windowed.py``): ``find_window_shifts``,
+the ``WindowSeries`` it reads (``ALL``: all traffic's key; ``TIMINGS``: the users' views) and
+``bin_quantiles``, with ``ShiftConfig`` and ``SHIFT_STAGES``.
 """
 
 from __future__ import annotations
@@ -16,10 +21,31 @@ from hopline.analyzer.findings.new_connection_per_request import NewConnectionPe
 from hopline.analyzer.findings.no_max_tokens import NoMaxTokens
 from hopline.analyzer.findings.prefix_cache_miss import PrefixCacheMiss
 from hopline.analyzer.findings.shifts.detector import StageShifts
+from hopline.analyzer.findings.shifts.windows import (
+    ALL,
+    SHIFT_STAGES,
+    TIMINGS,
+    ShiftConfig,
+    WindowSeries,
+    bin_quantiles,
+    find_window_shifts,
+)
 from hopline.analyzer.findings.user_vs_engine_gap import UserVsEngineGap
 from hopline.analyzer.findings.verbose_outputs import VerboseOutputs
 
-__all__ = ["REGISTRY", "Context", "Detector", "detect_all"]
+__all__ = [
+    "ALL",
+    "REGISTRY",
+    "SHIFT_STAGES",
+    "TIMINGS",
+    "Context",
+    "Detector",
+    "ShiftConfig",
+    "WindowSeries",
+    "bin_quantiles",
+    "detect_all",
+    "find_window_shifts",
+]
 
 REGISTRY: tuple[Detector, ...] = (
     StageShifts(),
