@@ -17,6 +17,7 @@ and none has a default of its own for them. A new setting is its field here plus
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import MISSING, Field, dataclass, field, fields, replace
 from pathlib import Path
@@ -285,6 +286,14 @@ def settings() -> Iterator[tuple[Field, Setting]]:
 def _settings() -> tuple[tuple[Field, Setting], ...]:
     declared = (f for f in fields(CollectorConfig) if "setting" in f.metadata)
     return tuple((f, replace(f.metadata["setting"], name=f.name)) for f in declared)
+
+
+def settings_of(component: type, config: CollectorConfig) -> dict[str, Any]:
+    """The keyword-only parameters of ``component`` that are fields of ``config`` (a setting's
+    field is its keyword), with ``config``'s values: what a ``from_config`` passes on."""
+    names = {f.name for f in fields(CollectorConfig)}
+    parameters = inspect.signature(component).parameters.values()
+    return {p.name: getattr(config, p.name) for p in parameters if p.kind is p.KEYWORD_ONLY and p.name in names}
 
 
 def markdown_table() -> str:

@@ -35,7 +35,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from hopline.collector.config import CollectorConfig
+from hopline.collector.config import CollectorConfig, settings_of
 from hopline.collector.metrics import Recorder
 from hopline.collector.recent import RecentRequests, summarize
 from hopline.collector.stages import compute_stages
@@ -176,19 +176,7 @@ class Joiner:
     def from_config(
         cls, config: CollectorConfig, recorder: Recorder, *, clock: Callable[[], float] = time.monotonic
     ) -> Joiner:
-        return cls(
-            recorder,
-            grace=config.grace,
-            ttl=config.ttl,
-            max_open=config.max_open,
-            max_open_bytes=config.max_open_bytes,
-            finished_cache=config.finished_cache,
-            max_finished_bytes=config.max_finished_bytes,
-            max_events_per_request=config.max_events_per_request,
-            recent_requests=config.recent_requests,
-            model_config=config.model_config,
-            clock=clock,
-        )
+        return cls(recorder, **settings_of(cls, config), clock=clock)
 
     # -- ingest ---------------------------------------------------------------------------------
 

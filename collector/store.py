@@ -54,6 +54,7 @@ from pathlib import Path
 import polars as pl
 from hopline.middleware.contract.errors import HoplineError
 from hopline.collector.compaction import PARQUET_NAME, compact_hour, fsync_dir, trim_partial_line
+from hopline.collector.config import CollectorConfig, settings_of
 
 NDJSON_NAME = "events.ndjson"
 PROBE_NAME = ".write-probe"
@@ -119,13 +120,7 @@ class EventStore:
 
     @classmethod
     def from_config(cls, config: CollectorConfig, *, clock: Callable[[], float] = time.time) -> EventStore:
-        return cls(
-            config.data_dir,
-            fsync=config.fsync,
-            fsync_interval=config.fsync_interval,
-            healthz_min_free=config.healthz_min_free,
-            clock=clock,
-        )
+        return cls(config.data_dir, **settings_of(cls, config), clock=clock)
 
     @property
     def failure(self) -> str | None:

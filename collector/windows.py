@@ -60,7 +60,7 @@ from typing import Any
 import numpy as np
 from ddsketch import LogarithmicMapping
 from ddsketch.pb.proto import KeyMappingProto, pb
-from hopline.collector.config import CollectorConfig
+from hopline.collector.config import CollectorConfig, settings_of
 from hopline.middleware.contract import TIME_STAGES
 
 OTHER = "other"
@@ -167,15 +167,7 @@ class WindowSummaries:
         clock: Callable[[], float] = time.time,
         on_overflow: Callable[[str, int], None] | None = None,
     ) -> WindowSummaries:
-        return cls(
-            window=config.window,
-            window_keep=config.window_keep,
-            window_by=config.window_by,
-            window_scope_cap=config.window_scope_cap,
-            window_settle=config.window_settle,
-            clock=clock,
-            on_overflow=on_overflow,
-        )
+        return cls(**settings_of(cls, config), clock=clock, on_overflow=on_overflow)
 
     # -- hot path ---------------------------------------------------------------------------------
 

@@ -28,6 +28,8 @@ import threading
 import time
 from collections import deque
 
+from hopline.middleware.loop import PerProcess
+
 INTERVAL = 0.5  # seconds between samples
 SPAN = 2.0  # seconds the share is taken over
 MIN_BUSY_S = 0.02  # less run + wait than this over the span: nothing ran, no share
@@ -124,20 +126,8 @@ class CpuWait:
         return round(waited / (ran + waited), 3)
 
 
-_PROBE: CpuWait | None = None
-_PROBE_LOCK = threading.Lock()
-
-
-def cpu_wait_probe() -> CpuWait:
-    """This process's CPU wait sampler, started on first use (again in a forked child)."""
-    global _PROBE
-    probe = _PROBE
-    if probe is not None and probe.pid == os.getpid():
-        return probe
-    with _PROBE_LOCK:
-        if _PROBE is None or _PROBE.pid != os.getpid():
-            _PROBE = CpuWait()
-        return _PROBE
+# this process's CPU wait sampler, started on first use (again in a forked child)
+cpu_wait_probe: PerProcess[CpuWait] = PerProcess(CpuWait)
 
 
 def cpu_wait() -> float | None:

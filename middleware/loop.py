@@ -20,6 +20,10 @@ import os
 import threading
 import time
 import weakref
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
 
 
 class _Lateness:
@@ -129,20 +133,27 @@ def lag_probe() -> LagProbe | None:
     return probe
 
 
-_THREAD_PROBE: ThreadProbe | None = None
-_THREAD_PROBE_LOCK = threading.Lock()
+class PerProcess(Generic[T]):
+    """One ``make()`` per process, made on first use (again in a forked child: a thread does
+    not survive a fork); a call is one attribute read and a PID compare."""
+
+    def __init__(self, make: Callable[[], T]) -> None:
+        self._make = make
+        self._lock = threading.Lock()
+        self._made: tuple[int, T] | None = None  # (the PID it was made in, it)
+
+    def __call__(self) -> T:
+        made = self._made
+        if made is not None and made[0] == os.getpid():
+            return made[1]
+        with self._lock:
+            if self._made is None or self._made[0] != os.getpid():
+                self._made = (os.getpid(), self._make())
+            return self._made[1]
 
 
-def thread_probe() -> ThreadProbe:
-    """This process's thread lateness probe, started on first use (again in a forked child)."""
-    global _THREAD_PROBE
-    probe = _THREAD_PROBE
-    if probe is not None and probe.pid == os.getpid():
-        return probe
-    with _THREAD_PROBE_LOCK:
-        if _THREAD_PROBE is None or _THREAD_PROBE.pid != os.getpid():
-            _THREAD_PROBE = ThreadProbe()
-        return _THREAD_PROBE
+# this process's thread lateness probe, started on first use (again in a forked child)
+thread_probe: PerProcess[ThreadProbe] = PerProcess(ThreadProbe)
 
 
 def loop_lag() -> float | None:

@@ -190,10 +190,17 @@ def test_no_part_imports_the_command_assembler() -> None:
     assert found == []
 
 
+def probe_file(root: Path, part: str, source: str, name: str = "probe.py") -> Path:
+    """``source`` written as ``root/part/name`` (``part`` a folder path): a module for a check to read."""
+    path = root / part / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(source)
+    return path
+
+
 def test_the_vocabulary_checks_see_what_they_must(tmp_path: Path) -> None:
-    path = tmp_path / "analyzer" / "probe.py"
-    path.parent.mkdir(parents=True)
-    path.write_text("from hopline.middleware.client import instrument\nfrom hopline.middleware.contract import rules\n")
+    source = "from hopline.middleware.client import instrument\nfrom hopline.middleware.contract import rules\n"
+    path = probe_file(tmp_path, "analyzer", source)
     flagged = {v.split(": ")[1] for v in host_side_imports(path, root=tmp_path)}
     assert flagged == {"hopline.middleware.client", "hopline.middleware.client.instrument"}
 
@@ -250,9 +257,9 @@ def test_an_emitter_does_not_load_the_stage_table() -> None:
 
 
 def test_the_emitter_check_sees_what_it_must(tmp_path: Path) -> None:
-    path = tmp_path / "middleware" / "probe.py"
-    path.parent.mkdir(parents=True)
-    path.write_text(
+    path = probe_file(
+        tmp_path,
+        "middleware",
         "from hopline.middleware.contract import HOPS\n"
         "from hopline.middleware.contract.stages import STAGES\n"
         "from hopline.middleware.contract.events import validate_event\n"
@@ -329,25 +336,21 @@ def test_the_unit_parsers_are_what_units_exports() -> None:
     ],
 )
 def test_the_units_check_sees_what_it_must(tmp_path: Path, source: str) -> None:
-    path = tmp_path / "analyzer" / "probe.py"
-    path.parent.mkdir(parents=True)
-    path.write_text(source)
+    path = probe_file(tmp_path, "analyzer", source)
     assert len(unit_parsers_elsewhere(path, root=tmp_path)) == 1
 
 
 def test_the_units_check_lets_units_be_used(tmp_path: Path) -> None:
-    path = tmp_path / "collector" / "probe.py"
-    path.parent.mkdir(parents=True)
-    path.write_text(
+    path = probe_file(
+        tmp_path,
+        "collector",
         "from hopline.middleware.contract.units import parse_duration, parse_size, to_epoch\n"
         "from hopline.middleware.contract import units\n"
         "def max_memory(text):\n    return units.parse_size(text)\n"
         "def parse_listen(text):\n    return text\n"
     )
     assert unit_parsers_elsewhere(path, root=tmp_path) == []
-    units_py = tmp_path / "middleware" / "contract" / "units.py"
-    units_py.parent.mkdir(parents=True)
-    units_py.write_text("def parse_size(text):\n    return int(text)\n")
+    units_py = probe_file(tmp_path, "middleware/contract", "def parse_size(text):\n    return int(text)\n", "units.py")
     assert unit_parsers_elsewhere(units_py, root=tmp_path) == []
     beside = units_py.parent / "probe.py"
     beside.write_text("from .units import to_epoch\n")
@@ -375,10 +378,7 @@ def test_the_contract_face_is_its_all() -> None:
 
 
 def _checked(tmp_path: Path, part: str, source: str) -> list[str]:
-    path = tmp_path / part / "probe.py"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(source)
-    return violations(path, root=tmp_path)
+    return violations(probe_file(tmp_path, part, source), root=tmp_path)
 
 
 @pytest.mark.parametrize(
