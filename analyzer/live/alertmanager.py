@@ -305,6 +305,8 @@ def _evidence(incident: Incident) -> str:
     parts = [f"{k}={v}" for k, v in (head | numbers).items() if isinstance(v, int | float | str)]
     if incident.share is not None:
         parts.append(f"share_of_users_time_since_onset={incident.share:.1%}")
+    if incident.scope_share is not None:
+        parts.append(f"share_of_scope_users_time_since_onset={incident.scope_share:.1%}")
     return " ".join(parts)
 
 

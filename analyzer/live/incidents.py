@@ -25,8 +25,12 @@ Each step (``IncidentBook.step``) reads the findings on the horizon at event tim
   whether it lasts;
 - it must cost users at least ``MINOR_SHARE`` of their time since its onset (``live_share``;
   the offline report weighs a finding over the whole log, which on a 30-minute horizon would
-  hide a fresh incident for its first minutes); severity is ``critical`` from
-  ``CRITICAL_SHARE`` on, ``warning`` below, set when it opens (a label: it must not change);
+  hide a fresh incident for its first minutes), or, in a scope, at least ``SCOPE_SHARE`` of its
+  own scope's users' time since its onset (``scope_share``): one replica of 1,000 whose queue
+  tripled costs the fleet 0.06% of its waits and that replica's users a quarter of theirs;
+  severity is ``critical`` from ``CRITICAL_SHARE`` of all users' time on, ``warning`` below
+  (so a change felt in its scope only is a warning), set when it opens (a label: it must not
+  change);
 - two scopes are one place when their keys nest (``{}``, ``{"replica": "r2"}``) or when the
   requests of one since the onset are nearly all (``SAME_PLACE``) the other's: a batch job pinned
   to r2 is ``{"service": "batch-eval"}`` and ``{"replica": "r2"}`` at once, and the analysis names
@@ -68,6 +72,7 @@ Each step (``IncidentBook.step``) reads the findings on the horizon at event tim
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -82,6 +87,10 @@ from hopline.middleware.contract.rules import side_of
 
 ALERTNAMES = {"shift": "HoplineShift", "mix_change": "HoplineMixChange", "pitfall": "HoplinePitfall"}
 CRITICAL_SHARE = 0.05  # users' time added since the onset, from which an incident is critical
+# the share of its own scope's users' time since the onset from which a scoped change pages, however
+# small its scope: far above a healthy replica's drift (a finding needs the rank test and ``FELT_MS``
+# too), below a tripled queue's share of its replica's waits (~25% in bench_live_windows' fleet)
+SCOPE_SHARE = 0.10
 EXAMPLES = 3  # request IDs an alert names
 FELT_MS = 20.0  # a shift whose statistic moved less than this per request is noted, not paged
 # sides whose time is not the serving's doing, noted, never paged: the measuring caller's own
@@ -143,6 +152,27 @@ def live_share(finding: Finding, frame: pl.DataFrame, onset: float) -> float | N
     if finding.at is None and "start" in frame.columns and frame.height:
         onset = float(frame["start"].min())
     return share_of(finding.cost_s, finding.spent_in, users_time(since(frame, onset)))
+
+
+ScopeTime = Callable[[dict, float], "dict[str, float] | None"]
+
+
+def scope_share(finding: Finding, frame: pl.DataFrame, onset: float, scope_time: ScopeTime | None = None) -> float | None:
+    """``live_share`` over its own scope's users' time since its onset (None: no scope, or no
+    time). ``scope_time(scope, onset)``: that time where the frame cannot say it (window
+    summaries' exact sums; None there too: not known), else the frame's requests in scope."""
+    if not finding.scope:
+        return None
+    if finding.at is None and "start" in frame.columns and frame.height:
+        onset = float(frame["start"].min())
+    totals = scope_time(finding.scope, onset) if scope_time is not None else users_time(since(frame, onset, finding.scope))
+    return None if totals is None else share_of(finding.cost_s, finding.spent_in, totals)
+
+
+def costs_enough(share: float | None, local: float | None) -> bool:
+    """Whether it costs users enough to page: ``MINOR_SHARE`` of all users' time since its onset,
+    or ``SCOPE_SHARE`` of its own scope's (see the module doc)."""
+    return (share is not None and share >= MINOR_SHARE) or (local is not None and local >= SCOPE_SHARE)
 
 
 def examples(finding: Finding, frame: pl.DataFrame, onset: float, n: int = EXAMPLES) -> list[str]:
@@ -248,6 +278,7 @@ class Incident:
     sample: float | None = None  # the fraction of requests analysed, when below 1
     ended: str | None = None  # how it ended, said in the resolved notification
     fired_onset: float | None = None  # its onset when it paged (the alert's ``startsAt``)
+    scope_share: float | None = None  # its share of its own scope's users' time (``scope_share``)
 
     def __post_init__(self) -> None:
         if self.fired is None:
@@ -308,6 +339,7 @@ class Incident:
             "standing": self.standing,
             "late": self.late,
             "share_since_onset": None if self.share is None else round(self.share, 4),
+            "scope_share_since_onset": None if self.scope_share is None else round(self.scope_share, 4),
             "examples": self.examples,
             "common": self.common,
             "alert_summary": self.words,
@@ -365,6 +397,7 @@ class IncidentBook:
     suppressed: int = 0  # incidents not opened because max_firing were firing
     ongoing: set[tuple] = field(default_factory=set)  # this step's fingerprints without an end
     contenders: list[tuple[Finding, str | None]] = field(default_factory=list)  # this step's ongoing, with lateness
+    scope_time: ScopeTime | None = None  # a scope's users' time since an onset, where the frame cannot say it
 
     @property
     def merge_s(self) -> float:
@@ -567,13 +600,14 @@ class IncidentBook:
             return incident, False, False  # it leads once it held as long as one that opens
         onset = onset_of(finding, self.latest)
         share = live_share(finding, self.frame, onset)
+        local = scope_share(finding, self.frame, onset, self.scope_time)
         severity = "critical" if (share or 0.0) >= CRITICAL_SHARE else "warning"
-        if not _would_page(late, severity) or _unfelt(finding) or share is None or share < MINOR_SHARE:
+        if not _would_page(late, severity) or _unfelt(finding) or not costs_enough(share, local):
             return incident, False, False
         incident.co_movers = [f for f in incident.co_movers if f is not finding] + [incident.finding]
         incident.key, incident.finding, incident.onset = fingerprint(finding), finding, onset
         incident.page_with(finding, now)
-        incident.share, incident.severity, incident.late = share, severity, late
+        incident.share, incident.scope_share, incident.severity, incident.late = share, local, severity, late
         incident.examples = examples(finding, self.frame, onset)
         return incident, True, True
 
@@ -592,7 +626,8 @@ class IncidentBook:
         if now - held_since < hold:
             return None
         share = live_share(finding, frame, onset)
-        if share is None or share < MINOR_SHARE:
+        local = scope_share(finding, frame, onset, self.scope_time)
+        if not costs_enough(share, local):
             return None
         if self._outranked(now, key, finding, onset, frame):
             return None
@@ -600,10 +635,10 @@ class IncidentBook:
             self.suppressed += 1
             return None
         standing = self._standing(finding)
-        severity = "critical" if share >= CRITICAL_SHARE and not standing and late not in CALLERS else "warning"
+        severity = "critical" if (share or 0.0) >= CRITICAL_SHARE and not standing and late not in CALLERS else "warning"
         incident = Incident(
             key, finding, onset, now, now, severity, share, examples(finding, frame, onset),
-            standing=standing, late=late, sample=self.sample,
+            standing=standing, late=late, sample=self.sample, scope_share=local,
         )  # fmt: skip
         incident.common = common_values(incident.scope, self.dims, frame, onset)
         self.incidents.append(incident)
@@ -668,6 +703,7 @@ class IncidentBook:
         same = finding.sentence == incident.finding.sentence and until is None
         incident.finding = finding
         incident.share = live_share(finding, frame, incident.onset)
+        incident.scope_share = scope_share(finding, frame, incident.onset, self.scope_time)
         severity = "critical" if (incident.share or 0.0) >= CRITICAL_SHARE else "warning"
         if (
             not incident.pages

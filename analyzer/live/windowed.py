@@ -15,7 +15,7 @@ window) and runs the shift detector's method on the window bins: ``find_window_s
 (``findings/shifts/windows.py``, whose doc says what it does and does not do), reached through
 ``findings.registry``. The alerts carry no example request IDs and no ``common`` labels.
 
-The incident book (``live.incidents``, unchanged) reads a per-request frame; here it gets a frame
+The incident book (``live.incidents``) reads a per-request frame; here it gets a frame
 of pseudo-requests made from the windows of the last ``recent_s`` (``pseudo_frame``): per window,
 attribute and value, at most ``PSEUDO_ROWS`` rows whose stage values are the window's quantiles at
 (i + ½)/rows and whose ``client_ttft`` / ``client_e2e`` carry the window's exact sums spread over
@@ -169,8 +169,10 @@ class WindowDetector:
         cfg = self.config
         hold = 2 * cfg.window_s if cfg.hold_s is None else cfg.hold_s
         self.book = IncidentBook(
-            cfg.window_s, cfg.horizon_s, recent_s=cfg.recent_s, hold_s=hold, dims=cfg.scopes
-        )
+            cfg.window_s, cfg.horizon_s, recent_s=cfg.recent_s, hold_s=hold, dims=cfg.scopes,
+            scope_time=self._scope_time,
+        )  # fmt: skip
+        self._recent: list[int] = []  # the windows of the book's frame (``step``)
         self.next_step: float | None = None
         self.now: float | None = None
         self.newest: float | None = None
@@ -238,9 +240,8 @@ class WindowDetector:
                 for f in (incident.finding, incident.fired, *incident.co_movers)
                 if isinstance(f, Shift)
             }
-        frame = self._frame(
-            [i for i in starts if i * width >= now - self.config.recent_s], tuple(sorted(wanted))
-        )
+        self._recent = [i for i in starts if i * width >= now - self.config.recent_s]
+        frame = self._frame(self._recent, tuple(sorted(wanted)))
         changed = self.book.step(now, self.findings, frame, newest=self.newest)
         for incident in changed:  # pseudo-requests have no ID: an alert here names no example request
             incident.examples = [e for e in incident.examples if e is not None]
@@ -270,6 +271,26 @@ class WindowDetector:
         return pl.concat(parts, how="vertical") if parts else pl.DataFrame()
 
     # (the frame's stage columns are only those the book reads: a finding's stage, ``returned``)
+
+    def _scope_time(self, scope: dict, onset: float) -> dict[str, float] | None:
+        """A one-attribute scope's users' time since ``onset`` (``incidents.scope_share``) from the
+        windows' exact sums, the window of the onset in part, as the frame's rows since it: the frame
+        spreads a window's sums over its attributes' rows, so its rows in one scope hold a share
+        of that scope's. None for a scope of several attributes (not in the summaries)."""
+        if len(scope) != 1:
+            return None
+        ((attribute, value),) = scope.items()
+        series = self.feed.series
+        width = series.width_s
+        totals = {"first_output": 0.0, "e2e": 0.0}
+        for i in self._recent:
+            part = min(1.0, max(0.0, ((i + 1) * width - onset) / width))
+            measures = series.windows.get(i, {}).get((attribute, value)) if part > 0 else None
+            for name, total in (("ttft", "first_output"), ("e2e", "e2e")):
+                b = (measures or {}).get(name)
+                if b is not None and b.count:
+                    totals[total] += part * b.total
+        return totals
 
     def incidents(self) -> list[Incident]:
         return list(self.book.incidents)

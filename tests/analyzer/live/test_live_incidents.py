@@ -8,9 +8,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import polars as pl
 import pytest
+from hopline.analyzer.findings.rank import MINOR_SHARE
+from hopline.analyzer.live.alertmanager import payload
 from hopline.analyzer.live.detect import findings_now
-from hopline.analyzer.live.incidents import IncidentBook, fingerprint
+from hopline.analyzer.live.incidents import SCOPE_SHARE, IncidentBook, fingerprint, live_share, scope_share
 from hopline.analyzer.findings.model import iso_utc
 from hopline.analyzer.timelines import timelines
 from hopline.middleware.contract.units import to_epoch
@@ -101,3 +104,39 @@ def test_a_finding_gone_from_the_analysis_keeps_firing_while_its_stage_stays_up(
     b.firing()[0].finding = before  # as if r2's level now were its "before": it came back
     (resolved,) = b.step(end + 6, [], frame)
     assert resolved.state == "resolved" and resolved.ends_at == end + 6
+
+
+@pytest.fixture(scope="module")
+def fleet(seen):
+    """``seen``'s two replicas among 113 more that did not change: r2's tripled queue costs the
+    fleet under 1% of its waits since the onset and r2's own users a good share of theirs."""
+    frame, finding = seen
+    others = timelines(generate(duration_s=300, rate=300, seed=12, replicas=tuple(f"r{i:02d}" for i in range(3, 40))).lazy())
+    others = others.collect()
+    copies = [
+        others.with_columns(pl.col("replica") + suffix, pl.col("request_id") + suffix) for suffix in ("", "b", "c")
+    ]
+    return pl.concat([frame, *copies], how="diagonal_relaxed"), finding
+
+
+def test_one_replica_of_many_pages_on_its_own_users_time(fleet):
+    """Under ``MINOR_SHARE`` of all users' time, at least ``SCOPE_SHARE`` of its scope's: it pages,
+    as a warning (critical is the fleet's share); the alert says both shares."""
+    frame, finding = fleet
+    share, local = live_share(finding, frame, ONSET), scope_share(finding, frame, ONSET)
+    assert share < MINOR_SHARE and local >= SCOPE_SHARE  # the premise
+    b = book()
+    (opened,) = b.step(ONSET + 20, [finding], frame)
+    assert opened.pages and opened.severity == "warning" and opened.scope == {"replica": "r2"}
+    assert opened.to_json()["scope_share_since_onset"] == round(local, 4)
+    assert f"share_of_scope_users_time_since_onset={local:.1%}" in payload(opened)["annotations"]["evidence"]
+
+
+def test_a_scoped_change_small_for_its_own_users_too_opens_nothing(fleet):
+    """The same replica's change at a fifth of its cost: under both floors, nothing opens."""
+    frame, finding = fleet
+    small = replace(finding, impact_s=finding.impact_s / 5)
+    share, local = live_share(small, frame, ONSET), scope_share(small, frame, ONSET)
+    assert share < MINOR_SHARE and local < SCOPE_SHARE
+    b = book()
+    assert b.step(ONSET + 20, [small], frame) == [] and b.incidents == []
