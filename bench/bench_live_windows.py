@@ -6,6 +6,7 @@ against traffic, and how soon a small scope's change is alerted, on event-time r
         [--settle 30] [--onset 180] [--after 120]
     .venv/bin/python bench/bench_live_windows.py request-level [--rl-rate 1000] [--rl-sample 0.0625]
     .venv/bin/python bench/bench_live_windows.py clean [--clean-rate 1000] [--clean-minutes 30] [--values 200]
+    .venv/bin/python bench/bench_live_windows.py clean6h [--clean-rate 1010] [--hours 6]
 
 The collectors are in-process ``collector.windows.WindowSummaries`` (the collector's own window
 code: ``add`` per finished request, folds, ``answer`` as ``GET /v1/windows`` serves it), not
@@ -28,23 +29,30 @@ requests/s (``--by-values``).
 delay: a 3x queue from a window boundary on one replica: 1 of 1,000 replicas at 10,000 requests/s
 over 10 collectors, and 1 of 50 at 1,000 over 3. The replay's clock at which the alert first
 fires (an incident that pages) minus the onset, event time, per seed, and the median.
+
+clean6h: bench_live.py's 6 h clean traffic (its ``clean_chunks``: daily curve, synth's heavy-tailed
+stages, a replica joining and leaving, a restart), the hop events turned into finished requests by
+the analyzer's timelines, through the collectors and the watcher with its defaults: every alert
+that pages is a false alarm; the noted incidents and the findings seen at any step are listed.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from hopline.analyzer.live.detector import LiveConfig
 from hopline.analyzer.live.windowed import CollectorFeed, WindowDetector
-from hopline.collector.windows import WindowSummaries
+from hopline.collector.windows import TIME_STAGES, TOKENS, WindowSummaries
 
 WIDTH = 10.0
 START = 1_767_607_200.0  # 2026-01-05T10:00:00Z
@@ -57,6 +65,7 @@ STAGES = {
     "decode": 2.0,
 }
 BY = ("replica", "model", "service")
+SCOPE = ("service", "model", "replica")  # a request frame's scope columns (``request_frame``)
 
 
 def summaries(settle_s: float, clock) -> WindowSummaries:
@@ -106,6 +115,8 @@ class Replay:
         self.detector = WindowDetector(self.feed, config)
         self.fired: list[tuple[float, object]] = []
         self.found: dict[tuple, float] = {}  # (stage, scope) -> the replay's clock when first found
+        self.noted: list[tuple[float, object]] = []  # incidents opened that do not page
+        self.sentences: dict[tuple, tuple[float, str]] = {}  # any finding -> (clock first seen, sentence)
         self.detector.on_step = self._on_step
         self.step_cpu: list[
             float
@@ -117,9 +128,12 @@ class Replay:
         for f in self.detector.findings:
             if getattr(f, "stage", None) and (f.stage, tuple(f.scope.items())) not in self.found:
                 self.found[(f.stage, tuple(f.scope.items()))] = self.clock
+            key = (type(f).__name__, getattr(f, "stage", None), tuple(sorted((f.scope or {}).items())))
+            if key not in self.sentences:
+                self.sentences[key] = (self.clock, f.sentence)
         for incident in changed:
-            if incident.pages and incident.state == "firing" and incident.first_seen == now:
-                self.fired.append((self.clock, incident))
+            if incident.state == "firing" and incident.first_seen == now:
+                (self.fired if incident.pages else self.noted).append((self.clock, incident))
 
     def run(self, cols, replicas: int, until_s: float) -> None:
         start, replica, service, values, ttft, e2e, prompt = cols
@@ -158,21 +172,77 @@ class Replay:
                         float(e2e[i]),
                     )
                 k = stop
-            self.clock = tick
-            for c in self.collectors:
-                c.fold(tick)
-            before, stepped = self.detector.steps, self.detector.cpu_s
-            t0 = time.process_time()
-            self.detector.poll()
-            spent = time.process_time() - t0 - self.feed.collector_cpu
-            self.feed.collector_cpu = 0.0
-            self.merge_cpu += spent - (self.detector.cpu_s - stepped)
-            if self.detector.steps > before:
-                steps = self.detector.steps - before
-                self.step_cpu.append(spent / steps)
-                self.merge_per_step.append(self.merge_cpu / steps)
-                self.merge_cpu = 0.0
+            self._tick(tick)
             tick += 1.0
+
+    def run_frames(self, frames, after_s: float) -> tuple[int, float, float]:
+        """Requests in frames (``request_frame``'s columns; each frame's requests start no earlier
+        than the previous frame's), each handed to its shard's collector once it finishes, a tick
+        a second of event time, until ``after_s`` past the last start. A frame is read before the
+        ticks up to its first start run, so every request that finishes by a tick is in hand; the
+        ones that finish later carry over. Returns (requests, first start, last start)."""
+        names = [*TIME_STAGES, *TOKENS]
+        columns = ["start", *SCOPE, "outcome", "ttft", "e2e", *names]
+        scopes: dict[tuple, dict] = {}
+        adds = [c.add for c in self.collectors]
+        shards = len(adds)
+        carry: pl.DataFrame | None = None
+        tick = START + 1.0
+        total, first, last = 0, None, START
+        for frame in itertools.chain(frames, [None]):  # one frame at a time: 6 h do not fit in memory
+            if frame is not None:
+                if frame.height == 0:
+                    continue
+                first = float(frame["start"].min()) if first is None else first
+                last = max(last, float(frame["start"].max()))
+                until = float(frame["start"].min())  # no later request starts (or ends) before
+            else:
+                until = last + after_s
+            pending = carry
+            if pending is not None and pending.height:
+                finish = pending["finish"].to_numpy()
+                k = 0
+                while tick < until:
+                    stop = int(np.searchsorted(finish, tick, side="right"))
+                    if stop > k:
+                        for row in pending.slice(k, stop - k).select(columns).iter_rows():
+                            key = row[1:4]
+                            scope = scopes.get(key)
+                            if scope is None:
+                                scope = scopes[key] = dict(zip(SCOPE, key, strict=True))
+                            adds[(total * 2654435761 % 2**32) % shards](
+                                row[0], scope, dict(zip(names, row[7:], strict=True)), row[4], row[5], row[6]
+                            )
+                            total += 1
+                        k = stop
+                    self._tick(tick)
+                    tick += 1.0
+                carry = pending.slice(k)
+            else:
+                while tick < until:
+                    self._tick(tick)
+                    tick += 1.0
+            if frame is not None:
+                carry = frame if carry is None or not carry.height else pl.concat([carry, frame])
+                carry = carry.sort("finish")
+        return total, first if first is not None else START, last
+
+    def _tick(self, tick: float) -> None:
+        """The collectors' clock at ``tick``: they fold, the watcher polls (its CPU counted)."""
+        self.clock = tick
+        for c in self.collectors:
+            c.fold(tick)
+        before, stepped = self.detector.steps, self.detector.cpu_s
+        t0 = time.process_time()
+        self.detector.poll()
+        spent = time.process_time() - t0 - self.feed.collector_cpu
+        self.feed.collector_cpu = 0.0
+        self.merge_cpu += spent - (self.detector.cpu_s - stepped)
+        if self.detector.steps > before:
+            steps = self.detector.steps - before
+            self.step_cpu.append(spent / steps)
+            self.merge_per_step.append(self.merge_cpu / steps)
+            self.merge_cpu = 0.0
 
 
 class _InProcess(CollectorFeed):
@@ -289,6 +359,72 @@ def clean(args) -> None:
         print(f"  found {stage} {dict(scope)} at +{at - START:.0f} s")
 
 
+def request_frame(events: pl.DataFrame) -> pl.DataFrame:
+    """Generated hop events as finished requests, one row each, as a collector hands them to its
+    window summaries: start, the rule book's scope, outcome, the outermost TTFT and end-to-end, the
+    stage table's time stages and tokens (the analyzer's timelines, which compute the same stage
+    table as the collector's join), and ``finish`` (start + end-to-end: when it is handed over)."""
+    from hopline.analyzer.timelines import COLUMNS, timelines
+
+    names = [*TIME_STAGES, *TOKENS]
+    views = ("client", "gateway", "engine")
+    outer = [f"{v}_{m}" for v in views for m in ("ttft", "e2e")]
+    wanted = ("start", "service", "model", "replica", "outcome", *names, *outer)
+    rows = timelines(events.lazy(), columns=tuple(c for c in wanted if c in COLUMNS)).collect()
+    return rows.select(
+        "start", "service", "model", "replica", pl.col("outcome").cast(pl.String),
+        pl.coalesce(*(f"{v}_ttft" for v in views)).alias("ttft"),
+        pl.coalesce(*(f"{v}_e2e" for v in views)).alias("e2e"),
+        *(pl.col(n) if n in rows.columns else pl.lit(None, pl.Float64).alias(n) for n in names),
+    ).with_columns(finish=pl.col("start") + pl.col("e2e").fill_null(0.0))  # fmt: skip
+
+
+def clean6h(args) -> None:
+    """bench_live.py's clean replay (``clean_chunks``: a daily curve, synth's lognormal stages,
+    replica r5 joining at 1/3 and leaving at 2/3, a restart at 1/2 with 30 s without traffic) at
+    ``--clean-rate`` mean requests/s for ``--hours``, its hop events turned into finished requests
+    (``request_frame``) and handed to ``--shards`` in-process collectors as they finish, the
+    watcher with its defaults (30-min horizon, 5-min recent): the alerts that page (each one a
+    false alarm), the incidents noted (opened, not paged), every finding seen at any step."""
+    import resource
+
+    from bench_live import clean_chunks
+
+    replay = Replay(args.shards, args.settle, LiveConfig(window_s=WIDTH))
+    t0, w0 = time.process_time(), time.perf_counter()
+
+    def frames():
+        for i, chunk in enumerate(clean_chunks(args.hours, args.clean_rate)):
+            if i % 12 == 0:  # progress, an hour of event time at a time
+                print(
+                    f"  at +{replay.clock - START:,.0f} s: {replay.detector.steps} steps, "
+                    f"{len(replay.fired)} paged, {len(replay.noted)} noted, {len(replay.sentences)} "
+                    f"findings; CPU {time.process_time() - t0:.0f} s, load {load()}",
+                    flush=True,
+                )
+            yield request_frame(chunk)
+
+    total, first, last = replay.run_frames(frames(), args.settle + 60.0)
+    cpu, wall = time.process_time() - t0, time.perf_counter() - w0
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    span = last - first
+    print(
+        f"clean6h: {args.hours:g} h, mean {args.clean_rate:.0f} req/s asked, {total:,} requests over "
+        f"{span:,.0f} s = {total / span:,.1f} req/s, {args.shards} collectors, settle {args.settle:.0f} s, "
+        f"{replay.detector.steps} steps: {len(replay.fired)} paged alerts, {len(replay.noted)} noted "
+        f"incidents, {len(replay.sentences)} findings ever seen"
+    )
+    print(
+        f"  replay CPU {cpu:.0f} s (wall {wall:.0f} s; the watcher's steps {replay.detector.cpu_s:.0f} s), "
+        f"max RSS {rss:,.0f} MiB, load {load()}"
+    )
+    for what, incidents in (("paged", replay.fired), ("noted", replay.noted)):
+        for clock, i in incidents:
+            print(f"  {what} at +{clock - START:.0f} s: {i.key[1]} {i.scope} {i.severity}: {i.words}")
+    for (kind, stage, scope), (clock, sentence) in sorted(replay.sentences.items(), key=lambda kv: kv[1][0]):
+        print(f"  finding {kind} {stage} {dict(scope)} first at +{clock - START:.0f} s: {sentence}")
+
+
 def delay(args) -> None:
     cases = {
         "big": [(10_000.0, 1000, 10)],
@@ -329,7 +465,8 @@ def delay(args) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("what", choices=("cost", "delay", "request-level", "clean"))
+    parser.add_argument("what", choices=("cost", "delay", "request-level", "clean", "clean6h"))
+    parser.add_argument("--hours", type=float, default=6.0)
     parser.add_argument("--clean-rate", type=float, default=1000.0)
     parser.add_argument("--clean-minutes", type=float, default=30.0)
     parser.add_argument("--rl-rate", type=float, default=1000.0)
@@ -351,7 +488,8 @@ def main() -> None:
     parser.add_argument("--onset", type=float, default=180.0)
     parser.add_argument("--after", type=float, default=120.0)
     args = parser.parse_args()
-    {"cost": cost, "delay": delay, "request-level": request_level, "clean": clean}[args.what](args)
+    modes = {"cost": cost, "delay": delay, "request-level": request_level, "clean": clean, "clean6h": clean6h}
+    modes[args.what](args)
 
 
 if __name__ == "__main__":
