@@ -7,6 +7,8 @@ brief: ID, TTFT, e2e, outcome, scope; ``recent.py``), ``GET /v1/windows?since=â€
 ``GET /metrics`` (Prometheus text, or OpenMetrics with ``request_id`` exemplars when the
 ``Accept`` header asks for it, as Prometheus does with exemplar storage on), ``GET /healthz``
 (200, or 503 with the reason while events cannot be stored: ``store.EventStore.failure``).
+At start, before it answers, the collector reads its store back into the join and the window
+summaries a restart lost (``restart.py``).
 
 The handlers are ``routes.py``'s (and ``otlp.py``'s ``POST /v1/traces``), auth included; this
 module wires the parts (``build_collector``), runs them (``lifespan``) and assembles the app.
@@ -40,6 +42,7 @@ from hopline.collector.emitter_stats import EmitterStats
 from hopline.collector.ingest import Ingestor
 from hopline.collector.join import Joiner
 from hopline.collector.metrics import ExpositionRegistry, Recorder, build_metrics
+from hopline.collector.restart import rebuild
 from hopline.collector.store import EventStore, StoreError
 from hopline.collector.tail import Tailer
 from hopline.collector.windows import WindowSummaries
@@ -238,6 +241,14 @@ async def _start(c: Collector) -> list[asyncio.Task]:
         c.store.open()
     except StoreError as exc:
         logger.error("store_unavailable", error=str(exc))
+    try:  # before the first event is taken: what the store holds of the windows and requests in flight
+        done = rebuild(c)
+        logger.info(
+            "collector_rebuilt", events=done.events, rebuilt=done.rebuilt, rejoined=done.rejoined,
+            served_before=done.served_before, seconds=round(done.seconds, 3),
+        )
+    except Exception as exc:  # noqa: BLE001 - a store that cannot be read back must not stop the collector
+        logger.error("rebuild_failed", error=f"{type(exc).__name__}: {exc}"[:300])
     tasks = [asyncio.create_task(_housekeeping(c), name="hopline-housekeeping")]
     config = c.config
     if config.tail:

@@ -191,6 +191,9 @@ class CollectorConfig:
     window_scope_cap: int = setting(128, kind=int, min=1, help=(
         "Most values of one attribute in one window; later ones are summarized as other (counted in "
         "hopline_collector_window_scopes_overflowed)."))
+    window_settle: float = setting("30s", parse=parse_duration, help=(
+        "A window's summaries are served this long after it ends, so that requests that started in it "
+        "and finish later still land in it."))
     dedup_capacity: int = setting(500_000, kind=int, min=1, help=(
         "Event keys per dedup generation (two are kept): retries within it are dropped."))
     dedup_window: float = setting("10m", parse=parse_duration, help=(
@@ -221,9 +224,6 @@ class CollectorConfig:
     # distinct (service, model, replica) per metric family; overflow -> (other, other, other).
     # Bounds /metrics: hopline_stage_seconds holds 12 stages x 31 buckets x scope_cap series.
     scope_cap: int = 128
-    # a window's rows are folded into its sketches (and served) this long after it ends: requests
-    # that started in it and finish later still land in it
-    window_settle: float = 30.0
     compact_interval: float = 60.0  # how often closed hours are compacted and retention applied
     compact_delay: float = 60.0  # an hour is compacted this long after it closed
 

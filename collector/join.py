@@ -335,6 +335,8 @@ class Joiner:
             described["outcome"],
             negative_stages(values),
         )
+        if described["missing"]:  # complete without some earlier hops (hopline_collector_requests_partial)
+            recorder.partial()
         self._release_all(req)
         self.counts["complete"] += 1
         self._remember(rid, FinishedRequest(events, "complete", req.bytes))

@@ -148,11 +148,35 @@ WINDOW_SUMMARY_BYTES = Metric(
     "Estimated memory of the window summaries kept for GET /v1/windows (serialized sketches, rows "
     "not yet folded).",
 )
+# what a restarted collector rebuilt from its store, and what it could not (restart.py)
+RESTART_REQUESTS = Metric(
+    "hopline_collector_restart_requests", "gauge", ("state",),
+    "Requests the collector read back from its store when it started: rebuilt (finished before the "
+    "restart, put back into the windows not served yet), rejoined (in flight at the restart, open "
+    "again so the hops sent after it complete them), served_before (finished into windows served "
+    "before the restart, left out of them so the watcher does not count them twice).",
+)
+RESTART_EVENTS = Metric(
+    "hopline_collector_restart_events", "gauge", (),
+    "Stored events read back when the collector started (from the first window not served before "
+    "the restart, less a margin).",
+)
+RESTART_SECONDS = Metric(
+    "hopline_collector_restart_seconds", "gauge", (),
+    "Time the start-up rebuild from the store took, before the collector answered.",
+)
+REQUESTS_PARTIAL = Metric(
+    "hopline_collector_requests_partial", "counter", (),
+    "Requests finished (every component's final hop arrived) without some of their earlier hops: "
+    "hops an emitter lost, or, after a collector restart, hops sent before it that the store did "
+    "not give back (older than the rebuild's start). Their stages from those hops are missing.",
+)
 
 COLLECTOR_HEALTH: tuple[Metric, ...] = (
     BODIES_REJECTED, STORE_FAILURES, COMPACTION_FAILURES, QUARANTINED_PARTS, DEDUP_KEYS,
     OPEN_REQUEST_BYTES, FINISHED_REQUEST_BYTES, REQUESTS_CLOSED_INCOMPLETE, SCOPES_OVERFLOWED,
     EVENT_LOOP_LAG, HTTP_CONNECTIONS_CLOSED, WINDOW_SCOPES_OVERFLOWED, WINDOW_SUMMARY_BYTES,
+    RESTART_REQUESTS, RESTART_EVENTS, RESTART_SECONDS, REQUESTS_PARTIAL,
 )
 
 ALL: tuple[Metric, ...] = (

@@ -82,6 +82,10 @@ class Metrics:
     http_connections_closed: Counter
     window_scopes_overflowed: Counter
     window_summary_bytes: Gauge
+    restart_requests: Gauge
+    restart_events: Gauge
+    restart_seconds: Gauge
+    requests_partial: Counter
 
 
 _BUCKETS = {
@@ -134,6 +138,10 @@ def build_metrics(registry: CollectorRegistry) -> Metrics:
         http_connections_closed=m[names.HTTP_CONNECTIONS_CLOSED.name],
         window_scopes_overflowed=m[names.WINDOW_SCOPES_OVERFLOWED.name],
         window_summary_bytes=m[names.WINDOW_SUMMARY_BYTES.name],
+        restart_requests=m[names.RESTART_REQUESTS.name],
+        restart_events=m[names.RESTART_EVENTS.name],
+        restart_seconds=m[names.RESTART_SECONDS.name],
+        requests_partial=m[names.REQUESTS_PARTIAL.name],
     )
 
 
@@ -250,6 +258,9 @@ class Recorder:
 
     def store_failed(self) -> None:
         self.m.store_failures.inc()
+
+    def partial(self) -> None:
+        self.m.requests_partial.inc()
 
     def closed_incomplete(self, why: str) -> None:
         self._child(self.m.requests_closed_incomplete, (why,)).inc()

@@ -45,6 +45,13 @@ guarantee), deflated 6x to ~180 bytes. So memory is at most windows × Σ(values
 × measures × (a sketch and its dict, ~0.5 KB), kept current in ``memory_bytes``
 (``hopline_collector_window_summary_bytes``; bench/README.md, "Window summaries", has the
 figures).
+
+Restart. The summaries live in memory; ``collector/restart.py`` rebuilds the windows not served
+before a restart from the store. For it, ``on_settled`` is told the start of the newest window
+whose first part was folded (``settled_through``), and while it reads the store back,
+``served_through`` (a window index) keeps the windows served before the restart from being
+summarized a second time (``served_again``: the watcher would take a new part of them as new
+requests). A window's ``rebuilt`` is how many of its requests came from the store.
 """
 
 from __future__ import annotations
@@ -90,8 +97,8 @@ class Window:
     changed once made)."""
 
     __slots__ = (
-        "bytes", "caps", "folded_at", "late", "outcomes", "overflowed", "parts", "requests", "rows",
-        "scope_ids", "scope_keys", "sids", "start",
+        "bytes", "caps", "folded_at", "late", "outcomes", "overflowed", "parts", "rebuilt", "requests",
+        "rows", "scope_ids", "scope_keys", "sids", "start",
     )
 
     def __init__(self, start: float, attributes: int) -> None:
@@ -105,6 +112,7 @@ class Window:
         self.parts: list[dict[str, Any]] = []
         self.requests = 0
         self.late = 0  # requests added after the window's first fold
+        self.rebuilt = 0  # requests read back from the store at a restart (restart.py)
         self.folded_at: float | None = None
         self.bytes = 0  # estimated memory of the parts
         self.caps: list[set[str]] = [set() for _ in range(attributes)]
@@ -153,6 +161,11 @@ class WindowSummaries:
         self.too_old = 0
         self.pending_rows = 0
         self.folded_bytes = 0  # estimated memory of the kept windows' parts
+        # restart.py: the newest window whose first part was folded (start), told to on_settled
+        self.settled_through = -math.inf
+        self.on_settled: Callable[[float], None] | None = None
+        self.served_through: int | None = None  # while the store is read back: windows not summarized
+        self.served_again = 0  # requests of those windows read back (and left out)
         self._next_fold = 0.0
         mapping = self.mapping = LogarithmicMapping(RELATIVE_ACCURACY)  # DDSketch's (ddsketch.DDSketch)
         self._mapping_proto = KeyMappingProto.to_proto(mapping)
@@ -187,7 +200,6 @@ class WindowSummaries:
         if window is None:
             window = self._open(index)
             if window is None:
-                self.too_old += 1
                 return
         try:
             raw = self._scope_of(scope)
@@ -213,7 +225,11 @@ class WindowSummaries:
             window.late += 1
 
     def _open(self, index: int) -> Window | None:
+        if self.served_through is not None and index <= self.served_through:
+            self.served_again += 1
+            return None
         if index <= self.newest - self.keep:
+            self.too_old += 1
             return None
         window = self.windows[index] = Window(index * self.width, len(self.by))
         if index > self.newest:
@@ -236,6 +252,7 @@ class WindowSummaries:
             return 0
         self._next_fold = now + FOLD_INTERVAL_S
         folded = 0
+        settled = self.settled_through
         for window in list(self.windows.values()):
             if not window.rows or window.start + self.width + self.settle_s > now:
                 continue
@@ -243,6 +260,11 @@ class WindowSummaries:
                 continue
             folded += len(window.rows)
             self._fold(window, now)
+            settled = max(settled, window.start)
+        if settled > self.settled_through:
+            self.settled_through = settled
+            if self.on_settled is not None:
+                self.on_settled(settled)
         return folded
 
     def _fold(self, window: Window, now: float) -> None:
@@ -361,7 +383,10 @@ class WindowSummaries:
         lo = float("-inf") if since is None else since
         hi = float("inf") if until is None else until
         windows = [
-            {"start": w.start, "requests": w.requests, "late": w.late, "parts": list(w.parts)}
+            {
+                "start": w.start, "requests": w.requests, "late": w.late, "rebuilt": w.rebuilt,
+                "parts": list(w.parts),
+            }
             for _, w in sorted(self.windows.items())
             if lo <= w.start <= hi and w.parts and w.start + self.width + self.settle_s <= now
         ]
