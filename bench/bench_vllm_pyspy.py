@@ -29,6 +29,32 @@ and ``engine.last_token`` per request, each ``last_token`` with ``output_tokens`
 ``finish_reason`` ``length`` and ``output_chunks`` = ``--tokens`` (vLLM sends one SSE event per
 token here), and one ``engine.stats`` per request from the stat logger.
 
+``--variant`` measures vLLM's own per-request observability the same way instead of hopline (issue
+39): the ``venv-nohop`` vLLM (hopline not installed: no stat logger plugin, no middleware), with
+
+* ``otlp``: ``--otlp-traces-endpoint`` to a ``hopline collector`` the bench starts (as
+  bench_vllm_variants.py does: ``http/protobuf``, ``OTEL_BSP_SCHEDULE_DELAY=200``; the collector is
+  another process, not sampled). Its code, ``TRACING``: frames whose file is under the vLLM venv's
+  ``site-packages/opentelemetry/`` (the SDK's span, its batch processor's thread, the OTLP
+  exporter) or ``site-packages/vllm/tracing/`` (``init_tracer``, ``instrument_manual``,
+  ``extract_trace_context``, ``contains_trace_headers``), and the function ``do_tracing`` of
+  ``vllm/v1/engine/output_processor.py`` (the span's attributes, once per finished request);
+* ``per-request-metrics``: ``--enable-per-request-metrics``. Its code, ``PER_REQUEST_METRICS``: the
+  function ``build_per_request_timing_metrics`` of ``vllm/entrypoints/generate/base/serving.py``
+  (called from the chat stream generator for the final usage chunk; it reads the request's
+  ``RequestStateStats``, which vLLM keeps with or without the flag, and builds the pydantic
+  ``PerRequestMetrics``). The serializing of the ``metrics`` field inside the usage chunk's
+  ``model_dump_json`` runs in pydantic-core's C code under the generator's own frame and cannot be
+  told apart: not counted.
+
+For these, besides the self share (innermost Python frame in their code, as for hopline), the
+report gives the inclusive share: busy samples with a frame of their code anywhere on the stack,
+which adds everything they call (the exporter's ``requests``/``urllib3``/protobuf, pydantic). For
+hopline the inclusive figure means nothing (its middleware's frame is under every request's whole
+handling), hence the narrower "stdlib callees" figure there. The checks: ``otlp``, every sampled
+request's engine hops from vLLM's span in the collector (bench_vllm_variants.spans_check);
+``per-request-metrics``, one more request's usage chunk carries the timings (metrics_check).
+
 ``--native`` adds native frames to the samples, so the time in CPython's cyclic garbage collector
 (``gc_collect_*``) is seen. A collection runs inside whatever Python frame made the allocation
 that triggered it, and a full one of vLLM's large heap lasts long: a frame that allocates (an
@@ -52,7 +78,7 @@ import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import httpx
@@ -77,6 +103,16 @@ IDLE_LEAVES = {
 
 GC_FRAMES = ("gc_collect",)  # CPython's collector: gc_collect_main, gc_collect_with_callback, ...
 
+# vLLM's own per-request observability (--variant), by file and function, as the docstring says
+TRACING_DIRS = ("/site-packages/opentelemetry/", "/site-packages/vllm/tracing/")
+TRACING_FUNCTIONS = {("do_tracing", "vllm/v1/engine/output_processor.py")}
+PER_REQUEST_METRICS_FUNCTIONS = {
+    ("build_per_request_timing_metrics", "vllm/entrypoints/generate/base/serving.py"),
+}
+VARIANT_FLAGS = {"otlp": "--otlp-traces-endpoint", "per-request-metrics": "--enable-per-request-metrics"}
+OTEL_ENV = {"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf", "OTEL_BSP_SCHEDULE_DELAY": "200",
+            "OTEL_SERVICE_NAME": "vllm", "OTEL_RESOURCE_ATTRIBUTES": "service.instance.id=r1"}  # fmt: skip
+
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -97,7 +133,13 @@ def parse_args() -> argparse.Namespace:
                         "send wrapper, outermost) and report its share too: what wrapping send costs at all")
     parser.add_argument("--native", action="store_true", help="py-spy --native: also count the samples in "
                         "CPython's garbage collector, and hopline's share without them")
-    return parser.parse_args()
+    parser.add_argument("--variant", choices=("hopline", *VARIANT_FLAGS), default="hopline",
+                        help="otlp / per-request-metrics: vLLM without hopline, with --otlp-traces-endpoint "
+                        "(to a hopline collector) or --enable-per-request-metrics; the share of that code")
+    args = parser.parse_args()
+    if args.variant != "hopline" and (args.baseline or args.floor):
+        parser.error("--baseline and --floor measure hopline: not with --variant otlp / per-request-metrics")
+    return args
 
 
 async def sse_lines(response: httpx.Response) -> AsyncIterator[bytes]:
@@ -174,9 +216,40 @@ def split_frame(frame: str) -> tuple[str, str]:
     return name, rest.rsplit(":", 1)[0] if rest else ""
 
 
-def share_of(profile: Path, hopline: list[str], stdlib: str) -> dict:
-    """Count busy / hopline samples in a py-spy raw (collapsed) profile; see the module docstring."""
-    busy = idle = mine = wide = gc = gc_mine = 0
+Owner = Callable[[str, str], bool]  # (function as py-spy names it, path) -> the code measured
+
+
+def under(dirs: list[str]) -> Owner:
+    """Frames in files under ``dirs`` (hopline's package directories, the floor's file)."""
+    prefixes = tuple(dirs)
+    return lambda name, path: path.startswith(prefixes)
+
+
+def functions_or_dirs(functions: set[tuple[str, str]], dirs: tuple[str, ...] = ()) -> Owner:
+    """Frames of the named functions (unqualified name, path ending) or in files under ``dirs``
+    (path fragments)."""
+
+    def owns(name: str, path: str) -> bool:
+        if any(d in path for d in dirs):
+            return True
+        short = name.rpartition(".")[2]
+        return any(short == f and path.endswith(tail) for f, tail in functions)
+
+    return owns
+
+
+def variant_owner(variant: str, root: Path, baseline: str | None) -> Owner:
+    if variant == "otlp":
+        return functions_or_dirs(TRACING_FUNCTIONS, TRACING_DIRS)
+    if variant == "per-request-metrics":
+        return functions_or_dirs(PER_REQUEST_METRICS_FUNCTIONS)
+    return under(hopline_dirs(root, baseline))
+
+
+def share_of(profile: Path, owner: Owner, stdlib: str) -> dict:
+    """Count busy samples and those of ``owner``'s code in a py-spy raw (collapsed) profile: self
+    (innermost frame), wide (+ stdlib callees), inclusive (a frame anywhere); see the module docstring."""
+    busy = idle = mine = wide = inclusive = gc = gc_mine = 0
     functions: Counter[str] = Counter()
     threads: Counter[str] = Counter()
     for line in profile.read_text(errors="replace").splitlines():
@@ -198,22 +271,24 @@ def share_of(profile: Path, hopline: list[str], stdlib: str) -> dict:
         busy += n
         gc += n * in_gc
         threads[thread] += n
-        if path.startswith(tuple(hopline)):
+        inclusive += n * any(owner(*split_frame(f)) for f in frames)
+        if owner(name, path):
             mine += n
             gc_mine += n * in_gc
             wide += n
             functions[f"{name} ({os.path.basename(os.path.dirname(path))}/{os.path.basename(path)})"] += n
             continue
-        # wider figure: innermost frames in the standard library, called from a hopline frame
+        # wider figure: innermost frames in the standard library, called from a frame of the code measured
         for frame in reversed(frames):
-            _, p = split_frame(frame)
-            if p.startswith(tuple(hopline)):
+            f, p = split_frame(frame)
+            if owner(f, p):
                 wide += n
                 break
             if not p.startswith(stdlib) or "site-packages" in p:
                 break
     return {
-        "busy": busy, "idle": idle, "hopline": mine, "wide": wide, "gc": gc, "gc_hopline": gc_mine,
+        "busy": busy, "idle": idle, "hopline": mine, "wide": wide, "inclusive": inclusive, "gc": gc,
+        "gc_hopline": gc_mine,
         "functions": functions, "threads": threads,
     }  # fmt: skip
 
@@ -264,8 +339,17 @@ def measure(args: argparse.Namespace, root: Path, baseline: str | None) -> dict:
         port = s.getsockname()[1]
     path = ([baseline] if baseline else []) + ([str(FLOOR.parent)] if args.floor else [])
     os.environ["PYTHONPATH"] = os.pathsep.join(path)  # start_server passes it on to vllm serve
-    extra = ("--middleware", "vllm_floor_middleware.FloorMiddleware") if args.floor else ()
-    proc = start_server(root, port, sink, log, max_num_seqs=args.max_num_seqs, extra_args=extra)
+    extra: tuple[str, ...] = ("--middleware", "vllm_floor_middleware.FloorMiddleware") if args.floor else ()
+    server = {"venv": "venv", "middleware": True}
+    for key in OTEL_ENV:
+        os.environ.pop(key, None)
+    if args.variant != "hopline":  # vLLM without hopline: no middleware, no stat logger plugin
+        server = {"venv": "venv-nohop", "middleware": False}
+        extra = (VARIANT_FLAGS[args.variant],)
+    if args.variant == "otlp":
+        extra += (args.collector + "/v1/traces",)
+        os.environ.update(OTEL_ENV)  # start_server passes the bench's environment on
+    proc = start_server(root, port, sink, log, max_num_seqs=args.max_num_seqs, extra_args=extra, **server)
     try:
         ready = wait_ready(proc, port, log)
         asyncio.run(load(port, "warm", args.warmup, args.streams, args.tokens))
@@ -278,30 +362,65 @@ def measure(args: argparse.Namespace, root: Path, baseline: str | None) -> dict:
         wall, tokens, outputs = asyncio.run(load(port, "bench", args.requests, args.streams, args.tokens))
         spy.send_signal(signal.SIGINT)
         _, spy_err = spy.communicate(timeout=60)
+        if args.variant == "per-request-metrics":
+            from bench_vllm_variants import metrics_check  # it imports this module
+
+            verdict = metrics_check(port, args.tokens)
     finally:
         stop_server(proc)
     if not profile.exists():
         sys.exit(f"py-spy wrote no profile: {spy_err.decode(errors='replace')[-2000:]}")
-    result = share_of(profile, hopline_dirs(root, baseline), os.path.dirname(os.__file__))
-    result["floor"] = share_of(profile, [str(FLOOR)], os.path.dirname(os.__file__))["hopline"] if args.floor else None
-    result.update(ready=ready, wall=wall, tokens=tokens, verdict=check_events(sink, outputs, args.tokens))
+    if args.variant == "hopline":
+        verdict = check_events(sink, outputs, args.tokens)
+    elif args.variant == "otlp":
+        from bench_vllm_variants import spans_check
+
+        verdict = spans_check(args.collector, outputs, args.tokens)
+    stdlib = os.path.dirname(os.__file__)
+    result = share_of(profile, variant_owner(args.variant, root, baseline), stdlib)
+    result["floor"] = share_of(profile, under([str(FLOOR)]), stdlib)["hopline"] if args.floor else None
+    result.update(ready=ready, wall=wall, tokens=tokens, verdict=verdict)
     if args.keep:
-        shutil.copy(profile, f"{args.keep}.{'baseline' if baseline else 'current'}.{int(time.time())}")
+        shutil.copy(profile, f"{args.keep}.{label_of(args, baseline)}.{int(time.time())}")
     shutil.rmtree(tmp, ignore_errors=True)
     return result
+
+
+def label_of(args: argparse.Namespace, baseline: str | None) -> str:
+    return args.variant if args.variant != "hopline" else "baseline" if baseline else "current"
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The binomial 95% interval (Wilson's) of a share of k in n, as fractions."""
+    if n == 0:
+        return 0.0, 1.0
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def share_line(k: int, n: int) -> str:
+    lo, hi = wilson(k, n)
+    return f"{k} of {n} = {100 * k / max(n, 1):.2f}% [95%: {100 * lo:.2f}, {100 * hi:.2f}]"
 
 
 def report(label: str, args: argparse.Namespace, result: dict) -> None:
     busy, mine, wide = result["busy"], result["hopline"], result["wide"]
     p = mine / busy if busy else 0.0
     se = math.sqrt(p * (1 - p) / busy) if busy else 0.0
+    code = {"otlp": "vLLM tracing", "per-request-metrics": "vLLM per-request metrics"}.get(args.variant)
+    code = code or "hopline"
     print(f"== {label}: vLLM ready after {result['ready']:.0f} s; {args.requests} requests x {args.tokens} tokens, "
           f"{args.streams} streams: {result['wall']:.1f} s, {result['tokens'] / result['wall']:.0f} tok/s; "
           f"py-spy {args.rate} Hz")
     print(result["verdict"])
     print(f"busy samples: {busy} (idle leaves left out: {result['idle']})")
-    print(f"hopline self samples: {mine} -> share {100 * p:.2f}% (+- {100 * se:.2f}% s.e.)")
-    print(f"hopline + stdlib callees: {wide} -> {100 * wide / max(busy, 1):.2f}%")
+    print(f"{code} self samples: {mine} -> share {100 * p:.2f}% (+- {100 * se:.2f}% s.e.); "
+          f"{share_line(mine, busy)}")
+    print(f"{code} + stdlib callees: {wide} -> {100 * wide / max(busy, 1):.2f}%")
+    if args.variant != "hopline":
+        print(f"{code} inclusive (a frame anywhere on the stack): {share_line(result['inclusive'], busy)}")
     if args.native:
         gc, gc_mine = result["gc"], result["gc_hopline"]
         print(f"garbage collection: {gc} samples ({100 * gc / max(busy, 1):.2f}% of busy), {gc_mine} of them in "
@@ -311,7 +430,7 @@ def report(label: str, args: argparse.Namespace, result: dict) -> None:
         print(f"floor send wrapper (bench/vllm_floor_middleware.py) self samples: {result['floor']} -> "
               f"{100 * result['floor'] / max(busy, 1):.2f}%")
     print("busy samples by thread: " + ", ".join(f"{t} {n}" for t, n in result["threads"].most_common(6)))
-    print("top hopline functions (self samples):")
+    print(f"top {code} functions (self samples):")
     for name, n in result["functions"].most_common(12):
         print(f"  {n:6d}  {name}")
 
@@ -319,14 +438,44 @@ def report(label: str, args: argparse.Namespace, result: dict) -> None:
 def main() -> None:
     args = parse_args()
     root = Path(args.vllm_dir)
-    for need in (root / "venv" / "bin" / "python", root / "tiny" / "config.json", Path(args.py_spy)):
+    venv = "venv" if args.variant == "hopline" else "venv-nohop"
+    for need in (root / venv / "bin" / "python", root / "tiny" / "config.json", Path(args.py_spy)):
         if not need.exists():
             sys.exit(f"{need} is missing (vLLM: HOPLINE_VLLM_DIR={root} bash .ci/vllm-setup.sh; py-spy: pip install py-spy)")
     runs = [None] if args.baseline is None else [args.baseline, None]
-    pooled: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])  # hopline, busy, gc, gc in hopline
+    pooled: dict[str, list[int]] = defaultdict(lambda: [0] * 5)  # self, busy, gc, gc in self, inclusive
+    collector = None
+    if args.variant == "otlp":
+        from test_vllm import free_port
+        from test_vllm_otlp import start_collector
+
+        ctmp = Path(tempfile.mkdtemp(prefix="hopline-pyspy-collector-"))
+        cport = free_port()
+        collector = start_collector(ctmp / "data", cport, ctmp / "collector.log")
+        args.collector = f"http://127.0.0.1:{cport}"
+    try:
+        run_rounds(args, root, runs, pooled)
+    finally:
+        if collector is not None:
+            stop_server(collector)
+            shutil.rmtree(ctmp, ignore_errors=True)
+    print("== pooled over rounds:")
+    for label, (mine, busy, gc, gc_mine, inclusive) in pooled.items():
+        p = mine / busy if busy else 0.0
+        se = math.sqrt(p * (1 - p) / busy) if busy else 0.0
+        print(f"{label}: self {share_line(mine, busy)} (+- {100 * se:.2f}% s.e.)")
+        if args.variant != "hopline":
+            print(f"{label}: inclusive {share_line(inclusive, busy)}")
+        if args.native:
+            print(f"{label}: without GC, self {mine - gc_mine} of {busy - gc} = "
+                  f"{100 * (mine - gc_mine) / max(busy - gc, 1):.2f}%; GC {gc} samples, {gc_mine} in its own")
+
+
+def run_rounds(args: argparse.Namespace, root: Path, runs: list[str | None], 
+               pooled: dict[str, list[int]]) -> None:
     for rnd in range(args.rounds):
         for baseline in runs if rnd % 2 == 0 else runs[::-1]:
-            label = "baseline" if baseline else "current"
+            label = label_of(args, baseline)
             for attempt in range(3):  # on this shared machine a server is sometimes stopped from outside
                 try:
                     result = measure(args, root, baseline)
@@ -336,16 +485,8 @@ def main() -> None:
             else:
                 sys.exit("three failed runs in a row")
             report(f"round {rnd + 1}, {label}", args, result)
-            for i, key in enumerate(("hopline", "busy", "gc", "gc_hopline")):
+            for i, key in enumerate(("hopline", "busy", "gc", "gc_hopline", "inclusive")):
                 pooled[label][i] += result[key]
-    print("== pooled over rounds:")
-    for label, (mine, busy, gc, gc_mine) in pooled.items():
-        p = mine / busy if busy else 0.0
-        se = math.sqrt(p * (1 - p) / busy) if busy else 0.0
-        print(f"{label}: hopline {mine} of {busy} busy samples = {100 * p:.2f}% (+- {100 * se:.2f}% s.e.)")
-        if args.native:
-            print(f"{label}: without GC, hopline {mine - gc_mine} of {busy - gc} = "
-                  f"{100 * (mine - gc_mine) / max(busy - gc, 1):.2f}%; GC {gc} samples, {gc_mine} in hopline's frames")
 
 
 if __name__ == "__main__":
