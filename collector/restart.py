@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 import os
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -136,10 +137,17 @@ def stored_since(root: Path, since: float):
         except OSError:
             continue
         with f:
-            size = os.fstat(f.fileno()).st_size
-            f.seek(_first_offset(f, size, seek))
+            info = os.fstat(f.fileno())
+            if not stat.S_ISREG(info.st_mode):  # not the store's file (a device: /dev/full reads forever)
+                continue
+            size = info.st_size
+            offset = _first_offset(f, size, seek)
+            f.seek(offset)
             rest = b""
-            while chunk := f.read(READ_CHUNK):
+            # up to the size at open: what is appended later is not read (nothing is, before the
+            # collector answers; a file that grows here is not the collector's own)
+            while offset < size and (chunk := f.read(min(READ_CHUNK, size - offset))):
+                offset += len(chunk)
                 data = rest + chunk
                 cut = data.rfind(b"\n") + 1
                 if cut:
