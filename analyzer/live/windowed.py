@@ -268,7 +268,9 @@ class WindowDetector:
                 kept = cache[i] = (version, pseudo_frame(series, [i], self.config, stages))
             if kept[1].height:
                 parts.append(kept[1])
-        return pl.concat(parts, how="vertical") if parts else pl.DataFrame()
+        if not parts:  # no request in the recent windows: no rows, but the columns the book reads
+            return pseudo_frame(series, [], self.config, stages)
+        return pl.concat(parts, how="vertical")
 
     # (the frame's stage columns are only those the book reads: a finding's stage, ``returned``)
 
@@ -335,8 +337,6 @@ def pseudo_frame(
             share = rows * len(attributes)
             columns["client_ttft"] += [ttft.total / share if ttft is not None and ttft.count else None] * rows
             columns["client_e2e"] += [e2e.total / share if e2e is not None and e2e.count else None] * rows
-    if not columns:
-        return pl.DataFrame()
     schema = {"start": pl.Float64, **{a: pl.String for a in attributes}, **{s: pl.Float64 for s in stages}}
     schema |= {"client_ttft": pl.Float64, "client_e2e": pl.Float64}
     frame = pl.DataFrame({k: columns[k] for k in schema}, schema=schema)
