@@ -25,7 +25,10 @@ of the horizon into findings. Cost follows windows × scope values × stages, ne
 What it does not do, for want of single requests in the windows: no two-attribute cell (the
 windows hold one attribute at a time), no ``connect`` part (pool wait vs new connections), no mix
 change (per-token figures), no step-5 folding of one change seen from correlated scopes, no
-pitfall. Quantiles are the sketches' (1% relative).
+pitfall, no loop lateness (the windows hold none: a rise that is the calling process's own
+event loop running late, which ``lateness.explained`` puts after the rest offline and the book
+does not page, is said and paged as the stage it shows in; tests/analyzer/live/
+test_windows_vs_offline.py, huge-prompt-2). Quantiles are the sketches' (1% relative).
 """
 
 from __future__ import annotations
