@@ -48,9 +48,9 @@ from hopline.middleware.contract import (
     MAX_EVENT_BYTES,
     EventError,
     dedup_key,
-    dumps,
     validate_event,
 )
+from hopline.middleware.contract.events import NDJSON_OPTIONS
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -281,8 +281,9 @@ class Ingestor:
         ahead_s = self.max_future
         now = time.time()
         latest = now + ahead_s if ahead_s is not None else float("inf")
-        # locals: one lookup per batch instead of one per line on the hot path
-        loads, validate, serialize, key_of = orjson.loads, validate_event, dumps, compact_key
+        # locals: one lookup per batch instead of one per line on the hot path; orjson.dumps with
+        # the contract's options is ``contract.dumps`` without its Python call
+        loads, validate, serialize, options = orjson.loads, validate_event, orjson.dumps, NDJSON_OPTIONS
         max_bytes = MAX_EVENT_BYTES
         add_event, add_size, add_key = events.append, sizes.append, keys.append
         for number, item in enumerate(items, start=1):
@@ -302,7 +303,7 @@ class Ingestor:
                 if event["ts"] > latest:
                     raise EventError(future_error(event["ts"], now, ahead_s), reason="ts_in_future")
                 try:
-                    line = serialize(event)
+                    line = serialize(event, option=options)
                 except orjson.JSONEncodeError as exc:  # validation bounds nesting; this is a backstop
                     raise EventError(f"event cannot be stored as JSON: {exc}", reason="unserializable") from None
                 size = len(line)
@@ -317,7 +318,8 @@ class Ingestor:
             add_event(event)
             data += line
             add_size(size)
-            add_key(key_of(event))
+            eid = event.get("eid")  # compact_key, inline
+            add_key(eid if type(eid) is str else dedup_key(event))
         return Parsed(events, data, keys, sizes, result)
 
     def store_new(self, parsed: Parsed) -> tuple[list[dict[str, Any]], list[int]]:

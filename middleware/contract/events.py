@@ -358,6 +358,51 @@ _PLAIN_IDS: set[str] = set()
 _PLAIN_IDS_MAX = 8192
 
 
+# Strings already checked: at most 256 characters, no control character (scope values, routes,
+# finish reasons repeat from event to event: the regular expression runs once per value, not
+# per event). Bounded: emptied when full.
+_CLEAN_STRINGS: set[str] = set()
+_CLEAN_STRINGS_MAX = 8192
+
+
+def _remember_clean(value: str) -> None:
+    """Note a string that passed the control-character check (``_CLEAN_STRINGS``; none longer
+    than a scope value may be, so a remembered one passes the scope fields' length check too)."""
+    if type(value) is str and len(value) <= 256:  # a str subclass may compare as it likes
+        if len(_CLEAN_STRINGS) >= _CLEAN_STRINGS_MAX:
+            _CLEAN_STRINGS.clear()
+        _CLEAN_STRINGS.add(value)
+
+
+# An event's fields in order (its shape) -> (its known attributes in that order, each with
+# (name, exact types, bounds or None); whether it has unknown attributes). One emitter sends a
+# handful of shapes, so the attribute pass loops over its attributes only, not over every field.
+# Only shapes of known fields are kept (their names are the contract's: ~60 bytes a shape), at
+# most _SHAPES_MAX (emptied when full).
+_SHAPES: dict[tuple[str, ...], tuple[tuple[tuple[str, frozenset[type], tuple[float, float, str] | None], ...], bool]] = {}
+_SHAPES_MAX = 1024
+
+
+def _shape_plan(
+    shape: tuple[str, ...],
+) -> tuple[tuple[tuple[str, frozenset[type], tuple[float, float, str] | None], ...], bool]:
+    """The attribute pass's plan for an event of these fields (``_SHAPES``)."""
+    attributes = []
+    unknown = False
+    for name in shape:
+        check = _FIELD_CHECKS.get(name, _UNKNOWN)
+        if check is _UNKNOWN:
+            unknown = True
+        elif check is not None:
+            attributes.append((name, *check))
+    plan = (tuple(attributes), unknown)
+    if not unknown:
+        if len(_SHAPES) >= _SHAPES_MAX:
+            _SHAPES.clear()
+        _SHAPES[shape] = plan
+    return plan
+
+
 def validate_event(obj: object, *, owned: bool = False) -> dict[str, Any]:
     """Check one decoded event against the contract and return it normalized.
 
@@ -423,31 +468,39 @@ def validate_event(obj: object, *, owned: bool = False) -> dict[str, Any]:
     eid = get("eid")
     if eid is not None and (not isinstance(eid, str) or not 0 < len(eid) <= 64):
         raise EventError(f"eid must be a string of 1-64 characters, got {_describe(eid)}")
+    clean = _CLEAN_STRINGS
     for name in _SCOPE_FIELDS:
         value = get(name)
-        if value is not None and (not isinstance(value, str) or len(value) > 256):
+        if value is None or (type(value) is str and value in clean):
+            continue
+        if not isinstance(value, str) or len(value) > 256:
             raise EventError(f"{name} must be a string of at most 256 characters, got {_describe(value)}")
-        if value is not None and CONTROL_CHARACTERS.search(value):
+        if CONTROL_CHARACTERS.search(value):
             raise EventError(f"{name} must not hold control characters (ESC, CR, NUL, ...), got {_describe(value)}")
-    checks = _FIELD_CHECKS
-    unknown = False
-    for name, value in event.items():  # the known attributes, in the event's order
-        check = checks.get(name, _UNKNOWN)
-        if check is None or value is None:
+        _remember_clean(value)
+    shape = tuple(event)  # the fields, in the event's order (v and attempt are in it by now)
+    plan = _SHAPES.get(shape)
+    if plan is None:
+        plan = _shape_plan(shape)
+    attributes, unknown = plan
+    for name, exact, bound in attributes:  # the known attributes, in the event's order
+        value = event[name]
+        if value is None:
             continue
-        if check is _UNKNOWN:
-            unknown = True
-            continue
-        exact, bound = check
-        if type(value) not in exact:
+        kind = type(value)
+        if kind not in exact:
             types = ATTRIBUTE_TYPES[name]
             if not isinstance(value, types) or (bool not in types and isinstance(value, bool)):
                 expected = " or ".join(t.__name__ for t in types)
                 raise EventError(f"{name} must be {expected}, got {_describe(value)}")
         if bound is not None and not bound[0] <= value <= bound[1]:  # NaN fails too
             raise EventError(f"{name} must be {bound[2]}, got {_describe(value)}")
-        if type(value) is str and CONTROL_CHARACTERS.search(value):
-            raise EventError(f"{name} must not hold control characters (ESC, CR, NUL, ...), got {_describe(value)}")
+        if kind is str and value not in clean:
+            if CONTROL_CHARACTERS.search(value):
+                raise EventError(
+                    f"{name} must not hold control characters (ESC, CR, NUL, ...), got {_describe(value)}"
+                )
+            _remember_clean(value)
     if unknown:  # unknown attributes (rare): any JSON, within bounds
         for name in event.keys() - _KNOWN_FIELDS:
             value = event[name]
@@ -467,9 +520,14 @@ def dedup_key(event: Mapping[str, Any]) -> tuple:
     return (event["request_id"], event.get("attempt", 0), event["hop"], event["ts"])
 
 
+# orjson's options for an event's NDJSON line (``dumps``; the collector's ingest calls orjson with
+# them directly, one Python call less per event)
+NDJSON_OPTIONS = orjson.OPT_APPEND_NEWLINE | orjson.OPT_NON_STR_KEYS
+
+
 def dumps(event: Mapping[str, Any]) -> bytes:
     """One event as one NDJSON line (with the trailing newline)."""
-    return orjson.dumps(event, option=orjson.OPT_APPEND_NEWLINE | orjson.OPT_NON_STR_KEYS)
+    return orjson.dumps(event, option=NDJSON_OPTIONS)
 
 
 def iter_ndjson(data: bytes | Iterable[bytes]) -> Iterator[tuple[int, dict[str, Any] | None, str | None]]:
