@@ -63,3 +63,24 @@ def test_an_unknown_attributes_control_characters_are_escaped_in_analyze_output(
     assert "\x1b[31m" not in run.stdout and "\r" not in run.stdout
     assert "acme\\x1b[31m\\x0d" in run.stdout, run.stdout[-3000:]  # the value, shown escaped
     assert "queue" in run.stdout
+
+
+def test_the_checked_strings_and_shapes_remembered_for_speed_do_not_let_a_bad_value_through():
+    """validate_event remembers strings it checked and the attribute plan of each field order
+    (issue 39): a string passed as an attribute (no length limit there) is still too long for a
+    scope field, and a shape seen valid still checks each value's type, bound and characters."""
+    long = "x" * 300
+    base = {"ts": 1.0, "request_id": "a", "hop": "client.sent"}
+    assert validate_event({**base, "route": long})["route"] == long
+    with pytest.raises(EventError, match="service must be a string of at most 256 characters"):
+        validate_event({**base, "service": long})
+    assert validate_event({**base, "service": "svc", "route": "r", "stream": True, "n": 1})
+    for field, value, message in [
+        ("route", "r\x1b", "route must not hold control characters"),
+        ("stream", 1, "stream must be bool"),
+        ("n", True, "n must be int"),
+        ("n", 2**64, "n must be an integer that fits in 64 bits"),
+    ]:
+        event = {**base, "service": "svc", "route": "r", "stream": True, "n": 1, field: value}
+        with pytest.raises(EventError, match=message):
+            validate_event(event)
