@@ -141,7 +141,9 @@ def analyze_command(
     if timelines_file is not None:
         result, frame = timelines_analysis(timelines_file, since, until, **options)
     else:
-        result, frame = events_analysis(paths, since, until, err, budget, **options)
+        # the whole per-request table only for the outputs that show requests; else the statistics' columns
+        shown = html is not None or otlp is not None
+        result, frame = events_analysis(paths, since, until, err, budget, **options, full_table=shown)
     given = ["--timelines", str(timelines_file)] if timelines_file is not None else [str(p) for p in paths]
     rerun = "hopline analyze " + " ".join(shlex.quote(arg) for arg in given)  # said beside minor findings
     outputs = Outputs(json_out, html, otlp, show_all, kv_bytes, rerun)

@@ -9,6 +9,11 @@
 
 ``analyze_files`` is the whole path from event files; ``analysis`` the statistics on timelines
 already built (``hopline analyze --timelines``, tests); ``analyze`` that as the JSON object.
+
+The statistics and the detectors read ``STATISTICS_COLUMNS`` of the timelines' ~110 (a narrow
+table: fewer columns gathered per bucket, written to Parquet past the budget and read back); the
+whole table is built only for an output that shows it (``full_table``: the HTML report, OTLP
+traces, the demo's example request).
 """
 
 from __future__ import annotations
@@ -23,9 +28,27 @@ import polars as pl
 from hopline.analyzer import attribution, bounded, io
 from hopline.analyzer.findings import Context, find
 from hopline.analyzer.findings.detector import scopes_to_search
+from hopline.analyzer.findings.registry import REGISTRY
 from hopline.analyzer.report import Analysis, Facts
+from hopline.analyzer.timelines import COLUMNS, RATIO_COLUMNS, STAGE_COLUMNS
 from hopline.middleware.contract.errors import HoplineError
 from hopline.middleware.contract.rules import SCOPE_SOURCES
+
+
+# What Facts.of and the detectors read besides the scopes, the stages and the ratios: the hop times,
+# attributes and counts named in report.py, attribution.py, windows.py and findings/ (each
+# detector's ``needs`` is a part). tests/analyzer/test_pipeline.py holds the analysis of the narrow
+# table equal to the whole one's on logs where every detector finds something.
+READ = (
+    "request_id", "start", "retries", "client_retries", "failed_status", "status", "client_sent",
+    "engine_received", "engine_first", "engine_last", "prefill_received", "prefill_last",
+    "pool_wait_s", "connect_s", "tls_s", "client_read_lag_s", "engine_loop_lag_s", "gateway_loop_lag_s",
+    "engine_cpu_wait", "stream", "output_tokens", "reasoning_tokens", "prompt_tokens", "cached_tokens",
+    "max_tokens", "max_tokens_set", "finish_reason", "conn_reused", "spec_acceptance_length",
+    "engine_max_gap_s", "engine_max_gap_at", "outcome", "negative", "missing",
+)  # fmt: skip
+_READ = {*READ, *SCOPE_SOURCES, *STAGE_COLUMNS, *RATIO_COLUMNS, *(n for d in REGISTRY for n in d.needs)}
+STATISTICS_COLUMNS = tuple(c for c in COLUMNS if c in _READ)
 
 
 class NoHopEvents(HoplineError, ValueError):
@@ -69,10 +92,13 @@ def analyze_files(
     on_step: Callable[[str], None] | None = None,
     budget: bounded.Budget | None = None,
     work_dir: Path | None = None,
+    full_table: bool = True,
 ) -> tuple[Analysis, pl.DataFrame]:
     """The analysis of ``files`` and the per-request timelines it was computed from: every
     request's, or a seeded sample of them for a log beyond ``budget`` (``bounded``; then
-    ``facts.sample`` says how many of how many, and the totals are exact). ``NoHopEvents`` when
+    ``facts.sample`` says how many of how many, and the totals are exact); all of the timelines'
+    columns, or with ``full_table=False`` only ``STATISTICS_COLUMNS`` and the extra scopes (the
+    same analysis, for outputs that show no request: ``--json``, the terminal). ``NoHopEvents`` when
     the files hold none (empty, garbage, JSON that is not hop events), or when --since / --until
     leave no request."""
     scanned, scan = io.scan_each(files, since=since, until=until, progress=on_file)
@@ -82,7 +108,8 @@ def analyze_files(
         on_step("building timelines, then finding shifts and pitfalls")
     budget = budget or bounded.Budget.of()
     scopes = tuple(d for d in by if d not in SCOPE_SOURCES)  # the attributes timelines() must carry
-    table = bounded.build_table(scanned, scopes, budget, work_dir)
+    columns = None if full_table else (*STATISTICS_COLUMNS, *(d for d in scopes if d not in STATISTICS_COLUMNS))
+    table = bounded.build_table(scanned, scopes, budget, work_dir, columns)
     try:
         # the exact totals first, while nothing else is held: their peak and the statistics' do not add
         totals = bounded.exact_totals(table) if table.requests > budget.sample_requests else None

@@ -14,8 +14,9 @@ The log is a store bucketed by request (``gen_large.py --buckets``: ``bucket=K``
 * ``hopline-seven``: the same with a table of ``replica`` and the 7 stages only
   (``build_table(columns=...)``: Polars computes only the aggregations those need), i.e. the
   same output as the DuckDB query's;
-* ``analyze``: ``hopline analyze --json``'s whole analysis (``pipeline.analyze_files``: the table,
-  then the findings on it, a seeded sample of requests beyond the budget's);
+* ``analyze``: ``hopline analyze --json``'s whole analysis (``pipeline.analyze_files``: the table
+  of the statistics' columns, then the findings on it, a seeded sample of requests beyond the
+  budget's); ``analyze-whole``: the same on the whole table (every column, as ``--html`` builds it);
 * ``anchor``: issue 26's anchor, an independently written DuckDB query (``ANCHOR_SQL``,
   ``../shared/reference/perf-anchor-duckdb.sql`` or ``$HOPLINE_BENCH_ANCHOR_SQL``),
   the reference the ratios are taken against when it runs;
@@ -102,14 +103,21 @@ def run_hopline_seven(files: list[Path]) -> pl.DataFrame:
     return run_hopline(files, ("replica", *SEVEN))
 
 
-def run_analyze(files: list[Path]) -> pl.DataFrame:
+def run_analyze(files: list[Path], full_table: bool = False) -> pl.DataFrame:
     from hopline.analyzer.pipeline import analyze_files
 
-    analysis, _ = analyze_files(files)  # the command's own composition (analyzer/pipeline.py)
+    # the command's own composition (analyzer/pipeline.py), its table as --json builds it: the statistics' columns
+    analysis, _ = analyze_files(files, full_table=full_table)
     result = analysis.to_json()
     print(json.dumps({"requests": result["requests"], "sample": result.get("sample"),
                       "findings": len(result["findings"])}), file=sys.stderr)  # fmt: skip
     return pl.DataFrame()
+
+
+def run_analyze_whole(files: list[Path]) -> pl.DataFrame:
+    """The same analysis on the whole per-request table (as ``--html`` / ``--otlp`` build it; what
+    ``--json`` built before issue 39)."""
+    return run_analyze(files, full_table=True)
 
 
 # --- DuckDB ------------------------------------------------------------------------------------
@@ -232,8 +240,8 @@ def run_anchor(files: list[Path]) -> pl.DataFrame:
         subprocess.run(["rm", "-rf", spill], check=False)
 
 
-ENGINES = {"hopline": run_hopline, "hopline-seven": run_hopline_seven, "analyze": run_analyze, "duckdb": run_duckdb,
-           "anchor": run_anchor}  # fmt: skip
+ENGINES = {"hopline": run_hopline, "hopline-seven": run_hopline_seven, "analyze": run_analyze,
+           "analyze-whole": run_analyze_whole, "duckdb": run_duckdb, "anchor": run_anchor}  # fmt: skip
 
 
 # --- the harness ---------------------------------------------------------------------------------

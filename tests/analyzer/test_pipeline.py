@@ -20,7 +20,9 @@ from hopline.analyzer.report import Facts
 from hopline.analyzer.timelines import timelines
 from hopline.demo.analysis import analyze_run
 from support.cli import hopline
-from support.synth import StageShift, generate, write_ndjson
+from support.failover_scenarios import failover_log
+from support.modern import cache_log, pd_log, reasoning_log
+from support.synth import ColdConnections, LongPrompts, NoMaxTokens, StageShift, generate, write_ndjson
 
 REQUESTS = 1200
 # the findings object's keys in the order DESIGN.md shows them; windows, goodput, scan, sample
@@ -87,3 +89,38 @@ def test_past_its_budget_the_analysis_names_its_sample_and_counts_every_request(
 def test_a_range_that_leaves_no_request_is_an_error_naming_it(log_dir: Path) -> None:
     with pytest.raises(pipeline.NoHopEvents, match="no requests with --since 2030-01-01"):
         pipeline.analyze_files(find_files([log_dir]), since="2030-01-01")
+
+
+def narrow_and_whole(events: pl.DataFrame, folder: Path) -> tuple[dict, dict, pl.DataFrame]:
+    files = [write_ndjson(events, folder / "events.ndjson")]
+    whole, _ = pipeline.analyze_files(files)
+    narrow, frame = pipeline.analyze_files(files, full_table=False)
+    return whole.to_json(), narrow.to_json(), frame
+
+
+def named(result: dict) -> set[str]:
+    return {f.get("name", f["kind"]) for f in result["findings"] + result["minor"]}
+
+
+@pytest.mark.parametrize("log", ["pitfalls_and_failover", "prefix_cache", "pd", "reasoning"])
+def test_the_statistics_columns_give_the_analysis_of_the_whole_table(log: str, tmp_path: Path) -> None:
+    """--json and the terminal build only ``STATISTICS_COLUMNS`` (and --by's extra scopes): on logs
+    where the detectors find what they look for, the analysis is the whole table's, key for key."""
+    if log == "pitfalls_and_failover":
+        incidents = (StageShift("queue", 3.0, at_s=120, scope={"replica": "r2"}), LongPrompts("r1", queue_behind=True),
+                     ColdConnections("kite-chat"), NoMaxTokens("search-assist"))  # fmt: skip
+        events, _ = failover_log(3, n_requests=3000, onset_s=60.0, incidents=incidents)
+        expected = {"shift", "failover", "long_prefill_stall", "new_connection_per_request", "no_max_tokens"}
+    else:
+        events = {"prefix_cache": cache_log, "pd": pd_log, "reasoning": reasoning_log}[log](1)
+        expected = {"prefix_cache": {"prefix_cache_miss"}, "pd": {"shift"}, "reasoning": {"shift"}}[log]
+    whole, narrow, frame = narrow_and_whole(events, tmp_path)
+    assert expected <= named(whole)
+    assert narrow == whole
+    assert frame.columns == list(pipeline.STATISTICS_COLUMNS)
+
+
+def test_an_extra_scope_is_built_into_the_narrow_table(log_dir: Path) -> None:
+    by = ("replica", "model", "service", "tenant")
+    _, frame = pipeline.analyze_files(find_files([log_dir]), by=by, full_table=False)
+    assert frame.columns == [*pipeline.STATISTICS_COLUMNS, "tenant"]
