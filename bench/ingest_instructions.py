@@ -11,12 +11,21 @@
 collector, fsync=batch, bodies of 1,000 events through ``Ingestor.ingest``). The difference of
 the two runs' instruction counts, divided by the 24,000 events between them, is the ingest's
 instructions per event without the process start, the imports and the file read.
+
+    python bench/ingest_instructions.py --validate-per-event     # JSON: {"validate_per_event": ...}
+
+runs valgrind itself, twice, on 1,000 requests' events (12,000): decoded only, then decoded and
+each passed to ``contract.validate_event`` (owned, as the ingest does); the difference divided by
+12,000 is validation's instructions per event (tests/collector/test_ingest_cost.py bounds it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -49,10 +58,46 @@ def ingest(path: Path) -> None:
     shutil.rmtree(tmp)
 
 
+def decode(path: Path, validate: bool) -> None:
+    """Decode every line of ``path``; with ``validate``, validate each event too (under callgrind)."""
+    import orjson
+    from hopline.middleware.contract import validate_event
+
+    objs = [orjson.loads(line) for line in path.read_bytes().splitlines()]
+    if validate:
+        for obj in objs:
+            validate_event(obj, owned=True)
+
+
+def instructions(*args: str) -> int:
+    """Instructions callgrind counts for this script run with ``args``."""
+    run = subprocess.run(
+        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, __file__, *args],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return int(re.findall(r"Collected : (\d+)", run.stderr)[-1])
+
+
+def validate_per_event() -> dict[str, float]:
+    tmp = Path(tempfile.mkdtemp(prefix="hopline-ir-"))
+    try:
+        path = tmp / "ev.ndjson"
+        gen(1000, path)
+        events = len(path.read_bytes().splitlines())
+        bare, validated = instructions("decode", str(path)), instructions("validate", str(path))
+    finally:
+        shutil.rmtree(tmp)
+    return {"events": events, "validate_per_event": (validated - bare) / events}
+
+
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "gen":
+    if len(sys.argv) == 2 and sys.argv[1] == "--validate-per-event":
+        print(json.dumps(validate_per_event()))
+    elif len(sys.argv) == 3 and sys.argv[1] in ("decode", "validate"):
+        decode(Path(sys.argv[2]), sys.argv[1] == "validate")
+    elif len(sys.argv) == 4 and sys.argv[1] == "gen":
         gen(int(sys.argv[2]), Path(sys.argv[3]))
     elif len(sys.argv) == 3 and sys.argv[1] == "ingest":
         ingest(Path(sys.argv[2]))
     else:
-        sys.exit("usage: ingest_instructions.py gen REQUESTS FILE | ingest FILE")
+        sys.exit("usage: ingest_instructions.py gen REQUESTS FILE | ingest FILE | --validate-per-event")
