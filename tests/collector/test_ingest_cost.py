@@ -9,21 +9,13 @@ a fifth of margin and fails on the code before.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
+from support.callgrind import bench_figures
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
 MAX_PER_EVENT = 20_000
 
 
 def test_validating_an_event_costs_under_twenty_thousand_instructions():
-    run = subprocess.run(
-        [sys.executable, str(BENCH / "ingest_instructions.py"), "--validate-per-event"],
-        cwd=BENCH, capture_output=True, text=True, timeout=900, check=True,
-    )  # fmt: skip
-    figures = json.loads(run.stdout)
+    figures = bench_figures("ingest_instructions.py", "--validate-per-event")
     assert figures["events"] == 12_000, figures
     # a sanity check of the harness: validation does some work for each event
     assert 5_000 < figures["validate_per_event"] <= MAX_PER_EVENT, figures

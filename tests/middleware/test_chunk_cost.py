@@ -10,21 +10,13 @@ bound leaves a quarter of margin and fails on the code before.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
+from support.callgrind import bench_figures
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
 MAX_PER_CHUNK = 6_000
 
 
 def test_a_streamed_chunk_costs_under_six_thousand_instructions():
-    run = subprocess.run(
-        [sys.executable, str(BENCH / "asgi_instructions.py"), "--per-chunk"],
-        cwd=BENCH, capture_output=True, text=True, timeout=900, check=True,
-    )  # fmt: skip
-    figures = json.loads(run.stdout)
+    figures = bench_figures("asgi_instructions.py", "--per-chunk")
     # the bare app's own cost per chunk (Starlette + the fake server): a sanity check of the harness
     assert 4_000 < figures["bare_per_chunk"] < 20_000, figures
     assert 0 < figures["hopline_adds_per_chunk"] <= MAX_PER_CHUNK, figures
