@@ -149,9 +149,14 @@ def live_share(finding: Finding, frame: pl.DataFrame, onset: float) -> float | N
     end-to-end time for a finding spent in decode, else their waits for the first output
     (``rank.share_of``, the rule offline ranking uses). A finding that names no onset (a pitfall
     such as ``user_vs_engine_gap``, measured over the horizon) is weighed over the horizon."""
+    return share_of(finding.cost_s, finding.spent_in, users_time(since(frame, weighed_from(finding, frame, onset))))
+
+
+def weighed_from(finding: Finding, frame: pl.DataFrame, onset: float) -> float:
+    """Its onset, or the horizon's first request for a finding that names none."""
     if finding.at is None and "start" in frame.columns and frame.height:
-        onset = float(frame["start"].min())
-    return share_of(finding.cost_s, finding.spent_in, users_time(since(frame, onset)))
+        return float(frame["start"].min())
+    return onset
 
 
 ScopeTime = Callable[[dict, float], "dict[str, float] | None"]
@@ -163,8 +168,7 @@ def scope_share(finding: Finding, frame: pl.DataFrame, onset: float, scope_time:
     summaries' exact sums; None there too: not known), else the frame's requests in scope."""
     if not finding.scope:
         return None
-    if finding.at is None and "start" in frame.columns and frame.height:
-        onset = float(frame["start"].min())
+    onset = weighed_from(finding, frame, onset)
     totals = scope_time(finding.scope, onset) if scope_time is not None else users_time(since(frame, onset, finding.scope))
     return None if totals is None else share_of(finding.cost_s, finding.spent_in, totals)
 
