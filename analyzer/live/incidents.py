@@ -149,7 +149,8 @@ def live_share(finding: Finding, frame: pl.DataFrame, onset: float) -> float | N
     end-to-end time for a finding spent in decode, else their waits for the first output
     (``rank.share_of``, the rule offline ranking uses). A finding that names no onset (a pitfall
     such as ``user_vs_engine_gap``, measured over the horizon) is weighed over the horizon."""
-    return share_of(finding.cost_s, finding.spent_in, users_time(since(frame, weighed_from(finding, frame, onset))))
+    totals = users_time(since(frame, weighed_from(finding, frame, onset)))
+    return share_of(finding.cost_s, finding.spent_in, totals)
 
 
 def weighed_from(finding: Finding, frame: pl.DataFrame, onset: float) -> float:
@@ -162,14 +163,19 @@ def weighed_from(finding: Finding, frame: pl.DataFrame, onset: float) -> float:
 ScopeTime = Callable[[dict, float], "dict[str, float] | None"]
 
 
-def scope_share(finding: Finding, frame: pl.DataFrame, onset: float, scope_time: ScopeTime | None = None) -> float | None:
+def scope_share(
+    finding: Finding, frame: pl.DataFrame, onset: float, scope_time: ScopeTime | None = None
+) -> float | None:
     """``live_share`` over its own scope's users' time since its onset (None: no scope, or no
     time). ``scope_time(scope, onset)``: that time where the frame cannot say it (window
     summaries' exact sums; None there too: not known), else the frame's requests in scope."""
     if not finding.scope:
         return None
     onset = weighed_from(finding, frame, onset)
-    totals = scope_time(finding.scope, onset) if scope_time is not None else users_time(since(frame, onset, finding.scope))
+    if scope_time is not None:
+        totals = scope_time(finding.scope, onset)
+    else:
+        totals = users_time(since(frame, onset, finding.scope))
     return None if totals is None else share_of(finding.cost_s, finding.spent_in, totals)
 
 

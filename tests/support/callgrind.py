@@ -12,7 +12,6 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
 def bench_figures(script: str, *args: str) -> dict:
-    run = subprocess.run(
-        [sys.executable, str(BENCH / script), *args], cwd=BENCH, capture_output=True, text=True, timeout=900, check=True
-    )
+    command = [sys.executable, str(BENCH / script), *args]
+    run = subprocess.run(command, cwd=BENCH, capture_output=True, text=True, timeout=900, check=True)
     return json.loads(run.stdout)

@@ -111,10 +111,11 @@ def fleet(seen):
     """``seen``'s two replicas among 113 more that did not change: r2's tripled queue costs the
     fleet under 1% of its waits since the onset and r2's own users a good share of theirs."""
     frame, finding = seen
-    others = timelines(generate(duration_s=300, rate=300, seed=12, replicas=tuple(f"r{i:02d}" for i in range(3, 40))).lazy())
-    others = others.collect()
+    replicas = tuple(f"r{i:02d}" for i in range(3, 40))
+    others = timelines(generate(duration_s=300, rate=300, seed=12, replicas=replicas).lazy()).collect()
     copies = [
-        others.with_columns(pl.col("replica") + suffix, pl.col("request_id") + suffix) for suffix in ("", "b", "c")
+        others.with_columns(pl.col("replica") + suffix, pl.col("request_id") + suffix)
+        for suffix in ("", "b", "c")
     ]
     return pl.concat([frame, *copies], how="diagonal_relaxed"), finding
 
