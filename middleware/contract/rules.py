@@ -263,34 +263,46 @@ EXPECTED_HOPS: tuple[Expected, ...] = (
 _STREAM_RANK = {hop: rank for rank, hop in enumerate(ATTRIBUTE_SOURCES["stream"])}
 
 
-# Per hop (as read: ``read_hop``), what one pass over a request's events must note: (its
-# component, None for a P/D prefill leg's ``prefill.*`` hop, which only scopes read; its ending
-# kind or None; the scope sources it can feed, grouped by the field they read: (field, ((scope
-# name, source rank, attempt sign: -1 highest first, the P/D leg the source asks for or None),
-# ...)); its rank as a source of ``stream`` or None). Made once per hop name (``_plan``).
-_Feeds = tuple[tuple[str, tuple[tuple[str, int, int, str | None], ...]], ...]
-_HOP_PLAN: dict[str, tuple[str | None, str | None, _Feeds, int | None]] = {}
+# Per hop (as read: ``read_hop``) and P/D leg, what one pass over a request's events must note:
+# (its component, None for a P/D prefill leg's ``prefill.*`` hop, which only scopes read; its
+# ending kind or None; the scope sources it can feed, grouped by the field they read: (field,
+# ((scope name, source rank, attempt sign: -1 highest first), ...)), only the sources whose P/D
+# leg, if they ask for one, is the event's; its rank as a source of ``stream`` or None). Made once
+# per (hop, leg) (``_plan``); keyed by the hop alone for an event without a leg.
+_Feeds = tuple[tuple[str, tuple[tuple[str, int, int], ...]], ...]
+_Plan = tuple[str | None, str | None, _Feeds, int | None]
+_HOP_PLAN: dict[str | tuple[str, str], _Plan] = {}
 _COMPONENT_SET = frozenset(COMPONENTS)
 
 
-def _plan(hop: str) -> tuple[str | None, str | None, _Feeds, int | None]:
-    plan = _HOP_PLAN.get(hop)
+def _plan(hop: str, leg: str | None = None) -> _Plan:
+    key = hop if leg is None else (hop, leg)
+    plan = _HOP_PLAN.get(key)
     if plan is None:
-        feeds: dict[str, list[tuple[str, int, int, str | None]]] = {}
+        feeds: dict[str, list[tuple[str, int, int]]] = {}
         for name, sources in SCOPE_SOURCES.items():
             for rank, source in enumerate(sources):
-                if _in(source, hop):
-                    feeds.setdefault(source.field, []).append((name, rank, 1 if source.first else -1, source.leg))
+                if _in(source, hop) and (source.leg is None or source.leg == leg):
+                    feeds.setdefault(source.field, []).append((name, rank, 1 if source.first else -1))
         comp = component(hop)
+        fed = tuple((f, tuple(t)) for f, t in feeds.items())
         if comp not in _COMPONENT_SET:  # a P/D prefill leg's engine hop: read by scopes and stages only
-            plan = (None, None, tuple((f, tuple(t)) for f, t in feeds.items()), None)
+            plan = (None, None, fed, None)
         else:
-            plan = (comp, ENDING_OF_HOP.get(hop), tuple((f, tuple(t)) for f, t in feeds.items()), _STREAM_RANK.get(hop))
-        _HOP_PLAN[hop] = plan
+            plan = (comp, ENDING_OF_HOP.get(hop), fed, _STREAM_RANK.get(hop))
+        if len(_HOP_PLAN) < _MAX_PLANS:  # hops and legs are the contract's; bounded all the same
+            _HOP_PLAN[key] = plan
     return plan
 
 
-_EXPECTED = tuple((exp, component(exp.hop)) for exp in EXPECTED_HOPS)  # each with its component
+_MAX_PLANS = 1024
+# each expected hop as (hop, its component, final_attempt, stream, unless): plain tuples, read per request
+_EXPECTED = tuple(
+    (exp.hop, component(exp.hop), exp.final_attempt, exp.stream, exp.unless) for exp in EXPECTED_HOPS
+)
+# the outcome of each components' endings seen (``outcome_of``, as a tuple of (component, ending)
+# in the order the request met them): a few dozen at most, bounded all the same
+_OUTCOMES: dict[tuple[tuple[str, str | None], ...], str] = {}
 
 
 def describe_request(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
@@ -309,24 +321,26 @@ def describe_request(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     for ev in events:
         hop = ev["hop"]
         leg = ev.get("leg")
-        if leg == PREFILL_LEG:
-            hop = LEG_HOPS.get(hop, hop)  # read_hop
-        comp, kind, feeds, stream_rank = plans.get(hop) or _plan(hop)
+        if leg is None:
+            comp, kind, feeds, stream_rank = plans.get(hop) or _plan(hop)
+        else:
+            if leg == PREFILL_LEG:
+                hop = LEG_HOPS.get(hop, hop)  # read_hop
+            comp, kind, feeds, stream_rank = plans.get((hop, leg)) or _plan(hop, leg)
         attempt = ev.get("attempt", 0)
         ts = ev["ts"]
         for field, targets in feeds:
             value = ev.get(field)
             if value is None:
                 continue
-            for name, rank, sign, want_leg in targets:
-                if want_leg is None or leg == want_leg:
-                    cur_best = best.get(name)
-                    if cur_best is None:
-                        best[name] = ((rank, sign * attempt, ts), value)
-                    elif rank <= cur_best[0][0]:  # a lower-ranked source never wins
-                        key = (rank, sign * attempt, ts)
-                        if key < cur_best[0]:
-                            best[name] = (key, value)
+            for name, rank, sign in targets:
+                cur_best = best.get(name)
+                if cur_best is None:
+                    best[name] = ((rank, sign * attempt, ts), value)
+                elif rank <= cur_best[0][0]:  # a lower-ranked source never wins
+                    key = (rank, sign * attempt, ts)
+                    if key < cur_best[0]:
+                        best[name] = (key, value)
         if comp is None:
             continue
         highest = top.get(comp)
@@ -357,15 +371,23 @@ def describe_request(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         ending[comp] = "cancel" if kind == "error" and is_cancel(ev.get("status"), ev.get("error")) else kind
     flag = None if stream is None else stream[1]
     missing = []
-    for exp, comp in _EXPECTED:
-        if comp not in top or ending[comp] in exp.unless:
+    for hop, comp, final_attempt, want_stream, unless in _EXPECTED:
+        if comp not in top or ending[comp] in unless:
             continue
-        if exp.stream is not None and flag is not exp.stream:
+        if want_stream is not None and flag is not want_stream:
             continue
-        if exp.hop not in hop_top or (exp.final_attempt and hop_top[exp.hop] != top[comp]):
-            missing.append(exp.hop)
-    scope = {name: (best[name][1] if name in best else None) for name in SCOPE_SOURCES}
-    return {"outcome": outcome_of(ending), "scope": scope, "missing": missing}
+        if hop not in hop_top or (final_attempt and hop_top[hop] != top[comp]):
+            missing.append(hop)
+    scope: dict[str, Any] = dict.fromkeys(SCOPE_SOURCES)  # in SCOPE_SOURCES' order, None unless found
+    for name, (_, value) in best.items():
+        scope[name] = value
+    endings = tuple(ending.items())
+    outcome = _OUTCOMES.get(endings)
+    if outcome is None:
+        outcome = outcome_of(ending)
+        if len(_OUTCOMES) < _MAX_PLANS:
+            _OUTCOMES[endings] = outcome
+    return {"outcome": outcome, "scope": scope, "missing": missing}
 
 
 # --- the stage vocabulary ------------------------------------------------------------------------
