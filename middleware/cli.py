@@ -113,7 +113,16 @@ def _version() -> str:
 
 
 def main() -> None:
-    sys.exit(run(build()))
+    sys.exit(run(build(commands(sys.argv[1:]))))
+
+
+def commands(argv: list[str]) -> list[EntryPoint]:
+    """The entry points to load for ``argv``: the one it names (``hopline analyze …`` imports the
+    analyzer, not the demo's OpenAI client and the collector's web stack: ~2 of its ~3 CPU-s of
+    start-up), or all of them (top-level help, ``--version``, a name that is no command)."""
+    every = list(entry_points(group="hopline.cli"))
+    named = [ep for ep in every if argv and ep.name == argv[0]]
+    return named or every
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import typer
-from hopline.middleware.cli import build
+from hopline.middleware.cli import build, commands
 from hopline.middleware.contract.install import install_hint
 from hopline.middleware.exits import ClickException, UsageError, run
 from support.cli import hopline
@@ -198,3 +198,13 @@ def test_version_and_an_example_in_the_top_level_help():
     proc = hopline("--version")
     assert (proc.returncode, proc.stdout.strip()) == (0, f"hopline {version('hopline')}")
     assert "Example: hopline demo" in hopline("--help").stdout
+
+
+def test_a_command_loads_its_own_entry_point_only():
+    """``hopline analyze …`` imports the analyzer alone (not the demo's OpenAI client: ~2 CPU-s of
+    start-up); the top-level help, ``--version`` and an unknown name load every command."""
+    every = {ep.name for ep in commands([])}
+    assert {"analyze", "demo", "collector"} <= every
+    assert [ep.name for ep in commands(["analyze", "/var/lib/hopline", "--json"])] == ["analyze"]
+    for argv in (["--help"], ["--version"], ["nosuch"], ["-h", "analyze"]):
+        assert {ep.name for ep in commands(argv)} == every
