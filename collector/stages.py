@@ -144,10 +144,53 @@ def compile_inputs() -> Callable[[Iterable[Mapping[str, Any]]], dict[str, Any]]:
     return _define(source, "<hopline stage inputs>", "request_inputs", {"pick": pick})
 
 
+def compile_compute() -> Callable[[Iterable[Mapping[str, Any]]], dict[str, Any]]:
+    """``contract.compute_stages`` as one function: ``compile_inputs``' reads and
+    ``compile_evaluate``'s formulas on local variables (no dict written, then read back), the
+    values dict built once at the end with the same keys in the same order (inputs, attributes,
+    stages, ratios) and the same values."""
+    inputs, attributes = [i.name for i in INPUTS], list(ATTRIBUTE_SOURCES)
+    stages, ratios = [s.name for s in STAGES], [r.name for r in RATIOS]
+    # each key where the contract's dict first gets it, with the value it gets last (as the locals):
+    # the ``upstream`` attribute is overwritten by the ``upstream`` stage there, in place
+    keys = list(dict.fromkeys([*inputs, *attributes, *stages, *ratios]))
+    hops = sorted({i.hop for i in INPUTS} | {h for hs in ATTRIBUTE_SOURCES.values() for h in hs})
+    body = ["by_hop = pick(events)", *(f"{_var(h)} = by_hop.get({h!r})" for h in hops)]
+    for inp in INPUTS:
+        ev = _var(inp.hop)
+        if inp.attr is None:
+            value = f'{ev}["ts"]'
+        else:
+            value = f"{inp.default!r} if (x := {ev}.get({inp.attr!r})) is None else x"
+        body.append(f"v_{inp.name} = None if {ev} is None else ({value})")
+    for name, sources in ATTRIBUTE_SOURCES.items():
+        body.append("x = None")
+        for hop in sources:
+            body.append(f"if x is None and {_var(hop)} is not None:")
+            body.append(f"    x = {_var(hop)}.get({name!r})")
+        body.append(f"v_{name} = x")
+    # what evaluate reads that no input or attribute gives is None there (values.get)
+    body += [f"v_{name} = None" for name in _names() if name not in inputs and name not in attributes]
+    body.append(f"stream = {'v_stream' if 'stream' in attributes else 'None'}")
+    for stage in STAGES:
+        body += [line for line in _stage_lines(stage) if not line.startswith("values[")]
+    body += [
+        "out_tokens = {}".format("v_output_tokens" if "output_tokens" in attributes else "None"),
+        "n = {}".format("v_n" if "n" in attributes else "None"),
+        "per_token = out_tokens is not None and out_tokens >= 2 and (n is None or n == 1)",
+    ]
+    for ratio in RATIOS:
+        lines = _ratio_lines(ratio)
+        body += [f"v_{ratio.name} = (", *lines[1:]]
+    body.append("return {")
+    body += [f"    {name!r}: v_{name}," for name in keys]
+    body.append("}")
+    source = "def compute_stages(events):\n" + "".join(f"    {line}\n" for line in body)
+    return _define(source, "<hopline stages>", "compute_stages", {"pick": pick})
+
+
 evaluate = compile_evaluate()
 request_inputs = compile_inputs()
-
-
-def compute_stages(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """``contract.compute_stages`` of a request's validated events, with the compiled table."""
-    return evaluate(request_inputs(events))
+# ``contract.compute_stages`` of a request's validated events (``evaluate(request_inputs(events))``,
+# the same dict), the compiled table in one function: what the join calls per finished request
+compute_stages = compile_compute()

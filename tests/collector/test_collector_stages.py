@@ -73,3 +73,41 @@ def test_generated_code_shows_in_tracebacks_and_getsource():
     assert 'File "<hopline stage table>"' in formatted and " * v_" in formatted
     assert inspect.getsource(stages.evaluate).startswith("def evaluate(values):")
     assert inspect.getsource(stages.request_inputs).startswith("def request_inputs(events):")
+
+
+def test_one_function_gives_the_contracts_dict_key_for_key_bit_for_bit():
+    """``stages.compute_stages`` (the join's: reads and formulas in one generated function) gives
+    the contract's dict with its keys in the same order (the ``upstream`` attribute overwritten by
+    the ``upstream`` stage in place) and each value of the same type and bits (an int stays an int),
+    on random requests: retries, ties on ts, P/D prefill legs, attributes on some
+    hops only."""
+    rng = random.Random(13)
+    floats = (
+        "queue_s", "prefill_s", "decode_s", "connect_s", "pool_wait_s", "engine_queue_s", "kv_transfer_s"
+    )
+    ints = ("n", "output_tokens", "prompt_tokens", "max_tokens", "cached_tokens")
+    for r in range(1500):
+        events = []
+        for i in range(rng.randint(1, 24)):
+            event = {
+                "ts": 1_700_000_000 + rng.choice([0.0, 0.5, 1.0, rng.random(), rng.uniform(-2, 2)]),
+                "request_id": f"r{r}",
+                "hop": rng.choice(HOPS),
+                "attempt": rng.randint(0, 2),
+                "eid": f"{r}-{i}",
+            }
+            if event["hop"].startswith("engine.") and rng.random() < 0.2:
+                event["leg"] = rng.choice(["prefill", "decode"])
+            for name in rng.sample(floats, rng.randint(0, 3)):
+                event[name] = rng.choice([0.0, 0.25, 1e-9, rng.uniform(0, 3)])
+            for name in rng.sample(ints, rng.randint(0, 3)):
+                event[name] = rng.choice([0, 1, 2, 7, 300])
+            if rng.random() < 0.5:
+                event["stream"] = rng.random() < 0.7
+            if event["hop"] == "gateway.forwarded" and rng.random() < 0.5:
+                event["upstream"] = rng.choice(["r0", "r1"])
+            events.append(validate_event(event))
+        got, want = stages.compute_stages(events), contract.compute_stages(events)
+        assert list(got) == list(want)
+        for key, value in want.items():
+            assert type(got[key]) is type(value) and repr(got[key]) == repr(value), (r, key)
