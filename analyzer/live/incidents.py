@@ -62,7 +62,10 @@ Each step (``IncidentBook.step``) reads the findings on the horizon at event tim
   a finding that is gone before its hold ends leaves the first to page at the next step;
 - what does not page (``Incident.pages``) is noted: a change of the traffic (``MixChange``), a
   pitfall with no onset (``standing``), the caller's own lateness, a server's late loop short of
-  critical, a shift under ``FELT_MS``;
+  critical, a shift under ``FELT_MS``. A noted shift that grows into one that could page pages
+  once it could for the hold, and not while a larger one in its place is on hold, as one that
+  opens (``_noted_pages_now``): a host's hiccup noted just before a flood, whose network time
+  then grows with the flood's, waits for the flood's queue to lead;
 - a firing incident whose finding is gone for ``absent_steps`` steps resolves when its stage, in
   its scope, over the last ``recent_check_s``, is nearer its level before than after (a shift
   whose onset left the horizon is gone from the findings but may still hold: it keeps firing),
@@ -72,7 +75,7 @@ Each step (``IncidentBook.step``) reads the findings on the horizon at event tim
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -289,6 +292,7 @@ class Incident:
     ended: str | None = None  # how it ended, said in the resolved notification
     fired_onset: float | None = None  # its onset when it paged (the alert's ``startsAt``)
     scope_share: float | None = None  # its share of its own scope's users' time (``scope_share``)
+    pageable_since: float | None = None  # noted: the first step of the run in which it could page
 
     def __post_init__(self) -> None:
         if self.fired is None:
@@ -520,7 +524,14 @@ class IncidentBook:
         or a resolved one with this onset inside its span. The same stage (or pitfall) moving the
         same way in another place within ``merge_s`` is the same incident too (huge prompts sent
         to every replica stall each of them: one cause, one page, the other replicas its
-        co-movers)."""
+        co-movers). Of several, one that pages comes first: a finding that moved with a paging
+        incident and with a noted one (a flood's queue and its batch's mix change) must not lead
+        the noted one into a second page."""
+        found = list(self._companions(finding, key, onset))
+        return next((i for i in found if i.state == "firing" and i.pages), found[0] if found else None)
+
+    def _companions(self, finding: Finding, key: tuple, onset: float) -> Iterator[Incident]:
+        """The incidents ``finding`` belongs to (``_companion``), the newest first."""
         for incident in reversed(self.incidents):
             if incident.standing or onset < incident.onset - self.merge_s:
                 continue  # a standing condition is no change for others to move with
@@ -530,12 +541,12 @@ class IncidentBook:
                 if incident.key[3] != key[3]:
                     continue
                 if incident.state == "firing" and abs(onset - incident.onset) <= self.merge_s:
-                    return incident  # the same change in another place at the same moment
+                    yield incident  # the same change in another place at the same moment
                 # or the same stage moving on, the same way, within the place it is for, while it
                 # went on: the incident getting worse (a flood's batch queueing longer still)
-                if onset >= incident.onset and _nested(incident.key[2], key[2]):
+                elif onset >= incident.onset and _nested(incident.key[2], key[2]):
                     if len(incident.key[2]) <= len(key[2]):
-                        return incident
+                        yield incident
                 continue
             lead = incident.fired or incident.finding
             later = onset > incident.onset + self.merge_s
@@ -544,8 +555,7 @@ class IncidentBook:
             if _nested(incident.key[2], key[2]) or same_place(
                 incident.scope, dict(key[2]), self.frame, min(onset, incident.onset)
             ):
-                return incident
-        return None
+                yield incident
 
     def _carried_on(self, incident: Incident) -> bool:
         """A co-mover of ``incident`` is still found and its stage, in its scope, lately, is
@@ -670,6 +680,18 @@ class IncidentBook:
                 return True
         return False
 
+    def _noted_pages_now(self, now: float, incident: Incident, finding: Finding, frame: pl.DataFrame) -> bool:
+        """Whether a noted incident that could page now begins to: once it could at every step
+        for the hold (a lateness explanation or a rise that crosses ``FELT_MS`` for one step pages
+        nothing, as a finding seen for one step opens nothing), and not while a finding in its
+        place that costs users more is still on hold (``_outranked``: a host's hiccup noted just
+        before a flood, grown with the flood's network time, must not page before the queue)."""
+        if incident.pageable_since is None:
+            incident.pageable_since = now
+        if now - incident.pageable_since < self.hold_s:
+            return False
+        return not self._outranked(now, incident.key, finding, incident.onset, frame)
+
     def _broadest_named(
         self, key: tuple, finding: Finding, frame: pl.DataFrame, held_since: float
     ) -> tuple[tuple, Finding]:
@@ -695,8 +717,8 @@ class IncidentBook:
         """The incident with its newest finding, whether what an alert shows changed and whether
         the finding gave the words. A sibling scope's finding (one place, keys that do not nest)
         only keeps it firing: the words stay those of the incident's own scope, its labels. An
-        incident that did not page because its time was the measuring side's lateness pages from
-        the step that lateness no longer explains it."""
+        incident that did not page (its time was the measuring side's lateness, or it was unfelt)
+        pages once it could for the hold (``_noted_pages_now``)."""
         incident.last_seen = now
         if fingerprint(finding) != incident.key and not _nested(fingerprint(finding)[2], incident.key[2]):
             if until is not None:  # the place's change is over, whichever of its scopes says so
@@ -715,14 +737,17 @@ class IncidentBook:
         incident.share = live_share(finding, frame, incident.onset)
         incident.scope_share = scope_share(finding, frame, incident.onset, self.scope_time)
         severity = "critical" if (incident.share or 0.0) >= CRITICAL_SHARE else "warning"
-        if (
+        pageable = (
             not incident.pages
             and _would_page(late, severity)
             and not _unfelt(finding)
             and not isinstance(finding, MixChange)  # a change in the traffic pages with no words
             and until is None
             and not incident.standing
-        ):
+        )
+        if not pageable:
+            incident.pageable_since = None
+        elif self._noted_pages_now(now, incident, finding, frame):
             incident.page_with(finding, now)
             incident.late, incident.severity = late, severity
             same = False

@@ -382,3 +382,39 @@ def test_a_decode_the_hosts_other_work_slowed_is_the_hosts_and_noted_not_paged(q
     # the queue is never the host's: a flood's queue pages whatever the host's CPUs do
     queued = busy.with_columns(queue=pl.col("queue") * (1 + 2.0 * after))
     assert lateness.explained(queue, queued) is None
+
+
+def test_a_noted_shift_pages_once_it_could_for_the_hold_and_waits_for_a_larger_one_on_hold(queue_rise):
+    """A host's hiccup noted just before a flood (network 2.1 -> 16 ms, unfelt), whose network
+    time then grows with the flood's: it pages only once it could page at every step for the hold,
+    and not while the flood's queue, costing users more in the same place, is still on hold: the
+    queue leads (a CI run paged "network time rose from 0.6 to 82 ms", the queue its co-mover)."""
+    frame, queue = queue_rise
+    jitter = replace(queue, stage="network", summary="network time rose 7.7×", at=ONSET - 15,
+                     before_ms=2.1, after_ms=16.0, impact_s=queue.impact_s / 10)  # fmt: skip
+    grown = replace(jitter, summary="network time rose 39×", after_ms=82.0)
+
+    def noted_book() -> IncidentBook:
+        b = book(hold_s=10.0)
+        assert b.step(ONSET - 10, [jitter], frame) == []  # on hold
+        (noted,) = b.step(ONSET, [jitter], frame)
+        assert noted.unfelt and not noted.pages
+        return b
+
+    def paging(b: IncidentBook, now: float, findings: list) -> list:
+        return [i for i in b.step(now, findings, frame) if i.pages]
+
+    b = noted_book()
+    assert paging(b, ONSET + 5, [grown]) == []  # felt for one step: not yet
+    b.step(ONSET + 10, [jitter], frame)  # unfelt again: the run starts over
+    assert paging(b, ONSET + 15, [grown]) == [] and paging(b, ONSET + 20, [grown]) == []
+    (paged,) = paging(b, ONSET + 25, [grown])
+    assert paged.pages and paged.finding.stage == "network" and paged.fired is grown
+    # the flood's queue, found after the network could page, is on hold: it leads once its hold is over
+    flood = noted_book()
+    assert paging(flood, ONSET + 5, [grown]) == []
+    assert paging(flood, ONSET + 12, [grown, queue]) == []
+    assert paging(flood, ONSET + 16, [grown, queue]) == []  # the network's hold is over, the queue's is not
+    (led,) = paging(flood, ONSET + 22, [grown, queue])
+    assert led.pages and led.finding.stage == "queue" and len(flood.incidents) == 1
+    assert [f.stage for f in led.co_movers] == ["network"]
