@@ -132,6 +132,26 @@ def test_the_api_servers_lateness_seen_first_does_not_lead_the_floods_page():
     assert {f.stage for f in flood.co_movers if isinstance(f, Shift)} >= {"queue"}  # the batch's own queue
 
 
+def test_a_flood_on_a_host_busy_from_before_it_pages_once_for_the_queue():
+    """``vllm-flood-ci-7``: two more busy loops, not niced, from 15 s before the flood for 60 s.
+    The batch's longer answers open a noted traffic-mix incident and the chat's network a noted
+    one (the caller's lateness); the API server's frontend then rises on the batch and on all
+    traffic. Live, the frontend led the noted mix change into a second page and then a third;
+    a co-mover of the paging queue is that incident's, whichever noted one it also moved with."""
+    name = "vllm-flood-ci-7"
+    sent, detector = replayed(name, LiveConfig(window_s=2.0, settle_s=2.0, lateness_s=2.0, hold_s=5.0))
+    start = flood_start(name)
+    firing = [(now, a) for now, a in sent if "endsAt" not in a]
+    shown = [(now - start, a["labels"], a["annotations"]["summary"][:120]) for now, a in firing]
+    assert len({tuple(sorted(a["labels"].items())) for _, a in firing}) == 1, shown
+    now, alert = firing[0]
+    assert (alert["labels"]["stage"], alert["labels"]["replica"]) == ("queue", "r1") and start <= now <= start + 60
+    (paged,) = [i for i in detector.book.incidents if i.pages]
+    assert {f.stage for f in paged.co_movers if isinstance(f, Shift)} >= {"frontend"}
+    noted = [i for i in detector.book.incidents if not i.pages]
+    assert noted and all(i.late == "client" or i.mix for i in noted), [(i.key, i.late) for i in noted]
+
+
 def test_analyze_json_of_the_recorded_flood_parses_and_puts_the_queue_first(tmp_path):
     run = hopline("analyze", str(REPRO / "vllm-flood-live-2026-12-04"), "--json", timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
