@@ -59,6 +59,7 @@ FINAL_HOP_SET = frozenset(h for hops in FINAL_HOPS.values() for h in hops)
 # hop -> (component, is a final hop): one dict lookup per event on the hot path
 HOP_INFO = {hop: (component(hop), hop in FINAL_HOP_SET) for hop in HOPS}
 ENGINE_DONE = frozenset(FINAL_HOPS["engine"])
+ENGINE_LOAD_HOPS = ENGINE_DONE | {"engine.received"}  # the hops ``Joiner._engine_load`` acts on
 
 
 def event_bytes(line_bytes: int) -> int:
@@ -192,7 +193,7 @@ class Joiner:
         )
         while pending:
             ev, line_bytes = pending.popleft()
-            size = DEFAULT_EVENT_BYTES if line_bytes is None else event_bytes(line_bytes)
+            size = DEFAULT_EVENT_BYTES if line_bytes is None else 400 + 2 * line_bytes  # event_bytes, inline
             if ev.get("trace_id") is not None:  # the trace rule places stand-ins (trace_join.py)
                 rid, moved = self.traces.route(ev)
                 if rid != ev["request_id"]:
@@ -239,7 +240,7 @@ class Joiner:
                 req.progress[comp] = (attempt, final)
             elif final and attempt == progress[0] and not progress[1]:
                 req.progress[comp] = (attempt, True)
-            if comp == "engine":
+            if comp == "engine" and hop in ENGINE_LOAD_HOPS:  # the others leave the load as it is
                 self._engine_load(req, ev, hop, attempt)
             # only a final hop can complete a request (anything else keeps it or makes it open)
             if final and req.due is None and req.complete():
@@ -254,7 +255,7 @@ class Joiner:
             self._give_up(next(iter(open_)), "evicted")
         # finish what is due, a request per four events of this batch (at least 25): the cost of
         # an add stays bounded by its batch; the housekeeping loop finishes the rest in slices
-        self.sweep(now, limit=max(len(events) // 4, 25))
+        self.sweep(now, limit=max(len(events) // 4, 25))  # and applies the recorder's sums (flush)
 
     def _engine_load(self, req: OpenRequest, ev: Mapping[str, Any], hop: str, attempt: int) -> None:
         if req.engine is None:
@@ -286,7 +287,15 @@ class Joiner:
     def sweep(self, now: float | None = None, limit: int | None = None) -> bool:
         """Finish requests whose grace ended; expire those idle for longer than the TTL. At most
         ``limit`` of each (a burst of 100,000 requests must not be finished in one go on the event
-        loop); returns True when more are due (call again, after letting others run)."""
+        loop); returns True when more are due (call again, after letting others run). Then the
+        recorder's pending sums go to the metrics (``Recorder.flush``: what this and the ``add``
+        calling it counted)."""
+        try:
+            return self._sweep(now, limit)
+        finally:
+            self.recorder.flush()
+
+    def _sweep(self, now: float | None, limit: int | None) -> bool:
         now = self.clock() if now is None else now
         budget = limit if limit is not None else len(self._due) + len(self.open)
         due, open_ = self._due, self.open
@@ -394,6 +403,7 @@ class Joiner:
         for rid, req in list(self.open.items()):
             if req.complete():
                 self._finish(rid, req)
+        self.recorder.flush()
 
     # -- reading --------------------------------------------------------------------------------
 

@@ -33,6 +33,7 @@ from prometheus_client.metrics_core import Metric
 
 OTHER = "other"
 ENGINE_CHILDREN_CACHE = 4096
+SCOPE_CACHE = 4096  # raw scopes of finished requests whose capped labels are remembered (Recorder.scope)
 UNKNOWN = "unknown"
 
 
@@ -217,6 +218,11 @@ class Recorder:
         self.scopes = CombinationCap(scope_cap)  # (service, model, replica) of finished requests
         self.engines = CombinationCap(scope_cap)  # (model, replica) of the engine-load gauges
         self._children: dict[tuple, Any] = {}
+        # child -> the sum of its increments not applied yet (``flush``): requests and connections
+        # counters, engine-load gauges
+        self._pending: dict[Any, int] = {}
+        # raw (service, model, replica) of finished requests -> their capped labels (``scope``; bounded)
+        self._capped_scopes: dict[tuple[str | None, str | None, str | None], tuple[str, str, str]] = {}
         self._scoped_children: dict[tuple[str, str, str], ScopedChildren] = {}
         # raw (model, replica) of engine events -> (in-flight, KV) children (bounded)
         self._engine_children: dict[tuple[str | None, str | None], tuple[Any, Any]] = {}
@@ -233,11 +239,21 @@ class Recorder:
         return child
 
     def scope(self, service: str | None, model: str | None, replica: str | None) -> tuple[str, str, str]:
-        """The capped (service, model, replica) label values of one request."""
+        """The capped (service, model, replica) label values of one request.
+
+        A raw scope the caps admitted maps to the same labels ever after (the caps only ever add
+        what they have seen), so it is remembered (``SCOPE_CACHE`` of them) and the caps are asked
+        once; one that overflowed is asked every time (each counts)."""
+        raw = (service, model, replica)
+        capped = self._capped_scopes.get(raw)
+        if capped is not None:
+            return capped
         before = self.scopes.overflowed
         capped = self.scopes((self.service(service), self.model(model), self.replica(replica)))
         if self.scopes.overflowed != before:
             self.m.scopes_overflowed.inc()
+        elif len(self._capped_scopes) < SCOPE_CACHE:
+            self._capped_scopes[raw] = capped
         return capped
 
     # -- per event ------------------------------------------------------------------------------
@@ -273,9 +289,26 @@ class Recorder:
             children = (self.m.in_flight.labels(*labels), self.m.kv_cache_bytes.labels(*labels))
             if len(self._engine_children) < ENGINE_CHILDREN_CACHE:
                 self._engine_children[(model, replica)] = children
-        children[0].inc(requests)
+        pending = self._pending  # applied by ``flush``
+        gauge = children[0]
+        pending[gauge] = pending.get(gauge, 0) + requests
         if kv_bytes:
-            children[1].inc(kv_bytes)
+            gauge = children[1]
+            pending[gauge] = pending.get(gauge, 0) + kv_bytes
+
+    def flush(self) -> None:
+        """Apply the increments ``request`` (requests, connections, without max_tokens) and
+        ``engine_load`` keep, a sum per child: one ``inc`` per child a batch instead of one per
+        request or event (prometheus_client's ``inc`` is ~1 µs: a lock and three calls). The join
+        calls it at the end of each ``add``, ``sweep`` and ``finish_all``, before it hands the loop
+        back; a scrape (on its thread) in between misses the batch's counts not applied yet, as it
+        could always miss the rest of a batch half joined. The sums are whole numbers (requests, bytes), so one
+        ``inc`` of a sum adds exactly what the ``inc`` of each term would."""
+        pending = self._pending
+        if pending:
+            for child, amount in pending.items():
+                child.inc(amount)
+            pending.clear()
 
     # -- per finished request -------------------------------------------------------------------
 
@@ -313,8 +346,8 @@ class Recorder:
     ) -> None:
         """One finished request: stages, views, tokens, outcome, connection reuse, max_tokens.
 
-        The ~17 observations go through ``HistogramChild.observe_each``, the request's exemplar
-        and time shared by all of them."""
+        The ~17 observations go through ``HistogramChild.observe_found``, the request's exemplar
+        and time shared by all of them; the counters' increments wait for ``flush``."""
         exemplar = {"request_id": request_id}
         now = time.time()
         plan = self._scoped(scope)
@@ -322,14 +355,15 @@ class Recorder:
         m = self.m
         for name in negative:
             self._child(m.negative_stages, (name,)).inc()
-        observed = [(h, v) for stage, h in plan.stages if (v := get(stage)) is not None and stage not in negative]
-        observed += [(h, v) for key, h in plan.views if (v := get(key)) is not None and v >= 0]
-        observed += [(h, v) for key, h in plan.tokens if (v := get(key)) is not None]
-        HistogramChild.observe_each(observed, exemplar, now)
+        observe = HistogramChild.observe_found
+        observe(plan.stages, get, exemplar, now, negative)
+        observe(plan.views, get, exemplar, now, nonnegative=True)
+        observe(plan.tokens, get, exemplar, now)
         counter = plan.requests.get(outcome)
         if counter is None:
             counter = plan.requests[outcome] = self._child(m.requests, (outcome, *scope))
-        counter.inc()
+        pending = self._pending  # applied by ``flush``
+        pending[counter] = pending.get(counter, 0) + 1
         reused = get("conn_reused")
         if reused is not None:
             counter = plan.connections.get(bool(reused))
@@ -337,9 +371,10 @@ class Recorder:
                 counter = plan.connections[bool(reused)] = self._child(
                     m.connections, ("true" if reused else "false", *scope)
                 )
-            counter.inc()
+            pending[counter] = pending.get(counter, 0) + 1
         if get("max_tokens_set") is False:
-            self._child(m.without_max_tokens, scope).inc()
+            counter = self._child(m.without_max_tokens, scope)
+            pending[counter] = pending.get(counter, 0) + 1
 
     def incomplete(self, missing: str, outcome: str, scope: tuple[str, str, str]) -> None:
         """A request given up before every hop arrived: by its first missing hop, and by outcome."""

@@ -19,6 +19,7 @@ import heapq
 from collections import deque
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 from hopline.middleware.contract.errors import HoplineError
@@ -46,10 +47,20 @@ class Summary(NamedTuple):
         return self._asdict()
 
 
+# measure -> ((``<view>_<measure>``, view), ...) nearest the user first (the names made once)
+_VIEW_KEYS: dict[str, tuple[tuple[str, str], ...]] = {}
+_TS = itemgetter("ts")
+
+
 def outermost(values: Mapping[str, Any], measure: str) -> tuple[float | None, str | None]:
     """``(value, view)`` of ``<view>_<measure>`` for the first view (nearest the user) that has it."""
-    for view in VIEWS:
-        value = values.get(f"{view}_{measure}")
+    keys = _VIEW_KEYS.get(measure)
+    if keys is None:
+        keys = tuple((f"{view}_{measure}", view) for view in VIEWS)
+        if measure in RANKINGS:  # the measures the join asks for; any other is not kept
+            _VIEW_KEYS[measure] = keys
+    for key, view in keys:
+        value = values.get(key)
         if value is not None:
             return value, view
     return None, None
@@ -66,8 +77,8 @@ def summarize(
     scope = described["scope"]
     ttft, ttft_view = outermost(values, "ttft")
     e2e, e2e_view = outermost(values, "e2e")
-    return Summary(
-        min(ev["ts"] for ev in events),
+    return Summary._make((  # tuple.__new__ without the named constructor's Python call
+        min(map(_TS, events)),
         request_id,
         ttft,
         ttft_view,
@@ -78,7 +89,7 @@ def summarize(
         scope.get("service"),
         scope.get("model"),
         scope.get("replica"),
-    )
+    ))
 
 
 class QueryError(HoplineError, ValueError):

@@ -41,6 +41,21 @@ def test_mixed_batch_keeps_valid_lines_and_names_the_bad_ones(collector):
     assert reg.get_sample_value("hopline_events_total", {"hop": "client.sent"}) == 1
 
 
+def test_lines_end_in_lf_crlf_or_cr_alike_with_the_same_line_numbers(collector):
+    """A body's lines are ``bytes.splitlines``' whichever line ends it uses (``Ingestor.parse``
+    splits a body without a CR on LF alone): the same events and the same rejected line numbers,
+    with or without a newline after the last line."""
+    good = [event("client.sent", "r-9", 1767225600.0 + i / 10) for i in range(3)]
+    lines = [ndjson([good[0]]).rstrip(b"\n"), b"{not json", b"", ndjson([good[1]]).rstrip(b"\n"), b"",
+             ndjson([good[2]]).rstrip(b"\n")]  # fmt: skip
+    seen = []
+    for end in (b"\n", b"\r\n", b"\r"):
+        for last in (b"", end):
+            parsed = collector.collector.ingestor.parse(end.join(lines) + last, "ndjson")
+            seen.append(([e["eid"] for e in parsed.events], [r["line"] for r in parsed.result.rejected]))
+    assert seen == [([g["eid"] for g in good], [2])] * 6
+
+
 def test_nothing_valid_is_400_with_the_reasons(collector):
     r = collector.client.post("/v1/events", content=b'{"hop": 1}\n[]\n', headers=NDJSON)
     assert r.status_code == 400
