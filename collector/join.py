@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from itertools import chain, repeat
 from typing import TYPE_CHECKING, Any
 
 from hopline.collector.config import CollectorConfig, settings_of
@@ -68,6 +69,12 @@ def event_bytes(line_bytes: int) -> int:
 
 
 DEFAULT_EVENT_BYTES = event_bytes(200)  # for callers that pass no sizes
+
+
+def _drain(queue: deque) -> Iterator:
+    """``queue``'s items from the left until it is empty, taking what is appended meanwhile."""
+    while queue:
+        yield queue.popleft()
 
 
 class OpenRequest:
@@ -187,12 +194,16 @@ class Joiner:
         now = self.clock()
         open_, finished = self.open, self.finished
         max_events = self.max_events_per_request
-        # (event, its NDJSON bytes or None): a stand-in request re-joined under its owner comes back here
-        pending: deque[tuple[dict[str, Any], int | None]] = deque(
-            zip(events, sizes, strict=True) if sizes is not None else ((ev, None) for ev in events)
-        )
-        while pending:
-            ev, line_bytes = pending.popleft()
+        # (event, its NDJSON bytes or None): the batch's, then those of stand-in requests re-joined
+        # under their owner (``rejoined``, in the order they were moved); zip hands out one reused
+        # tuple where a queue of the batch's pairs made one per event
+        rejoined: deque[tuple[dict[str, Any], int | None]] = deque()
+        if sizes is not None and len(sizes) != len(events):  # before any is joined (zip's check comes late)
+            raise ValueError(f"{len(events)} events with {len(sizes)} sizes")
+        for ev, line_bytes in chain(
+            zip(events, sizes) if sizes is not None else zip(events, repeat(None)),
+            _drain(rejoined),
+        ):
             size = DEFAULT_EVENT_BYTES if line_bytes is None else 400 + 2 * line_bytes  # event_bytes, inline
             if ev.get("trace_id") is not None:  # the trace rule places stand-ins (trace_join.py)
                 rid, moved = self.traces.route(ev)
@@ -203,7 +214,7 @@ class Joiner:
                     if waited is not None:
                         self._release_all(waited)
                         self.open_bytes -= waited.bytes
-                        pending.extend((e, None) for e in waited.events)
+                        rejoined.extend((e, None) for e in waited.events)
             rid = ev["request_id"]
             req = open_.get(rid)
             if req is None:
