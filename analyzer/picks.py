@@ -47,12 +47,11 @@ def request_hashes(request_id: pl.Series) -> pl.Series:
 def request_groups(request_id: pl.Series) -> Groups | None:
     """The requests of ``request_id``'s rows (numbered in hash order), or None when two IDs share a
     64-bit hash."""
-    hashes = request_hashes(request_id)
-    of_row = hashes.rank("dense").to_numpy().astype(np.int64) - 1
-    count = int(of_row.max()) + 1 if len(of_row) else 0
-    first = hashes.is_first_distinct().arg_true().to_numpy()
-    first_row = np.empty(count, dtype=np.int64)
-    first_row[of_row[first]] = first
+    # each row's hash's place among the distinct hashes (a dense rank), each one's first row
+    distinct, inverse = np.unique(request_hashes(request_id).to_numpy(), return_inverse=True)
+    of_row, count = inverse.astype(np.int64), len(distinct)
+    first_row = np.full(count, len(of_row), dtype=np.int64)
+    np.minimum.at(first_row, of_row, np.arange(len(of_row)))
     if len(of_row) and not (request_id.gather(first_row[of_row]) == request_id).all():
         return None
     return Groups(of_row, count, first_row)
