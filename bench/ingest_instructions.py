@@ -17,12 +17,20 @@ instructions per event without the process start, the imports and the file read.
 runs valgrind itself, twice, on 1,000 requests' events (12,000): decoded only, then decoded and
 each passed to ``contract.validate_event`` (owned, as the ingest does); the difference divided by
 12,000 is validation's instructions per event (tests/collector/test_ingest_cost.py bounds it).
+
+    python bench/ingest_instructions.py --ingest-per-event     # JSON: {"ingest_per_event": ...}
+
+runs ``ingest`` under valgrind on 500 and on 1,500 requests' events (``PYTHONHASHSEED=0``, so
+dicts and sets are laid out the same in both runs) and divides the difference by the 12,000
+events between them: the whole ingest's instructions per event, the figure above on half the
+events (tests/collector/test_ingest_cost.py bounds it too).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -69,11 +77,11 @@ def decode(path: Path, validate: bool) -> None:
             validate_event(obj, owned=True)
 
 
-def instructions(*args: str) -> int:
-    """Instructions callgrind counts for this script run with ``args``."""
+def instructions(*args: str, env: dict[str, str] | None = None) -> int:
+    """Instructions callgrind counts for this script run with ``args`` (``env``: added to ours)."""
     run = subprocess.run(
         ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, __file__, *args],
-        capture_output=True, text=True, check=True,
+        capture_output=True, text=True, check=True, env={**os.environ, **(env or {})},
     )  # fmt: skip
     return int(re.findall(r"Collected : (\d+)", run.stderr)[-1])
 
@@ -90,9 +98,27 @@ def validate_per_event() -> dict[str, float]:
     return {"events": events, "validate_per_event": (validated - bare) / events}
 
 
+def ingest_per_event(small: int = 500, large: int = 1500) -> dict[str, float]:
+    tmp = Path(tempfile.mkdtemp(prefix="hopline-ir-"))
+    try:
+        counts = {}
+        for requests in (small, large):
+            path = tmp / f"ev-{requests}.ndjson"
+            gen(requests, path)
+            counts[requests] = len(path.read_bytes().splitlines()), instructions(
+                "ingest", str(path), env={"PYTHONHASHSEED": "0"}
+            )
+    finally:
+        shutil.rmtree(tmp)
+    events = counts[large][0] - counts[small][0]
+    return {"events": events, "ingest_per_event": (counts[large][1] - counts[small][1]) / events}
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 2 and sys.argv[1] == "--validate-per-event":
         print(json.dumps(validate_per_event()))
+    elif len(sys.argv) == 2 and sys.argv[1] == "--ingest-per-event":
+        print(json.dumps(ingest_per_event()))
     elif len(sys.argv) == 3 and sys.argv[1] in ("decode", "validate"):
         decode(Path(sys.argv[2]), sys.argv[1] == "validate")
     elif len(sys.argv) == 4 and sys.argv[1] == "gen":
@@ -100,4 +126,6 @@ if __name__ == "__main__":
     elif len(sys.argv) == 3 and sys.argv[1] == "ingest":
         ingest(Path(sys.argv[2]))
     else:
-        sys.exit("usage: ingest_instructions.py gen REQUESTS FILE | ingest FILE | --validate-per-event")
+        sys.exit(
+            "usage: ingest_instructions.py gen REQUESTS FILE | ingest FILE | --validate-per-event | --ingest-per-event"
+        )
