@@ -122,24 +122,30 @@ def _var(hop: str) -> str:
     return "e_" + hop.replace(".", "_")
 
 
-def compile_inputs() -> Callable[[Iterable[Mapping[str, Any]]], dict[str, Any]]:
-    """``contract.request_inputs`` for ``INPUTS`` and ``ATTRIBUTE_SOURCES``, as one function."""
+def _read_lines(target: Callable[[str], str]) -> list[str]:
+    """The lines that read ``INPUTS`` and ``ATTRIBUTE_SOURCES`` from a request's events into
+    ``target(name)`` (a dict item, or a local)."""
     hops = sorted({i.hop for i in INPUTS} | {h for hs in ATTRIBUTE_SOURCES.values() for h in hs})
-    body = ["by_hop = pick(events)", *(f"{_var(h)} = by_hop.get({h!r})" for h in hops), "values = {}"]
+    body = ["by_hop = pick(events)", *(f"{_var(h)} = by_hop.get({h!r})" for h in hops)]
     for inp in INPUTS:
         ev = _var(inp.hop)
         if inp.attr is None:
             value = f'{ev}["ts"]'
         else:
             value = f"{inp.default!r} if (x := {ev}.get({inp.attr!r})) is None else x"
-        body.append(f"values[{inp.name!r}] = None if {ev} is None else ({value})")
+        body.append(f"{target(inp.name)} = None if {ev} is None else ({value})")
     for name, sources in ATTRIBUTE_SOURCES.items():
         body.append("x = None")
         for hop in sources:
             body.append(f"if x is None and {_var(hop)} is not None:")
             body.append(f"    x = {_var(hop)}.get({name!r})")
-        body.append(f"values[{name!r}] = x")
-    body.append("return values")
+        body.append(f"{target(name)} = x")
+    return body
+
+
+def compile_inputs() -> Callable[[Iterable[Mapping[str, Any]]], dict[str, Any]]:
+    """``contract.request_inputs`` for ``INPUTS`` and ``ATTRIBUTE_SOURCES``, as one function."""
+    body = ["values = {}", *_read_lines(lambda name: f"values[{name!r}]"), "return values"]
     source = "def request_inputs(events):\n" + "".join(f"    {line}\n" for line in body)
     return _define(source, "<hopline stage inputs>", "request_inputs", {"pick": pick})
 
@@ -154,21 +160,7 @@ def compile_compute() -> Callable[[Iterable[Mapping[str, Any]]], dict[str, Any]]
     # each key where the contract's dict first gets it, with the value it gets last (as the locals):
     # the ``upstream`` attribute is overwritten by the ``upstream`` stage there, in place
     keys = list(dict.fromkeys([*inputs, *attributes, *stages, *ratios]))
-    hops = sorted({i.hop for i in INPUTS} | {h for hs in ATTRIBUTE_SOURCES.values() for h in hs})
-    body = ["by_hop = pick(events)", *(f"{_var(h)} = by_hop.get({h!r})" for h in hops)]
-    for inp in INPUTS:
-        ev = _var(inp.hop)
-        if inp.attr is None:
-            value = f'{ev}["ts"]'
-        else:
-            value = f"{inp.default!r} if (x := {ev}.get({inp.attr!r})) is None else x"
-        body.append(f"v_{inp.name} = None if {ev} is None else ({value})")
-    for name, sources in ATTRIBUTE_SOURCES.items():
-        body.append("x = None")
-        for hop in sources:
-            body.append(f"if x is None and {_var(hop)} is not None:")
-            body.append(f"    x = {_var(hop)}.get({name!r})")
-        body.append(f"v_{name} = x")
+    body = _read_lines(lambda name: f"v_{name}")
     # what evaluate reads that no input or attribute gives is None there (values.get)
     body += [f"v_{name} = None" for name in _names() if name not in inputs and name not in attributes]
     body.append(f"stream = {'v_stream' if 'stream' in attributes else 'None'}")
