@@ -10,8 +10,11 @@ So here a request's rows are found once (a 64-bit hash of ``request_id``, checke
 strings), each (request, hop) cell's chosen event once (two ``np.minimum.at``: the smallest pick,
 then the first row holding it: on an exact tie the first event in the log, as the contract's
 ``request_inputs`` takes it), each scope key's and each ending's chosen event once, and every
-output column is a gather of its source column at those rows. A request's row order is the
-hash's; the caller sorts what it shows.
+output column is a gather of its source column at those rows. Requests are numbered by their first
+event (``Groups.in_log_order``), and that is their row order (the caller sorts what it shows): a
+request's events lie close together in the log, so the ``np.minimum.at`` passes write to nearby
+cells and the gathers read nearby rows (a bucket of 5.9M events: the hop cells' pass 395 -> 180 ms,
+the gathers of 77 hop columns 1,047 -> 517 ms, against the hash's order).
 
 The output is ``timelines.aggregated()``'s frame column for column, value for value
 (tests/analyzer/test_picks.py holds the two together on logs with retries, legs, errors and
@@ -39,6 +42,13 @@ class Groups:
     count: int
     first_row: np.ndarray
 
+    def in_log_order(self) -> Groups:
+        """The same requests numbered by their first row."""
+        order = np.argsort(self.first_row)
+        number = np.empty(self.count, dtype=np.int64)
+        number[order] = np.arange(self.count)
+        return Groups(number[self.of_row], self.count, self.first_row[order])
+
 
 def request_hashes(request_id: pl.Series) -> pl.Series:
     return request_id.hash(HASH_SEED)
@@ -47,14 +57,47 @@ def request_hashes(request_id: pl.Series) -> pl.Series:
 def request_groups(request_id: pl.Series) -> Groups | None:
     """The requests of ``request_id``'s rows (numbered in hash order), or None when two IDs share a
     64-bit hash."""
-    # each row's hash's place among the distinct hashes (a dense rank), each one's first row
-    distinct, inverse = np.unique(request_hashes(request_id).to_numpy(), return_inverse=True)
-    of_row, count = inverse.astype(np.int64), len(distinct)
-    first_row = np.full(count, len(of_row), dtype=np.int64)
-    np.minimum.at(first_row, of_row, np.arange(len(of_row)))
-    if len(of_row) and not (request_id.gather(first_row[of_row]) == request_id).all():
+    hashes = request_hashes(request_id).to_numpy()
+    groups = _sorted_groups(hashes)
+    if groups is None:
+        # each row's hash's place among the distinct hashes (a dense rank), each one's first row
+        distinct, inverse = np.unique(hashes, return_inverse=True)
+        of_row, count = inverse.astype(np.int64), len(distinct)
+        first_row = np.full(count, len(of_row), dtype=np.int64)
+        np.minimum.at(first_row, of_row, np.arange(len(of_row)))
+        groups = Groups(of_row, count, first_row)
+    # the strings in one piece first: a gather from a frame read in row groups looks each row's up
+    # (5.9M events in 79 pieces: 262 ms, 45 in one, 41 to join them)
+    request_id = request_id.rechunk()
+    if len(groups.of_row) and not (request_id.gather(groups.first_row[groups.of_row]) == request_id).all():
         return None
-    return Groups(of_row, count, first_row)
+    return groups
+
+
+def _sorted_groups(hashes: np.ndarray) -> Groups | None:
+    """``np.unique``'s dense rank of ``hashes`` and each one's first row from one ``np.sort`` (no
+    ``argsort``: a bucket of 5.9M events, 1.25 s -> 0.42 s): each hash's low bits replaced by its
+    row number, so the sort orders the rows by hash, then by row, and gives back each row's place.
+    None when two distinct hashes share their high bits (then ``np.unique``; for 25k requests
+    among 297k rows, 45 bits: ~1e-5)."""
+    size = len(hashes)
+    if not size:
+        return None
+    bits = max(1, (size - 1).bit_length())
+    low = np.uint64((1 << bits) - 1)
+    packed = np.sort((hashes & ~low) | np.arange(size, dtype=np.uint64))
+    rows = (packed & low).astype(np.int64)
+    high = packed >> np.uint64(bits)
+    new = np.empty(size, dtype=bool)
+    new[0] = True
+    np.not_equal(high[1:], high[:-1], out=new[1:])
+    whole = hashes[rows]
+    if (whole[1:] != whole[:-1])[~new[1:]].any():
+        return None
+    number = np.cumsum(new) - 1
+    of_row = np.empty(size, dtype=np.int64)
+    of_row[rows] = number
+    return Groups(of_row, int(number[-1]) + 1, rows[new])
 
 
 def first_smallest(group: np.ndarray, size: int, key: pl.Series) -> tuple[np.ndarray, np.ndarray]:
@@ -166,6 +209,7 @@ def per_request(events: pl.DataFrame, plan: Plan, schema: pl.Schema) -> pl.DataF
     groups = request_groups(events["request_id"])
     if groups is None:
         return None
+    groups = groups.in_log_order()
     rows = _Rows(events, groups)
     chosen = rows.hop_choices({hop for hop, _ in plan.hop_columns.values()}) if plan.hop_columns else {}
     for key, _ in plan.keyed.values():

@@ -141,6 +141,29 @@ def test_a_shared_hash_or_a_missing_attempt_falls_back_to_the_group_by(monkeypat
     assert_frame_equal(fast, reference)
 
 
+def test_request_numbers_from_one_sort_are_np_uniques_also_when_high_bits_are_shared(monkeypatch):
+    ids = pl.Series("request_id", [f"r{i % 7}" for i in [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9]])
+    # 15 rows: the low 4 bits of a hash make way for the row; r0 .. r6 differ in the high bits only
+    distinct = np.array([(i + 1) << 40 for i in range(7)], dtype=np.uint64)
+    numbers = np.array([int(s[1:]) for s in ids], dtype=np.int64)
+    monkeypatch.setattr(picks, "request_hashes", lambda request_id: pl.Series(distinct[numbers]))
+    groups = picks.request_groups(ids)
+    assert groups is not None and groups.count == 7
+    assert groups.of_row.tolist() == numbers.tolist()  # the rank of the hash: here the ID's number
+    assert groups.first_row.tolist() == [int(np.flatnonzero(numbers == n)[0]) for n in range(7)]
+    # r1 and r2 share every bit but the low ones the rows take: np.unique numbers them apart
+    distinct[2] = distinct[1] | np.uint64(1)
+    shared = picks.request_groups(ids)
+    assert shared is not None and picks._sorted_groups(distinct[numbers]) is None
+    assert shared.of_row.tolist() == numbers.tolist() and shared.first_row.tolist() == groups.first_row.tolist()
+
+
+def test_requests_in_log_order_are_numbered_by_their_first_row():
+    groups = picks.Groups(np.array([2, 0, 2, 1, 0]), 3, np.array([1, 3, 0]))
+    in_log = groups.in_log_order()  # request 2 (first row 0) is the first, request 0 (row 1) the second
+    assert in_log.of_row.tolist() == [0, 1, 0, 2, 1] and in_log.first_row.tolist() == [0, 1, 3]
+
+
 def test_first_smallest_takes_the_first_row_of_a_tie_and_skips_nulls():
     group = np.array([0, 0, 0, 1, 1, 2])
     key = pl.Series([2.0, 1.0, 1.0, None, None, 5.0])
