@@ -191,12 +191,12 @@ class _Rows:
         return np.isin(self.hop, [self.categories.index(h) for h in hops if h in self.categories])
 
     def hop_choices(self, hops: set[str]) -> dict[str, np.ndarray]:
-        """Each hop's chosen row per request (null when the hop is absent)."""
+        """Each hop's chosen row per request (``len(events)`` when the hop is absent)."""
         width, count = len(self.categories), self.groups.count
         cell = self.groups.of_row * width + self.hop
         _, chosen = first_smallest(cell, count * width, self.events["_pick"])
         chosen = chosen.reshape(count, width)
-        return {hop: row_index(chosen[:, self.categories.index(hop)], self.events.height) for hop in hops}
+        return {hop: chosen[:, self.categories.index(hop)] for hop in hops}
 
 
 def per_request(events: pl.DataFrame, plan: Plan, schema: pl.Schema) -> pl.DataFrame | None:
@@ -211,17 +211,25 @@ def per_request(events: pl.DataFrame, plan: Plan, schema: pl.Schema) -> pl.DataF
         return None
     groups = groups.in_log_order()
     rows = _Rows(events, groups)
-    chosen = rows.hop_choices({hop for hop, _ in plan.hop_columns.values()}) if plan.hop_columns else {}
+    hop_rows = rows.hop_choices({hop for hop, _ in plan.hop_columns.values()}) if plan.hop_columns else {}
+    chosen = {hop: row_index(at, events.height) for hop, at in hop_rows.items()}
     for key, _ in plan.keyed.values():
         if key not in chosen:
             row = first_smallest(groups.of_row, groups.count, events[key])[1]
             chosen[key] = row_index(row, events.height)
     # every column read at a chosen event: one select, so Polars runs the gathers together
     read = {"request_id": ("request_id", pl.Series(groups.first_row))}
-    read |= {name: (column, chosen[hop]) for name, (hop, column) in plan.hop_columns.items()}
+    # a hop's pick is read from the array its choice was made from (numpy: one Polars gather less a hop)
+    picked = {name: hop for name, (hop, column) in plan.hop_columns.items() if column == "_pick"}
+    read |= {name: (column, chosen[hop]) for name, (hop, column) in plan.hop_columns.items() if name not in picked}
     read |= {name: (column, chosen[key]) for name, (key, column) in plan.keyed.items()}
     gathered = events.select(pl.col(column).gather(pl.lit(at)).alias(name) for name, (column, at) in read.items())
     out = dict(zip(gathered.columns, gathered.get_columns()))
+    if picked:
+        pick = events["_pick"].to_numpy()
+        for name, hop in picked.items():
+            missing = hop_rows[hop] == events.height
+            out[name] = _nullable(pick[np.where(missing, 0, hop_rows[hop])], missing, pl.Float64, name)
     if "trace_id" in schema:
         out["trace_id"] = _trace_ids(events, groups)
     ts = events["ts"].to_numpy()
