@@ -403,6 +403,82 @@ def _shape_plan(
     return plan
 
 
+# An event's fields in order -> a function saying True when ``validate_event`` would take the
+# (owned) event as it is: valid, nothing to normalize (``v`` and ``attempt`` present, ``ts`` a
+# float, a request ID and strings already checked: ``_PLAIN_IDS``, ``_CLEAN_STRINGS``), with
+# nothing to remember; or None for a shape it cannot say that of. Each is generated from the
+# checks above (``_FIELD_CHECKS``, the core fields' bounds) as straight-line code for its fields,
+# an accept-only test: any doubt is False, and the full pass below decides (and words the error).
+# Only shapes of known fields, at most _ACCEPTS_MAX, kept for the life of the process: later
+# shapes take the full pass, so no stream of shapes makes each event compile code.
+_ACCEPTS: dict[tuple[str, ...], Any] = {}
+_ACCEPTS_MAX = 256
+_ACCEPT_REQUIRED = ("v", "ts", "hop", "request_id", "attempt")
+
+
+def _accept_code(shape: tuple[str, ...]) -> tuple[str, dict[str, Any]] | None:
+    """The source of ``accept(event)`` for events of ``shape`` (``_ACCEPTS``) and the names it
+    reads beyond this module's, or None. A field holding ``null`` is left to the full pass."""
+    if not all(name in shape for name in _ACCEPT_REQUIRED):
+        return None
+    # each core field's reason to refuse the value ``x``
+    refuse = {
+        "v": "type(x) is not int or x != VERSION",
+        "ts": "type(x) is not float or not 0 < x <= TS_MAX",
+        "hop": "type(x) is not str or x not in HOP_SET",
+        "request_id": "type(x) is not str or x not in _PLAIN_IDS",
+        "attempt": "type(x) is not int or not 0 <= x <= ATTEMPT_MAX",
+        "eid": "type(x) is not str or not 0 < len(x) <= 64",
+        **dict.fromkeys(_SCOPE_FIELDS, "type(x) is not str or x not in _CLEAN_STRINGS"),
+    }
+    names: dict[str, Any] = {}
+    lines = []
+    for i, name in enumerate(shape):
+        check = _FIELD_CHECKS[name]
+        if check is None:  # a core field
+            cond = refuse.get(name)
+            if cond is None:  # one these checks do not know: the full pass only
+                return None
+        else:
+            exact, bound = check
+            if len(exact) == 1:
+                names[f"type_{i}"] = next(iter(exact))
+                conds = [f"type(x) is not type_{i}"]
+            else:
+                names[f"types_{i}"] = exact
+                conds = [f"type(x) not in types_{i}"]
+            if bound is not None:
+                names[f"low_{i}"], names[f"high_{i}"] = bound[0], bound[1]
+                conds.append(f"not low_{i} <= x <= high_{i}")
+            if str in exact:
+                conds.append("(type(x) is str and x not in _CLEAN_STRINGS)")
+            if name == "trace_id":
+                conds.append("not is_valid_trace_id(x)")
+            cond = " or ".join(conds)
+        if cond.count("x") == 1:  # only its type is read
+            lines += [f"if {cond.replace('(x)', f'(event[{name!r}])')}:", "    return False"]
+        else:
+            lines += [f"x = event[{name!r}]", f"if {cond}:", "    return False"]
+    source = "def accept(event):\n" + "".join(f"    {line}\n" for line in [*lines, "return True"])
+    return source, names
+
+
+def _accept_for(shape: tuple[str, ...]) -> Any:
+    """``_ACCEPTS[shape]``, made (and kept, while there is room) on first use."""
+    if not _KNOWN_FIELDS.issuperset(shape):
+        return None  # unknown attributes: the full pass (not kept: their names are anyone's)
+    code = _accept_code(shape)
+    accept = None
+    if code is not None:
+        source, names = code
+        namespace = {**globals(), **names}
+        exec(compile(source, "<hopline accept>", "exec"), namespace)  # noqa: S102 (our own checks)
+        accept = namespace["accept"]
+    if len(_ACCEPTS) < _ACCEPTS_MAX:
+        _ACCEPTS[shape] = accept
+    return accept
+
+
 def validate_event(obj: object, *, owned: bool = False) -> dict[str, Any]:
     """Check one decoded event against the contract and return it normalized.
 
@@ -416,6 +492,13 @@ def validate_event(obj: object, *, owned: bool = False) -> dict[str, Any]:
     Written for the collector's hot path (one call per ingested event): exact-type checks
     first, the general ones only when those do not settle it.
     """
+    if owned and type(obj) is dict:  # the usual event of a known shape: one generated test
+        shape = tuple(obj)
+        accept = _ACCEPTS.get(shape, _MISSING)
+        if accept is _MISSING:
+            accept = _accept_for(shape) if len(_ACCEPTS) < _ACCEPTS_MAX else None
+        if accept is not None and accept(obj):
+            return obj
     if type(obj) is not dict and not isinstance(obj, dict):
         raise EventError(f"event must be a JSON object, got {type(obj).__name__}")
     event = obj if owned and type(obj) is dict else dict(obj)
