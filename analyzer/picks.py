@@ -76,7 +76,7 @@ def request_groups(request_id: pl.Series) -> Groups | None:
 
 def _sorted_groups(hashes: np.ndarray) -> Groups | None:
     """``np.unique``'s dense rank of ``hashes`` and each one's first row from one ``np.sort`` (no
-    ``argsort``: a bucket of 5.9M events, 1.25 s -> 0.42 s): each hash's low bits replaced by its
+    ``argsort``: 5.9M hashes, 855 -> 330 ms): each hash's low bits replaced by its
     row number, so the sort orders the rows by hash, then by row, and gives back each row's place.
     None when two distinct hashes share their high bits (then ``np.unique``; for 25k requests
     among 297k rows, 45 bits: ~1e-5)."""
