@@ -32,6 +32,9 @@ from hopline.middleware.contract.errors import HoplineError
 
 QUANTILES = (0.5, 0.9, 0.99)
 SKETCH_FORMAT = "ddsketch-protobuf-zlib-base64"  # what GET /v1/windows says in "sketch"
+# a scope value's measures in GET /v1/windows, by kind (``lateness`` since issue 39's windows: each
+# side's loop lateness and the engine host's CPU wait; a collector from before sends none)
+KINDS = ("stages", "tokens", "lateness")
 
 
 class WindowsError(HoplineError, RuntimeError):
@@ -111,12 +114,13 @@ class Measure:
 
 @dataclass
 class ScopeWindow:
-    """One window, one scope value (e.g. replica r2): arrivals, outcomes, stages and tokens."""
+    """One window, one scope value (e.g. replica r2): arrivals, outcomes, stages, tokens, lateness."""
 
     arrivals: int = 0
     outcomes: Counter = field(default_factory=Counter)
     stages: dict[str, Measure] = field(default_factory=dict)
     tokens: dict[str, Measure] = field(default_factory=dict)
+    lateness: dict[str, Measure] = field(default_factory=dict)  # loop lateness, the engine host's CPU wait
 
 
 @dataclass
@@ -135,7 +139,7 @@ class MergedWindows:
         scope = self.windows.get(start, {}).get(attribute, {}).get(value)
         if scope is None:
             return None
-        return scope.stages.get(name) or scope.tokens.get(name)
+        return scope.stages.get(name) or scope.tokens.get(name) or scope.lateness.get(name)
 
     def quantile(self, start: float, attribute: str, value: str, name: str, q: float) -> float | None:
         """The ``q`` quantile of ``name`` (a stage, ``ttft``, ``e2e`` or a token count) in the window
@@ -149,7 +153,7 @@ class MergedWindows:
         for start, attributes in sorted(self.windows.items()):
             for attribute, values in attributes.items():
                 for value, scope in values.items():
-                    found = scope.stages.get(name) or scope.tokens.get(name)
+                    found = scope.stages.get(name) or scope.tokens.get(name) or scope.lateness.get(name)
                     if found is not None:
                         out[(start, attribute, value)] = [found.quantile(q) for q in qs]
         return out
@@ -178,8 +182,9 @@ class MergedWindows:
                         scope = merged.setdefault(value, ScopeWindow())
                         scope.arrivals += summary["arrivals"]
                         scope.outcomes.update(summary["outcomes"])
-                        for kind, into in (("stages", scope.stages), ("tokens", scope.tokens)):
-                            for name, s in summary[kind].items():
+                        for kind in KINDS:
+                            into = getattr(scope, kind)
+                            for name, s in summary.get(kind, {}).items():  # older collectors: no lateness
                                 measure = Measure(s["count"], s["sum"], decode(s["sketch"], accuracy))
                                 if name in into:
                                     into[name].merge(measure)

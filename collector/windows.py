@@ -4,8 +4,9 @@ For every finished request the join hands over (``add``), the collector keeps, i
 the request's start (its earliest event's ``ts``, event time; windows of ``window`` seconds aligned to
 Unix time) and for each scope attribute of ``by`` (default replica, model, service), the
 request's stages (``contract.TIME_STAGES``, plus ``ttft`` and ``e2e`` as the outermost view saw
-them) and co-movers (prompt, output and cached tokens) as quantile sketches with their exact count
-and sum, its arrival and its outcome. ``GET /v1/windows`` serves them; ``analyzer/windows.py``
+them), co-movers (prompt, output and cached tokens) and what tells a busy process from a slower
+hop (``LATENESS``: each side's loop lateness, the engine host's CPU wait: ``findings.lateness``)
+as quantile sketches with their exact count and sum, its arrival and its outcome. ``GET /v1/windows`` serves them; ``analyzer/windows.py``
 merges the same window, scope and measure across collectors.
 
 The sketch is DDSketch (DataDog's ``ddsketch`` package, pure Python, Apache-2.0): its guarantee
@@ -74,18 +75,30 @@ OTHER = "other"
 UNKNOWN = "unknown"
 STAGES = (*TIME_STAGES, "ttft", "e2e")  # ttft and e2e: the outermost view's (recent.outermost)
 TOKENS = ("prompt_tokens", "output_tokens", "cached_tokens")
-MEASURES = STAGES + TOKENS
+# how late each side's event loop ran (the contract's inputs of those names), each request's capped
+# at its own time in each stage no endpoint stamps (``col@stage``: min(lateness, stage)), and how
+# long the engine's host kept it waiting for a CPU: a rise of network time the loops' lateness
+# accounts for is a busy process's, a slower decode the host's wait accounts for is the host's,
+# on windows as on requests (``analyzer/findings/lateness.py``, whose ``MEASURED`` these are)
+LAGS = ("client_read_lag_s", "gateway_loop_lag_s", "engine_loop_lag_s")
+REMAINDERS = ("network", "upstream_network")
+HOST = "engine_cpu_wait"
+LATENESS = (*(f"{lag}@{stage}" for stage in REMAINDERS for lag in LAGS), HOST)
+MEASURES = STAGES + TOKENS + LATENESS
+KINDS = ("stages", "tokens", "lateness")  # a scope value's measures in the answer, by kind
+_KIND_OF = ("stages",) * len(STAGES) + ("tokens",) * len(TOKENS) + ("lateness",) * len(LATENESS)
+ROW = (*STAGES, *TOKENS, *LAGS, HOST)  # what a row holds, in order (ttft and e2e as STAGES names them)
 RELATIVE_ACCURACY = 0.01
 SKETCH_FORMAT = "ddsketch-protobuf-zlib-base64"  # base64(zlib(DDSketch protobuf))
 BIN_LIMIT = 2048  # DDSketch's default limit for its collapsing stores
 LATE_FOLD_INTERVAL_S = 10.0
 FOLD_INTERVAL_S = 1.0
-_EMPTY = (None,) * len(MEASURES)
+_EMPTY = (None,) * len(ROW)
 _STAGE_VALUES = operator.itemgetter(*TIME_STAGES)
-_TOKEN_VALUES = operator.itemgetter(*TOKENS)
+_LATER_VALUES = operator.itemgetter(*TOKENS, *LAGS, HOST)  # the row's values after ttft and e2e
 # estimated memory (CPython objects), for memory_bytes: a pending row (its tuples; floats mostly
 # shared with the request's stage dict), a part's dicts, a scope value's dicts, a measure's dict
-ROW_BYTES = 120 + 8 * len(MEASURES)
+ROW_BYTES = 120 + 8 * len(ROW)
 PART_BYTES = 1000
 VALUE_BYTES = 900
 MEASURE_BYTES = 250
@@ -133,6 +146,18 @@ class Window:
         sid = self.scope_ids[raw] = len(self.scope_keys)
         self.scope_keys.append((tuple(capped), tuple(over)))
         return sid
+
+
+_COLUMN = {name: j for j, name in enumerate(ROW)}
+_CAPPED = [(_COLUMN[lag], _COLUMN[stage]) for stage in REMAINDERS for lag in LAGS]
+
+
+def _measures(rows: np.ndarray) -> np.ndarray:
+    """``MEASURES``' columns of a matrix of rows (``ROW``; NaN: no value): the stages and tokens as
+    they are, each lateness capped at its request's own stage time (NaN where either is), the wait."""
+    capped = [np.minimum(rows[:, lag], np.maximum(rows[:, stage], 0.0))[:, None] for lag, stage in _CAPPED]
+    keep = len(STAGES) + len(TOKENS)
+    return np.hstack([rows[:, :keep], *capped, rows[:, _COLUMN[HOST], None]])
 
 
 class WindowSummaries:
@@ -212,10 +237,10 @@ class WindowSummaries:
             row = _EMPTY
         else:
             try:
-                row = (*_STAGE_VALUES(values), ttft, e2e, *_TOKEN_VALUES(values))
+                row = (*_STAGE_VALUES(values), ttft, e2e, *_LATER_VALUES(values))
             except KeyError:  # not the stage table's whole dict
                 get = values.get
-                row = (*map(get, TIME_STAGES), ttft, e2e, *map(get, TOKENS))
+                row = (*map(get, TIME_STAGES), ttft, e2e, *map(get, TOKENS), *map(get, LAGS), get(HOST))
         window.sids.append(sid)
         window.rows.append(row)
         window.outcomes.append(outcome)
@@ -274,7 +299,7 @@ class WindowSummaries:
         self.pending_rows -= n
         window.folded_at = now
         sids = np.array(sids, dtype=np.int64)
-        matrix = np.array(rows, dtype=float)  # None -> NaN
+        matrix = _measures(np.array(rows, dtype=float).reshape(n, len(ROW)))  # None -> NaN
         outcome_index: dict[str, int] = {}
         outcome_codes = np.array([outcome_index.setdefault(o, len(outcome_index)) for o in outcomes], int)
         outcome_names = list(outcome_index)
@@ -299,16 +324,15 @@ class WindowSummaries:
                 if arrivals[k]:
                     outcomes_k = {o: int(c) for o, c in zip(outcome_names, per_outcome[k], strict=True) if c}
                     per_value[value] = {
-                        "arrivals": int(arrivals[k]), "outcomes": outcomes_k, "stages": {}, "tokens": {}
+                        "arrivals": int(arrivals[k]), "outcomes": outcomes_k, **{kind: {} for kind in KINDS}
                     }
-            for j, measure in enumerate(MEASURES):
-                kind = "stages" if j < len(STAGES) else "tokens"
+            for j, (measure, kind) in enumerate(zip(MEASURES, _KIND_OF, strict=True)):
                 for k, summary in self._sketches(codes, matrix[:, j], len(names)):
                     per_value[names[k]][kind][measure] = summary
             scopes[name] = per_value
         size = PART_BYTES + sum(
             VALUE_BYTES
-            + sum(len(s["sketch"]) + MEASURE_BYTES for kind in ("stages", "tokens") for s in v[kind].values())
+            + sum(len(s["sketch"]) + MEASURE_BYTES for kind in KINDS for s in v[kind].values())
             for per_value in scopes.values()
             for v in per_value.values()
         )

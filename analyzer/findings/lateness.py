@@ -36,16 +36,37 @@ HOST_STAGES = ("prefill", "decode")  # the engine's compute: as slow as the CPU 
 SHARE = 0.5
 MIN_REQUESTS = 10
 MIN_CPU_SHARE = 0.05  # 1 - the wait: a host that leaves the engine less is "all of it"
+EXPLAINED_STAGES = (*REMAINDERS, *HOST_STAGES)  # the stages whose rise a side's lateness can explain
+
+
+def capped(col: str, stage: str) -> str:
+    """The column of ``col``'s lateness already capped at each request's own ``stage`` time, where
+    a frame has no requests to cap it on: the collectors' window summaries keep the capped values'
+    quantiles (``collector/windows.py``), and a frame of pseudo-requests made of them carries them."""
+    return f"{col}@{stage}"
+
+
+# what window summaries keep of all this: each side's lateness capped at each remainder, the host's wait
+MEASURED = (*(capped(col, stage) for stage in REMAINDERS for col in LAG_COLUMNS.values()), HOST_COLUMN)
+
+
+def _measured(rows: pl.DataFrame, stage: str, col: str) -> bool:
+    return col in rows.columns or capped(col, stage) in rows.columns
 
 
 def _medians(rows: pl.DataFrame, stage: str, col: str) -> tuple[float, float, int]:
     """Over the requests of ``rows`` that measured ``col``: the median of ``stage`` and of the
-    loop lateness (each request's capped at its own ``stage`` time), seconds, and their count."""
-    seen = rows.filter(pl.col(col).is_not_null())
+    loop lateness (each request's capped at its own ``stage`` time: ``capped`` where the frame
+    has it so), seconds, and their count."""
+    pre = capped(col, stage)
+    if pre in rows.columns:
+        seen, late_ = rows.filter(pl.col(pre).is_not_null()), pl.col(pre)
+    else:
+        seen = rows.filter(pl.col(col).is_not_null())
+        late_ = pl.min_horizontal(pl.col(col), pl.col(stage).clip(lower_bound=0.0))
     if seen.height == 0:
         return 0.0, 0.0, 0
-    capped = pl.min_horizontal(pl.col(col), pl.col(stage).clip(lower_bound=0.0))
-    total, late = seen.select(pl.col(stage).median(), capped.median()).row(0)
+    total, late = seen.select(pl.col(stage).median(), late_.median()).row(0)
     return float(total or 0.0), float(late or 0.0), seen.height
 
 
@@ -68,7 +89,7 @@ def explained(finding: Finding, frame: pl.DataFrame) -> str | None:
             return _decide(host_part(before, after, stage))
         parts = {}
         for side, col in LAG_COLUMNS.items():
-            if col not in rows.columns:
+            if not _measured(rows, stage, col):
                 continue
             total_0, late_0, n_0 = _medians(before, stage, col)
             total_1, late_1, n_1 = _medians(after, stage, col)
@@ -79,6 +100,19 @@ def explained(finding: Finding, frame: pl.DataFrame) -> str | None:
         found = level(frame.filter(in_scope(finding.scope).fill_null(False)), finding.spent_in)
         return None if found is None else found[0]
     return None
+
+
+def told(finding: Finding, frame: pl.DataFrame) -> bool:
+    """Whether ``frame`` still holds what ``explained`` weighs ``finding`` on: ``MIN_REQUESTS`` of
+    its scope's requests with its stage from before its onset (a frame of the recent requests loses
+    them as the onset ages, and ``explained`` then says None for want of them, not because no
+    side's lateness accounts for it). True for a finding it never explains."""
+    if not isinstance(finding, Shift) or finding.stage not in EXPLAINED_STAGES or not finding.up:
+        return True
+    if finding.stage not in frame.columns or "start" not in frame.columns:
+        return False
+    before = in_scope(finding.scope).fill_null(False) & pl.col(finding.stage).is_not_null() & (pl.col("start") < finding.at)
+    return frame.select(before.sum()).item() >= MIN_REQUESTS
 
 
 def host_part(before: pl.DataFrame, after: pl.DataFrame, stage: str) -> dict[str, float]:
@@ -127,7 +161,7 @@ def level(rows: pl.DataFrame, stage: str) -> tuple[str, float] | None:
         return None
     shares, late_ms = {}, {}
     for side, col in LAG_COLUMNS.items():
-        if col in rows.columns:
+        if _measured(rows, stage, col):
             total, late, n = _medians(rows.filter(pl.col(stage).is_not_null()), stage, col)
             if n >= MIN_REQUESTS and total > 0:
                 shares[side], late_ms[side] = late / total, late * 1e3
@@ -136,8 +170,12 @@ def level(rows: pl.DataFrame, stage: str) -> tuple[str, float] | None:
 
 
 def _decide(shares: dict[str, float]) -> str | None:
-    """The side whose lateness accounts for at least ``SHARE`` of the time (the largest)."""
+    """The side whose lateness accounts for at least ``SHARE`` of the time (the largest). A side
+    accounts for all of it at most: of sides that each account for all of it (processes busy
+    together: one host, one loop), the first in ``LAG_COLUMNS``' order, the caller's before the
+    servers' (a rise the caller's own lateness accounts for whole is not the serving's doing)."""
     if not shares:
         return None
-    side = max(shares, key=shares.__getitem__)
-    return side if shares[side] >= SHARE else None
+    whole = {side: min(share, 1.0) for side, share in shares.items()}
+    side = max(whole, key=whole.__getitem__)
+    return side if whole[side] >= SHARE else None

@@ -438,7 +438,9 @@ class IncidentBook:
         keep_s = 2 * self.hold_s + self.merge_s
         self.named = {k: v for k, v in self.named.items() if v[0] >= now - keep_s}
         self.named.update((fingerprint(f), (now, f)) for f in reversed(ongoing))  # the first wins
-        lateness_of = {id(f): lateness.explained(f, frame) for f in ongoing}
+        # of every finding: one that ended (``until``) goes on in its incident while a co-mover of it
+        # does (``_carried_on``), and must not page then for want of its lateness
+        lateness_of = {id(f): lateness.explained(f, frame) for f in findings}
         self.contenders = [(f, lateness_of[id(f)]) for f in ongoing]
         order = sorted(findings, key=lambda f: _lead_order(f, lateness_of.get(id(f))))
         for finding in order:  # the lead first: the one an incident shows
@@ -718,8 +720,11 @@ class IncidentBook:
         the finding gave the words. A sibling scope's finding (one place, keys that do not nest)
         only keeps it firing: the words stay those of the incident's own scope, its labels. An
         incident that did not page (its time was the measuring side's lateness, or it was unfelt)
-        pages once it could for the hold (``_noted_pages_now``)."""
+        pages once it could for the hold (``_noted_pages_now``). Its lateness, once the recent
+        requests no longer reach back before its onset (``lateness.told``), stays what it was."""
         incident.last_seen = now
+        if late is None and not lateness.told(finding, frame):
+            late = incident.late
         if fingerprint(finding) != incident.key and not _nested(fingerprint(finding)[2], incident.key[2]):
             if until is not None:  # the place's change is over, whichever of its scopes says so
                 self._resolve(incident, until, "came back")

@@ -20,7 +20,10 @@ of pseudo-requests made from the windows of the last ``recent_s`` (``pseudo_fram
 attribute and value, at most ``PSEUDO_ROWS`` rows whose stage values are the window's quantiles at
 (i + ½)/rows and whose ``client_ttft`` / ``client_e2e`` carry the window's exact sums spread over
 its rows and attributes, so that the users' time since an onset (``live_share``) is the windows'
-own sum. A row names its attribute's value, and another attribute's only where that attribute had one value
+own sum. Where the book asks whose lateness a network rise is, or whether a busy host explains a slower
+prefill or decode (``findings.lateness``), the rows carry the windows' quantiles of each side's loop
+lateness and of the engine host's CPU wait at the same ranks: a busy caller's network time is
+noted, not paged, as on requests. A row names its attribute's value, and another attribute's only where that attribute had one value
 in the window (every request had it: ``common`` labels then, as on requests), else null: two
 scopes of different attributes are one place (``same_place``) only then.
 """
@@ -37,6 +40,7 @@ import httpx
 import numpy as np
 import polars as pl
 from ddsketch import LogarithmicMapping
+from hopline.analyzer.findings.lateness import EXPLAINED_STAGES, MEASURED
 from hopline.analyzer.findings.model import Finding, Shift
 from hopline.analyzer.findings.registry import (
     ALL,
@@ -309,6 +313,7 @@ def pseudo_frame(
     width = series.width_s
     gamma = LogarithmicMapping(series.relative_accuracy).gamma
     attributes = [a for a in series.by if a in config.scopes] or [series.by[0]]
+    late = MEASURED if any(s in EXPLAINED_STAGES for s in stages) else ()
     columns: dict[str, list] = defaultdict(list)
     for i in starts:
         # an attribute with one value in the window (not unknown, not other): every request had it
@@ -333,11 +338,14 @@ def pseudo_frame(
                     columns[stage] += [None] * rows
                     continue
                 columns[stage] += bin_quantiles(b, q, gamma).tolist()
+            for name in late:  # each side's loop lateness, the host's CPU wait: rows in rank order
+                b = measures.get(name)
+                columns[name] += [None] * rows if b is None or b.count == 0 else bin_quantiles(b, q, gamma).tolist()
             ttft, e2e = measures.get("ttft"), measures.get("e2e")
             share = rows * len(attributes)
             columns["client_ttft"] += [ttft.total / share if ttft is not None and ttft.count else None] * rows
             columns["client_e2e"] += [e2e.total / share if e2e is not None and e2e.count else None] * rows
-    schema = {"start": pl.Float64, **{a: pl.String for a in attributes}, **{s: pl.Float64 for s in stages}}
+    schema = {"start": pl.Float64, **{a: pl.String for a in attributes}, **{s: pl.Float64 for s in (*stages, *late)}}
     schema |= {"client_ttft": pl.Float64, "client_e2e": pl.Float64}
     frame = pl.DataFrame({k: columns[k] for k in schema}, schema=schema)
     views = [pl.lit(None, pl.Float64).alias(f"{v}_{t}") for v in ("gateway", "engine") for t in TIMINGS]

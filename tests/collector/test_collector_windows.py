@@ -197,3 +197,38 @@ def test_since_and_until_select_windows_by_start(tmp_path, requests):
         assert len(starts) >= 3
         chosen = c.client.get("/v1/windows", params={"since": starts[1], "until": starts[1]}).json()
     assert [w["start"] for w in chosen["windows"]] == [starts[1]]
+
+
+def test_each_sides_lateness_is_kept_capped_at_the_requests_network_time_and_the_hosts_wait_as_is():
+    """The windows keep what the incident book tells a busy process from a slower hop by
+    (``analyzer/findings/lateness.py``'s ``MEASURED``, the same names): each side's loop lateness,
+    each request's capped at its own network time, and the engine host's CPU wait; a request that
+    did not measure one adds nothing to it."""
+    from hopline.analyzer.findings import lateness
+    from hopline.collector.windows import LATENESS
+
+    assert LATENESS == lateness.MEASURED
+    windows = WindowSummaries.from_config(parts_config(window=WIDTH, window_by="replica", window_settle=0.0))
+    rng = np.random.default_rng(39)
+    network = rng.lognormal(-3, 1.0, 400)
+    lag = rng.lognormal(-3, 1.0, 400)
+    wait = rng.uniform(0, 0.9, 400)
+    for k in range(400):
+        values = {"network": float(network[k]), "client_read_lag_s": float(lag[k]), "engine_cpu_wait": float(wait[k])}
+        if k % 4 == 0:  # no gateway lateness measured here: nor below
+            values["gateway_loop_lag_s"] = float(lag[k])
+        windows.add(1000.0, {"replica": "r1"}, values, "ok")
+    kept = windows.answer(now=2000.0)["windows"][0]["parts"][0]["scopes"]["replica"]["r1"]["lateness"]
+    assert set(kept) == {
+        "client_read_lag_s@network", "gateway_loop_lag_s@network", "engine_cpu_wait",
+    }  # fmt: skip
+    capped = np.minimum(lag, network)
+    for name, want in (
+        ("client_read_lag_s@network", capped), ("gateway_loop_lag_s@network", capped[::4]), ("engine_cpu_wait", wait),
+    ):  # fmt: skip
+        sketch = decode(kept[name]["sketch"], RELATIVE_ACCURACY)
+        assert kept[name]["count"] == len(want)
+        assert kept[name]["sum"] == pytest.approx(want.sum(), rel=1e-12)
+        for q in QS:
+            exact = np.quantile(want, q, method="lower")
+            assert sketch.get_quantile_value(q) == pytest.approx(exact, rel=RELATIVE_ACCURACY * 1.01)

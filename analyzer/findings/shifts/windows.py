@@ -25,10 +25,10 @@ of the horizon into findings. Cost follows windows × scope values × stages, ne
 What it does not do, for want of single requests in the windows: no two-attribute cell (the
 windows hold one attribute at a time), no ``connect`` part (pool wait vs new connections), no mix
 change (per-token figures), no step-5 folding of one change seen from correlated scopes, no
-pitfall, no loop lateness (the windows hold none: a rise that is the calling process's own
-event loop running late, which ``lateness.explained`` puts after the rest offline and the book
-does not page, is said and paged as the stage it shows in; tests/analyzer/live/
-test_windows_vs_offline.py, huge-prompt-2). Quantiles are the sketches' (1% relative).
+pitfall. Each side's loop lateness (capped at each request's network time) and the engine host's
+CPU wait are kept (``lateness.MEASURED``) and merged for the incident book, which tells from them,
+as on requests, a rise that is the calling process's own event loop running late (noted, not
+paged). Quantiles are the sketches' (1% relative).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from ddsketch import LogarithmicMapping
+from hopline.analyzer.findings.lateness import MEASURED
 from hopline.analyzer.findings.model import Finding
 from hopline.analyzer.findings.shifts.context import COVARIATES
 from hopline.analyzer.findings.shifts.incidents import Change, cap_reversals, incidents
@@ -55,14 +56,15 @@ from hopline.analyzer.findings.shifts.stats import (
     log_move,
     z_threshold,
 )
-from hopline.analyzer.windows import decode_bins
+from hopline.analyzer.windows import KINDS, decode_bins
 
 ALL = ("", "")  # the series key of all traffic
 TIMINGS = ("ttft", "e2e")  # the collectors' outermost views, for the users' time and concurrency
 TOKENS = ("prompt_tokens", "cached_tokens")
-READ = frozenset(
-    (*SHIFT_STAGES, *TIMINGS, *TOKENS)
-)  # the measures the detector reads (others are not merged)
+# the measures the detector and the incident book read (others are not merged): each side's loop
+# lateness and the engine host's CPU wait for the book's ``lateness.explained`` (a busy caller,
+# server or host, not a slower hop)
+READ = frozenset((*SHIFT_STAGES, *TIMINGS, *TOKENS, *MEASURED))
 
 
 # -- the windows, as numpy ---------------------------------------------------------------------------
@@ -123,8 +125,8 @@ class WindowSeries:
                 keys = [(attribute, value), ALL] if total else [(attribute, value)]
                 for k in keys:
                     arrivals[k] += summary["arrivals"]
-                for kind in ("stages", "tokens"):
-                    for name, s in summary[kind].items():
+                for kind in KINDS:
+                    for name, s in summary.get(kind, {}).items():  # a collector before issue 39: no lateness
                         if name not in READ:
                             continue
                         first, counts, zeros = decode_bins(s["sketch"], self.relative_accuracy)

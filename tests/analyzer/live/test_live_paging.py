@@ -25,6 +25,7 @@ from hopline.analyzer.live.detect import findings_now
 from hopline.analyzer.live.detector import LiveConfig, LiveDetector
 from hopline.analyzer.live.feed import replay
 from hopline.analyzer.findings.rank import users_time
+from hopline.analyzer.live import incidents
 from hopline.analyzer.live.incidents import IncidentBook, since
 from hopline.analyzer.live.watch import Watch
 from hopline.analyzer.timelines import timelines
@@ -438,3 +439,64 @@ def test_a_noted_shift_pages_once_it_could_for_the_hold_and_waits_for_a_larger_o
     (led,) = paging(flood, ONSET + 22, [grown, queue])
     assert led.pages and led.finding.stage == "queue" and len(flood.incidents) == 1
     assert [f.stage for f in led.co_movers] == ["network"]
+
+
+def _late_reader(queue_rise) -> tuple[pl.DataFrame, Shift]:
+    """Network time that rose from the onset with the reading client's loop lateness."""
+    frame, queue = queue_rise
+    late = (pl.col("start") >= ONSET).cast(pl.Float64) * 0.3 + 0.01
+    slow = frame.with_columns(network=pl.col("network") + late, client_read_lag_s=late + 0.05)
+    return slow, replace(queue, stage="network", summary="network time rose", before_ms=5.0, after_ms=305.0)
+
+
+def test_sides_late_together_by_all_of_a_rise_leave_it_the_callers(queue_rise):
+    """One busy host (or loop) under the caller and the gateway: each side's lateness accounts for
+    all of the network time's rise, the gateway's by a hair more (its capped lateness was a little
+    lower before). A side accounts for all of it at most, so the caller's, first, keeps it: noted,
+    not paged as the gateway's server (the window watcher paged such a rise in the demo)."""
+    frame, rise = _late_reader(queue_rise)
+    both = frame.with_columns(gateway_loop_lag_s=(pl.col("start") >= ONSET).cast(pl.Float64))  # 0 s, then 1 s
+    assert lateness.explained(rise, both) == "client"
+    (noted,) = book().step(ONSET + 20, [rise], both)
+    assert noted.late == "client" and not noted.pages
+    # a gateway late while the caller is not still is the gateway's
+    alone = both.with_columns(client_read_lag_s=pl.lit(0.01))
+    assert lateness.explained(rise, alone) == "gateway"
+
+
+def test_the_callers_lateness_stays_noted_once_the_recent_requests_no_longer_reach_before_its_onset(queue_rise):
+    """The book's frame holds the recent requests; as the onset ages, the requests before it leave
+    the frame and ``explained`` can no longer weigh the rise (None for want of them): the incident
+    keeps its lateness, and does not page at the end of a replay for having forgotten why."""
+    frame, rise = _late_reader(queue_rise)
+    b = book(hold_s=10.0)
+    b.step(ONSET + 10, [rise], frame)
+    (noted,) = b.step(ONSET + 20, [rise], frame)
+    assert noted.late == "client" and not noted.pages
+    after = frame.filter(pl.col("start") >= rise.at)
+    assert lateness.explained(rise, after) is None and not lateness.told(rise, after)
+    for now in range(30, 90, 10):
+        b.step(ONSET + now, [rise], after)
+    assert not noted.pages and noted.late == "client" and b.paging() == []
+
+
+def test_a_callers_lateness_that_ended_while_its_co_mover_goes_on_stays_noted(queue_rise):
+    """The caller's late network time ended (the finding has an ``until``) while a co-mover of
+    its incident, a small frontend rise no user feels, goes on: the incident goes on with it
+    (``_carried_on``) and keeps its lateness. The book weighed lateness only for ongoing
+    findings, so the ended one came with none, and the noted incident paged (the window watcher's
+    cold-connections page, which the request-level one did not send)."""
+    frame, rise = _late_reader(queue_rise)
+    frame = frame.with_columns(frontend=pl.col("frontend") + (pl.col("start") >= ONSET).cast(pl.Float64) * 0.008)
+    ended = replace(rise, until=ONSET + 100)
+    small = replace(rise, stage="frontend", summary="engine frontend time rose", before_ms=4.0, after_ms=12.0,
+                    impact_s=rise.impact_s / 10)  # fmt: skip
+    assert lateness.explained(ended, frame) == "client" and incidents._unfelt(small)
+    b = book(hold_s=10.0)
+    b.step(ONSET + 10, [rise], frame)
+    (noted,) = b.step(ONSET + 20, [rise], frame)
+    b.step(ONSET + 25, [rise, small], frame)
+    assert noted.late == "client" and not noted.pages and [f.stage for f in noted.co_movers] == ["frontend"]
+    for now in range(30, 90, 10):
+        b.step(ONSET + now, [ended, small], frame)
+    assert noted.state == "firing" and not noted.pages and b.paging() == []
