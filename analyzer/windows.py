@@ -122,6 +122,10 @@ class ScopeWindow:
     tokens: dict[str, Measure] = field(default_factory=dict)
     lateness: dict[str, Measure] = field(default_factory=dict)  # loop lateness, the engine host's CPU wait
 
+    def measure(self, name: str) -> Measure | None:
+        """``name``'s measure, of whichever kind."""
+        return self.stages.get(name) or self.tokens.get(name) or self.lateness.get(name)
+
 
 @dataclass
 class MergedWindows:
@@ -139,7 +143,7 @@ class MergedWindows:
         scope = self.windows.get(start, {}).get(attribute, {}).get(value)
         if scope is None:
             return None
-        return scope.stages.get(name) or scope.tokens.get(name) or scope.lateness.get(name)
+        return scope.measure(name)
 
     def quantile(self, start: float, attribute: str, value: str, name: str, q: float) -> float | None:
         """The ``q`` quantile of ``name`` (a stage, ``ttft``, ``e2e`` or a token count) in the window
@@ -153,7 +157,7 @@ class MergedWindows:
         for start, attributes in sorted(self.windows.items()):
             for attribute, values in attributes.items():
                 for value, scope in values.items():
-                    found = scope.stages.get(name) or scope.tokens.get(name) or scope.lateness.get(name)
+                    found = scope.measure(name)
                     if found is not None:
                         out[(start, attribute, value)] = [found.quantile(q) for q in qs]
         return out

@@ -332,15 +332,12 @@ def pseudo_frame(
             columns["start"] += list(i * width + q * width)
             for a in attributes:
                 columns[a] += [value if a == attribute else shared.get(a)] * rows
-            for stage in stages:
-                b = measures.get(stage)
-                if b is None or b.count == 0:
-                    columns[stage] += [None] * rows
-                    continue
-                columns[stage] += bin_quantiles(b, q, gamma).tolist()
-            for name in late:  # each side's loop lateness, the host's CPU wait: rows in rank order
+            for name in (*stages, *late):  # every measure's quantiles at the same ranks, row by row
                 b = measures.get(name)
-                columns[name] += [None] * rows if b is None or b.count == 0 else bin_quantiles(b, q, gamma).tolist()
+                if b is None or b.count == 0:
+                    columns[name] += [None] * rows
+                    continue
+                columns[name] += bin_quantiles(b, q, gamma).tolist()
             ttft, e2e = measures.get("ttft"), measures.get("e2e")
             share = rows * len(attributes)
             columns["client_ttft"] += [ttft.total / share if ttft is not None and ttft.count else None] * rows
