@@ -8,6 +8,9 @@
 
     python bench/asgi_instructions.py --per-chunk          # what hopline adds per streamed chunk
 
+Variants: bench_asgi.py's (``bare``, ``hopline``, ...), and ``raw`` / ``raw_hopline_null`` / ``raw_hopline`` (``raw_app``:
+no Starlette; null sink, file sink to /dev/null; ``raw_hopline_null 100 1`` and ``600 1`` give hopline's fixed cost per request).
+
 ``--per-chunk`` runs the four of them itself (``bare`` and ``hopline``, 100 requests each, of 30
 and of 130 content chunks, ``PYTHONHASHSEED=0``) and prints, as JSON, the instructions hopline
 adds per content chunk after the first token: ``((hopline_130 - hopline_30) - (bare_130 -
@@ -33,16 +36,57 @@ from concurrent.futures import ThreadPoolExecutor
 import bench_asgi
 
 
+def raw_app(variant: str):
+    """``raw`` (no Starlette, no middleware) or ``raw_hopline_null`` (that app in ``EngineMiddleware``,
+    null sink): the same 34 SSE chunks as bench_asgi's app, sent straight to ``send``, so that what
+    hopline adds is the bulk of the count (its fixed cost per request: ``raw_hopline_null`` with 1
+    content chunk)."""
+    import orjson
+
+    def chunk(delta: dict | None, finish: str | None = None, **extra: object) -> bytes:
+        choices = [] if delta is None else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
+        obj = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 1, "model": "tiny",
+               "choices": choices, **extra}  # fmt: skip
+        return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+    parts = [
+        chunk({"role": "assistant", "content": ""}),
+        *(chunk({"content": f" word{i}"}) for i in range(bench_asgi.CONTENT_CHUNKS)),
+        chunk({}, "length"),
+        chunk(None, usage={"prompt_tokens": 9, "completion_tokens": 30, "total_tokens": 39}),
+        b"data: [DONE]\n\n",
+    ]
+    start = {"type": "http.response.start", "status": 200,
+             "headers": [(b"content-type", b"text/event-stream; charset=utf-8")]}  # fmt: skip
+
+    async def app(scope, receive, send):
+        while (await receive()).get("more_body"):
+            pass
+        await send(dict(start))
+        for part in parts:
+            await send({"type": "http.response.body", "body": part, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    if variant == "raw":
+        return app
+    from hopline.middleware.emit import Emitter
+    from hopline.middleware.engine import EngineMiddleware
+
+    sink = "null" if variant == "raw_hopline_null" else f"file:{os.devnull}"
+    return EngineMiddleware(app, emitter=Emitter(sink, replica="r1"))
+
+
 def main(variant: str, requests: int, chunks: int | None = None) -> None:
     if chunks is not None:  # content chunks per response (default bench_asgi's 30)
         bench_asgi.CONTENT_CHUNKS = chunks
-    app = bench_asgi.build_app(variant, os.devnull)
+    app = raw_app(variant) if variant.startswith("raw") else bench_asgi.build_app(variant, os.devnull)
     asyncio.run(bench_asgi._in_process_requests(app, requests))
     emitter = getattr(app, "emitter", None)
     if emitter is not None:
         emitter.flush()
         stats = emitter.stats()
-        assert stats["errors"] == 0 and stats["dropped"] == 0, stats
+        null = variant.endswith("_null")  # the null sink counts every event as dropped_sink
+        assert stats["errors"] == 0 and stats["dropped"] == (stats["dropped_sink"] if null else 0), stats
 
 
 def instructions(variant: str, requests: int, chunks: int) -> int:
