@@ -240,13 +240,12 @@ class Exchange:
 
     def emit(self, hop: str, t: float | None = None, **attrs: Any) -> None:
         """Emit ``hop`` at ``perf_counter`` reading ``t`` (default now)."""
+        event = {"attempt": self.attempt, **attrs} if attrs else {"attempt": self.attempt}
         if self.trace_id is not None:
-            attrs["trace_id"] = self.trace_id
+            event["trace_id"] = self.trace_id
         if self.leg is not None:
-            attrs["leg"] = self.leg
-        self.emitter.emit(
-            hop, self.request_id, None if t is None else _CLOCK_OFFSET + t, attempt=self.attempt, **attrs
-        )
+            event["leg"] = self.leg
+        self.emitter.emit_attrs(hop, self.request_id, None if t is None else _CLOCK_OFFSET + t, event)
 
     def send(self, message: Message) -> Awaitable[None]:
         """The ``send`` to give the app: observe ``message``, then forward it to ``downstream``.

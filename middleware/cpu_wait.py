@@ -16,9 +16,10 @@ when the engine got half the CPU it asked for (a compute-bound step then takes t
 The engine middleware puts it on ``engine.last`` as ``cpu_wait``; the analyzer tells a decode or
 prefill rise that it accounts for as the host's (``findings.lateness``).
 
-A read costs one lock and a subtraction; the sampling thread reads a few small files per thread
-every ``INTERVAL`` s (~40 threads for vLLM's two processes: well under 1 ms). Where there is no
-``/proc`` (not Linux) or schedstat is off, ``share()`` is None and nothing is stamped.
+A read is one attribute (the share is computed with each sample); the sampling thread reads a few
+small files per thread every ``INTERVAL`` s (~40 threads for vLLM's two processes: well under 1 ms).
+Where there is no ``/proc`` (not Linux) or schedstat is off, ``share()`` is None and nothing is
+stamped.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ class CpuWait:
         self._ran = self._waited = 0  # the sums of every sampled thread's increases, ns
         self._samples: deque[tuple[float, int, int]] = deque(maxlen=max(2, int(span / interval) + 1))
         self._own = ""  # the sampler's thread ID: its own waits to wake are not the engine's
+        self._share: float | None = None  # share() over the samples kept, set with each sample
         self.available = _read(f"/proc/{self.pid}/schedstat") is not None
         if self.available:
             self._sample()
@@ -112,18 +114,25 @@ class CpuWait:
             self._ran += ran
             self._waited += waited
             self._samples.append((time.monotonic(), self._ran, self._waited))
+            self._share = self._share_now()
 
-    def share(self) -> float | None:
-        """The share of their runnable time this process's and its children's threads waited for
-        a CPU over the last ``SPAN`` s (None: no schedstat, or nothing ran)."""
-        with self._lock:
-            if len(self._samples) < 2:
-                return None
-            (_, ran_0, waited_0), (_, ran_1, waited_1) = self._samples[0], self._samples[-1]
+    def _share_now(self) -> float | None:
+        """The share over the samples kept now (caller holds ``_lock``)."""
+        if len(self._samples) < 2:
+            return None
+        (_, ran_0, waited_0), (_, ran_1, waited_1) = self._samples[0], self._samples[-1]
         ran, waited = ran_1 - ran_0, waited_1 - waited_0
         if ran + waited < MIN_BUSY_S * 1e9:
             return None
         return round(waited / (ran + waited), 3)
+
+    def share(self) -> float | None:
+        """The share of their runnable time this process's and its children's threads waited for
+        a CPU over the last ``SPAN`` s (None: no schedstat, or nothing ran).
+
+        Computed once per sample (``_sample``), so a read is one attribute, no lock: it is read
+        for every request's ``engine.last_token``."""
+        return self._share
 
 
 # this process's CPU wait sampler, started on first use (again in a forked child)

@@ -93,7 +93,7 @@ class EngineExchange(Exchange):
         entered: float,
         route: str,
     ) -> None:
-        super().__init__(emitter, "engine", request_id, attempt, downstream=send)
+        Exchange.__init__(self, emitter, "engine", request_id, attempt, downstream=send)  # not super(): cheaper
         self.upstream = receive
         self.entered = entered
         self.route = route
@@ -164,7 +164,7 @@ class EngineExchange(Exchange):
         if not self.received:
             self.emit_received(None)
         echo_request_id(message, self.request_id)
-        super().on_start(message, t)
+        Exchange.on_start(self, message, t)
 
     def finish(self, exc: BaseException | None) -> None:
         if not self.received:
@@ -172,12 +172,12 @@ class EngineExchange(Exchange):
                 self.emit_received(None)
             except Exception:  # noqa: BLE001 - never into the host
                 self.emitter.errors += 1
-        super().finish(exc)
+        Exchange.finish(self, exc)
 
     def _last_attrs(self, reader: StreamReader) -> dict[str, Any]:
         """(worker side) A stream's ``engine.last_token`` attributes, with ``cpu_wait``: how much of
         the CPU it asked for the engine got lately (``middleware.cpu_wait``; absent off Linux)."""
-        attrs = super()._last_attrs(reader)
+        attrs = Exchange._last_attrs(self, reader)
         wait = cpu_wait()
         if wait is not None:
             attrs["cpu_wait"] = wait

@@ -250,13 +250,17 @@ class StreamReader:
         feed_exact = self._feed_exact
         i, n = 0, len(chunks)
         while i < n:
-            if self._plain is not None and not (self._buf or self._data):
+            plain = self._plain
+            run = plain is not None and not (self._buf or self._data)
+            if run and chunks[i].endswith(plain[1]):  # (else the run would decline it at once)
                 i = self._take_plain_run(chunks, times, i)
                 if i >= n:
                     break
             chunk, ts = chunks[i], times[i]
             i += 1
-            if chunk and not self.take_plain(chunk, ts):
+            # a bytes chunk the run declined is one take_plain declines too (the same tests), and
+            # without a run (no template, or a partial event pending) take_plain declines any chunk
+            if chunk and (not run or type(chunk) is bytes or not self.take_plain(chunk, ts)):
                 feed_exact(chunk, ts)
                 if self.error is not None:
                     return ts
@@ -446,8 +450,8 @@ class StreamReader:
             and choice.get("finish_reason") is None
             and usage is None
             and isinstance(choice.get("delta"), dict)
-            and choice["delta"].keys() == {"content"}
-            and isinstance(choice["delta"]["content"], str)
+            and len(choice["delta"]) == 1  # its only key "content" (no set built per chunk)
+            and isinstance(choice["delta"].get("content"), str)
         )
 
     def _channels(self, delta: Any, ts: float) -> None:
@@ -513,19 +517,25 @@ class StreamReader:
 
     def summary(self) -> dict[str, Any]:
         """The ``*.last_token`` attributes (None values are left out)."""
-        attrs = {
-            "output_tokens": self.output_tokens,
-            "reasoning_tokens": self.reasoning_tokens,
-            "output_chunks": self.output_chunks,
-            "finish_reason": self.finish_reason,
-            "max_gap_s": self.max_gap_s,
-            "max_gap_at": self.max_gap_at,
-            **self.reported,
-        }
+        attrs: dict[str, Any] = {}  # in this order; once per stream, so no dict of Nones filtered after
+        if self.output_tokens is not None:
+            attrs["output_tokens"] = self.output_tokens
+        if self.reasoning_tokens is not None:
+            attrs["reasoning_tokens"] = self.reasoning_tokens
+        attrs["output_chunks"] = self.output_chunks
+        if self.finish_reason is not None:
+            attrs["finish_reason"] = self.finish_reason
+        if self.max_gap_s is not None:
+            attrs["max_gap_s"] = self.max_gap_s
+        if self.max_gap_at is not None:
+            attrs["max_gap_at"] = self.max_gap_at
+        if self.reported:
+            attrs.update(self.reported)  # reported_durations: never a None value
         if self.first_reasoning_at is not None:  # a reasoning model: when it began to think, and to answer
             attrs["first_reasoning_at"] = self.first_reasoning_at
-            attrs["first_content_at"] = self.first_content_at
-        return {k: v for k, v in attrs.items() if v is not None}
+            if self.first_content_at is not None:
+                attrs["first_content_at"] = self.first_content_at
+        return attrs
 
 
 def _describe_error(err: Any) -> tuple[str, int | None]:
