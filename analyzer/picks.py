@@ -162,21 +162,31 @@ class Plan:
         return [c for c in dict.fromkeys(columns) if c != "_pick"]
 
 
-def row_index(rows: np.ndarray, missing: int) -> pl.Series:
-    """``rows`` as a gather index: null where it is ``missing`` (a gather reads null there)."""
-    return _nullable(rows, rows == missing, pl.UInt32, "rows")
+def _at(rows: np.ndarray, missing: int) -> tuple[pl.Series, pl.Series | None]:
+    """``rows`` (``missing`` where there is none) as a gather index, and where it is missing (None:
+    nowhere): the gather reads row 0 there, and ``_masked`` makes it null."""
+    absent = rows == missing
+    if not absent.any():
+        return pl.Series(rows, dtype=pl.UInt32), None
+    return pl.Series(np.where(absent, 0, rows), dtype=pl.UInt32), pl.Series(absent)
 
 
-def _nullable(
-    values: np.ndarray, missing: np.ndarray, dtype: pl.DataType, name: str, wrap: bool = False
-) -> pl.Series:
-    """``values`` as ``dtype``, null where ``missing``; ``wrap``: an integer beyond ``dtype``
-    wraps around, as Polars' own arithmetic does in the reference (``attempt`` 2**31 - 1, plus one)."""
-    series = pl.Series(name, values).cast(dtype, wrap_numerical=wrap)
-    if not missing.any():
-        return series
-    # one when/then, not a scatter of the nulls (500k values: 0.65 ms against 3.1)
-    return pl.select(pl.when(pl.lit(pl.Series(missing))).then(None).otherwise(pl.lit(series)).alias(name)).to_series()
+def _masked(value: pl.Expr, absent: pl.Series | None) -> pl.Expr:
+    """``value``, null where ``absent`` holds."""
+    return value if absent is None else pl.when(pl.lit(absent)).then(None).otherwise(value)
+
+
+def _nullables(columns: Sequence[tuple[str, np.ndarray, np.ndarray, pl.DataType, bool]]) -> dict[str, pl.Series]:
+    """Each ``(name, values, missing, dtype, wrap)``: ``values`` as ``dtype``, null where ``missing``;
+    ``wrap``: an integer beyond ``dtype`` wraps around, as Polars' own arithmetic does in the
+    reference (``attempt`` 2**31 - 1, plus one). The nulls of all of them set by one select (a
+    when/then each: 500k values 0.65 ms against 3.1 for a scatter; one select, not one each, as
+    ~0.3 ms of a select's own cost adds up over ~20 columns a bucket)."""
+    exprs = []
+    for name, values, missing, dtype, wrap in columns:
+        series = pl.Series(name, values).cast(dtype, wrap_numerical=wrap)
+        exprs.append(_masked(pl.lit(series), pl.Series(missing) if missing.any() else None).alias(name))
+    return dict(zip((c[0] for c in columns), pl.select(exprs).get_columns())) if exprs else {}
 
 
 class _Rows:
@@ -215,34 +225,40 @@ def per_request(events: pl.DataFrame, plan: Plan, schema: pl.Schema) -> pl.DataF
     groups = groups.in_log_order()
     rows = _Rows(events, groups)
     hop_rows = rows.hop_choices({hop for hop, _ in plan.hop_columns.values()}) if plan.hop_columns else {}
-    chosen = {hop: row_index(at, events.height) for hop, at in hop_rows.items()}
+    chosen = dict(hop_rows)  # a hop's or a key's chosen row per request (events.height: none)
     for key, _ in plan.keyed.values():
         if key not in chosen:
-            row = first_smallest(groups.of_row, groups.count, events[key])[1]
-            chosen[key] = row_index(row, events.height)
-    # every column read at a chosen event: one select, so Polars runs the gathers together
-    read = {"request_id": ("request_id", pl.Series(groups.first_row))}
+            chosen[key] = first_smallest(groups.of_row, groups.count, events[key])[1]
+    at = {source: _at(row, events.height) for source, row in chosen.items()}
+    # every column read at a chosen event: one select, so Polars runs the gathers together (a
+    # request without the event reads row 0, made null there: no null in the index, no select to make one)
+    read = {"request_id": ("request_id", (pl.Series(groups.first_row), None))}
     # a hop's pick is read from the array its choice was made from (numpy: one Polars gather less a hop)
     picked = {name: hop for name, (hop, column) in plan.hop_columns.items() if column == "_pick"}
-    read |= {name: (column, chosen[hop]) for name, (hop, column) in plan.hop_columns.items() if name not in picked}
-    read |= {name: (column, chosen[key]) for name, (key, column) in plan.keyed.items()}
-    gathered = events.select(pl.col(column).gather(pl.lit(at)).alias(name) for name, (column, at) in read.items())
+    read |= {name: (column, at[hop]) for name, (hop, column) in plan.hop_columns.items() if name not in picked}
+    read |= {name: (column, at[key]) for name, (key, column) in plan.keyed.items()}
+    gathered = events.select(
+        _masked(pl.col(column).gather(pl.lit(index)), absent).alias(name)
+        for name, (column, (index, absent)) in read.items()
+    )
     out = dict(zip(gathered.columns, gathered.get_columns()))
+    made: list[tuple[str, np.ndarray, np.ndarray, pl.DataType, bool]] = []
     if picked:
         pick = events["_pick"].to_numpy()
         for name, hop in picked.items():
             missing = hop_rows[hop] == events.height
-            out[name] = _nullable(pick[np.where(missing, 0, hop_rows[hop])], missing, pl.Float64, name)
-    if "trace_id" in schema:
-        out["trace_id"] = _trace_ids(events, groups)
+            made.append((name, pick[np.where(missing, 0, hop_rows[hop])], missing, pl.Float64, False))
     ts = events["ts"].to_numpy()
     for name, hops in plan.earliest.items():
         earliest = masked_min(groups.of_row, groups.count, ts, rows.of_hops(hops))
-        out[name] = _nullable(earliest, np.isinf(earliest), pl.Float64, name)
+        made.append((name, earliest, np.isinf(earliest), pl.Float64, False))
     attempt = events["attempt"]
     for name, hops in plan.tops.items():
         top = masked_max(groups.of_row, groups.count, attempt.to_numpy(), rows.of_hops(hops))
-        out[name] = _nullable(top + (name in plan.plus_one), top < 0, attempt.dtype, name, wrap=True)
+        made.append((name, top + (name in plan.plus_one), top < 0, attempt.dtype, True))
+    out |= _nullables(made)
+    if "trace_id" in schema:
+        out["trace_id"] = _trace_ids(events, groups)
     return pl.DataFrame(out).select(list(schema)).cast(dict(schema))
 
 
