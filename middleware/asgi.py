@@ -41,6 +41,8 @@ REQUEST_ID_HEADER = b"x-request-id"
 ATTEMPT_HEADER = b"x-hopline-attempt"
 LEG_HEADER = b"x-hopline-leg"  # a P/D proxy's leg (contract.LEGS), from GatewayHops.forwarded(leg=...)
 _LEGS = {leg.encode(): leg for leg in LEGS}
+# The first bytes of the request headers scan_request_headers looks for (x-..., traceparent)
+_SCANNED_FIRST = frozenset((REQUEST_ID_HEADER[0], ATTEMPT_HEADER[0], LEG_HEADER[0], b"traceparent"[0]))
 MAX_ATTEMPT = 1000
 # A stream's chunks kept (after its first token) before they are read on the spot: bounds a
 # request's memory to this many chunk references; the result is the same either way.
@@ -104,6 +106,8 @@ def scan_request_headers(scope: Scope) -> tuple[bytes | None, bytes | None, byte
     """
     rid = attempt = traceparent = leg = None
     for name, value in scope.get("headers") or ():
+        if not name or name[0] not in _SCANNED_FIRST:  # most headers: one test, not four
+            continue
         if name == REQUEST_ID_HEADER:
             rid = value
         elif name == ATTEMPT_HEADER:

@@ -167,6 +167,8 @@ class EngineExchange(Exchange):
         Exchange.on_start(self, message, t)
 
     def finish(self, exc: BaseException | None) -> None:
+        if self.final and self.received:  # the usual end: nothing left to report
+            return
         if not self.received:
             try:
                 self.emit_received(None)
@@ -229,14 +231,17 @@ class EngineMiddleware:
                 request_id = adopt_request_id(raw_id, "engine")
                 if raw_id != request_id.encode():
                     scope = with_request_id(scope, request_id)
-            attempt = parse_attempt(raw_attempt)
+            attempt = 0 if raw_attempt is None else parse_attempt(raw_attempt)  # (the usual: none)
             exchange = EngineExchange(
                 self.emitter, request_id, attempt, receive, send, entered, scope["path"]
             )
             exchange.loop_lag = lag
             if raw_trace is not None:
                 exchange.trace_id = trace_id_of(raw_trace)
-            exchange.leg = leg = leg_of(raw_leg)
+            if raw_leg is None:
+                leg = None  # (EngineExchange starts with no leg)
+            else:
+                exchange.leg = leg = leg_of(raw_leg)
             if attempt or leg is not None:
                 # so engine.stats names the failover attempt and the P/D leg
                 self.attempts.note(request_id, attempt, leg)
