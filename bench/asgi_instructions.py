@@ -8,8 +8,9 @@
 
     python bench/asgi_instructions.py --per-chunk          # what hopline adds per streamed chunk
 
-Variants: bench_asgi.py's (``bare``, ``hopline``, ...), and ``raw`` / ``raw_hopline_null`` / ``raw_hopline`` (``raw_app``:
-no Starlette; null sink, file sink to /dev/null; ``raw_hopline_null 100 1`` and ``600 1`` give hopline's fixed cost per request).
+Variants: bench_asgi.py's (``bare``, ``hopline``, ...), and ``raw`` / ``raw_hopline_null`` /
+``raw_hopline`` (``raw_app``: no Starlette; null sink, file sink to /dev/null): ``raw_hopline_null
+100 1`` and ``600 1`` give hopline's fixed cost per request.
 
 ``--per-chunk`` runs the four of them itself (``bare`` and ``hopline``, 100 requests each, of 30
 and of 130 content chunks, ``PYTHONHASHSEED=0``) and prints, as JSON, the instructions hopline
@@ -44,7 +45,9 @@ def raw_app(variant: str):
     import orjson
 
     def chunk(delta: dict | None, finish: str | None = None, **extra: object) -> bytes:
-        choices = [] if delta is None else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
+        choices = (
+            [] if delta is None else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
+        )
         obj = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 1, "model": "tiny",
                "choices": choices, **extra}  # fmt: skip
         return b"data: " + orjson.dumps(obj) + b"\n\n"

@@ -310,7 +310,7 @@ class Exchange:
             return
         for name, value in message.get("headers") or ():
             if name.lower() == b"content-type":
-                if value.startswith(b"text/event-stream"):
+                if value[:17] == b"text/event-stream":  # (a slice: cheaper than startswith)
                     self._reader = StreamReader()
                 break
         if self._reader is None:

@@ -30,6 +30,7 @@ MAX_JSON_BYTES = 1 << 20  # bodies above this are passed on untouched and not pa
 MAX_EVENT_BYTES = 1 << 20  # an SSE event (or a line without newline) above this is dropped
 _DONE = b"[DONE]"
 _DONE_EVENT = b"data: [DONE]\n\n"
+_CONTENT_KEY = b'"content":"'  # a plain chunk's text follows it (StreamReader._learn)
 # The body of one JSON string, exactly as JSON allows it: any byte but a quote, a backslash or a
 # control character, and the escapes. A plain chunk's text whose quotes are all escaped is still
 # one string (code and JSON in an answer have many); this tells it without decoding.
@@ -252,7 +253,7 @@ class StreamReader:
         while i < n:
             plain = self._plain
             run = plain is not None and not (self._buf or self._data)
-            if run and chunks[i].endswith(plain[1]):  # (else the run would decline it at once)
+            if run and chunks[i][-plain[3] :] == plain[1]:  # its tail (else the run declines it at once)
                 i = self._take_plain_run(chunks, times, i)
                 if i >= n:
                     break
@@ -307,13 +308,16 @@ class StreamReader:
             self.done = True
             return False
         had_output = self.first_at is not None
+        # one whole event, "data: " + a line without LF + "\n\n", told by slices and ``in`` (the
+        # payload's slice is needed anyway): fewer instructions than startswith / find / endswith
+        payload = chunk[6:-2]
         if (
-            chunk.startswith(b"data: ")
-            and chunk.find(b"\n") == len(chunk) - 2
-            and chunk.endswith(b"\n\n")
+            chunk[:6] == b"data: "
+            and chunk[-2:] == b"\n\n"
+            and 10 not in payload  # no LF (an int: memchr; a bytes needle costs several times more)
             and not (self._buf or self._data or self._after_cr)
         ):
-            if self._dispatch(chunk[6:-2], b"", ts) and self._plain is None:
+            if self._dispatch(payload, b"", ts) and self._plain is None:
                 self._learn(chunk)
         else:
             self._feed_lines(chunk, ts)
@@ -357,12 +361,18 @@ class StreamReader:
         without quotes, and the same tail is the same kind of event: ``feed`` counts it without
         decoding JSON. That keeps the per-chunk cost of a long stream small.
         """
-        if chunk.count(b'"content":"') != 1:
+        # ``partition`` rather than count and find (``in`` with a bytes needle raises and clears a
+        # TypeError first: ``find``): the key exactly once
+        # (the rest after its first occurrence holds no other, as count's non-overlapping search
+        # goes on from there), then a non-empty text up to the next quote, without a backslash
+        before, key, after = chunk.partition(_CONTENT_KEY)
+        if not key or after.find(_CONTENT_KEY) >= 0:
             return
-        start = chunk.find(b'"content":"') + 11
-        end = chunk.find(b'"', start)
-        if end <= start or chunk.find(b"\\", start, end) >= 0:
+        text, quote, _ = after.partition(b'"')
+        if not quote or not text or 92 in text:  # a backslash (an int: memchr)
             return
+        start = len(before) + len(_CONTENT_KEY)
+        end = start + len(text)
         self._plain = (chunk[:start], chunk[end:], start, len(chunk) - end, chunk[:start] + chunk[end:])
 
     def _feed_lines(self, chunk: bytes, ts: float) -> None:
