@@ -142,7 +142,12 @@ def brought_by_pitfalls(
 
 def _callers_own(finding: Finding, frame: pl.DataFrame) -> bool:
     """Its time is the calling process's own lateness (``lateness.explained``): it comes after
-    what the serving side did, whatever its size (a busy load generator measures itself)."""
+    what the serving side did, whatever its size (a busy load generator measures itself). A
+    stage that is the caller's lateness by definition (``client_delay``) is the caller's whether
+    it rose or fell: a caller that was busy at first and then kept time says nothing of the
+    serving either."""
+    if isinstance(finding, Shift) and lateness.OWN_LATENESS.get(finding.stage) == "client":
+        return True
     return lateness.explained(finding, frame) == "client"
 
 
