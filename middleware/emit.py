@@ -346,8 +346,8 @@ class Emitter:
                     if event is None:
                         continue
                 if "eid" not in event:
-                    if at == len(eids):  # more came in meanwhile than were counted
-                        eids, at = _eids(self.batch_size - len(batch)), 0
+                    if at == len(eids):  # more came in meanwhile than were counted: as many again
+                        eids, at = _eids(min(len(buffer) + 1, self.batch_size - len(batch))), 0
                     event["eid"] = eids[at : at + 16]
                     at += 16
                 batch.append(event)

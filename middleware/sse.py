@@ -361,10 +361,10 @@ class StreamReader:
         without quotes, and the same tail is the same kind of event: ``feed`` counts it without
         decoding JSON. That keeps the per-chunk cost of a long stream small.
         """
-        # ``partition`` rather than count and find (``in`` with a bytes needle raises and clears a
-        # TypeError first: ``find``): the key exactly once
-        # (the rest after its first occurrence holds no other, as count's non-overlapping search
-        # goes on from there), then a non-empty text up to the next quote, without a backslash
+        # ``partition`` rather than count and three finds: the key exactly once (no other in the
+        # rest after its first occurrence, where count's non-overlapping search goes on; ``find``
+        # there: ``in`` with a bytes needle raises and clears a TypeError first), then a non-empty
+        # text up to the next quote, without a backslash
         before, key, after = chunk.partition(_CONTENT_KEY)
         if not key or after.find(_CONTENT_KEY) >= 0:
             return
