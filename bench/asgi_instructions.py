@@ -7,6 +7,7 @@
     as hopline/> for another commit)
 
     python bench/asgi_instructions.py --per-chunk          # what hopline adds per streamed chunk
+    python bench/asgi_instructions.py --per-request        # raw_hopline_null's and raw's, 1 chunk
 
 Variants: bench_asgi.py's (``bare``, ``hopline``, ...), and ``raw`` / ``raw_hopline_null`` /
 ``raw_hopline`` (``raw_app``: no Starlette; null sink, file sink to /dev/null): ``raw_hopline_null
@@ -119,9 +120,23 @@ def per_chunk(requests: int = 100, short: int = 30, long: int = 130) -> dict[str
     return {"hopline_adds_per_chunk": round(hopline - bare), "bare_per_chunk": round(bare)}
 
 
+def per_request(short: int = 100, long: int = 600) -> dict[str, float]:
+    """Hopline's fixed cost per request: ``raw_hopline_null`` with 1 content chunk, and the raw app
+    alone, ``(I_long - I_short) / (long - short)`` each."""
+    runs = [(v, n) for v in ("raw", "raw_hopline_null") for n in (short, long)]
+    with ThreadPoolExecutor(2) as pool:
+        counts = dict(zip(runs, pool.map(lambda run: instructions(run[0], run[1], 1), runs)))
+    raw = (counts["raw", long] - counts["raw", short]) / (long - short)
+    hopline = (counts["raw_hopline_null", long] - counts["raw_hopline_null", short]) / (long - short)
+    return {"hopline_per_request": round(hopline), "raw_per_request": round(raw)}
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--per-chunk"]:
         print(json.dumps(per_chunk()))
+        sys.exit(0)
+    if sys.argv[1:2] == ["--per-request"]:
+        print(json.dumps(per_request()))
         sys.exit(0)
     if len(sys.argv) not in (3, 4):
         sys.exit("usage: asgi_instructions.py VARIANT REQUESTS [CONTENT_CHUNKS]")
