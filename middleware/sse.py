@@ -310,12 +310,11 @@ class StreamReader:
         had_output = self.first_at is not None
         # one whole event, "data: " + a line without LF + "\n\n", told by slices and ``in`` (the
         # payload's slice is needed anyway): fewer instructions than startswith / find / endswith
-        payload = chunk[6:-2]
         if (
             chunk[:6] == b"data: "
             and chunk[-2:] == b"\n\n"
-            and 10 not in payload  # no LF (an int: memchr; a bytes needle costs several times more)
             and not (self._buf or self._data or self._after_cr)
+            and 10 not in (payload := chunk[6:-2])  # no LF (an int needle: memchr; see _learn)
         ):
             if self._dispatch(payload, b"", ts) and self._plain is None:
                 self._learn(chunk)
