@@ -265,12 +265,11 @@ _STREAM_RANK = {hop: rank for rank, hop in enumerate(ATTRIBUTE_SOURCES["stream"]
 
 # Per hop (as read: ``read_hop``) and P/D leg, what one pass over a request's events must note:
 # (its component, None for a P/D prefill leg's ``prefill.*`` hop, which only scopes read; its
-# ending kind or None; the scope sources it can feed, grouped by the field they read: (field,
-# ((scope name, source rank, attempt sign: -1 highest first), ...)), only the sources whose P/D
-# leg, if they ask for one, is the event's; its rank as a source of ``stream`` or None). Made once
-# per (hop, leg) (``_plan``); keyed by the hop alone for an event without a leg.
+# ending kind or None; the scope sources it can feed, as a function ``feed(ev, best, attempt, ts)``
+# (``_feed``) or None; its rank as a source of ``stream`` or None). Made once per (hop, leg)
+# (``_plan``); keyed by the hop alone for an event without a leg.
 _Feeds = tuple[tuple[str, tuple[tuple[str, int, int], ...]], ...]
-_Plan = tuple[str | None, str | None, _Feeds, int | None]
+_Plan = tuple[str | None, str | None, Any, int | None]
 _HOP_PLAN: dict[str | tuple[str, str], _Plan] = {}
 _COMPONENT_SET = frozenset(COMPONENTS)
 
@@ -285,7 +284,7 @@ def _plan(hop: str, leg: str | None = None) -> _Plan:
                 if _in(source, hop) and (source.leg is None or source.leg == leg):
                     feeds.setdefault(source.field, []).append((name, rank, 1 if source.first else -1))
         comp = component(hop)
-        fed = tuple((f, tuple(t)) for f, t in feeds.items())
+        fed = _feed(tuple((f, tuple(t)) for f, t in feeds.items()))
         if comp not in _COMPONENT_SET:  # a P/D prefill leg's engine hop: read by scopes and stages only
             plan = (None, None, fed, None)
         else:
@@ -293,6 +292,34 @@ def _plan(hop: str, leg: str | None = None) -> _Plan:
         if len(_HOP_PLAN) < _MAX_PLANS:  # hops and legs are the contract's; bounded all the same
             _HOP_PLAN[key] = plan
     return plan
+
+
+def _feed(feeds: _Feeds) -> Any:
+    """The scope sources an event of one plan feeds, as straight-line code: ``feed(ev, best,
+    attempt, ts)`` notes in ``best`` (scope name -> ((rank, ±attempt, ts), value)) each of its
+    fields with a value where it beats what is there. ``feeds``: (field, ((scope name, source
+    rank, attempt sign: -1 highest first), ...)), in order (a field feeding several scopes is read
+    once). None for no feeds."""
+    if not feeds:
+        return None
+    lines = ["def feed(ev, best, attempt, ts):"]
+    for field, targets in feeds:
+        lines += [f"    value = ev.get({field!r})", "    if value is not None:"]
+        for name, rank, sign in targets:
+            key = f"({rank}, {'attempt' if sign > 0 else '-attempt'}, ts)"
+            lines += [
+                f"        cur = best.get({name!r})",
+                "        if cur is None:",
+                f"            best[{name!r}] = ({key}, value)",
+                f"        elif {rank} <= cur[0][0]:  # a lower-ranked source never wins",
+                f"            key = {key}",
+                "            if key < cur[0]:",
+                f"                best[{name!r}] = (key, value)",
+            ]
+    namespace: dict[str, Any] = {}
+    code = compile("\n".join(lines) + "\n", "<hopline scope feed>", "exec")
+    exec(code, namespace)  # noqa: S102 (our own table)
+    return namespace["feed"]
 
 
 _MAX_PLANS = 1024
@@ -322,25 +349,15 @@ def describe_request(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         hop = ev["hop"]
         leg = ev.get("leg")
         if leg is None:
-            comp, kind, feeds, stream_rank = plans.get(hop) or _plan(hop)
+            comp, kind, feed, stream_rank = plans.get(hop) or _plan(hop)
         else:
             if leg == PREFILL_LEG:
                 hop = LEG_HOPS.get(hop, hop)  # read_hop
-            comp, kind, feeds, stream_rank = plans.get((hop, leg)) or _plan(hop, leg)
+            comp, kind, feed, stream_rank = plans.get((hop, leg)) or _plan(hop, leg)
         attempt = ev.get("attempt", 0)
         ts = ev["ts"]
-        for field, targets in feeds:
-            value = ev.get(field)
-            if value is None:
-                continue
-            for name, rank, sign in targets:
-                cur_best = best.get(name)
-                if cur_best is None:
-                    best[name] = ((rank, sign * attempt, ts), value)
-                elif rank <= cur_best[0][0]:  # a lower-ranked source never wins
-                    key = (rank, sign * attempt, ts)
-                    if key < cur_best[0]:
-                        best[name] = (key, value)
+        if feed is not None:
+            feed(ev, best, attempt, ts)
         if comp is None:
             continue
         highest = top.get(comp)
