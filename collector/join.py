@@ -40,6 +40,7 @@ from hopline.collector.config import CollectorConfig, settings_of
 from hopline.collector.metrics import Recorder
 from hopline.collector.recent import RecentRequests, summarize
 from hopline.collector.stages import compute_stages
+from hopline.collector.stages import negative_stages as negative_computed
 from hopline.collector.trace_join import TraceRouter
 from hopline.middleware.contract import (
     ATTRIBUTE_SOURCES,
@@ -353,7 +354,7 @@ class Joiner:
             values,
             recorder.scope(scope["service"], scope["model"], scope["replica"]),
             described["outcome"],
-            negative_stages(values),
+            negative_computed(values),
         )
         if described["missing"]:  # complete without some earlier hops (hopline_collector_requests_partial)
             recorder.partial()

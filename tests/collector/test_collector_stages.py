@@ -86,6 +86,7 @@ def test_one_function_gives_the_contracts_dict_key_for_key_bit_for_bit():
         "queue_s", "prefill_s", "decode_s", "connect_s", "pool_wait_s", "engine_queue_s", "kv_transfer_s"
     )
     ints = ("n", "output_tokens", "prompt_tokens", "max_tokens", "cached_tokens")
+    listed = 0
     for r in range(1500):
         events = []
         for i in range(rng.randint(1, 24)):
@@ -111,3 +112,30 @@ def test_one_function_gives_the_contracts_dict_key_for_key_bit_for_bit():
         assert list(got) == list(want)
         for key, value in want.items():
             assert type(got[key]) is type(value) and repr(got[key]) == repr(value), (r, key)
+        negative = stages.negative_stages(got)
+        assert negative == contract.negative_stages(want), r
+        listed += bool(negative)
+    assert 100 < listed < 1400  # requests with negative stages and without both met
+
+
+def test_negative_stages_of_the_compiled_dict_as_the_contracts():
+    """``stages.negative_stages`` (the join's: the stages' slots of the compiled dict by C loops)
+    lists what the contract's function lists: a stage in a slot of its own or in an attribute's
+    (``upstream``), just below the tolerance or not, and behind a NaN (which hides nothing)."""
+    values = stages.compute_stages([validate_event(e) for e in GOLDEN["cases"][0]["events"]])
+    own = [name for name in STAGE_NAMES if name not in stages._STAGES_IN_PLACE]
+    assert stages.negative_stages(values) == contract.negative_stages(values) == []
+    for case in (
+        {own[0]: -1.0},
+        {own[-1]: -2e-9},
+        {own[3]: -0.5e-9},
+        {"upstream": -0.25},
+        {own[0]: float("nan"), own[5]: -3.0},
+        {own[2]: float("nan"), "upstream": -3.0},
+        {own[1]: 0.0, own[4]: -0.0, own[6]: None},
+    ):
+        changed = {**values, **case}
+        assert list(changed) == list(values)
+        assert stages.negative_stages(changed) == contract.negative_stages(changed), case
+    both = stages.negative_stages({**values, own[0]: -1.0, "upstream": -1.0})
+    assert both == [name for name in STAGE_NAMES if name in (own[0], "upstream")]  # in STAGE_NAMES' order
