@@ -24,11 +24,17 @@ WARMUP_PREFIX = "warmup-"
 
 
 class DemoEmitter(Emitter):
-    """hopline's emitter, minus the events of the demo's warm-up requests."""
+    """hopline's emitter, minus the events of the demo's warm-up requests: at its two funnels,
+    ``emit_attrs`` (``emit`` and the middlewares' events) and ``_built`` (``emit_later``'s
+    events, built on the worker)."""
 
-    def emit(self, hop: str, request_id: str, ts: float | None = None, **attrs: Any) -> None:
+    def emit_attrs(self, hop: str, request_id: str, ts: float | None, attrs: dict[str, Any]) -> None:
         if not request_id.startswith(WARMUP_PREFIX):
-            super().emit(hop, request_id, ts, **attrs)
+            super().emit_attrs(hop, request_id, ts, attrs)
+
+    def _built(self, item: tuple[Any, ...]) -> dict[str, Any] | None:
+        event = super()._built(item)
+        return None if event is None or event["request_id"].startswith(WARMUP_PREFIX) else event
 
 
 def make_emitter(

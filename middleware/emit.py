@@ -180,25 +180,7 @@ class Emitter:
 
     def emit(self, hop: str, request_id: str, ts: float | None = None, **attrs: Any) -> None:
         """Record one hop event. ``ts`` defaults to now (see ``hopline.middleware.clock``)."""
-        try:
-            buffer = self._buffer
-            queued = len(buffer)
-            if queued >= self._limit and not self._admit():
-                return
-            buffer.append(
-                {
-                    "v": VERSION,
-                    "ts": _CLOCK_OFFSET + _perf() if ts is None else ts,
-                    "request_id": request_id,
-                    "hop": hop,
-                    **self.static,
-                    **attrs,
-                }
-            )
-            if queued == self._wake_at:
-                self._wake.set()
-        except Exception:  # noqa: BLE001 - never into the host
-            self.errors += 1
+        self.emit_attrs(hop, request_id, ts, attrs)
 
     def emit_attrs(self, hop: str, request_id: str, ts: float | None, attrs: dict[str, Any]) -> None:
         """``emit(hop, request_id, ts, **attrs)`` for attributes already in a dict (no keyword

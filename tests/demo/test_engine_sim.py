@@ -17,7 +17,7 @@ from hopline.demo.engine_sim import (
     create_app,
     estimate_prompt_tokens,
 )
-from hopline.demo.wiring import engine_middleware
+from hopline.demo.wiring import WARMUP_PREFIX, engine_middleware, make_emitter
 from hopline.middleware import clock
 from support.events import events_of, memory_emitter
 from support.servers import wait_until
@@ -207,3 +207,28 @@ def test_non_streaming_and_bad_requests(engine_url) -> None:
     assert httpx.post(f"{url}/v1/chat/completions", content=b"{", timeout=10).status_code == 400
     too_long = {"messages": [{"role": "user", "content": "z" * 4 * 20_000}]}
     assert httpx.post(f"{url}/v1/chat/completions", json=too_long, timeout=10).status_code == 400
+
+
+def test_the_demos_warm_up_requests_leave_no_event() -> None:
+    """The demo's emitter drops the warm-up's events at every funnel: the middleware's own events,
+    those it builds later on the emitter's worker, and engine.stats (``wiring.DemoEmitter``)."""
+    emitter = make_emitter(None, service="engine", replica="r1", model="sim-llama-3-8b")
+    engine = Engine(EngineConfig(**FAST, seed=3), replica="r1", emitter=emitter, truth_path=None)
+    ids = (f"{WARMUP_PREFIX}1", "measured-1", f"{WARMUP_PREFIX}2", "measured-2")
+    with running_server(engine_middleware(create_app(engine), emitter)) as url:
+        for rid in ids:  # streamed and not
+            body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "stream": rid[-1] == "1"}
+            response = httpx.post(
+                f"{url}/v1/chat/completions", json=body, headers={"x-request-id": rid}, timeout=10
+            )
+            assert response.status_code == 200
+
+        def both_stats() -> list[dict] | None:
+            events = events_of(emitter)
+            return events if sum(e["hop"] == "engine.stats" for e in events) >= 2 else None
+
+        events = wait_until("the measured requests' engine.stats", both_stats, timeout=10)
+    assert {e["request_id"] for e in events} == {"measured-1", "measured-2"}
+    hops = {(e["request_id"], e["hop"]) for e in events}
+    streamed = ("engine.received", "engine.first_token", "engine.last_token", "engine.stats")
+    assert {("measured-1", hop) for hop in streamed} <= hops
