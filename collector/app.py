@@ -254,6 +254,15 @@ async def _start(c: Collector) -> list[asyncio.Task]:
     if config.tail:
         tailer = Tailer.from_config(config, lambda data: c.ingestor.ingest(data, "ndjson"))
         tasks.append(asyncio.create_task(tailer.run(), name="hopline-tail"))
+        if 0 < config.grace < 2 * config.tail_interval:
+            # two files written together can be read one poll apart: the second file's hops of a
+            # request would come after its grace, stored but missing from its stages and metrics
+            logger.warning(
+                "grace_shorter_than_tail", grace=config.grace, tail_interval=config.tail_interval,
+                message=f"--grace {config.grace:g}s is shorter than two tail polls "
+                f"({2 * config.tail_interval:g}s): hops of one request in different tailed files may "
+                "arrive after it finished and miss its stages; give --grace 2s or more",
+            )
     logger.info("collector_started", data_dir=str(config.data_dir), fsync=config.fsync, tail=list(config.tail))
     return tasks
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import orjson
 from hopline.collector.config import CollectorConfig
 from hopline.middleware.sinks import FileSink
 from support.collector import serve, stored_lines
@@ -47,3 +48,20 @@ def test_tail_follows_rotation_and_resumes_without_duplicates(tmp_path):
     stored = stored_lines(config.data_dir)
     assert sorted(e["eid"] for e in stored if "eid" in e) == sorted(written)  # each exactly once
     assert [e["request_id"] for e in stored if "eid" not in e] == ["half"]
+
+
+def test_a_grace_shorter_than_two_tail_polls_is_warned_about(tmp_path, capfd):
+    """Two files written together can be read a poll apart: with --grace below two polls, a
+    request's hops from the second file come after it finished (stored, but missing from its
+    stages). The collector says so when it starts; at two polls or more it says nothing."""
+    for grace, warned in ((0.5, True), (1.0, False), (0, False)):
+        config = CollectorConfig(data_dir=tmp_path / f"data-{grace}", tail=(f"{tmp_path}/*.ndjson",), grace=grace)
+        with serve(config):
+            pass
+        out, err = capfd.readouterr()
+        logs = [orjson.loads(line) for line in (out + err).splitlines() if line.startswith("{")]
+        assert any(e["event"] == "collector_started" for e in logs)
+        found = [e for e in logs if e["event"] == "grace_shorter_than_tail"]
+        assert bool(found) == warned, (grace, logs)
+        if warned:
+            assert found[0]["level"] == "warning" and "--grace 0.5s" in found[0]["message"]

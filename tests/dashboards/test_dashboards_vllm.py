@@ -54,7 +54,7 @@ def test_engine_dashboard_queries_return_vllm_and_hopline_data(tmp_path: Path, d
     vllm = engine_test.start_server(root, vport, events / "engine.ndjson", tmp_path / "serve.log")
     collector = subprocess.Popen(
         [sys.executable, "-m", "hopline.collector", "--data-dir", str(tmp_path / "store"),
-         "--port", str(cport), "--grace", "0.5s", "--fsync", "none", "--tail", f"{events}/*.ndjson*",
+         "--port", str(cport), "--fsync", "none", "--tail", f"{events}/*.ndjson*",
          "--model-config", f"{engine_test.MODEL}={root / 'tiny'}"],
         stdout=(tmp_path / "collector.log").open("wb"), stderr=subprocess.STDOUT)  # fmt: skip
     write(tmp_path / "out")
@@ -86,8 +86,12 @@ def test_engine_dashboard_queries_return_vllm_and_hopline_data(tmp_path: Path, d
                 asyncio.run(_chats(vport, emitter, ids))
                 emitter.flush()
                 done += len(ids)
+                # the default grace (2 s, four tail polls): the client's and the engine's files are
+                # read apart by up to a poll, and a request's engine hops must join it (its stages)
                 wait_until(f"round {n} in Prometheus", lambda d=done: value("sum(hopline_requests_total)") >= d
+                      and value('sum(hopline_stage_seconds_count{stage="decode"})') >= d
                       and value("sum(vllm:time_to_first_token_seconds_count)") >= d, **PATIENCE)  # fmt: skip
+            joined = http.get(f"http://127.0.0.1:{cport}/healthz").json()
             empty = []
             for panel in all_panels(dashboard_models["hopline-engine.json"]):
                 for target in panel.get("targets", []):
@@ -107,4 +111,4 @@ def test_engine_dashboard_queries_return_vllm_and_hopline_data(tmp_path: Path, d
         engine_test.stop_server(vllm)
         for proc in (prometheus, collector):
             proc.wait(timeout=15)
-    assert empty == [], f"{empty}\ncollector log:\n{engine_test.tail(tmp_path / 'collector.log')}"
+    assert empty == [], f"{empty}\njoin counts: {joined}\ncollector log:\n{engine_test.tail(tmp_path / 'collector.log')}"
