@@ -194,6 +194,8 @@ STORAGE_COLUMNS: dict[str, str] = {
 REQUEST_ID_MAX = 64
 _REQUEST_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 ENGINE_ID_PREFIXES = ("chatcmpl-", "cmpl-")
+_REQUEST_ID_BYTES_RE = re.compile(rb"[A-Za-z0-9._:-]{1,64}")
+_ENGINE_ID_PREFIXES_BYTES = tuple(prefix.encode() for prefix in ENGINE_ID_PREFIXES)
 
 
 # IDs come from hopline's own generator, seeded from os.urandom and seeded again in a forked
@@ -224,18 +226,31 @@ def normalize_request_id(value: object) -> str | None:
     abc`` as ``chatcmpl-abc`` on chat and ``cmpl-abc`` on completions), once, then applies the
     rule: 1-64 characters of ``[A-Za-z0-9._:-]``.
     """
-    if isinstance(value, bytes):
-        try:
-            value = value.decode("ascii")
-        except UnicodeDecodeError:
-            return None
-    if not isinstance(value, str):
-        return None
-    for prefix in ENGINE_ID_PREFIXES:
+    # the two usual cases in their own types: a header's bytes (rarely prefixed: one tuple
+    # ``startswith``; the rule before any decode, it admits ASCII only) and an engine's str
+    # (usually prefixed: the prefixes one by one)
+    kind = type(value)
+    if kind is bytes:
+        if value.startswith(_ENGINE_ID_PREFIXES_BYTES):  # type: ignore[union-attr]
+            value = _without_engine_prefix(value, _ENGINE_ID_PREFIXES_BYTES)
+        return value.decode("ascii") if _REQUEST_ID_BYTES_RE.fullmatch(value) else None  # type: ignore[union-attr, arg-type]
+    if kind is str:
+        for prefix in ENGINE_ID_PREFIXES:  # (inline: a call costs what the loop does)
+            if value.startswith(prefix) and len(value) > len(prefix):  # type: ignore[union-attr]
+                value = value[len(prefix) :]  # type: ignore[index]
+                break
+        return value if _REQUEST_ID_RE.fullmatch(value) else None  # type: ignore[arg-type, return-value]
+    if isinstance(value, (bytes, str)):  # a subclass: as its base type
+        return normalize_request_id(bytes(value) if isinstance(value, bytes) else str(value))
+    return None
+
+
+def _without_engine_prefix(value: Any, prefixes: tuple[Any, ...]) -> Any:
+    """``value`` without the first of ``prefixes`` it starts with, when more than it is left."""
+    for prefix in prefixes:
         if value.startswith(prefix) and len(value) > len(prefix):
-            value = value[len(prefix) :]
-            break
-    return value if _REQUEST_ID_RE.fullmatch(value) else None
+            return value[len(prefix) :]
+    return value
 
 
 # --- trace IDs ----------------------------------------------------------------------------------

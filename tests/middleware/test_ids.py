@@ -9,6 +9,8 @@ import random
 import re
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from hopline.middleware.client import _traceparent
 from hopline.middleware.contract import (
     EventError,
@@ -98,3 +100,54 @@ def test_an_owned_event_is_normalized_in_place_as_the_copy_would_be():
     assert validate_event(untouched) is not untouched and untouched == raw
     with pytest.raises(EventError, match="unknown hop"):
         validate_event({**raw, "hop": "nope"}, owned=True)
+
+
+def _normalized_by_the_rule(value: object) -> str | None:
+    """The rule as DESIGN.md states it, written plainly: ASCII text, one engine prefix (chatcmpl-,
+    cmpl-) stripped when something follows it, then 1-64 characters of [A-Za-z0-9._:-]."""
+    if isinstance(value, bytes):
+        try:
+            value = value.decode("ascii")
+        except UnicodeDecodeError:
+            return None
+    if not isinstance(value, str):
+        return None
+    for prefix in ("chatcmpl-", "cmpl-"):
+        if value.startswith(prefix) and len(value) > len(prefix):
+            value = value[len(prefix) :]
+            break
+    return str(value) if re.fullmatch(r"[A-Za-z0-9._:-]{1,64}", value) else None
+
+
+class _Str(str):
+    pass
+
+
+_ID_PARTS = st.sampled_from(["chatcmpl-", "cmpl-", "chat", "-", "a", "Z9", ".", ":", "_", " ", "é", "\n", "\x00"])
+_IDS = st.one_of(
+    st.lists(_ID_PARTS, max_size=8).map("".join),
+    st.text(max_size=80),
+    st.text(alphabet="abc-:._", min_size=60, max_size=75),  # around the 64-character limit
+)
+
+
+@given(_IDS)
+@settings(max_examples=600, deadline=None)
+def test_request_ids_are_normalized_by_the_rule_as_str_bytes_and_subclasses(value):
+    expected = _normalized_by_the_rule(value)
+    assert normalize_request_id(value) == expected
+    assert normalize_request_id(_Str(value)) == expected
+    try:
+        raw = value.encode("ascii")
+    except UnicodeEncodeError:
+        raw = value.encode()
+        expected = None
+    assert normalize_request_id(raw) == expected
+    assert normalize_request_id(bytearray(raw)) is None  # not bytes: as before, not an ID
+    for result in (normalize_request_id(value), normalize_request_id(raw)):
+        assert result is None or type(result) is str
+
+
+def test_request_ids_of_other_types_are_none():
+    assert [normalize_request_id(v) for v in (None, 12, 1.5, ["a"], b"\xff", memoryview(b"ab"))] == [None] * 6
+    assert normalize_request_id(b"chatcmpl-") == "chatcmpl-" and normalize_request_id(b"cmpl-x") == "x"
