@@ -165,7 +165,8 @@ class CollectorConfig:
         "collector before a full disk refuses events; 0: only failed writes count. " + SIZE_HELP + "."))
     # join
     grace: float = setting("2s", parse=parse_duration, help=(
-        "Wait this long for late hops once a request's final hops arrived."))
+        "Wait this long for late hops once a request's final hops arrived (with --tail, at least two "
+        "tail polls, 1s: files written together can be read a poll apart)."))
     # sliding: a request without max_tokens can decode for minutes
     ttl: float = setting("15m", parse=parse_duration, help=(
         "An unfinished request expires this long after its last event."))
