@@ -227,7 +227,7 @@ class Emitter:
             built = build(*args)
             if built is not None:
                 hop, request_id, ts, attrs = built
-                self.emit(hop, request_id, ts, **attrs)
+                self.emit_attrs(hop, request_id, ts, attrs)
         except Exception:  # noqa: BLE001 - never into the host
             self.errors += 1
 

@@ -111,7 +111,7 @@ class EngineExchange(Exchange):
         self.received = True
         if body is not None and len(body) > MAX_DEFERRED_BODY:
             hop, request_id, ts, attrs = self.received_event(body)
-            self.emitter.emit(hop, request_id, ts, **attrs)
+            self.emitter.emit_attrs(hop, request_id, ts, attrs)
         else:
             self.emitter.emit_later(self.received_event, body)
 
