@@ -158,12 +158,14 @@ def test_client_gets_engine_stages_from_vllm_per_request_metrics(tmp_path: Path)
         assert st["upstream"] >= 0, (rid, st)
     # real queueing: two long answers held both slots, so the four streams sent after them waited
     # for one to end, in vLLM's queue (QUEUED to SCHEDULED in its engine core): hopline's queue
-    # stage is that figure, and the client's TTFT holds it
-    solo = rows["prm-solo"]
+    # stage is that figure, and the client's TTFT holds it (queue + prefill <= client_ttft above).
+    # Not asserted: that the wait shows as a TTFT longer than the solo request's by as much. The
+    # rest of a TTFT (prefill, the frontend) is not steady at load: a CI run had the solo request's
+    # at 177 ms and a waited one's at 50 ms.
     last_wave = [rows[rid] for rid in wave_ids(waves - 1)[SLOTS:]]
     waited = max(last_wave, key=lambda st: st["queue"])
     assert waited["queue"] >= SLOT_WAIT_S, (waves, last_wave)
-    assert waited["client_ttft"] - solo["client_ttft"] >= waited["queue"] - solo["queue"], (waited, solo)
+    assert waited["client_ttft"] >= waited["queue"] + waited["prefill"], waited
     assert waited["prefill"] < waited["queue"], waited
     # without include_usage a stream has no usage chunk, hence no metrics
     no_usage = next(e for e in by_id["prm-no-usage"] if e["hop"] == "client.last_token")
