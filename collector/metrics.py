@@ -26,7 +26,7 @@ from typing import Any
 
 from hopline.collector import metric_names as names
 from hopline.collector.config import CollectorConfig
-from hopline.collector.histogram import ExemplarHistogram, HistogramChild
+from hopline.collector.histogram import Deferred, ExemplarHistogram, HistogramChild, Rows
 from hopline.middleware.contract import TIME_STAGES
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.metrics_core import Metric
@@ -87,6 +87,7 @@ class Metrics:
     restart_events: Gauge
     restart_seconds: Gauge
     requests_partial: Counter
+    deferred: Deferred  # the histograms' observations not counted yet (``Rows``)
 
 
 _BUCKETS = {
@@ -96,10 +97,14 @@ _BUCKETS = {
 }
 
 
-def _make(metric: names.Metric, registry: CollectorRegistry) -> ExemplarHistogram | Counter | Gauge:
+def _make(
+    metric: names.Metric, registry: CollectorRegistry, deferred: Deferred
+) -> ExemplarHistogram | Counter | Gauge:
     if metric.kind == "histogram":
         buckets = _BUCKETS.get(metric.name, names.LATENCY_BUCKETS)
-        return ExemplarHistogram(metric.name, metric.help, metric.labels, registry=registry, buckets=buckets)
+        return ExemplarHistogram(
+            metric.name, metric.help, metric.labels, registry=registry, buckets=buckets, deferred=deferred
+        )
     if metric.kind == "counter":
         return Counter(metric.name, metric.help, metric.labels, registry=registry)
     return Gauge(metric.name, metric.help, metric.labels, registry=registry)
@@ -107,7 +112,8 @@ def _make(metric: names.Metric, registry: CollectorRegistry) -> ExemplarHistogra
 
 def build_metrics(registry: CollectorRegistry) -> Metrics:
     """Every metric of ``metric_names.ALL`` registered on ``registry``."""
-    m = {metric.name: _make(metric, registry) for metric in names.ALL}
+    deferred = Deferred()
+    m = {metric.name: _make(metric, registry, deferred) for metric in names.ALL}
     return Metrics(
         stage_seconds=m[names.STAGE_SECONDS.name],
         ttft_seconds=m[names.TTFT_SECONDS.name],
@@ -143,6 +149,7 @@ def build_metrics(registry: CollectorRegistry) -> Metrics:
         restart_events=m[names.RESTART_EVENTS.name],
         restart_seconds=m[names.RESTART_SECONDS.name],
         requests_partial=m[names.REQUESTS_PARTIAL.name],
+        deferred=deferred,
     )
 
 
@@ -205,6 +212,7 @@ class ScopedChildren:
     tokens: tuple[tuple[str, HistogramChild], ...]
     requests: dict[str, Any]  # outcome -> hopline_requests_total child
     connections: dict[bool, Any]  # conn_reused -> hopline_connections_total child
+    rows: Rows  # stages, views and tokens together, counted in bulk
 
 
 class Recorder:
@@ -316,23 +324,27 @@ class Recorder:
         plan = self._scoped_children.get(scope)
         if plan is None:
             m = self.m
+            stages = tuple((stage, m.stage_seconds.labels(stage, *scope)) for stage in TIME_STAGES)
+            views = tuple(
+                (key, metric.labels(view, *scope))
+                for metric, views in (
+                    (m.ttft_seconds, _TTFT),
+                    (m.e2e_seconds, _E2E),
+                    (m.itl_seconds, _ITL),
+                )
+                for key, view in views
+            )
+            tokens = (
+                ("prompt_tokens", m.prompt_tokens.labels(*scope)),
+                ("output_tokens", m.output_tokens.labels(*scope)),
+            )
             plan = self._scoped_children[scope] = ScopedChildren(
-                stages=tuple((stage, m.stage_seconds.labels(stage, *scope)) for stage in TIME_STAGES),
-                views=tuple(
-                    (key, metric.labels(view, *scope))
-                    for metric, views in (
-                        (m.ttft_seconds, _TTFT),
-                        (m.e2e_seconds, _E2E),
-                        (m.itl_seconds, _ITL),
-                    )
-                    for key, view in views
-                ),
-                tokens=(
-                    ("prompt_tokens", m.prompt_tokens.labels(*scope)),
-                    ("output_tokens", m.output_tokens.labels(*scope)),
-                ),
+                stages=stages,
+                views=views,
+                tokens=tokens,
                 requests={},
                 connections={},
+                rows=Rows((*stages, *views, *tokens), {key for key, _ in views}, m.deferred),
             )
         return plan
 
@@ -346,19 +358,25 @@ class Recorder:
     ) -> None:
         """One finished request: stages, views, tokens, outcome, connection reuse, max_tokens.
 
-        The ~17 observations go through ``HistogramChild.observe_found``, the request's exemplar
-        and time shared by all of them; the counters' increments wait for ``flush``."""
-        exemplar = {"request_id": request_id}
+        The ~20 observations are a row of the scope's ``Rows``, counted in bulk before the next
+        scrape; a request with negative stages (rare: a clock or instrumentation problem) is
+        counted at once without them, after the rows before it. The request's exemplar and time
+        are shared by all of them; the counters' increments wait for ``flush``."""
         now = time.time()
         plan = self._scoped(scope)
         get = stages.get
         m = self.m
-        for name in negative:
-            self._child(m.negative_stages, (name,)).inc()
-        observe = HistogramChild.observe_found
-        observe(plan.stages, get, exemplar, now, negative)
-        observe(plan.views, get, exemplar, now, nonnegative=True)
-        observe(plan.tokens, get, exemplar, now)
+        if negative:
+            for name in negative:
+                self._child(m.negative_stages, (name,)).inc()
+            plan.rows.fold()  # each bucket's exemplar stays its latest request's
+            exemplar = {"request_id": request_id}
+            observe = HistogramChild.observe_found
+            observe(plan.stages, get, exemplar, now, negative)
+            observe(plan.views, get, exemplar, now, nonnegative=True)
+            observe(plan.tokens, get, exemplar, now)
+        else:
+            plan.rows.add(request_id, now, get)
         counter = plan.requests.get(outcome)
         if counter is None:
             counter = plan.requests[outcome] = self._child(m.requests, (outcome, *scope))

@@ -12,7 +12,9 @@ event", has them and their history):
   bench's ``ingest`` under valgrind on 500 and on 1,500 requests' events and divides the difference
   by the 12,000 events between them. 84.6k on 2026-12-05 (90.7k at 9351732, the same method and
   sitting), 81.5k since the generated per-shape test of ``validate_event`` (84.8k at fff2ed0, the
-  same sitting); the bound is that figure plus a tenth (two valgrind runs of the collector: ~2-5 min).
+  same sitting), 76.2k since the histograms count a finished request's observations in bulk
+  (``histogram.Rows``; 79.1k at 55e0c69, the same sitting, both with the bench's one scrape at
+  the end); the bound is that figure plus a tenth (two valgrind runs of the collector: ~2-5 min).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 from support.callgrind import bench_figures
 
 MAX_PER_EVENT = 20_000
-MAX_INGEST_PER_EVENT = 89_700  # 81.5k + 10%
+MAX_INGEST_PER_EVENT = 83_800  # 76.2k + 10%
 
 
 def test_validating_an_event_costs_under_twenty_thousand_instructions():
@@ -30,7 +32,7 @@ def test_validating_an_event_costs_under_twenty_thousand_instructions():
     assert 5_000 < figures["validate_per_event"] <= MAX_PER_EVENT, figures
 
 
-def test_ingesting_an_event_costs_under_ninety_thousand_instructions():
+def test_ingesting_an_event_costs_under_eighty_four_thousand_instructions():
     figures = bench_figures("ingest_instructions.py", "--ingest-per-event")
     assert figures["events"] == 12_000, figures
     # the lower bound checks the harness: an ingested event costs more than its validation alone
