@@ -53,28 +53,6 @@ class HistogramChild:
         if exemplar is not None:
             self.exemplars[i] = (exemplar, value, time.time() if timestamp is None else timestamp)
 
-    @staticmethod
-    def observe_found(
-        pairs: Sequence[tuple[str, HistogramChild]],
-        get: Callable[[str], Any],
-        exemplar: Mapping[str, str],
-        timestamp: float,
-        skip: Container[str] = (),
-        nonnegative: bool = False,
-    ) -> None:
-        """``observe`` on each (key, child) of ``pairs`` of ``get(key)``, with one exemplar and
-        time, unless it is None, ``key`` is in ``skip`` or, with ``nonnegative``, it is not >= 0:
-        a finished request's ~17 observations in three loops (the per-call cost is most of an
-        observation; no list of pairs found is built first)."""
-        for key, child in pairs:
-            value = get(key)
-            if value is None or key in skip or (nonnegative and not value >= 0):
-                continue
-            i = bisect_left(child.upper, value)
-            child.counts[i] += 1
-            child.sum += value
-            child.exemplars[i] = (exemplar, value, timestamp)
-
 
 class Deferred:
     """The ``Rows`` with rows not counted yet, shared by the histograms they count on: a scrape

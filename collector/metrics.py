@@ -26,7 +26,7 @@ from typing import Any
 
 from hopline.collector import metric_names as names
 from hopline.collector.config import CollectorConfig
-from hopline.collector.histogram import Deferred, ExemplarHistogram, HistogramChild, Rows
+from hopline.collector.histogram import Deferred, ExemplarHistogram, Rows
 from hopline.middleware.contract import TIME_STAGES
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.metrics_core import Metric
@@ -204,15 +204,12 @@ _ITL = tuple((f"{view}_itl", view) for view in names.VIEW_LABEL_VALUES)
 @dataclass(frozen=True)
 class ScopedChildren:
     """The children a finished request of one (service, model, replica) observes on, bound once
-    per scope rather than per request: histograms as (key in the computed stages, child) pairs,
+    per scope rather than per request: the histograms' (stages, views, tokens) as one ``Rows``,
     and the counters by their other label (outcome, connection reuse), bound on first use."""
 
-    stages: tuple[tuple[str, HistogramChild], ...]
-    views: tuple[tuple[str, HistogramChild], ...]
-    tokens: tuple[tuple[str, HistogramChild], ...]
+    rows: Rows
     requests: dict[str, Any]  # outcome -> hopline_requests_total child
     connections: dict[bool, Any]  # conn_reused -> hopline_connections_total child
-    rows: Rows  # stages, views and tokens together, counted in bulk
 
 
 class Recorder:
@@ -339,12 +336,9 @@ class Recorder:
                 ("output_tokens", m.output_tokens.labels(*scope)),
             )
             plan = self._scoped_children[scope] = ScopedChildren(
-                stages=stages,
-                views=views,
-                tokens=tokens,
+                rows=Rows((*stages, *views, *tokens), {key for key, _ in views}, m.deferred),
                 requests={},
                 connections={},
-                rows=Rows((*stages, *views, *tokens), {key for key, _ in views}, m.deferred),
             )
         return plan
 
@@ -359,22 +353,16 @@ class Recorder:
         """One finished request: stages, views, tokens, outcome, connection reuse, max_tokens.
 
         The ~20 observations are a row of the scope's ``Rows``, counted in bulk before the next
-        scrape; a request with negative stages (rare: a clock or instrumentation problem) is
-        counted at once without them, after the rows before it. The request's exemplar and time
-        are shared by all of them; the counters' increments wait for ``flush``."""
+        scrape, without the negative stages (a clock or instrumentation problem); the request's
+        exemplar and time are shared by all of them; the counters' increments wait for ``flush``."""
         now = time.time()
         plan = self._scoped(scope)
         get = stages.get
         m = self.m
-        if negative:
+        if negative:  # rare: counted, and left out of the histograms
             for name in negative:
                 self._child(m.negative_stages, (name,)).inc()
-            plan.rows.fold()  # each bucket's exemplar stays its latest request's
-            exemplar = {"request_id": request_id}
-            observe = HistogramChild.observe_found
-            observe(plan.stages, get, exemplar, now, negative)
-            observe(plan.views, get, exemplar, now, nonnegative=True)
-            observe(plan.tokens, get, exemplar, now)
+            plan.rows.add(request_id, now, lambda key: None if key in negative else get(key))
         else:
             plan.rows.add(request_id, now, get)
         counter = plan.requests.get(outcome)

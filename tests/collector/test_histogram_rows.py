@@ -1,5 +1,5 @@
 """``histogram.Rows``: finished requests' observations counted in bulk give the buckets, sums and
-exemplars of counting each value at once (``HistogramChild.observe_found``), to the bit; a scrape
+exemplars of counting each value at once (``HistogramChild.observe``), to the bit; a scrape
 counts the rows waiting first, and ``Deferred.limit`` rows waiting are counted without one."""
 
 from __future__ import annotations
@@ -53,14 +53,14 @@ def state(pairs: list[tuple[str, HistogramChild]]) -> list:
 @given(requests, st.integers(min_value=1, max_value=50))
 def test_rows_count_as_each_value_at_once(reqs: list, limit: int) -> None:
     at_once, bulk = children(), children()
-    plain = [pair for pair, (_, _, nonneg) in zip(at_once, KEYS) if not nonneg]
-    nonnegative = [pair for pair, (_, _, nonneg) in zip(at_once, KEYS) if nonneg]
     deferred = Deferred(limit)
     rows = Rows(bulk, {key for key, _, nonneg in KEYS if nonneg}, deferred)
     for i, (values, scrape) in enumerate(reqs):
         exemplar, now = {"request_id": f"req-{i}"}, 1_764_700_000.0 + i
-        HistogramChild.observe_found(plain, values.get, exemplar, now)
-        HistogramChild.observe_found(nonnegative, values.get, exemplar, now, nonnegative=True)
+        for (key, child), (_, _, nonneg) in zip(at_once, KEYS):
+            value = values.get(key)
+            if value is not None and (not nonneg or value >= 0):
+                child.observe(value, exemplar, now)
         rows.add(f"req-{i}", now, values.get)
         assert deferred.rows < limit  # the limit folds what waits
         if scrape:
