@@ -375,3 +375,99 @@ def test_feed_batch_gives_what_feeding_one_by_one_gives():
         assert batch.feed_batch(body[2:], times[2:]) is None
         assert batch.summary() == one.summary()
         assert (batch.done, batch.malformed, batch.prompt_tokens) == (one.done, one.malformed, one.prompt_tokens)
+
+
+# --- runs of plain chunks read in bulk (StreamReader._take_plain_bulk) -------------------------
+
+_FIRST = chat({"content": "first"})
+_HEAD, _, _TAIL = _FIRST.partition(b"first")  # the template the reader learns from _FIRST
+
+
+def _raw(text: bytes) -> bytes:
+    """The template around raw bytes (not necessarily JSON: a NUL, a bare quote, a final backslash)."""
+    return _HEAD + text + _TAIL
+
+
+_PIECES = st.one_of(
+    st.lists(st.text(alphabet='ab "\\\n\x00é}:', max_size=6), min_size=1, max_size=6).map(
+        lambda texts: [chat({"content": text}) for text in texts]
+    ),
+    st.sampled_from([b"", b"x", b"a\x00b", b'a"b', b"a\\", b"\\\\", b'\\"', b"\\u00e9", b"\x00"]).map(
+        lambda raw: [_raw(raw)]
+    ),
+    st.just([_raw(b"merged") + _raw(b"pair")]),  # two events in one chunk
+    st.integers(min_value=1, max_value=len(_FIRST) - 1).map(lambda cut: [_FIRST[:cut], _FIRST[cut:]]),
+    st.just([bytearray(_raw(b"ba"))]),
+    # the template's length and ends, another key inside (no output): only a compare of the whole tells
+    st.just([_HEAD.replace(b'"content":"', b'"contenu":"') + b"x" + _TAIL]),
+    st.just([_HEAD + _TAIL[1:]]),  # head and tail sharing their quote: shorter than both, not JSON
+    st.just([b""]),
+    st.just([chat({"reasoning_content": "r"})]),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(_PIECES, max_size=30).map(lambda pieces: [c for piece in pieces for c in piece]),
+    st.lists(st.sampled_from([0.0, 0.001, 0.5, 1.25]), min_size=40, max_size=40),
+    st.lists(st.tuples(st.integers(min_value=1, max_value=8), st.booleans()), min_size=1, max_size=40),
+)
+def test_a_run_read_in_bulk_gives_what_feeding_one_by_one_gives(run, steps, batches):
+    """Whatever the chunks after the template (plain ones with quotes, escapes, raw NULs or a
+    final backslash, empty texts, merged and split events, a bytearray, other events), read in
+    batches of any size with the bulk check on or off before each, the counts and times must
+    equal feeding them one at a time."""
+    body = [ROLE, _FIRST, *run, chat({}, "stop"), USAGE, DONE]
+    times = [0.0]
+    for i in range(1, len(body)):
+        times.append(times[-1] + steps[i % len(steps)])
+    one = StreamReader()
+    for chunk, ts in zip(body, times):
+        if chunk:
+            one.feed(chunk, ts)
+    batch = StreamReader()
+    batch.feed(body[0], times[0])
+    batch.feed(body[1], times[1])
+    i, k = 2, 0
+    while i < len(body):
+        size, bulk = batches[k % len(batches)]
+        batch._bulk = bulk
+        assert batch.feed_batch(body[i : i + size], times[i : i + size]) is None
+        i, k = i + size, k + 1
+    assert batch.summary() == one.summary()
+    assert (batch.done, batch.malformed, batch.output_chunks) == (one.done, one.malformed, one.output_chunks)
+
+
+def test_a_plain_run_is_taken_in_bulk_and_an_unusual_one_turns_bulk_off(monkeypatch):
+    """The bulk check takes a run of plain chunks (texts with escaped quotes, a final escaped
+    backslash, empty texts among them) in one go; a merged event in a run makes it decline the
+    whole run (read one by one, exactly) and stay off for the rest of that stream."""
+    taken: list[bool] = []
+    real = StreamReader._take_plain_bulk
+
+    def spy(self, *args):
+        taken.append(real(self, *args))
+        return taken[-1]
+
+    monkeypatch.setattr(StreamReader, "_take_plain_bulk", spy)
+    texts = ["a", 'say "hi"', "", "back\\", " b", "", "c"]
+    run = [chat({"content": text}) for text in texts] * 20
+    reader = StreamReader()
+    reader.feed(ROLE, 0.0)
+    reader.feed(_FIRST, 1.0)
+    times = [2.0 + i * 0.01 for i in range(len(run))]
+    times[50] += 3.0  # the largest gap: into chunk 50, from chunk 49's time
+    assert reader.feed_batch([*run, chat({}, "stop"), USAGE, DONE], [*times, 9.0, 9.1, 9.2]) is None
+    assert taken == [True]
+    assert reader.output_chunks == 1 + 20 * 5
+    assert (reader.max_gap_s, reader.max_gap_at) == (times[50] - times[49], times[49])
+    assert (reader.finish_reason, reader.done) == ("stop", True)
+
+    merged = StreamReader()
+    merged.feed(ROLE, 0.0)
+    merged.feed(_FIRST, 1.0)
+    first = [chat({"content": "a"}), _raw(b"x") + _raw(b"y"), chat({"content": "b"})]
+    assert merged.feed_batch(first, [2.0, 3.0, 4.0]) is None
+    assert merged.feed_batch([chat({"content": "c"})] * 3, [5.0, 6.0, 7.0]) is None
+    assert taken[1:] == [False]  # the second batch was not tried in bulk
+    assert merged.output_chunks == 1 + 1 + 2 + 1 + 3  # the merged chunk holds two outputs
