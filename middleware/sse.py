@@ -294,8 +294,8 @@ class StreamReader:
                     i = j
                     if i >= n:
                         return i
-                else:  # an unusual run (merged or split events, a gateway's network chunks):
-                    self._bulk = False  # one at a time from now on
+                else:  # an unusual run (merged or split events, a gateway's network chunks): one at a time from now on
+                    self._bulk = False
         count, last, gap_s, gap_at = self.output_chunks, self.last_output_at, self.max_gap_s, self.max_gap_at
         fullmatch = _JSON_STRING_BODY.fullmatch
         while i < n:

@@ -229,9 +229,8 @@ def normalize_request_id(value: object) -> str | None:
     # the two usual cases in their own types: a header's bytes (rarely prefixed: one tuple
     # ``startswith``; the rule before any decode, it admits ASCII only) and an engine's str
     # (usually prefixed: the prefixes one by one). Letters and digits only (hopline's own hex IDs,
-    # most callers') are told by ``bytes.isalnum`` (ASCII only, a table; a str, once ``isascii``
-    # (a flag) says so, as its bytes: ``str.isalnum`` looks each character up in Unicode's
-    # tables): the rule without the regex's call, which takes the rest
+    # most callers') are told by ``isalnum`` (ASCII only for bytes; for a str after ``isascii``,
+    # a flag): the rule without the regex's call, which takes the rest
     kind = type(value)
     if kind is bytes:
         if value.startswith(_ENGINE_ID_PREFIXES_BYTES):  # type: ignore[union-attr]
@@ -248,7 +247,7 @@ def normalize_request_id(value: object) -> str | None:
                 value = value[len(prefix) :]  # type: ignore[index]
                 break
         if (
-            (value.isascii() and value.encode().isalnum() and len(value) <= 64)  # type: ignore[union-attr]
+            (value.isascii() and value.isalnum() and len(value) <= 64)  # type: ignore[union-attr, arg-type]
             or _REQUEST_ID_RE.fullmatch(value)  # type: ignore[arg-type]
         ):
             return value  # type: ignore[return-value]
