@@ -85,7 +85,7 @@ def _eids(count: int) -> str:
     """``count`` (at least one) event IDs in a row: ``new_eid``'s form (a random 64-bit number as
     16 hex characters) each, from one ``getrandbits`` of ``64 * count`` bits."""
     count = max(count, 1)
-    return _eid_bits.getrandbits(64 * count).to_bytes(8 * count, "big").hex()
+    return f"{_eid_bits.getrandbits(64 * count):0{16 * count}x}"
 
 
 # What an emit_later build returns: emit's (hop, request_id, ts, attrs)

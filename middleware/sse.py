@@ -11,7 +11,7 @@ several events in one chunk come out the same. It keeps counts and timestamps, n
 chunk's JSON is decoded, a few fields are read, and the object is dropped. Because it runs once per
 streamed chunk inside the engine's server, the stream's plain content chunk is learnt once and its
 repeats (same bytes around different text, or around an empty text: no output) are counted without
-decoding; ``feed_batch`` reads chunks a middleware kept, a run of plain ones checked in bulk.
+decoding; ``feed_batch`` reads chunks a middleware kept, in one loop.
 
 ``request_summary`` / ``response_summary`` read the few attributes hopline records from a JSON
 request or a non-streaming response body, refusing bodies over ``MAX_JSON_BYTES``. Where the
@@ -249,9 +249,8 @@ class StreamReader:
 
         Returns the arrival time of the chunk that brought an error (``error`` is then set and
         the rest is not read), else None. The same result as feeding them one by one when they
-        arrived: a middleware keeps a stream's chunks after its first token and reads them here,
-        once per batch, rather than once per chunk between the server's own code; a run of plain
-        chunks is checked with a few C calls in all (``_take_plain_bulk``), not one by one.
+        arrived: a middleware keeps a stream's chunks after its first token and reads them here
+        in one loop, once per batch, rather than once per chunk between the server's own code.
         """
         feed_exact = self._feed_exact
         i, n = 0, len(chunks)

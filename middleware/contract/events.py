@@ -211,12 +211,12 @@ os.register_at_fork(after_in_child=_ids.seed)
 
 def new_request_id() -> str:
     """A fresh request ID: 32 random hex characters (128 bits, as many as a UUID4's 122)."""
-    return _ids.getrandbits(128).to_bytes(16, "big").hex()  # (f"{...:032x}": the same, ~2x the cost)
+    return f"{_ids.getrandbits(128):032x}"
 
 
 def new_eid() -> str:
     """A fresh event ID: a random 64-bit number as 16 hex characters."""
-    return _ids.getrandbits(64).to_bytes(8, "big").hex()
+    return f"{_ids.getrandbits(64):016x}"
 
 
 def normalize_request_id(value: object) -> str | None:
@@ -228,30 +228,18 @@ def normalize_request_id(value: object) -> str | None:
     """
     # the two usual cases in their own types: a header's bytes (rarely prefixed: one tuple
     # ``startswith``; the rule before any decode, it admits ASCII only) and an engine's str
-    # (usually prefixed: the prefixes one by one). Letters and digits only (hopline's own hex IDs,
-    # most callers') are told by ``isalnum`` (ASCII only for bytes; for a str after ``isascii``,
-    # a flag): the rule without the regex's call, which takes the rest
+    # (usually prefixed: the prefixes one by one)
     kind = type(value)
     if kind is bytes:
         if value.startswith(_ENGINE_ID_PREFIXES_BYTES):  # type: ignore[union-attr]
             value = _without_engine_prefix(value, _ENGINE_ID_PREFIXES_BYTES)
-        if (
-            (value.isalnum() and len(value) <= 64)  # type: ignore[union-attr, arg-type]
-            or _REQUEST_ID_BYTES_RE.fullmatch(value)  # type: ignore[arg-type]
-        ):
-            return value.decode("ascii")  # type: ignore[union-attr]
-        return None
+        return value.decode("ascii") if _REQUEST_ID_BYTES_RE.fullmatch(value) else None  # type: ignore[union-attr, arg-type]
     if kind is str:
         for prefix in ENGINE_ID_PREFIXES:  # (inline: a call costs what the loop does)
             if value.startswith(prefix) and len(value) > len(prefix):  # type: ignore[union-attr]
                 value = value[len(prefix) :]  # type: ignore[index]
                 break
-        if (
-            (value.isascii() and value.isalnum() and len(value) <= 64)  # type: ignore[union-attr, arg-type]
-            or _REQUEST_ID_RE.fullmatch(value)  # type: ignore[arg-type]
-        ):
-            return value  # type: ignore[return-value]
-        return None
+        return value if _REQUEST_ID_RE.fullmatch(value) else None  # type: ignore[arg-type, return-value]
     if isinstance(value, (bytes, str)):  # a subclass: as its base type
         return normalize_request_id(bytes(value) if isinstance(value, bytes) else str(value))
     return None
