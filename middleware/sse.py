@@ -22,8 +22,6 @@ engine reports its own per-request durations in the response (vLLM's ``metrics``
 from __future__ import annotations
 
 import re
-from itertools import chain, compress, repeat
-from operator import getitem, sub
 from typing import Any
 
 import orjson
@@ -189,7 +187,6 @@ class StreamReader:
     __slots__ = (
         "_after_cr",
         "_buf",
-        "_bulk",
         "_data",
         "_event",
         "_plain",
@@ -219,7 +216,6 @@ class StreamReader:
         # The stream's plain-chunk template (see ``_learn``): the bytes before and after the
         # content text, their lengths, and the chunk with an empty text
         self._plain: tuple[bytes, bytes, int, int, bytes] | None = None
-        self._bulk = True  # runs of plain chunks are checked in bulk until one such check fails
         self.first_at: float | None = None
         # a reasoning model's first reasoning delta and first content delta (chat streams)
         self.first_reasoning_at: float | None = None
@@ -280,23 +276,10 @@ class StreamReader:
         call each, which returns the very same object when the affix is not there, so ``is``
         tells a match), leaving the content text: about half the instructions of slicing the
         head, the tail and the text apart (bench/README.md, "asgi: a streamed chunk")."""
-        head, tail, _, t, _ = self._plain  # type: ignore[misc]
-        n = len(chunks)
-        if self._bulk and n - i > 1:
-            # the run is up to the last chunk with the template's tail (a stream's finish, usage
-            # and [DONE] chunks, which end otherwise, come after it); all of it in bulk, or none
-            j = n
-            while j > i and chunks[j - 1][-t:] != tail:
-                j -= 1
-            if j - i > 1:
-                if self._take_plain_bulk(chunks, times, i, j):
-                    i = j
-                    if i >= n:
-                        return i
-                else:  # an unusual run (merged or split events, a gateway's network chunks): one at a time from now on
-                    self._bulk = False
+        head, tail, _, _, _ = self._plain  # type: ignore[misc]
         count, last, gap_s, gap_at = self.output_chunks, self.last_output_at, self.max_gap_s, self.max_gap_at
         fullmatch = _JSON_STRING_BODY.fullmatch
+        n = len(chunks)
         while i < n:
             chunk = chunks[i]
             rest = chunk.removesuffix(tail)
@@ -319,51 +302,6 @@ class StreamReader:
             i += 1
         self.output_chunks, self.last_output_at, self.max_gap_s, self.max_gap_at = count, last, gap_s, gap_at
         return i
-
-    def _take_plain_bulk(self, chunks: list[bytes], times: list[float], i: int, j: int) -> bool:
-        """Take ``chunks[i:j]`` as ``_take_plain_run`` would when it takes every one of them;
-        False (nothing taken) when it would decline any.
-
-        A few C calls over the whole run instead of a loop per chunk. Each chunk's text is its
-        bytes between where the head ends and the tail begins; the chunks joined must equal the
-        head, the texts joined with tail + head, then the tail. Each side is then the same pieces
-        at the same places (a chunk shorter than head + tail makes the sides' lengths differ), so
-        each chunk is head + its text + tail. The texts must pass the run's quote test (checked one
-        by one only when a quote or a backslash is in them); an empty one is the template with an
-        empty text (no output, as in the loop). The gaps are the loop's subtractions, the largest
-        the first of them.
-        """
-        head, tail, h, t, _ = self._plain  # type: ignore[misc]
-        run = chunks[i:j]
-        try:
-            texts = list(map(getitem, run, repeat(slice(h, -t), j - i)))
-            inner = (tail + head).join(texts)
-            joined = b"".join(run)
-            if (
-                len(joined) != h + len(inner) + t
-                or not joined.startswith(head)
-                or not joined.startswith(inner, h)  # (a compare in place: no copy of the slice)
-                or not joined.endswith(tail)
-            ):
-                return False
-        except TypeError:  # not bytes-like
-            return False
-        text = b"".join(texts)
-        if 34 in text or 92 in text:  # a quote or a backslash: the loop's test, text by text
-            fullmatch = _JSON_STRING_BODY.fullmatch
-            for one in texts:
-                if one and (34 in one or one[-1] == 92) and fullmatch(one) is None:
-                    return False
-        ts = times[i:j] if all(texts) else list(compress(times[i:j], texts))
-        if ts:
-            last = self.last_output_at
-            gap = max(map(sub, ts, chain((last,), ts)))
-            if self.max_gap_s is None or gap > self.max_gap_s:  # where: the first gap that large
-                k = list(map(sub, ts, chain((last,), ts))).index(gap)
-                self.max_gap_s, self.max_gap_at = gap, last if k == 0 else ts[k - 1]
-            self.output_chunks += len(ts)
-            self.last_output_at = ts[-1]
-        return True
 
     def _feed_exact(self, chunk: bytes, ts: float) -> bool:
         if chunk == _DONE_EVENT and not (self._buf or self._data):
