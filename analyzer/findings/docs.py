@@ -26,7 +26,8 @@ FINDINGS_TOP = {
     "window_s": "the window width used for shifts and series",
     "stages": "stage name -> statistics over all requests that have the stage (below)",
     "split_requests": "requests whose TTFT parts add up to their TTFT: the common set of every share_of_ttft",
-    "findings": "shifts and pitfalls, the largest effect on users' time first (minor ones excluded)",
+    "findings": "shifts and pitfalls, the largest effect on users' time first (minor ones excluded); "
+    "changes of the traffic (mix_change) after them, then what is the calling process's own lateness",
     "minor": f"findings that cost users under {MINOR_SHARE:.0%} of their time (share_of_users_time < "
     f"{MINOR_SHARE:g}), same order and shape; the terminal and HTML reports list them with --all",
     "dominant": "the TTFT part with the largest share, null when fewer than 20 requests have a complete split",

@@ -195,15 +195,17 @@ class MixChange(Shift):
         _doc(
             "the stage per unit of work, before and after: unit (computed prompt token, output token), "
             "before_ms, after_ms (the same statistic); size (prompt token, output token), units_before, "
-            "units_after (the requests' p50 size in it)"
+            "units_after (the requests' p50 size in it); statistic, when the per-unit figures are not the "
+            "finding's statistic (mean: the window watcher's, from exact sums)"
         ),
     ] = field(default_factory=dict)
     new_traffic: Annotated[
         dict[str, Any] | None,
         _doc(
             "the traffic that began with it: scope (e.g. {service: S}), since (ISO-8601 UTC), requests_per_s, "
-            "units_p50 (its requests' p50 size), share (of the stage's time in the scope where it rose, since); null when the same "
-            "traffic sent bigger requests"
+            "units_p50 (its requests' p50 size), share (of the stage's time in the scope where it rose, since), "
+            "elsewhere (where it ran before outside that scope, where: attribute -> values, and since: ISO-8601 UTC; "
+            "null when it is new to the log); null when the same traffic sent bigger requests"
         ),
     ] = None
 

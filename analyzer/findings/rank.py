@@ -10,9 +10,13 @@ the traffic (``MixChange``: bigger requests, not a slower stage) brings no pitfa
 stage that a detector ``brings_rise_of`` moves into the ``with_shifts`` of that detector's
 finding whose scope ``Detector.brought`` names; its seconds add to the finding's (stages add up).
 
-Order: the largest cost to users first, except that a finding whose time is the calling
-process's own lateness (``lateness.explained``: a busy caller, a load generator that measures
-itself) comes after the others: it says how the caller fared, not what the serving side did.
+Order: the largest cost to users first among what the serving side and its callers did (a
+stage that got slower, a pitfall); then the changes of the traffic (``MixChange``): bigger
+requests took longer, which nothing is to be fixed for, as the live path pages none of them and
+lets none outrank a finding that could page (a chance run of one tenant's long prompts on one
+replica must not head a report whose incident is a client's new connection per request); last a
+finding whose time is the calling process's own lateness (``lateness.explained``: a busy caller,
+a load generator that measures itself): it says how the caller fared, not what the serving side did.
 
 Minor: a finding is minor when the users' time it costs (|impact_s|) is under ``MINOR_SHARE`` of
 the users' total time of the same kind: their waits for the first output (TTFT; a non-streaming
@@ -155,12 +159,14 @@ def decide(
     found: list[Finding], frame: pl.DataFrame, ctx: Context, registry: tuple[Detector, ...] = REGISTRY
 ) -> Findings:
     """``found`` (``detect_all``'s, on ``frame``) decided: relations, each top-level finding's
-    ``share_of_users_time``, the largest cost to users first, the minor ones apart."""
+    ``share_of_users_time``, in the order above, the minor ones apart."""
     shifts = [f for f in found if isinstance(f, Shift)]
     pitfalls = sorted((f for f in found if isinstance(f, Pitfall)), key=lambda p: -p.impact_s)
     shifts, pitfalls = caused_by_shifts(shifts, pitfalls, ctx, registry)
     shifts, pitfalls = brought_by_pitfalls(shifts, pitfalls, frame, ctx, registry)
-    ordered = sorted([*shifts, *pitfalls], key=lambda f: (_callers_own(f, frame), -abs(f.cost_s)))
+    ordered = sorted(
+        [*shifts, *pitfalls], key=lambda f: (_callers_own(f, frame), isinstance(f, MixChange), -abs(f.cost_s))
+    )
     totals = users_time(frame)
     ranked = []
     for f in ordered:

@@ -10,9 +10,11 @@ per-unit figure (held) that tells a mix from a slowdown."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import polars as pl
 import pytest
+from hopline.analyzer import io
 from hopline.analyzer.findings.common import in_scope
 from hopline.analyzer.findings.detector import Context
 from hopline.analyzer.findings.model import Finding, MixChange, Shift
@@ -20,6 +22,7 @@ from hopline.analyzer.findings.rank import find
 from hopline.analyzer.live.detector import LiveConfig, LiveDetector
 from hopline.analyzer.live.feed import replay
 from hopline.analyzer.live.watch import Watch
+from hopline.analyzer.pipeline import analyze_files
 from hopline.analyzer.timelines import timelines
 from pydantic import TypeAdapter
 from support import scenarios as golden
@@ -32,6 +35,7 @@ WINDOW_S = 10.0
 SCOPES = ("replica", "service", "model")
 AT_S = 300.0
 SEEDS = range(4)
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 def analysed(incidents: list, seed: int) -> tuple[list[Finding], pl.DataFrame]:
@@ -166,3 +170,38 @@ def test_production_shaped_traffic_changes_and_their_control(incident, kind, sta
     assert not [f for f in top if type(f) is other and f.stage == stage and f.up], said
     if kind is MixChange:
         assert share_new(first, frame, incident.service) >= 0.95
+
+
+# A real run (``hopline demo --scenario cold-connections --seed 13``, tests/data/demo-scenarios/
+# README.md): kite-cli, a client opening a connection per request and sending 4k-token prompts,
+# runs from the start; by chance of its conversation keys, r1 got its first requests and r2 only
+# from 9 s in. r2's prefill rose 6.9x with them, and its connect time from zero.
+MOVED = DATA / "demo-scenarios" / "cold-connections-moved.parquet"
+
+
+def test_traffic_routed_to_a_replica_is_said_as_moved_there_after_what_was_done_wrong():
+    """kite-cli is no new service: the mix change on r2 says where its traffic ran before
+    and since when (``elsewhere``); the incident is kite-cli's connection per request, first, with r2's connect
+    rise (its traffic's handshakes, no slower than on r1) said with it, never on its own; the
+    traffic's change comes after the pitfall although its seconds are more."""
+    report, _ = analyze_files(io.find_files([MOVED]))
+    found = report.findings.findings
+    said = [f.sentence for f in found]
+    first = found[0]
+    assert (first.kind, first.name, first.scope) == ("pitfall", "new_connection_per_request", {"service": "kite-cli"}), said
+    assert [(s.stage, s.scope) for s in first.with_shifts] == [("connect", {"replica": "r2"})], said
+    assert not [f for f in found if f.kind == "shift" and f.stage == "connect"], said
+    (mix,) = [f for f in found if isinstance(f, MixChange)]
+    assert (mix.stage, mix.scope) == ("prefill", {"replica": "r2", "service": "kite-cli"}), said
+    there = mix.new_traffic["elsewhere"]
+    assert there["where"] == {"replica": ["r1"]} and there["since"] < mix.new_traffic["since"], mix.new_traffic
+    assert "new here" in mix.sentence and "on replica r1 from" in mix.sentence, mix.sentence
+    assert "new service" not in mix.sentence, mix.sentence
+    assert abs(mix.cost_s) > abs(first.cost_s)  # ordered after it all the same
+
+
+def test_a_new_tenant_is_new_to_the_log_not_only_to_its_scope():
+    """The synthetic new tenant began everywhere at once: nothing of it ran before, anywhere."""
+    found, _ = analysed([NewTenant("doc-ingest", AT_S, share=0.3, prompt_tokens=6000)], 0)
+    mixes = rises(found, "prefill", MixChange)
+    assert mixes and all(m.new_traffic["elsewhere"] is None for m in mixes), [m.sentence for m in mixes]

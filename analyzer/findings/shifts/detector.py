@@ -153,7 +153,7 @@ def _changes(
                         excess_s=_excess(frame, det),
                         mix=mix_of(
                             det.stage, det.at, det.until, det.statistic, det.before_ms, det.after_ms,
-                            frame, search.dims, cfg, det.since,
+                            frame, search.dims, cfg, det.since, det.scope, search.frame,
                         ),  # fmt: skip
                     )
                 )

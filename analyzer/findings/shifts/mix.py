@@ -6,7 +6,10 @@ its time per unit of work did not, the requests got bigger, not the component sl
 tenant's long documents on a model, a batch job asking longer answers. Such a change is said as
 what it is (``model.MixChange``): the stage rose, per unit it held, and the traffic that came
 with it (a value of a searched attribute that began at the change: a new service), never as a
-shift of the engine's stage.
+shift of the engine's stage. Traffic new to the change's scope but not to the log (a service whose
+conversations the router began sending to this replica too, by its choice or by the chance of
+their keys) is said as new here, with where and since when it ran before (``elsewhere``): it is
+no new service, and its requests took as long there.
 
 The rule: the requests' size (p50 prompt tokens for prefill, cached or not; output tokens for
 decode) grew by ``notable_change`` or more, and the stage per
@@ -56,9 +59,12 @@ def mix_of(
     dims: tuple[str, ...],
     cfg: ShiftConfig,
     since: float | None = None,
+    scope: dict[str, str] | None = None,
+    log: pl.DataFrame | None = None,
 ) -> dict | None:
-    """What a rise of ``stage`` at ``at`` in ``frame`` (its scope's requests) is when it is a
-    change of the traffic: the per-unit figures and the new traffic (see the module), else None."""
+    """What a rise of ``stage`` at ``at`` in ``frame`` (the requests of ``scope``) is when it is a
+    change of the traffic: the per-unit figures and the new traffic (see the module), else None.
+    ``log``: every request (where traffic new to the scope may have run before it)."""
     unit = _units(stage, frame.columns)
     if unit is None or after_ms <= before_ms or before_ms <= 0 or stage not in frame.columns:
         return None
@@ -93,15 +99,36 @@ def mix_of(
             "units_before": round(float(size_before), 1),
             "units_after": round(float(size_after), 1),
         },
-        "new_traffic": _new_traffic(before, after, stage, dims, at, until),
+        "new_traffic": _new_traffic(
+            before, after, stage, dims, at, until, _elsewhere(log, scope or {}, lo, at), tuple(scope or ())
+        ),
     }
 
 
+def _elsewhere(log: pl.DataFrame | None, scope: dict[str, str], lo: float, at: float) -> pl.DataFrame | None:
+    """The log's requests outside ``scope`` from ``lo`` to ``at`` (the same span as the segment
+    before the change), or None when the scope is all traffic or the log is not given."""
+    if log is None or not scope or any(dim not in log.columns for dim in scope):
+        return None
+    inside = pl.all_horizontal(pl.col(dim).cast(pl.String) == value for dim, value in scope.items())
+    start = pl.col("start")
+    return log.filter((start >= lo) & (start < at) & ~inside.fill_null(False))
+
+
 def _new_traffic(
-    before: pl.DataFrame, after: pl.DataFrame, stage: str, dims: tuple[str, ...], at: float, until: float | None
+    before: pl.DataFrame,
+    after: pl.DataFrame,
+    stage: str,
+    dims: tuple[str, ...],
+    at: float,
+    until: float | None,
+    elsewhere: pl.DataFrame | None = None,
+    where: tuple[str, ...] = (),
 ) -> dict | None:
     """The value of a searched attribute that began with the change and carries the most of the
-    stage's time after it (a new service), with its rate, size and share; None when none began."""
+    stage's time after it (a new service), with its rate, size and share, and ``elsewhere``: where
+    and since when it ran before (``_ran_elsewhere``) when it was not new to the log, else None.
+    None when none began."""
     best = None
     for dim in dims:
         if dim not in after.columns:
@@ -129,4 +156,25 @@ def _new_traffic(
         "requests_per_s": round(row["after"] / span, 3) if span > 0 else None,
         "units_p50": None if row["units"] is None else round(float(row["units"]), 1),
         "share": round(row["time"] / total, 4) if total else None,
+        "elsewhere": _ran_elsewhere(elsewhere, dim, row[dim], row["after"], where),
     }
+
+
+def _ran_elsewhere(
+    elsewhere: pl.DataFrame | None, dim: str, value: object, after: int, where: tuple[str, ...]
+) -> dict | None:
+    """Where requests of ``dim`` = ``value`` ran before the change outside its scope (among
+    ``elsewhere``; ``where``: the scope's attributes, each with its values there) and since when,
+    when there were more of them than a new value may have before it (``NEW_BEFORE``); else None:
+    the traffic is new to the log."""
+    if elsewhere is None or dim not in elsewhere.columns:
+        return None
+    earlier = elsewhere.filter(pl.col(dim) == value)
+    if earlier.height <= NEW_BEFORE * after:
+        return None
+    places = {
+        other: sorted(str(v) for v in earlier[other].drop_nulls().unique())
+        for other in where
+        if other != dim and other in earlier.columns and earlier[other].drop_nulls().len()
+    }
+    return {"where": places, "since": iso_utc(float(earlier["start"].min()))} if places else None

@@ -23,9 +23,14 @@ of the horizon into findings. Cost follows windows × scope values × stages, ne
   (exact sums), ``impact_s`` as ``excess_s`` from exact sums (Σ after − n_after × mean before).
 
 What it does not do, for want of single requests in the windows: no two-attribute cell (the
-windows hold one attribute at a time), no ``connect`` part (pool wait vs new connections), no mix
-change (per-token figures), no step-5 folding of one change seen from correlated scopes, no
-pitfall. Each side's loop lateness (capped at each request's network time) and the engine host's
+windows hold one attribute at a time), no ``connect`` part (pool wait vs new connections), no
+new traffic named in a mix change (which service's requests a replica's windows hold is not kept),
+no step-5 folding of one change seen from correlated scopes, no pitfall. A change of the traffic
+is judged as on requests (``mix``): the requests' size p50 (prompt or output tokens, from the
+sketches) grew and the stage per unit of work held; per unit is the ratio of the exact sums' means
+(the stage's mean over the mean computed prompt tokens, or output tokens less the first), the
+windows having no single request's ratio. Such a change is a ``MixChange``: noted, never paged (a
+tenant's long prompts routed to a replica are no slower prefill). Each side's loop lateness (capped at each request's network time) and the engine host's
 CPU wait are kept (``lateness.MEASURED``) and merged for the incident book, which tells from them,
 as on requests, a rise that is the calling process's own event loop running late (noted, not
 paged). Quantiles are the sketches' (1% relative).
@@ -43,7 +48,8 @@ from ddsketch import LogarithmicMapping
 from hopline.analyzer.findings.lateness import MEASURED
 from hopline.analyzer.findings.model import Finding
 from hopline.analyzer.findings.shifts.context import COVARIATES
-from hopline.analyzer.findings.shifts.incidents import Change, cap_reversals, incidents
+from hopline.analyzer.findings.shifts.incidents import Change, cap_reversals, incidents, part_explains
+from hopline.analyzer.findings.shifts.mix import MIN_UNITS, MIX_SHARE
 from hopline.analyzer.findings.shifts.scopes import CONFINE_MIN_SIDE
 from hopline.analyzer.findings.shifts.stats import (
     RANK_RESOLUTION_S,
@@ -60,7 +66,7 @@ from hopline.analyzer.windows import KINDS, decode_bins
 
 ALL = ("", "")  # the series key of all traffic
 TIMINGS = ("ttft", "e2e")  # the collectors' outermost views, for the users' time and concurrency
-TOKENS = ("prompt_tokens", "cached_tokens")
+TOKENS = ("prompt_tokens", "cached_tokens", "output_tokens")
 # the measures the detector and the incident book read (others are not merged): each side's loop
 # lateness and the engine host's CPU wait for the book's ``lateness.explained`` (a busy caller,
 # server or host, not a slower hop)
@@ -495,7 +501,10 @@ def find_window_shifts(
         for group in _clusters(dets, within):
             for det in _narrowest(group, tested, mx_of, cfg, stage, z_crit):
                 changes.append(_change(det, series, starts, mx_of, stages, cfg))
-    leads = incidents(changes, cfg.onset_windows * width)
+    # a change of the traffic heads no incident, as on requests (``find_shifts``)
+    within_s = cfg.onset_windows * width
+    mixes = [c for c in changes if c.mix is not None and not part_explains(c, changes, within_s)]
+    leads = incidents([c for c in changes if c not in mixes], within_s) + mixes
     cap_reversals(leads)
     leads.sort(key=lambda s: (-abs(s.impact_s), s.at))
     return [c.finding() for c in leads]
@@ -660,8 +669,59 @@ def _change(
     return Change(
         det.stage, det.scope, at_s, det.statistic, det.before_ms, det.after_ms, det.z, a_n, context,
         None if det.until is None else starts[det.until] * width if det.until < len(starts) else last_s,
-        excess_s=excess,
+        excess_s=excess, mix=_mix(det, series, key, before_w, after_w, cfg),
     )  # fmt: skip
+
+
+# a stage's unit of work in the windows: (unit, size, the size's measure, the measure taken off
+# the size for the work: cached prompt tokens, or the first output token of each request)
+UNITS = {
+    "prefill": ("computed prompt token", "prompt token", "prompt_tokens", "cached_tokens"),
+    "decode": ("output token", "output token", "output_tokens", None),
+}
+
+
+def _mix(
+    det: Found, series: WindowSeries, key: tuple[str, str], before_w: list[int], after_w: list[int], cfg: ShiftConfig
+) -> dict | None:
+    """``mix.mix_of`` on windows (see the module): the per-unit figures of a rise of prefill or
+    decode that is a change of the traffic (``new_traffic`` unknown: None), else None."""
+    unit = UNITS.get(det.stage)
+    if unit is None or det.after_ms <= det.before_ms or det.before_ms <= 0:
+        return None
+    name, size_name, measure, less = unit
+    gamma = LogarithmicMapping(series.relative_accuracy).gamma
+
+    def side(windows: list[int]) -> tuple[float, float] | None:
+        """(the stage's mean over the mean unit count, the size p50) of ``windows``."""
+        stage, n = _sum(series, key, det.stage, windows)
+        size, m = _sum(series, key, measure, windows)
+        off = _sum(series, key, less, windows)[0] if less is not None else float(m)
+        if n < MIN_UNITS or m < MIN_UNITS or size - off <= 0 or stage <= 0:
+            return None
+        p50 = Matrix(np.array(windows), [series.windows.get(i, {}).get(key, {}).get(measure) for i in windows], gamma)
+        return (stage / n) / ((size - off) / m), p50.quantile(0, len(windows), 0.5) or 0.0
+
+    before, after = side(before_w), side(after_w)
+    if before is None or after is None or not before[1]:
+        return None
+    (unit_before, size_before), (unit_after, size_after) = before, after
+    if size_after / size_before < 1 + cfg.notable_change:
+        return None  # the requests did not get bigger
+    if math.log(unit_after / unit_before) >= MIX_SHARE * math.log(det.after_ms / det.before_ms):
+        return None  # slower per unit of work: the component
+    return {
+        "per_unit": {
+            "unit": name,
+            "before_ms": round(unit_before * 1e3, 6),
+            "after_ms": round(unit_after * 1e3, 6),
+            "size": size_name,
+            "units_before": round(float(size_before), 1),
+            "units_after": round(float(size_after), 1),
+            "statistic": "mean",
+        },
+        "new_traffic": None,
+    }
 
 
 def bin_quantiles(b: Bins, q: np.ndarray, gamma: float) -> np.ndarray:

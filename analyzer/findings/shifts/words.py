@@ -135,14 +135,23 @@ def mix_words(shift: Change) -> str:
         size = "" if new["units_p50"] is None else f", {new['units_p50']:,.0f} {per.get('size', unit)}s p50"
         share = "" if new["share"] is None else f" makes up {new['share']:.0%} of its {label(shift)} since"
         since = new["since"][11:19]
-        text = f", from new traffic, not a slower engine: a new {scope_words(new['scope'])} (from {since}{rate}{size}){share}"
+        if new.get("elsewhere"):  # new here, not to the log: it ran on other replicas (say) before
+            there = new["elsewhere"]
+            where = scope_words({k: ", ".join(v) for k, v in there["where"].items()})
+            text = (
+                f", from traffic new here, not a slower engine: {scope_words(new['scope'])}, on {where} from "
+                f"{there['since'][11:19]} (here from {since}{rate}{size}){share}"
+            )
+        else:
+            text = f", from new traffic, not a slower engine: a new {scope_words(new['scope'])} (from {since}{rate}{size}){share}"
     else:
         longer = "longer prompts" if shift.stage == "prefill" else "longer answers"
         sizes = f"{per['units_before']:,.0f} → {per['units_after']:,.0f}"
         text = f", from {longer}, not a slower engine: {per.get('size', unit)}s p50 {sizes}"
     b, a = per["before_ms"], per["after_ms"]
     moved = "unchanged" if b > 0 and abs(a / b - 1) <= UNCHANGED else change_words(b, a, lambda v: f"{v:.3g} ms")
-    return text + f"; {label(shift)} per {unit} {moved} ({b:.3g} → {a:.3g} ms, {shift.statistic})"
+    statistic = per.get("statistic", shift.statistic)  # the windows' is the sums' mean
+    return text + f"; {label(shift)} per {unit} {moved} ({b:.3g} → {a:.3g} ms, {statistic})"
 
 
 UNCHANGED = ShiftConfig.unchanged_within  # a per-unit figure within this is said unchanged, as another stage

@@ -51,7 +51,7 @@ import polars as pl
 import pytest
 from hopline.analyzer import io
 from hopline.analyzer.findings import lateness
-from hopline.analyzer.findings.model import Shift
+from hopline.analyzer.findings.model import MixChange, Shift
 from hopline.analyzer.findings.registry import WindowSeries
 from hopline.analyzer.live.detector import LiveConfig
 from hopline.analyzer.live.incidents import Incident
@@ -326,6 +326,21 @@ def test_every_page_is_an_incident_hopline_analyze_finds_and_pages_once(scenario
         named.append(match[0])
     assert len(named) == len(set(named)), said
     assert len({id(p.incident) for p in live.pages}) == len(live.pages), said
+
+
+def test_a_tenants_long_prompts_routed_to_a_replica_are_a_change_of_the_traffic_in_the_windows_too():
+    """The demo run where kite-cli's 4k-token prompts reached r2 only from 9 s in
+    (tests/data/demo-scenarios/README.md): r2's prefill rose 7x while its time per computed prompt
+    token did not follow. The windows say it as offline does, a change of the traffic, noted, and
+    page no prefill (before, "prefill time rose 7.0x on replica r2" paged)."""
+    c = compared("cold-connections-moved")
+    rises = [w for w in c.live.final if w.stage == "prefill"]
+    said = [w.sentence for w in c.live.final]
+    assert rises and all(isinstance(w, MixChange) for w in rises), said
+    assert "not a slower engine" in rises[0].sentence and rises[0].per_unit["statistic"] == "mean", said
+    assert not [p.words for p in c.live.pages if p.stage == "prefill"]
+    offline = [f for f in c.report["findings"] if f.get("stage") == "prefill"]
+    assert [(f["kind"], f["scope"].get("replica")) for f in offline] == [("mix_change", "r2")]
 
 
 def test_with_no_request_in_the_recent_windows_the_books_frame_has_its_columns():
