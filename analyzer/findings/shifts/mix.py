@@ -84,24 +84,44 @@ def mix_of(
     unit_before = b.select(per_unit.quantile(q, "linear")).item()
     unit_after = a.select(per_unit.quantile(q, "linear")).item()
     size_before, size_after = b["_size"].median(), a["_size"].median()
+    per = per_unit_if_mix(
+        (name, size_name), (unit_before, unit_after), (size_before, size_after), (before_ms, after_ms), cfg
+    )
+    if per is None:
+        return None
+    return {
+        "per_unit": per,
+        "new_traffic": _new_traffic(
+            before, after, stage, dims, at, until, _elsewhere(log, scope or {}, lo, at), tuple(scope or ())
+        ),
+    }
+
+
+def per_unit_if_mix(
+    names: tuple[str, str],
+    units: tuple[float | None, float | None],
+    sizes: tuple[float | None, float | None],
+    stage_ms: tuple[float, float],
+    cfg: ShiftConfig,
+) -> dict | None:
+    """The rule (see the module) on a rise of ``stage_ms`` (before, after): the ``per_unit``
+    figures (``names``: the unit's and the size's, ``units``: seconds per unit, ``sizes``: the
+    requests' p50 size, each before and after) when the requests got bigger and the stage per
+    unit held, else None."""
+    (unit_before, unit_after), (size_before, size_after) = units, sizes
     if not unit_before or not unit_after or not size_before or not size_after:
         return None
     if size_after / size_before < 1 + cfg.notable_change:
         return None  # the requests did not get bigger
-    if math.log(unit_after / unit_before) >= MIX_SHARE * math.log(after_ms / before_ms):
+    if math.log(unit_after / unit_before) >= MIX_SHARE * math.log(stage_ms[1] / stage_ms[0]):
         return None  # slower per unit of work: the component
     return {
-        "per_unit": {
-            "unit": name,
-            "before_ms": round(unit_before * 1e3, 6),
-            "after_ms": round(unit_after * 1e3, 6),
-            "size": size_name,
-            "units_before": round(float(size_before), 1),
-            "units_after": round(float(size_after), 1),
-        },
-        "new_traffic": _new_traffic(
-            before, after, stage, dims, at, until, _elsewhere(log, scope or {}, lo, at), tuple(scope or ())
-        ),
+        "unit": names[0],
+        "before_ms": round(unit_before * 1e3, 6),
+        "after_ms": round(unit_after * 1e3, 6),
+        "size": names[1],
+        "units_before": round(float(size_before), 1),
+        "units_after": round(float(size_after), 1),
     }
 
 

@@ -49,7 +49,7 @@ from hopline.analyzer.findings.lateness import MEASURED
 from hopline.analyzer.findings.model import Finding
 from hopline.analyzer.findings.shifts.context import COVARIATES
 from hopline.analyzer.findings.shifts.incidents import Change, cap_reversals, incidents, part_explains
-from hopline.analyzer.findings.shifts.mix import MIN_UNITS, MIX_SHARE
+from hopline.analyzer.findings.shifts.mix import MIN_UNITS, per_unit_if_mix
 from hopline.analyzer.findings.shifts.scopes import CONFINE_MIN_SIDE
 from hopline.analyzer.findings.shifts.stats import (
     RANK_RESOLUTION_S,
@@ -703,25 +703,11 @@ def _mix(
         return (stage / n) / ((size - off) / m), p50.quantile(0, len(windows), 0.5) or 0.0
 
     before, after = side(before_w), side(after_w)
-    if before is None or after is None or not before[1]:
+    if before is None or after is None:
         return None
-    (unit_before, size_before), (unit_after, size_after) = before, after
-    if size_after / size_before < 1 + cfg.notable_change:
-        return None  # the requests did not get bigger
-    if math.log(unit_after / unit_before) >= MIX_SHARE * math.log(det.after_ms / det.before_ms):
-        return None  # slower per unit of work: the component
-    return {
-        "per_unit": {
-            "unit": name,
-            "before_ms": round(unit_before * 1e3, 6),
-            "after_ms": round(unit_after * 1e3, 6),
-            "size": size_name,
-            "units_before": round(float(size_before), 1),
-            "units_after": round(float(size_after), 1),
-            "statistic": "mean",
-        },
-        "new_traffic": None,
-    }
+    units, sizes = (before[0], after[0]), (before[1], after[1])
+    per = per_unit_if_mix((name, size_name), units, sizes, (det.before_ms, det.after_ms), cfg)
+    return None if per is None else {"per_unit": per | {"statistic": "mean"}, "new_traffic": None}
 
 
 def bin_quantiles(b: Bins, q: np.ndarray, gamma: float) -> np.ndarray:
