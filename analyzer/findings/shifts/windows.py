@@ -30,10 +30,12 @@ is judged as on requests (``mix``): the requests' size p50 (prompt or output tok
 sketches) grew and the stage per unit of work held; per unit is the ratio of the exact sums' means
 (the stage's mean over the mean computed prompt tokens, or output tokens less the first), the
 windows having no single request's ratio. Such a change is a ``MixChange``: noted, never paged (a
-tenant's long prompts routed to a replica are no slower prefill). Each side's loop lateness (capped at each request's network time) and the engine host's
-CPU wait are kept (``lateness.MEASURED``) and merged for the incident book, which tells from them,
-as on requests, a rise that is the calling process's own event loop running late (noted, not
-paged). Quantiles are the sketches' (1% relative).
+tenant's long prompts routed to a replica are no slower prefill).
+
+Each side's loop lateness (capped at each request's network time) and the engine host's CPU wait
+are kept (``lateness.MEASURED``) and merged for the incident book, which tells from them, as on
+requests, a rise that is the calling process's own event loop running late (noted, not paged).
+Quantiles are the sketches' (1% relative).
 """
 
 from __future__ import annotations
