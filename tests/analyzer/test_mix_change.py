@@ -179,11 +179,11 @@ def test_production_shaped_traffic_changes_and_their_control(incident, kind, sta
 MOVED = DATA / "demo-scenarios" / "cold-connections-moved.parquet"
 
 
-def test_traffic_routed_to_a_replica_is_said_as_moved_there_after_what_was_done_wrong():
-    """kite-cli is no new service: the mix change on r2 says where its traffic ran before
-    and since when (``elsewhere``); the incident is kite-cli's connection per request, first, with r2's connect
-    rise (its traffic's handshakes, no slower than on r1) said with it, never on its own; the
-    traffic's change comes after the pitfall although its seconds are more."""
+def test_traffic_routed_to_a_replica_is_said_as_new_here_after_what_was_done_wrong():
+    """kite-cli is no new service: the mix change on r2 says where its traffic ran before and
+    since when (``elsewhere``); the incident is kite-cli's connection per request, first, with
+    r2's connect rise (its traffic's handshakes, no slower than on r1) said with it, never on its
+    own; the traffic's change comes after the pitfall although its seconds are more."""
     report, _ = analyze_files(io.find_files([MOVED]))
     found = report.findings.findings
     said = [f.sentence for f in found]
