@@ -205,3 +205,19 @@ def test_a_new_tenant_is_new_to_the_log_not_only_to_its_scope():
     found, _ = analysed([NewTenant("doc-ingest", AT_S, share=0.3, prompt_tokens=6000)], 0)
     mixes = rises(found, "prefill", MixChange)
     assert mixes and all(m.new_traffic["elsewhere"] is None for m in mixes), [m.sentence for m in mixes]
+
+
+def test_traffic_routed_to_a_replica_pages_nothing_on_the_request_level_watcher():
+    """The same recording followed live with the demo's watch settings (``demo/live.py``): r2's
+    connect rise is kite-cli's traffic (said with its pitfall, a standing condition) and r2's
+    prefill rise a change of the traffic: both noted, neither paged. Before, "connect time rose
+    from zero to 40 ms … on replica r2" paged."""
+    config = LiveConfig(window_s=1.0, horizon_s=120.0, recent_s=60.0, settle_s=1.0, lateness_s=1.0, hold_s=5.0)
+    detector = LiveDetector(config)
+    Watch(detector)
+    for batch in replay(io.find_files([MOVED]), config.every_s):
+        detector.feed(batch)
+    detector.flush()
+    incidents = detector.book.incidents
+    assert incidents and not [i.words for i in incidents if i.pages], [i.words for i in incidents if i.pages]
+    assert not [i for i in incidents if i.key[1] == "connect"], [i.words for i in incidents]
