@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 
 import polars as pl
+from hopline.analyzer.findings.common import in_scope
 from hopline.analyzer.findings.model import iso_utc
 from hopline.analyzer.findings.shifts.stats import STATISTICS, ShiftConfig
 
@@ -130,9 +131,8 @@ def _elsewhere(log: pl.DataFrame | None, scope: dict[str, str], lo: float, at: f
     before the change), or None when the scope is all traffic or the log is not given."""
     if log is None or not scope or any(dim not in log.columns for dim in scope):
         return None
-    inside = pl.all_horizontal(pl.col(dim).cast(pl.String) == value for dim, value in scope.items())
     start = pl.col("start")
-    return log.filter((start >= lo) & (start < at) & ~inside.fill_null(False))
+    return log.filter((start >= lo) & (start < at) & ~in_scope(scope).fill_null(False))
 
 
 def _new_traffic(
