@@ -1,8 +1,8 @@
 """The offline analysis, composed in one place: ``hopline analyze``, the demo and bench call it.
 
     event files ── io.scan_each ──▶ events (checked; --since/--until)
-                ── bounded.build_table ──▶ per-request timelines (a bucket of requests at a time)
-                ── bounded.sample ──▶ the statistics' frame (all requests, or a seeded sample)
+                ── bounded.statistics ──▶ the statistics' frame: per-request timelines (a bucket
+                                          of requests at a time) of all requests, or a seeded sample
     frame ──┬── report.Facts.of ──▶ stages, span, outcomes, windows, … (exact totals past a sample)
             └── findings.find ──▶ findings, detected, ranked and decided once
                                   ──▶ report.Analysis (rendered by report, html; --json is its to_json)
@@ -11,7 +11,7 @@
 already built (``hopline analyze --timelines``, tests); ``analyze`` that as the JSON object.
 
 The statistics and the detectors read ``STATISTICS_COLUMNS`` of the timelines' ~110 (a narrow
-table: fewer columns gathered per bucket, written to Parquet past the budget and read back); the
+table: fewer columns gathered per bucket; past the budget, only the sample's requests get them); the
 whole table is built only for an output that shows it (``full_table``: the HTML report, OTLP
 traces, the demo's example request).
 """
@@ -109,17 +109,12 @@ def analyze_files(
     budget = budget or bounded.Budget.of()
     scopes = tuple(d for d in by if d not in SCOPE_SOURCES)  # the attributes timelines() must carry
     columns = None if full_table else (*STATISTICS_COLUMNS, *(d for d in scopes if d not in STATISTICS_COLUMNS))
-    table = bounded.build_table(scanned, scopes, budget, work_dir, columns)
-    try:
-        # the exact totals first, while nothing else is held: their peak and the statistics' do not add
-        totals = bounded.exact_totals(table) if table.requests > budget.sample_requests else None
-        frame = bounded.sample(table, budget.sample_requests).collect()
-        result = analysis(frame, window=window, by=by, slo=slo, scan=scan, kv_bytes_per_token=kv_bytes)
-    finally:
-        table.close()
-    if totals is not None:
+    table = bounded.statistics(scanned, scopes, budget, work_dir, columns)
+    frame = table.frame
+    result = analysis(frame, window=window, by=by, slo=slo, scan=scan, kv_bytes_per_token=kv_bytes)
+    if table.totals is not None:
         sample = {"requests": frame.height, "of": table.requests, "seed": bounded.SAMPLE_SEED}
-        result = replace(result, facts=replace(result.facts, **totals, sample=sample))
+        result = replace(result, facts=replace(result.facts, **table.totals, sample=sample))
     if not result.facts.requests and (since is not None or until is not None):
         raise NoHopEvents(excluded_message(scanned, since, until))
     return result, frame

@@ -200,3 +200,29 @@ def test_cli_samples_a_log_beyond_its_budget(log_dir):
     assert "seeded sample" not in unsampled.stdout
     bad = hopline("analyze", str(log_dir), "--max-memory", "lots")
     assert bad.returncode == 2 and "not a size: 'lots'" in bad.stderr
+
+
+@pytest.mark.parametrize("guess_low", [bounded.GUESS_LOW, 0.05, 20.0], ids=["default", "guess-wide", "guess-too-high"])
+@pytest.mark.parametrize("sample_requests", [400, 1500, 2999])
+def test_statistics_sample_and_totals_are_the_whole_tables(log_dir, monkeypatch, guess_low, sample_requests):
+    """``bounded.statistics`` builds only the sample's requests with the statistics' columns and
+    the rest with the totals' few: its frame is ``sample`` of the whole table (rows, order, dtypes)
+    and its totals ``exact_totals`` of it, whatever the guess of the requests left does: a wide
+    superset (0.05), or a guess so high that the superset misses sampled requests (20: the buckets
+    are built again for the sample counted exactly)."""
+    monkeypatch.setattr(bounded, "GUESS_LOW", guess_low)
+    scanned, _ = io.scan_each(event_files([log_dir]))
+    budget = bounded.Budget(bucket_events=5_000, sample_requests=sample_requests)
+    columns = ("request_id", "replica", "queue", "decode", "outcome")
+    whole = bounded.build_table(scanned, (), bounded.Budget(5_000, 10**9), columns=tuple(dict.fromkeys((*columns, *bounded.TOTALS_COLUMNS))))
+    try:
+        want = bounded.sample(whole, sample_requests).collect().select(columns)
+        want_totals = bounded.exact_totals(whole)
+        got = bounded.statistics(scanned, (), budget, columns=columns)
+    finally:
+        whole.close()
+    assert got.requests == whole.requests == REQUESTS + 2
+    assert 0.5 * sample_requests < got.frame.height < min(REQUESTS, 1.5 * sample_requests)
+    assert got.frame.equals(want) and got.frame.schema == want.schema
+    assert got.totals == want_totals
+    assert want_totals["missing_hops"]["requests"] > 0 and len(want_totals["outcomes"]) > 1
