@@ -251,10 +251,10 @@ class Statistics:
     totals: dict | None
 
 
-# Past the statistics' share, the sample of the buckets left is built for a guess of their
-# requests (their events times the requests an event so far) made this much smaller, i.e. ~11%
+# Past the statistics' share, the sample of the buckets left is built for a guess of the log's
+# requests (the events left times the requests an event so far) made this much smaller, i.e. ~11%
 # more requests than the sample needs, so the guess is rarely too high (buckets by a hash of
-# request_id are alike); when it is, those buckets are built again for the sample counted exactly.
+# request_id are alike); when it is, the buckets are built again for the sample counted exactly.
 GUESS_LOW = 0.9
 
 
@@ -267,8 +267,9 @@ def statistics(
 ) -> Statistics:
     """``build_table``'s table, ``sample``d to ``budget.sample_requests``, with the exact totals of
     a sampled one: the same frame and figures, without building the whole table. Buckets are built
-    whole while the requests so far fit the sample's share (as ``build_table`` holds them); past
-    it, each bucket left is built twice over its events, filtered by request: the sample's
+    whole (as ``build_table`` holds them) until the requests so far, or the log's guessed from its
+    events and theirs, pass the sample's share; then each bucket left is built twice over its
+    events, filtered by request: the sample's
     requests (a guess's superset, ``GUESS_LOW``) with ``columns``, the others with only what the
     totals read (``TOTALS_COLUMNS``; a 5M-request store's bucket of 500k requests: 2.3 + 2.3
     CPU-s, against 5.3 for all of them with the statistics' 69 columns and 0.8 to write those),
@@ -292,12 +293,15 @@ def statistics(
         buckets = [b for number in range(len(groups)) for b in _group_buckets(groups, number, folder, budget.bucket_events)]
         held: list[pl.DataFrame] = []
         requests = rows = 0
+        rows_left = sum(events_rows for _, events_rows in buckets)
         for number, (events, events_rows) in enumerate(buckets):
             held.append(built(events))
             requests += held[-1].height
             rows += events_rows
-            if requests > budget.sample_requests:
-                frame, requests, totals = _sampled(held, buckets, number + 1, rows, budget, built)
+            rows_left -= events_rows
+            guess = requests + rows_left * requests / max(rows, 1)  # the log's requests, from its events
+            if max(requests, guess * GUESS_LOW) > budget.sample_requests:
+                frame, requests, totals = _sampled(held, buckets, number + 1, guess, budget, built)
                 break
         else:
             frame, totals = pl.concat(held, how="vertical"), None  # bucket_events gives at least one bucket
@@ -310,18 +314,17 @@ def _sampled(
     held: list[pl.DataFrame],
     buckets: list[tuple[pl.LazyFrame, int]],
     built_whole: int,
-    rows: int,
+    guess: float,
     budget: Budget,
     built: Callable[..., pl.DataFrame],
 ) -> tuple[pl.DataFrame, int, dict]:
-    """The sample (``statistics``) of ``buckets``: the first ``built_whole`` of them ``held`` (with
-    ``rows`` events), the others still events."""
+    """The sample (``statistics``) of ``buckets`` for a log of about ``guess`` requests: the first
+    ``built_whole`` of them ``held``, the others still events."""
     tally = Tally()
     for frame in held:
         tally.add(frame.lazy())
     requests = sum(frame.height for frame in held)
     rest = buckets[built_whole:]
-    guess = requests + sum(events_rows for _, events_rows in rest) * requests / max(rows, 1)
     low = max(1, int(guess * GUESS_LOW))
     wide = sampled(budget.sample_requests, low)  # holds every request the sample will hold, unless low > requests
     parts = [frame.filter(wide) for frame in held]

@@ -6,21 +6,20 @@ attributes: a ``min`` / ``min_by`` of its pick; a scope attribute: a ``min_by`` 
 a component's ending; first times; attempts). In one Polars ``group_by`` each of them is its own
 pass with its own gather per group: 6.3 of the 7.4 CPU-s of ``timelines()`` on 2.4M events.
 Most of them choose the same event: every attribute of a hop comes from that hop's chosen event.
-So here a request's rows are found once (a 64-bit hash of ``request_id``, checked against the
-strings), each (request, hop) cell's chosen event once (two ``np.minimum.at``: the smallest pick,
+So here a request's rows are found once (``request_id`` as a ``Categorical``: each row's request
+number), each (request, hop) cell's chosen event once (two ``np.minimum.at``: the smallest pick,
 then the first row holding it: on an exact tie the first event in the log, as the contract's
 ``request_inputs`` takes it), each scope key's and each ending's chosen event once, and every
 output column is a gather of its source column at those rows. Requests are numbered by their first
 event (``Groups.in_log_order``), and that is their row order (the caller sorts what it shows): a
 request's events lie close together in the log, so the ``np.minimum.at`` passes write to nearby
 cells and the gathers read nearby rows (a bucket of 5.9M events: the hop cells' pass 395 -> 180 ms,
-the gathers of 77 hop columns 1,047 -> 517 ms, against the hash's order).
+the gathers of 77 hop columns 1,047 -> 517 ms, against the order of a hash of the IDs).
 
 The output is ``timelines.aggregated()``'s frame column for column, value for value
 (tests/analyzer/test_picks.py holds the two together on logs with retries, legs, errors and
 missing fields), but on an exact tie with other attributes, where the group_by took either
-event, differently from run to run. Should two request IDs share a hash (never seen; ~1e-7 for 5M requests), the
-caller gets None and runs the Polars reference instead.
+event, differently from run to run.
 """
 
 from __future__ import annotations
@@ -30,9 +29,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
-
-HASH_SEED = 11
-
 
 @dataclass(frozen=True)
 class Groups:
@@ -44,60 +40,36 @@ class Groups:
 
     def in_log_order(self) -> Groups:
         """The same requests numbered by their first row."""
+        if not np.any(self.first_row[1:] < self.first_row[:-1]):
+            return self  # numbered so already
         order = np.argsort(self.first_row)
         number = np.empty(self.count, dtype=np.int64)
         number[order] = np.arange(self.count)
         return Groups(number[self.of_row], self.count, self.first_row[order])
 
 
-def request_hashes(request_id: pl.Series) -> pl.Series:
-    return request_id.hash(HASH_SEED)
-
-
-def request_groups(request_id: pl.Series) -> Groups | None:
-    """The requests of ``request_id``'s rows (numbered in hash order), or None when two IDs share a
-    64-bit hash."""
-    hashes = request_hashes(request_id).to_numpy()
-    groups = _sorted_groups(hashes)
-    if groups is None:
-        # each row's hash's place among the distinct hashes (a dense rank), each one's first row
-        distinct, inverse = np.unique(hashes, return_inverse=True)
-        of_row, count = inverse.astype(np.int64), len(distinct)
-        first_row = np.full(count, len(of_row), dtype=np.int64)
-        np.minimum.at(first_row, of_row, np.arange(len(of_row)))
-        groups = Groups(of_row, count, first_row)
-    # the strings in one piece first: a gather from a frame read in row groups looks each row's up
-    # (5.9M events in 79 pieces: 262 ms, 45 in one, 41 to join them)
-    request_id = request_id.rechunk()
-    if len(groups.of_row) and not (request_id.gather(groups.first_row[groups.of_row]) == request_id).all():
-        return None
-    return groups
-
-
-def _sorted_groups(hashes: np.ndarray) -> Groups | None:
-    """``np.unique``'s dense rank of ``hashes`` and each one's first row from one ``np.sort`` (no
-    ``argsort``: 5.9M hashes, 855 -> 330 ms): each hash's low bits replaced by its
-    row number, so the sort orders the rows by hash, then by row, and gives back each row's place.
-    None when two distinct hashes share their high bits (then ``np.unique``; for 25k requests
-    among 297k rows, 45 bits: ~1e-5)."""
-    size = len(hashes)
-    if not size:
-        return None
-    bits = max(1, (size - 1).bit_length())
-    low = np.uint64((1 << bits) - 1)
-    packed = np.sort((hashes & ~low) | np.arange(size, dtype=np.uint64))
-    rows = (packed & low).astype(np.int64)
-    high = packed >> np.uint64(bits)
-    new = np.empty(size, dtype=bool)
-    new[0] = True
-    np.not_equal(high[1:], high[:-1], out=new[1:])
-    whole = hashes[rows]
-    if (whole[1:] != whole[:-1])[~new[1:]].any():
-        return None
-    number = np.cumsum(new) - 1
-    of_row = np.empty(size, dtype=np.int64)
-    of_row[rows] = number
-    return Groups(of_row, int(number[-1]) + 1, rows[new])
+def request_groups(request_id: pl.Series) -> Groups:
+    """The requests of ``request_id``'s rows (rows without an ID: one request, as a ``group_by``
+    makes them): each row's request is its ID's code in a ``Categorical`` of its own (a string's
+    code is the same string's, exactly, and the IDs are looked up once in a hash table: 5.9M
+    events, 0.35 CPU-s against 0.75 for a 64-bit hash's ``np.sort`` and the strings' check)."""
+    codes = request_id.cast(pl.Categorical(pl.Categories.random())).to_physical()
+    size = len(codes)
+    if codes.has_nulls():
+        codes = codes.cast(pl.Int64).fill_null(codes.max() + 1 if codes.null_count() < size else 0)
+    of_row = codes.to_numpy().astype(np.int64)
+    count = int(of_row.max()) + 1 if size else 0
+    # codes are given in order of first sight, so a request's first row is where its code passes
+    # the largest before it; else (not so promised) the smallest row of each
+    seen = np.maximum.accumulate(of_row) if size else of_row
+    first = np.empty(size, dtype=bool)
+    first[:1] = True
+    np.greater(of_row[1:], seen[:-1], out=first[1:])
+    first_row = np.flatnonzero(first)
+    if len(first_row) != count or (size and not np.array_equal(of_row[first_row], np.arange(count))):
+        first_row = np.full(count, size, dtype=np.int64)
+        np.minimum.at(first_row, of_row, np.arange(size))
+    return Groups(of_row, count, first_row)
 
 
 def first_smallest(group: np.ndarray, size: int, key: pl.Series) -> tuple[np.ndarray, np.ndarray]:
@@ -215,14 +187,10 @@ class _Rows:
 def per_request(events: pl.DataFrame, plan: Plan, schema: pl.Schema) -> pl.DataFrame | None:
     """One row per request of ``events`` (the per-event frame ``timelines`` groups: ``hop``,
     ``ts``, ``attempt``, ``_pick``, the keys and the columns read), typed and ordered as
-    ``schema``; None when two request IDs share a hash (see the module docstring) or an event has
-    no ``attempt`` (the reader fills it in; a frame made another way goes to the reference)."""
+    ``schema``; None when an event has no ``attempt`` (the reader fills it in; a frame made another way goes to the reference)."""
     if events["attempt"].has_nulls():
         return None
-    groups = request_groups(events["request_id"])
-    if groups is None:
-        return None
-    groups = groups.in_log_order()
+    groups = request_groups(events["request_id"]).in_log_order()
     rows = _Rows(events, groups)
     hop_rows = rows.hop_choices({hop for hop, _ in plan.hop_columns.values()}) if plan.hop_columns else {}
     chosen = dict(hop_rows)  # a hop's or a key's chosen row per request (events.height: none)

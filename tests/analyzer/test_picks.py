@@ -129,33 +129,42 @@ def test_timelines_equal_through_both_with_an_extra_scope():
     assert_frame_equal(fast, reference)
 
 
-def test_a_shared_hash_or_a_missing_attempt_falls_back_to_the_group_by(monkeypatch):
+def test_a_missing_attempt_falls_back_to_the_group_by():
     events = synthetic_events(300, seed=3)
     read = tl.per_event(events.lazy(), tl.SCOPE_SOURCES).with_columns(tl.pick_key().alias("_pick")).collect()
     plan, schema = tl.picks_plan(tl.SCOPE_SOURCES), tl.aggregated(read.lazy(), tl.SCOPE_SOURCES, True).collect_schema()
     assert picks.per_request(read, plan, schema) is not None
     assert picks.per_request(read.with_columns(attempt=pl.lit(None, pl.Int32)), plan, schema) is None
-    monkeypatch.setattr(picks, "request_hashes", lambda ids: pl.Series(np.zeros(len(ids), dtype=np.uint64)))
-    assert picks.request_groups(read["request_id"]) is None
-    fast, reference = both(events)  # through the fallback: still the same table
-    assert_frame_equal(fast, reference)
 
 
-def test_request_numbers_from_one_sort_are_np_uniques_also_when_high_bits_are_shared(monkeypatch):
-    ids = pl.Series("request_id", [f"r{i % 7}" for i in [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9]])
-    # 15 rows: the low 4 bits of a hash make way for the row; r0 .. r6 differ in the high bits only
-    distinct = np.array([(i + 1) << 40 for i in range(7)], dtype=np.uint64)
-    numbers = np.array([int(s[1:]) for s in ids], dtype=np.int64)
-    monkeypatch.setattr(picks, "request_hashes", lambda request_id: pl.Series(distinct[numbers]))
+@pytest.mark.parametrize("ids", [
+    ["r3", "r1", "r4", "r1", "r5", "r9", "r2", "r6", "r5", "r3", "r5", "r8", "r9", "r7", "r9"],
+    ["b", None, "a", "b", None, "c"],
+    [None, None],
+    [],
+])  # fmt: skip
+def test_requests_are_numbered_as_the_ids_are_first_seen(ids):
+    """Each row's request is its ID's (rows without one: one request), numbered by the first row
+    it is seen at; ``first_row`` is that row. Held against the plain reading of the rule."""
+    found = picks.request_groups(pl.Series("request_id", ids, dtype=pl.String))
+    groups = found.in_log_order()
+    order = list(dict.fromkeys(ids))
+    assert groups.count == len(order)
+    assert groups.of_row.tolist() == [order.index(i) for i in ids]
+    assert groups.first_row.tolist() == [ids.index(i) for i in order]
+    if None not in ids:
+        assert groups is found  # the codes come in order of first sight: nothing to renumber
+
+
+def test_request_numbers_not_in_first_sight_order_are_put_in_it(monkeypatch):
+    """Should the codes not come in order of first sight, each request's first row is still its
+    smallest, and ``in_log_order`` numbers them by it."""
+    ids = pl.Series("request_id", ["x", "y", "x", "z", "y"])
+    codes = pl.Series([2, 0, 2, 1, 0], dtype=pl.UInt32)
+    monkeypatch.setattr(pl.Series, "to_physical", lambda self: codes)
     groups = picks.request_groups(ids)
-    assert groups is not None and groups.count == 7
-    assert groups.of_row.tolist() == numbers.tolist()  # the rank of the hash: here the ID's number
-    assert groups.first_row.tolist() == [int(np.flatnonzero(numbers == n)[0]) for n in range(7)]
-    # r1 and r2 share every bit but the low ones the rows take: np.unique numbers them apart
-    distinct[2] = distinct[1] | np.uint64(1)
-    shared = picks.request_groups(ids)
-    assert shared is not None and picks._sorted_groups(distinct[numbers]) is None
-    assert shared.of_row.tolist() == numbers.tolist() and shared.first_row.tolist() == groups.first_row.tolist()
+    assert groups.count == 3 and groups.first_row.tolist() == [1, 3, 0]
+    assert groups.in_log_order().of_row.tolist() == [0, 1, 0, 2, 1]
 
 
 def test_requests_in_log_order_are_numbered_by_their_first_row():
