@@ -269,9 +269,8 @@ def statistics(
     a sampled one: the same frame and figures, without building the whole table. Buckets are built
     whole (as ``build_table`` holds them) until the requests so far, or the log's guessed from its
     events and theirs, pass the sample's share; then each bucket left is built twice over its
-    events, filtered by request: the sample's
-    requests (a guess's superset, ``GUESS_LOW``) with ``columns``, the others with only what the
-    totals read (``TOTALS_COLUMNS``; a 5M-request store's bucket of 500k requests: 2.3 + 2.3
+    events, filtered by request: the sample's requests (a guess's superset, ``GUESS_LOW``) with
+    ``columns``, the others with only what the totals read (``TOTALS_COLUMNS``; a 5M-request store's bucket of 500k requests: 2.3 + 2.3
     CPU-s, against 5.3 for all of them with the statistics' 69 columns and 0.8 to write those),
     their figures added up bucket by bucket (``Tally``). No table is written (a split input's
     buckets are, all of them before the first is built)."""
@@ -317,7 +316,7 @@ def _sampled(
     guess: float,
     budget: Budget,
     built: Callable[..., pl.DataFrame],
-) -> tuple[pl.DataFrame, int, dict]:
+) -> tuple[pl.DataFrame, int, dict | None]:
     """The sample (``statistics``) of ``buckets`` for a log of about ``guess`` requests: the first
     ``built_whole`` of them ``held``, the others still events."""
     tally = Tally()
@@ -338,8 +337,8 @@ def _sampled(
         parts.append(inside)
     if requests < low:
         parts = [built(events.filter(sampled(budget.sample_requests, requests))) for events, _ in buckets]  # guessed too many
-    chosen = sampled(budget.sample_requests, requests)
-    return pl.concat([part.filter(chosen) for part in parts], how="vertical"), requests, tally.totals(requests)
+    frame = pl.concat([part.filter(sampled(budget.sample_requests, requests)) for part in parts], how="vertical")
+    return frame, requests, tally.totals(requests) if requests > budget.sample_requests else None
 
 
 TOTALS_COLUMNS = ("start", "outcome", "negative", "missing")  # what ``exact_totals`` reads
