@@ -187,7 +187,8 @@ class _Rows:
 def per_request(events: pl.DataFrame, plan: Plan, schema: pl.Schema) -> pl.DataFrame | None:
     """One row per request of ``events`` (the per-event frame ``timelines`` groups: ``hop``,
     ``ts``, ``attempt``, ``_pick``, the keys and the columns read), typed and ordered as
-    ``schema``; None when an event has no ``attempt`` (the reader fills it in; a frame made another way goes to the reference)."""
+    ``schema``; None when an event has no ``attempt`` (the reader fills it in; a frame made another
+    way goes to the reference)."""
     if events["attempt"].has_nulls():
         return None
     groups = request_groups(events["request_id"]).in_log_order()
