@@ -62,7 +62,8 @@ Each step (``IncidentBook.step``) reads the findings on the horizon at event tim
   a finding that is gone before its hold ends leaves the first to page at the next step;
 - what does not page (``Incident.pages``) is noted: a change of the traffic (``MixChange``), a
   pitfall with no onset (``standing``), the caller's own lateness, a server's late loop short of
-  critical, a shift under ``FELT_MS``. A noted shift that grows into one that could page pages
+  critical, a shift under ``FELT_MS`` or one whose co-movers took it back (``taken_back``: a
+  stage that rose while another of the same requests fell as much). A noted shift that grows into one that could page pages
   once it could for the hold, and not while a larger one in its place is on hold, as one that
   opens (``_noted_pages_now``): a host's hiccup noted just before a flood, whose network time
   then grows with the flood's, waits for the flood's queue to lead;
@@ -96,10 +97,12 @@ CRITICAL_SHARE = 0.05  # users' time added since the onset, from which an incide
 SCOPE_SHARE = 0.10
 EXAMPLES = 3  # request IDs an alert names
 FELT_MS = 20.0  # a shift whose statistic moved less than this per request is noted, not paged
+TAKEN_BACK = 0.5  # a rise whose co-movers' falls leave less than this share of it is noted (``taken_back``)
 # sides whose time is not the serving's doing, noted, never paged: the measuring caller's own
 # lateness; the engine's host giving it less CPU (other work on it: ``findings.lateness``)
 CALLERS = ("client", "host")
 SAME_PLACE = 0.8  # the share of one scope's requests in another from which they are one place
+MOVED_REQUESTS = 10  # requests in a row whose median says a stage reached its level after (``moved_at``)
 
 
 def direction(finding: Finding) -> str:
@@ -243,6 +246,29 @@ def same_place(a: dict, b: dict, frame: pl.DataFrame, start: float) -> bool:
     return smaller > 0 and both >= SAME_PLACE * smaller
 
 
+def moved_at(finding: Finding, frame: pl.DataFrame, onset: float, k: int = MOVED_REQUESTS) -> float:
+    """When a shift's stage, in its scope, reached its level after: the start of the middle
+    request of the first ``k`` in a row since its onset whose median is past the midpoint of its
+    levels before and after (their geometric mean, with 1 ms added: a stage may start from 0);
+    ``onset`` when none is yet, or for other findings. The analysis places an onset at a window
+    boundary that splits the requests so far best: a stage that drifted a little and then moved
+    with another change (a host's wander, then a flood) is placed at the drift, with the flood's
+    level after it. What moved it is the later change, and that is the one it moved with."""
+    if not isinstance(finding, Shift) or finding.stage not in frame.columns or "start" not in frame.columns:
+        return onset
+    stage = finding.stage
+    rows = since(frame, onset, finding.scope).filter(pl.col(stage).is_not_null()).sort("start")
+    if rows.height < k:
+        return onset
+    mid = (math.sqrt((finding.before_ms + 1.0) * (finding.after_ms + 1.0)) - 1.0) / 1e3
+    median = rows[stage].rolling_median(window_size=k)
+    past = (median >= mid) if finding.up else (median <= mid)
+    hits = past.fill_null(False).arg_true()
+    if hits.len() == 0:
+        return onset
+    return max(onset, float(rows["start"][int(hits[0]) - k // 2]))
+
+
 def returned(finding: Shift, frame: pl.DataFrame, start: float, min_requests: int = 20) -> bool | None:
     """Whether the stage, in scope, since ``start``, is nearer its level before than after (its
     statistic's ratio); None with fewer than ``min_requests`` requests to tell."""
@@ -321,7 +347,8 @@ class Incident:
     @property
     def unfelt(self) -> bool:
         """A shift whose statistic moved less than ``FELT_MS`` a request (a host's jitter on a
-        model whose whole TTFT is a few tens of ms: a large share of little): noted, not paged."""
+        model whose whole TTFT is a few tens of ms: a large share of little), or whose co-movers
+        took it back (``taken_back``): noted, not paged."""
         return _unfelt(self.fired or self.finding)
 
     @property
@@ -365,7 +392,21 @@ class Incident:
 
 
 def _unfelt(finding: Finding) -> bool:
-    return isinstance(finding, Shift) and abs(finding.after_ms - finding.before_ms) < FELT_MS
+    """A shift of less than ``FELT_MS`` a request, or one its co-movers took back (``taken_back``)."""
+    return isinstance(finding, Shift) and (abs(finding.after_ms - finding.before_ms) < FELT_MS or taken_back(finding))
+
+
+def taken_back(finding: Finding) -> bool:
+    """A rise whose co-movers (``with``: stages of its scope that moved at its onset) fell by
+    nearly as much: its incident's net cost to users (``impact_s``, its own rise and theirs) is
+    under ``TAKEN_BACK`` of its own and under ``FELT_MS`` a request. Time moved between stages,
+    users did not wait longer: one host's CPUs moving between its processes (a client that read
+    its streams late reads them on time, a CPU engine beside it decodes slower for it)."""
+    if not isinstance(finding, Shift) or not finding.up or not finding.with_ or finding.affected_requests <= 0:
+        return False
+    own = finding.impact_s - sum(c.impact_s for c in finding.with_)
+    net = finding.impact_s
+    return own > 0 and net < TAKEN_BACK * own and net / finding.affected_requests * 1e3 < FELT_MS
 
 
 def _would_page(late: str | None, severity: str) -> bool:
@@ -598,7 +639,7 @@ class IncidentBook:
             return None, False, False  # the end of a resolved incident, seen again
         if onset < now - self.recent_s or until is not None or key[3] == "down":
             return None, False, False
-        companion = self._companion(finding, key, onset)
+        companion = self._companion(finding, key, moved_at(finding, frame, onset))
         if companion is not None and companion.state == "resolved":
             if all(fingerprint(f) != key for f in companion.co_movers):
                 companion.co_movers = [*companion.co_movers, finding]
@@ -651,7 +692,7 @@ class IncidentBook:
         local = scope_share(finding, frame, onset, self.scope_time)
         if not costs_enough(share, local):
             return None
-        if self._outranked(now, key, finding, onset, frame):
+        if self._outranked(now, key, finding, moved_at(finding, frame, onset), frame):
             return None
         if len(self.firing()) >= self.max_firing:
             self.suppressed += 1
@@ -687,12 +728,30 @@ class IncidentBook:
         for the hold (a lateness explanation or a rise that crosses ``FELT_MS`` for one step pages
         nothing, as a finding seen for one step opens nothing), and not while a finding in its
         place that costs users more is still on hold (``_outranked``: a host's hiccup noted just
-        before a flood, grown with the flood's network time, must not page before the queue)."""
+        before a flood, grown with the flood's network time, must not page before the queue), nor
+        when it moved (``moved_at``) with an incident that pages: it is that one's co-mover."""
         if incident.pageable_since is None:
             incident.pageable_since = now
         if now - incident.pageable_since < self.hold_s:
             return False
-        return not self._outranked(now, incident.key, finding, incident.onset, frame)
+        moved = moved_at(finding, frame, incident.onset)
+        if self._outranked(now, incident.key, finding, moved, frame):
+            return False
+        lead = next(
+            (i for i in self._companions(finding, incident.key, moved) if i is not incident and i.state == "firing" and i.pages),
+            None,
+        )
+        if lead is not None:
+            lead.co_movers = [f for f in lead.co_movers if fingerprint(f) != fingerprint(finding)] + [finding]
+            return False
+        return True
+
+    def _judged(self, incident: Incident, finding: Finding, frame: pl.DataFrame) -> bool:
+        """A rise noted as taken back when it opened (``taken_back``) that has not moved since:
+        its stage reached its level after (``moved_at``) before the incident was first seen. The
+        analysis words the same change otherwise as requests come (a p90 in a narrower scope,
+        without the fall that took it back); that is not news."""
+        return taken_back(incident.fired) and moved_at(finding, frame, incident.onset) <= incident.first_seen
 
     def _broadest_named(
         self, key: tuple, finding: Finding, frame: pl.DataFrame, held_since: float
@@ -749,6 +808,7 @@ class IncidentBook:
             and not isinstance(finding, MixChange)  # a change in the traffic pages with no words
             and until is None
             and not incident.standing
+            and not self._judged(incident, finding, frame)
         )
         if not pageable:
             incident.pageable_since = None

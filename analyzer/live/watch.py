@@ -38,7 +38,7 @@ from pathlib import Path
 import orjson
 from hopline.analyzer.live.alertmanager import AlertSender, label_key, payload
 from hopline.analyzer.live.detector import LiveDetector
-from hopline.analyzer.live.incidents import FELT_MS, Incident
+from hopline.analyzer.live.incidents import FELT_MS, Incident, taken_back
 from hopline.analyzer.findings.model import iso_utc
 from hopline.middleware.contract.units import to_epoch
 
@@ -63,6 +63,8 @@ def alert_line(now: float, incident: Incident, alert: dict, *, held: bool = Fals
         state = "NOTED (not paged: standing, a condition with no onset)"
     elif incident.mix:
         state = "NOTED (not paged: a change in the traffic, not a slowdown)"
+    elif not incident.pages and taken_back(incident.fired or incident.finding):
+        state = f"NOTED (not paged: other stages of its requests fell with it, under {FELT_MS:g} ms a request net)"
     elif not incident.pages and incident.unfelt:
         state = f"NOTED (not paged: under {FELT_MS:g} ms a request)"
     elif not incident.pages and incident.late == "host":
