@@ -8,9 +8,10 @@ Each step (``IncidentBook.step``) reads the findings on the horizon at event tim
 
 - a finding whose fingerprint is firing updates that incident (its sentence, numbers, examples);
   with ``until`` set (the analysis saw the stage come back) it resolves it, ``ends_at = until``;
-- a shift in the other direction, in the very same scope, from after a firing incident's onset, is
-  that incident's end: it resolves it at its onset and opens nothing (nor later, while its
-  onset is within ``merge_s`` of that end);
+- a shift in the other direction, in the very same scope, from after a firing incident's onset,
+  that takes the stage nearer its level before than after, is that incident's end: it resolves
+  it at its onset and opens nothing (nor later, while its onset is within ``merge_s`` of that
+  end); one that takes it back part of the way (a flood's queue 0 -> 1.4 s, then 0.6 s) is not;
 - a new fingerprint opens an incident only when its onset is recent (at or after
   ``now - recent_s``): an old change still inside the horizon never fires again, nor one already
   resolved (a finding whose onset is at or before a resolved incident's end is that incident);
@@ -277,9 +278,13 @@ def returned(finding: Shift, frame: pl.DataFrame, start: float, min_requests: in
     values = since(frame, start, finding.scope)[finding.stage].drop_nulls().to_numpy()
     if len(values) < min_requests:
         return None
-    now_ms = float(np.percentile(values, STATISTICS.get(finding.statistic, 50))) * 1e3
-    floor = 1.0  # ms: a stage at 0 compares by its distance in ms plus this
-    distance = lambda level: abs(math.log((now_ms + floor) / (level + floor)))
+    return nearer_before(float(np.percentile(values, STATISTICS.get(finding.statistic, 50))) * 1e3, finding)
+
+
+def nearer_before(level_ms: float, finding: Shift) -> bool:
+    """Whether ``level_ms`` is nearer ``finding``'s level before than after, in log terms (1 ms
+    added: a stage at 0 compares by its distance in ms)."""
+    distance = lambda level: abs(math.log((level_ms + 1.0) / (level + 1.0)))
     return distance(finding.before_ms) <= distance(finding.after_ms)
 
 
@@ -621,6 +626,9 @@ class IncidentBook:
         if isinstance(finding, Shift) and reversed_ is not None:
             if self._carried_on(reversed_):  # its stage came back, what moved with it did not
                 return reversed_, False, False
+            rise = reversed_.finding
+            if isinstance(rise, Shift) and not nearer_before(finding.after_ms, rise):
+                return reversed_, False, False  # it fell back part of the way: still nearer its level after
             said = f"{finding.stage} came back ({finding.statistic} {finding.before_ms:.3g} → {finding.after_ms:.3g} ms)"
             self._resolve(reversed_, onset, said)
             return reversed_, True, True
@@ -729,7 +737,8 @@ class IncidentBook:
         nothing, as a finding seen for one step opens nothing), and not while a finding in its
         place that costs users more is still on hold (``_outranked``: a host's hiccup noted just
         before a flood, grown with the flood's network time, must not page before the queue), nor
-        when it moved (``moved_at``) with an incident that pages: it is that one's co-mover."""
+        when it moved (``moved_at``) with an incident that pages (or paged, and that moment is
+        inside its span): it is that one's co-mover."""
         if incident.pageable_since is None:
             incident.pageable_since = now
         if now - incident.pageable_since < self.hold_s:
@@ -737,10 +746,7 @@ class IncidentBook:
         moved = moved_at(finding, frame, incident.onset)
         if self._outranked(now, incident.key, finding, moved, frame):
             return False
-        lead = next(
-            (i for i in self._companions(finding, incident.key, moved) if i is not incident and i.state == "firing" and i.pages),
-            None,
-        )
+        lead = next((i for i in self._companions(finding, incident.key, moved) if i is not incident and i.pages), None)
         if lead is not None:
             lead.co_movers = [f for f in lead.co_movers if fingerprint(f) != fingerprint(finding)] + [finding]
             return False

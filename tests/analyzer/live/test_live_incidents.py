@@ -82,6 +82,21 @@ def test_a_reversal_in_its_scope_is_its_end_not_a_new_incident(seen):
     assert b.step(ONSET + 80, [back], frame) == [] and len(b.incidents) == 1
 
 
+def test_a_fall_part_of_the_way_back_is_no_end(seen):
+    """A flood's queue 0 -> 1.4 s, then 1.4 -> 0.6 s while the flood goes on (vllm-flood-ci-9):
+    still nearer its level after than before, the incident goes on; the rest of the way ends it."""
+    frame, finding = seen
+    b = book()
+    (opened,) = b.step(ONSET + 20, [finding], frame)
+    level = finding.after_ms * 0.7  # 121 -> 85 ms: nearer 121 than 42
+    partly = replace(finding, at=ONSET + 50, before_ms=finding.after_ms, after_ms=level)
+    assert fingerprint(partly)[3] == "down"
+    assert b.step(ONSET + 70, [partly], frame) == [] and opened.state == "firing"
+    back = replace(partly, at=ONSET + 80, before_ms=level, after_ms=finding.before_ms)
+    (resolved,) = b.step(ONSET + 90, [back], frame)
+    assert resolved is opened and opened.state == "resolved" and opened.ends_at == ONSET + 80
+
+
 def test_the_same_change_seen_from_a_wider_scope_is_the_same_incident(seen):
     frame, finding = seen
     b = book()

@@ -153,6 +153,25 @@ def test_a_flood_on_a_host_busy_from_before_it_pages_once_for_the_queue():
     assert noted and all(i.late == "client" or i.mix for i in noted), [(i.key, i.late) for i in noted]
 
 
+def test_a_flood_whose_queue_falls_part_of_the_way_back_stays_one_page():
+    """``vllm-flood-ci-9``: the chat's decode rose 1.7× (p90) 29 s before the flood as its client's
+    reads became on time (taken back: noted); the flood's queue rose 0 -> 1.4 s and, 11 s on, fell
+    to 0.6 s with the flood still on. That fall resolved the queue the step it opened, and the
+    chat's decode, now "4.9× at" its early onset, paged on its own (live, and first at the
+    webhook). A fall part of the way back is no end: one page, the queue, the decode its co-mover."""
+    name = "vllm-flood-ci-9"
+    sent, detector = replayed(name, LiveConfig(window_s=2.0, settle_s=2.0, lateness_s=2.0, hold_s=5.0))
+    start = flood_start(name)
+    firing = [(now, a) for now, a in sent if "endsAt" not in a]
+    shown = [(now - start, a["labels"], a["annotations"]["summary"][:120]) for now, a in firing]
+    assert len({tuple(sorted(a["labels"].items())) for _, a in firing}) == 1, shown
+    now, alert = firing[0]
+    assert (alert["labels"]["stage"], alert["labels"]["replica"]) == ("queue", "r1") and start <= now <= start + 60
+    (paged,) = [i for i in detector.book.incidents if i.pages]
+    assert paged.fired_onset >= start - 10.0
+    assert any(getattr(f, "stage", None) == "decode" for f in paged.co_movers), paged.co_movers
+
+
 def test_a_host_trading_cpu_between_client_and_engine_before_a_flood_pages_nothing_before_it():
     """``vllm-flood-ci-8``: 30 s before the flood the chat's decode rose 91 -> 137 ms as its
     client, on the same host, went from reading its streams 92 ms late to reading them on time
