@@ -94,6 +94,23 @@ def test_a_real_flood_on_a_loaded_host_pages_once_for_the_queue_on_its_replica(n
     assert all(i.late == "client" for i in noted)
 
 
+CI_WATCH = LiveConfig(window_s=2.0, settle_s=2.0, lateness_s=2.0, hold_s=5.0)  # test_vllm_flood_live's
+
+
+def one_queue_page(name: str) -> tuple[LiveDetector, "incidents.Incident"]:
+    """``name`` replayed with test_vllm_flood_live's watch: one firing label set, the queue on r1,
+    at the webhook within a minute of the flood; the detector and the incident that paged."""
+    sent, detector = replayed(name, CI_WATCH)
+    start = flood_start(name)
+    firing = [(now, a) for now, a in sent if "endsAt" not in a]
+    shown = [(now - start, a["labels"], a["annotations"]["summary"][:120]) for now, a in firing]
+    assert len({tuple(sorted(a["labels"].items())) for _, a in firing}) == 1, shown
+    now, alert = firing[0]
+    assert (alert["labels"]["stage"], alert["labels"]["replica"]) == ("queue", "r1") and start <= now <= start + 60, shown
+    (paged,) = [i for i in detector.book.incidents if i.pages]
+    return detector, paged
+
+
 def test_a_co_mover_seen_for_one_step_does_not_lead_a_noted_incident():
     """ci-6: the batch's longer answers open a noted traffic-mix incident; the API server's
     frontend, found for one step, joined it and paged (a warning) ahead of the queue, still on
@@ -101,16 +118,9 @@ def test_a_co_mover_seen_for_one_step_does_not_lead_a_noted_incident():
     queue pages, critical, once, within a minute of the flood. (Its onset is placed 9.6 s before
     the flood here, inside test_vllm_flood_live's 10 s slack: the chat requests sent just before
     it queued behind the batch.)"""
-    name = "vllm-flood-ci-6"
-    sent, detector = replayed(name, LiveConfig(window_s=2.0, settle_s=2.0, lateness_s=2.0, hold_s=5.0))
-    start = flood_start(name)
-    firing = [(now, a["labels"]) for now, a in sent if "endsAt" not in a]
-    assert len({tuple(sorted(labels.items())) for _, labels in firing}) == 1, firing
-    now, labels = firing[0]
-    assert (labels["stage"], labels["replica"], labels["severity"]) == ("queue", "r1", "critical"), firing
-    assert start <= now <= start + 60, now - start
+    _, paged = one_queue_page("vllm-flood-ci-6")
+    assert paged.severity == "critical"
     # the queue took the lead of the incident the traffic's change opened: that change its co-mover
-    (paged,) = [i for i in detector.book.incidents if i.pages]
     assert any(isinstance(f, MixChange) and f.stage == "decode" for f in paged.co_movers), paged.co_movers
 
 
@@ -139,15 +149,7 @@ def test_a_flood_on_a_host_busy_from_before_it_pages_once_for_the_queue():
     one (the caller's lateness); the API server's frontend then rises on the batch and on all
     traffic. Live, the frontend led the noted mix change into a second page and then a third;
     a co-mover of the paging queue is that incident's, whichever noted one it also moved with."""
-    name = "vllm-flood-ci-7"
-    sent, detector = replayed(name, LiveConfig(window_s=2.0, settle_s=2.0, lateness_s=2.0, hold_s=5.0))
-    start = flood_start(name)
-    firing = [(now, a) for now, a in sent if "endsAt" not in a]
-    shown = [(now - start, a["labels"], a["annotations"]["summary"][:120]) for now, a in firing]
-    assert len({tuple(sorted(a["labels"].items())) for _, a in firing}) == 1, shown
-    now, alert = firing[0]
-    assert (alert["labels"]["stage"], alert["labels"]["replica"]) == ("queue", "r1") and start <= now <= start + 60
-    (paged,) = [i for i in detector.book.incidents if i.pages]
+    detector, paged = one_queue_page("vllm-flood-ci-7")
     assert {f.stage for f in paged.co_movers if isinstance(f, Shift)} >= {"frontend"}
     noted = [i for i in detector.book.incidents if not i.pages]
     assert noted and all(i.late == "client" or i.mix for i in noted), [(i.key, i.late) for i in noted]
@@ -159,16 +161,8 @@ def test_a_flood_whose_queue_falls_part_of_the_way_back_stays_one_page():
     to 0.6 s with the flood still on. That fall resolved the queue the step it opened, and the
     chat's decode, now "4.9× at" its early onset, paged on its own (live, and first at the
     webhook). A fall part of the way back is no end: one page, the queue, the decode its co-mover."""
-    name = "vllm-flood-ci-9"
-    sent, detector = replayed(name, LiveConfig(window_s=2.0, settle_s=2.0, lateness_s=2.0, hold_s=5.0))
-    start = flood_start(name)
-    firing = [(now, a) for now, a in sent if "endsAt" not in a]
-    shown = [(now - start, a["labels"], a["annotations"]["summary"][:120]) for now, a in firing]
-    assert len({tuple(sorted(a["labels"].items())) for _, a in firing}) == 1, shown
-    now, alert = firing[0]
-    assert (alert["labels"]["stage"], alert["labels"]["replica"]) == ("queue", "r1") and start <= now <= start + 60
-    (paged,) = [i for i in detector.book.incidents if i.pages]
-    assert paged.fired_onset >= start - 10.0
+    detector, paged = one_queue_page("vllm-flood-ci-9")
+    assert paged.fired_onset >= flood_start("vllm-flood-ci-9") - 10.0
     assert any(getattr(f, "stage", None) == "decode" for f in paged.co_movers), paged.co_movers
 
 
@@ -180,16 +174,8 @@ def test_a_host_trading_cpu_between_client_and_engine_before_a_flood_pages_nothi
     which paged apart from the queue (the CI run at stop 47: onset 28 s before the flood). The
     rise is noted as taken back; the flood's decode is the queue's co-mover; once the queue is
     over, the same early rise said in other words (a p90 on the chat) is no news: one page."""
-    name = "vllm-flood-ci-8"
-    sent, detector = replayed(name, LiveConfig(window_s=2.0, settle_s=2.0, lateness_s=2.0, hold_s=5.0))
-    start = flood_start(name)
-    firing = [(now, a) for now, a in sent if "endsAt" not in a]
-    shown = [(now - start, a["labels"], a["annotations"]["summary"][:120]) for now, a in firing]
-    assert len({tuple(sorted(a["labels"].items())) for _, a in firing}) == 1, shown
-    now, alert = firing[0]
-    assert (alert["labels"]["stage"], alert["labels"]["replica"]) == ("queue", "r1") and start <= now <= start + 60
-    (paged,) = [i for i in detector.book.incidents if i.pages]
-    assert paged.fired_onset >= start - 10.0  # test_vllm_flood_live's slack: chat requests queued just before
+    detector, paged = one_queue_page("vllm-flood-ci-8")
+    assert paged.fired_onset >= flood_start("vllm-flood-ci-8") - 10.0  # test_vllm_flood_live's slack: chat requests queued just before
     noted = [i for i in detector.book.incidents if not i.pages and not i.standing]
     assert [(i.key[1], incidents.taken_back(i.fired)) for i in noted] == [("decode", True)], [i.words for i in noted]
     assert any(getattr(f, "stage", None) == "decode" for f in paged.co_movers), paged.co_movers
