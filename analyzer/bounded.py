@@ -272,8 +272,9 @@ def statistics(
     events, filtered by request: the sample's requests (a guess's superset, ``GUESS_LOW``) with
     ``columns``, the others with only what the totals read (``TOTALS_COLUMNS``; a 5M-request
     store's bucket of 500k requests: 2.3 + 2.3 CPU-s, against 5.3 for all of them with the
-    statistics' 69 columns and 0.8 to write those), their figures added up bucket by bucket (``Tally``). No table is written (a split input's
-    buckets are, all of them before the first is built)."""
+    statistics' 69 columns and 0.8 to write those), their figures added up bucket by bucket
+    (``Tally``). No table is written (a split input's buckets are, all of them before the first
+    is built)."""
     groups = input_buckets(scanned)
     if len(groups) <= 1 and sum(s.rows for s in scanned) <= budget.bucket_events:
         table = build_table(scanned, scopes, budget, work_dir, columns)  # in memory

@@ -64,10 +64,10 @@ Each step (``IncidentBook.step``) reads the findings on the horizon at event tim
 - what does not page (``Incident.pages``) is noted: a change of the traffic (``MixChange``), a
   pitfall with no onset (``standing``), the caller's own lateness, a server's late loop short of
   critical, a shift under ``FELT_MS`` or one whose co-movers took it back (``taken_back``: a
-  stage that rose while another of the same requests fell as much). A noted shift that grows into one that could page pages
-  once it could for the hold, and not while a larger one in its place is on hold, as one that
-  opens (``_noted_pages_now``): a host's hiccup noted just before a flood, whose network time
-  then grows with the flood's, waits for the flood's queue to lead;
+  stage that rose while another of the same requests fell as much). A noted shift that grows
+  into one that could page pages once it could for the hold, and not while a larger one in its
+  place is on hold, as one that opens (``_noted_pages_now``): a host's hiccup noted just before
+  a flood, whose network time then grows with the flood's, waits for the flood's queue to lead;
 - a firing incident whose finding is gone for ``absent_steps`` steps resolves when its stage, in
   its scope, over the last ``recent_check_s``, is nearer its level before than after (a shift
   whose onset left the horizon is gone from the findings but may still hold: it keeps firing),
@@ -330,6 +330,10 @@ class Incident:
             self.fired = self.finding
         if self.fired_onset is None:
             self.fired_onset = self.onset
+
+    def moved_with(self, finding: Finding) -> None:
+        """``finding`` is one of its co-movers, the newest of its fingerprint."""
+        self.co_movers = [f for f in self.co_movers if fingerprint(f) != fingerprint(finding)] + [finding]
 
     def page_with(self, finding: Finding, now: float) -> None:
         """From now on it pages with ``finding``'s words (it did not page before)."""
@@ -664,7 +668,7 @@ class IncidentBook:
         long as it would have waited to open: a finding seen for one step leads nothing): nothing
         was sent of it yet, so its labels may change."""
         incident.last_seen = now
-        incident.co_movers = [f for f in incident.co_movers if fingerprint(f) != fingerprint(finding)] + [finding]
+        incident.moved_with(finding)
         if incident.pages or incident.standing:
             return incident, False, False
         if now - self.held.get(fingerprint(finding), now) < self.hold_s:
@@ -748,7 +752,7 @@ class IncidentBook:
             return False
         lead = next((i for i in self._companions(finding, incident.key, moved) if i is not incident and i.pages), None)
         if lead is not None:
-            lead.co_movers = [f for f in lead.co_movers if fingerprint(f) != fingerprint(finding)] + [finding]
+            lead.moved_with(finding)
             return False
         return True
 
