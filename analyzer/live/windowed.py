@@ -2,18 +2,18 @@
 
 Each collector keeps, per window of requests' starts and per value of its ``--window-by``
 attributes, a DDSketch of each stage (``collector/windows.py``) and serves the settled ones at
-``GET /v1/windows``. ``CollectorFeed`` reaches every collector over HTTP at each poll, asks for the
-windows from the newest one taken on, and every ``LOOKBACK_EVERY_S`` for those of the last
+``GET /v1/windows``. ``CollectorFeed`` reaches every collector over HTTP at each poll, asks each for
+the windows from the newest one it served, and every ``LOOKBACK_EVERY_S`` for those of the last
 ``LOOKBACK_S`` (a window's late parts, folded after its first answer, come with them), and merges
 each part it has not taken yet (a part is known by its window, its fold time and its size, so a
 restarted collector's new parts are taken and none twice) into ``WindowSeries``: per scope value
 and stage, per window, the sketch's bins as numpy arrays (``windows.decode_bins``).
 Cost follows windows × scope values × stages, never requests.
 
-``WindowDetector`` steps on event time (a step at each window's end, once a collector served the
-window) and runs the shift detector's method on the window bins: ``find_window_shifts``
-(``findings/shifts/windows.py``, whose doc says what it does and does not do), reached through
-``findings.registry``. The alerts carry no example request IDs and no ``common`` labels.
+``WindowDetector`` steps on event time (a step at each window's end, once every collector served
+the window or a newer one: ``CollectorFeed.ready_start``) and runs the shift detector's method on
+the window bins: ``find_window_shifts`` (``findings/shifts/windows.py``, whose doc says what it
+does and does not do), reached through ``findings.registry``. The alerts carry no example request IDs and no ``common`` labels.
 
 The incident book (``live.incidents``) reads a per-request frame; here it gets a frame
 of pseudo-requests made from the windows of the last ``recent_s`` (``pseudo_frame``): per window,
@@ -59,6 +59,9 @@ LOOKBACK_S = (
     120.0  # a poll every LOOKBACK_EVERY_S asks for the windows that started this long before the newest
 )
 LOOKBACK_EVERY_S = 10.0  # (the other polls: from the newest window taken on)
+# a collector whose newest window has not moved this long (wall clock), while another's is newer,
+# is not waited for (``CollectorFeed.ready_start``): an idle one, or one not serving at all
+STALL_S = 30.0
 PSEUDO_ROWS = 16  # the book's pseudo-requests per window, attribute and value
 
 
@@ -75,10 +78,13 @@ class CollectorFeed:
     taken: dict[str, set[tuple]] = field(default_factory=dict)  # url -> parts merged
     failures: int = 0
     down: set[str] = field(default_factory=set)
-    newest_start: float | None = None
+    newest_start: float | None = None  # the newest window any collector served
+    newest: dict[str, float] = field(default_factory=dict)  # url -> the newest window it served
+    moved: dict[str, float] = field(default_factory=dict)  # url -> when (monotonic) that last moved
     warn: Callable[[str], None] | None = None
     client: httpx.Client | None = None
     _looked_back: float = -math.inf
+    _first_window: float | None = None  # when (monotonic) a collector first served a window
 
     def poll(self) -> int:
         """Merge what is new; return the parts merged."""
@@ -90,11 +96,11 @@ class CollectorFeed:
         back = 0.0
         if time.monotonic() - self._looked_back >= LOOKBACK_EVERY_S:
             back, self._looked_back = LOOKBACK_S, time.monotonic()
-        since = None if self.newest_start is None else self.newest_start - back
-        params = {} if since is None else {"since": repr(since)}
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         merged = 0
-        for url in self.urls:
+        for url in self.urls:  # each from its own newest window: one behind the others loses none
+            since = self.newest.get(url)
+            params = {} if since is None else {"since": repr(since - back)}
             try:
                 response = client.get(url.rstrip("/") + "/v1/windows", params=params, headers=headers)
                 if response.status_code != 200:
@@ -138,10 +144,33 @@ class CollectorFeed:
                 series.add_part(start, part)
                 merged += 1
             self.newest_start = start if self.newest_start is None else max(self.newest_start, start)
+            if start > self.newest.get(url, -math.inf):
+                self.newest[url], self.moved[url] = start, time.monotonic()
+                if self._first_window is None:
+                    self._first_window = self.moved[url]
         if self.newest_start is not None:  # forget what no poll asks for again
             oldest = self.newest_start - 2 * LOOKBACK_S
             self.taken[url] = {p for p in taken if p[0] >= oldest}
         return merged
+
+    def ready_start(self) -> float | None:
+        """The newest window every collector served (so the steps up to its end read every
+        collector's part of each window), None before one is: the collectors settle and are fed on
+        their own, and a step on one's windows alone would read a fraction of the requests. Not
+        waited for: a collector down (said), and one whose newest window has not moved for
+        ``STALL_S`` while another's is newer (idle, or serving nothing since the first window)."""
+        if self.newest_start is None:
+            return None
+        now = time.monotonic()
+        waited = [
+            self.newest.get(url, -math.inf)
+            for url in self.urls
+            if url not in self.down
+            and self.newest.get(url, -math.inf) < self.newest_start
+            and now - self.moved.get(url, self._first_window or now) <= STALL_S
+        ]
+        ready = min(waited, default=self.newest_start)
+        return None if ready == -math.inf else ready
 
     def close(self) -> None:
         if self.client is not None:
@@ -197,14 +226,15 @@ class WindowDetector:
         """Take what the collectors have; run the steps the newest served window's end passed."""
         self.feed.poll()
         series = self.feed.series
-        if self.feed.newest_start is None:
+        ready = self.feed.ready_start()
+        if ready is None:
             return []
         width = series.width_s
         if abs(width - self.config.window_s) > 1e-9:
             raise WindowsError(
                 f"the collectors keep {width:g} s windows: run hopline watch with --window {width:g}s"
             )
-        end = self.feed.newest_start + width
+        end = ready + width
         self.newest = end
         if self.next_step is None:
             self.next_step = min(series.windows) * width + width
@@ -220,6 +250,11 @@ class WindowDetector:
         changed: list[Incident] = []
         if self.next_step is None or self.newest is None:
             return changed
+        last = self.feed.newest_start + self.feed.series.width_s  # every window served, waited for or not
+        while self.next_step <= last:
+            changed += self.step(self.next_step)
+            self.next_step += self.feed.series.width_s
+        self.newest = max(self.newest, last)
         end = self.newest + self.config.horizon_s
         while self.book.firing() and self.next_step <= end:
             changed += self.step(self.next_step)
