@@ -21,7 +21,9 @@ import orjson
 import polars as pl
 import pytest
 from hopline.analyzer.findings.shifts.detector import find_shifts
+from hopline.analyzer.live.windowed import STALL_S, CollectorFeed
 from hopline.analyzer.timelines import timelines
+from hopline.collector.windows import WindowSummaries
 from hopline.middleware.sharded_sink import ShardedHttpSink
 from support.alertmanager import alertmanager_with_webhook
 from support.cli import hopline
@@ -177,6 +179,42 @@ def test_a_collector_paused_while_the_rise_is_sent_is_waited_for(tmp_path, event
         out, err = watch.communicate(timeout=600)
         assert watch.returncode == 0, err[-3000:]
         check_one_alert(out, webhook)
+
+
+def test_the_watcher_steps_on_windows_every_collector_served_and_waits_for_no_idle_one():
+    """``CollectorFeed.ready_start``: the newest window the collector furthest behind served; a
+    collector that has served nothing yet holds the steps back, for ``STALL_S`` at most; one down,
+    or whose newest window has not moved for ``STALL_S`` while another's did, is not waited for."""
+    collectors = [
+        WindowSummaries(window=10.0, window_keep=3600.0, window_by=("replica",), window_scope_cap=8, window_settle=0.0)
+        for _ in range(3)
+    ]  # fmt: skip
+    feed = CollectorFeed(urls=["c0", "c1", "c2"])
+
+    def serve(i: int, *starts: float) -> None:
+        for start in starts:
+            collectors[i].add(start, {"replica": "r1"}, {"queue": 0.01}, "ok")
+        feed._merge(feed.urls[i], collectors[i].answer(now=1e9))
+
+    assert feed.ready_start() is None  # nothing served
+    serve(0, 1000.0, 1010.0, 1020.0)
+    serve(1, 1000.0, 1010.0)
+    assert feed.ready_start() is None  # c2 has served nothing yet: waited for
+    feed._first_window -= STALL_S + 1  # c2 has served nothing for STALL_S: idle, not waited for
+    assert feed.ready_start() == 1010.0  # c1's newest
+    serve(2, 1000.0)  # c2 serves: waited for again
+    assert feed.ready_start() == 1000.0
+    feed.down.add("c2")  # down (said on stderr): not waited for
+    assert feed.ready_start() == 1010.0
+    feed.down.clear()
+    feed.moved["c2"] -= STALL_S + 1  # its newest has not moved since, while c0's is newer: idle
+    feed.moved["c1"] -= STALL_S - 5  # behind and moving: waited for
+    assert feed.ready_start() == 1010.0
+    serve(1, 1020.0)
+    serve(2, 1020.0)
+    assert feed.ready_start() == 1020.0  # all at the newest
+    feed.moved = dict.fromkeys(feed.moved, -1e9)  # none moved for long, but none is behind
+    assert feed.ready_start() == 1020.0
 
 
 def test_bad_collector_input_is_one_line(tmp_path):
