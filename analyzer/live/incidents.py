@@ -64,7 +64,9 @@ Each step (``IncidentBook.step``) reads the findings on the horizon at event tim
 - what does not page (``Incident.pages``) is noted: a change of the traffic (``MixChange``), a
   pitfall with no onset (``standing``), the caller's own lateness, a server's late loop short of
   critical, a shift under ``FELT_MS`` or one whose co-movers took it back (``taken_back``: a
-  stage that rose while another of the same requests fell as much). A noted shift that grows
+  stage that rose while another of the same requests fell as much), a prefill or decode rise
+  the requests in flight outgrew (``loaded``: the load's doing; what brought the load leads it).
+  A noted shift that grows
   into one that could page pages once it could for the hold, and not while a larger one in its
   place is on hold, as one that opens (``_noted_pages_now``): a host's hiccup noted just before
   a flood, whose network time then grows with the flood's, waits for the flood's queue to lead;
@@ -104,6 +106,9 @@ TAKEN_BACK = 0.5  # a rise whose co-movers' falls leave less than this share of 
 CALLERS = ("client", "host")
 SAME_PLACE = 0.8  # the share of one scope's requests in another from which they are one place
 MOVED_REQUESTS = 10  # requests in a row whose median says a stage reached its level after (``moved_at``)
+# the stages a batch shares: more requests in flight make each one slower (``loaded``)
+SHARED_STAGES = ("prefill", "decode")
+LOADED = 1.2  # requests in flight that rose this much more than the stage's own mean: the load's doing
 
 
 def direction(finding: Finding) -> str:
@@ -296,7 +301,8 @@ class Incident:
     of other stages that began with it in its place (said with it, never paged apart).
 
     ``pages``: whether it goes to Alertmanager: not for a shift of less than ``FELT_MS`` a
-    request (``unfelt``), not while its time is the calling side's own
+    request (``unfelt``), nor a shared stage's rise the requests in flight outgrew (``load``),
+    not while its time is the calling side's own
     lateness (``late`` in ``CALLERS``: ``findings.lateness``), nor a server's late loop that is not
     critical (an engine's or gateway's late loop is that server's time: critical, it pages with
     that ``side``); such an incident is in ``GET /v1/findings`` and
@@ -324,6 +330,7 @@ class Incident:
     fired_onset: float | None = None  # its onset when it paged (the alert's ``startsAt``)
     scope_share: float | None = None  # its share of its own scope's users' time (``scope_share``)
     pageable_since: float | None = None  # noted: the first step of the run in which it could page
+    load: bool = False  # its stage rose with the requests in flight, more than itself (``loaded``)
 
     def __post_init__(self) -> None:
         if self.fired is None:
@@ -345,7 +352,13 @@ class Incident:
 
     @property
     def pages(self) -> bool:
-        return not self.standing and _would_page(self.late, self.severity) and not self.unfelt and not self.mix
+        return (
+            not self.standing
+            and _would_page(self.late, self.severity)
+            and not self.unfelt
+            and not self.mix
+            and not self.load
+        )
 
     @property
     def mix(self) -> bool:
@@ -416,6 +429,30 @@ def taken_back(finding: Finding) -> bool:
     own = finding.impact_s - sum(c.impact_s for c in finding.with_)
     net = finding.impact_s
     return own > 0 and net < TAKEN_BACK * own and net / finding.affected_requests * 1e3 < FELT_MS
+
+
+def loaded(finding: Finding, frame: pl.DataFrame) -> bool:
+    """A prefill or decode rise that the requests in flight outgrew (``LOADED``): the ``concurrency``
+    the analysis measured with it (arrivals × mean end-to-end time) rose more than the stage's own
+    mean, in its scope, before and since its onset. A stage that slows by itself cannot raise the
+    requests in flight more than itself (at the same arrivals the end-to-end time rises less than
+    any of its parts): more requests came, or others of their stages grew (a queue), and the engine
+    shares each step among more of them. It is the load's doing, noted, not paged; what brought the
+    load (a flood's queue) pages, with it as a co-mover. A flood seen first by its decode (its
+    queued requests finish later) paged the decode before the queue."""
+    if not isinstance(finding, Shift) or not finding.up or finding.stage not in SHARED_STAGES:
+        return False
+    rise = finding.context.get("covariates", {}).get("concurrency") if finding.context else None
+    if rise is None or finding.stage not in frame.columns or finding.at is None:
+        return False
+    values = frame.filter(in_scope(finding.scope).fill_null(False)) if finding.scope else frame
+    start = pl.col("start")
+    before, after = (
+        values.select(pl.col(finding.stage).filter(side).mean()).item() for side in (start < finding.at, start >= finding.at)
+    )
+    if not before or not after or after <= before:
+        return False
+    return 1.0 + rise > LOADED * after / before
 
 
 def _would_page(late: str | None, severity: str) -> bool:
@@ -679,10 +716,13 @@ class IncidentBook:
         severity = "critical" if (share or 0.0) >= CRITICAL_SHARE else "warning"
         if not _would_page(late, severity) or _unfelt(finding) or not costs_enough(share, local):
             return incident, False, False
+        if loaded(finding, self.frame):
+            return incident, False, False
         incident.co_movers = [f for f in incident.co_movers if f is not finding] + [incident.finding]
         incident.key, incident.finding, incident.onset = fingerprint(finding), finding, onset
         incident.page_with(finding, now)
         incident.share, incident.scope_share, incident.severity, incident.late = share, local, severity, late
+        incident.load = False
         incident.examples = examples(finding, self.frame, onset)
         return incident, True, True
 
@@ -716,6 +756,7 @@ class IncidentBook:
             standing=standing, late=late, sample=self.sample, scope_share=local,
         )  # fmt: skip
         incident.common = common_values(incident.scope, self.dims, frame, onset)
+        incident.load = loaded(finding, frame)
         self.incidents.append(incident)
         return incident
 
@@ -727,6 +768,8 @@ class IncidentBook:
             if other_key == key or abs(other.cost_s) <= abs(finding.cost_s) or other_key[3] != key[3]:
                 continue
             if isinstance(other, MixChange) or self._standing(other) or late in CALLERS or _unfelt(other):
+                continue
+            if loaded(other, frame):
                 continue
             other_onset = onset_of(other, self.latest)
             if abs(other_onset - onset) > self.merge_s or now - self.held.get(other_key, now) >= self.hold_s:
@@ -816,6 +859,7 @@ class IncidentBook:
             and _would_page(late, severity)
             and not _unfelt(finding)
             and not isinstance(finding, MixChange)  # a change in the traffic pages with no words
+            and not loaded(finding, frame)
             and until is None
             and not incident.standing
             and not self._judged(incident, finding, frame)
@@ -824,7 +868,7 @@ class IncidentBook:
             incident.pageable_since = None
         elif self._noted_pages_now(now, incident, finding, frame):
             incident.page_with(finding, now)
-            incident.late, incident.severity = late, severity
+            incident.late, incident.severity, incident.load = late, severity, False
             same = False
         if not same:
             incident.examples = examples(finding, frame, incident.onset)

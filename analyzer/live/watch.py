@@ -65,6 +65,8 @@ def alert_line(now: float, incident: Incident, alert: dict, *, held: bool = Fals
         state = "NOTED (not paged: a change in the traffic, not a slowdown)"
     elif not incident.pages and taken_back(incident.fired or incident.finding):
         state = f"NOTED (not paged: other stages of its requests fell with it, under {FELT_MS:g} ms a request net)"
+    elif not incident.pages and incident.load:
+        state = "NOTED (not paged: more requests in flight shared the engine, more than it slowed)"
     elif not incident.pages and incident.unfelt:
         state = f"NOTED (not paged: under {FELT_MS:g} ms a request)"
     elif not incident.pages and incident.late == "host":

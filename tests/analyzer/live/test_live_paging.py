@@ -530,6 +530,47 @@ def test_a_callers_lateness_that_ended_while_its_co_mover_goes_on_stays_noted(qu
     assert noted.state == "firing" and not noted.pages and b.paging() == []
 
 
+def test_a_flood_seen_first_by_its_decode_pages_once_for_the_queue():
+    """``vllm-flood-ci-10`` (a local CI run): the chat's decode had bursts of 2-3× in the 12 s
+    before the flood, which the engine's CPU wait does not explain; the analysis placed the
+    decode's onset at the first burst, 10.2 s before the flood, with the flood's level after it,
+    and found it 8 s before the queue (the flood's queued requests finish later): it paged
+    "decode time tripled … concurrency 0.9 → 4.6" first, the queue its co-mover. The requests in
+    flight rose 5× against the decode's mean 2.5× (``loaded``): noted, and the queue leads it."""
+    detector, paged = one_queue_page("vllm-flood-ci-10")
+    assert paged.severity == "critical"
+    assert any(getattr(f, "stage", None) == "decode" for f in paged.co_movers), paged.co_movers
+
+
+def test_a_shared_stage_the_requests_in_flight_outgrew_is_the_loads(queue_rise):
+    """A decode (or prefill) rise whose requests in flight (the analysis' ``concurrency``) rose
+    more than the stage's own mean did is the load's doing: noted, not paged (a stage that slows
+    by itself raises the requests in flight less than itself). A rise the requests in flight did
+    not outgrow pages; a queue never counts as the load's (it is how the load shows)."""
+    frame, queue = queue_rise
+    frame = _short_answers(frame)
+    start, r2 = pl.col("start"), pl.col("replica") == "r2"
+    frame = frame.with_columns(decode=pl.col("decode") * pl.when(r2 & (start >= ONSET)).then(3.0).otherwise(1.0))
+    mean = lambda side: float(frame.filter(r2 & side)["decode"].mean())  # noqa: E731
+    risen = mean(start >= ONSET) / mean(start < ONSET)
+    before = float(frame.filter(r2 & (start < ONSET))["decode"].median()) * 1e3
+
+    def decode(in_flight: float, stage: str = "decode") -> Shift:
+        context = {**queue.context, "covariates": {"concurrency": in_flight - 1.0}}
+        return replace(queue, stage=stage, summary=f"{stage} time tripled", before_ms=before, after_ms=3 * before,
+                       impact_s=queue.impact_s / 2, context=context)  # fmt: skip
+
+    flood = decode(in_flight=risen * incidents.LOADED * 1.5)  # 12 streams joined: in flight 5x, each 3x slower
+    assert incidents.loaded(flood, frame)
+    (noted,) = book().step(ONSET + 20, [flood], frame)
+    assert noted.load and not noted.pages
+    slower = decode(in_flight=risen)  # the same arrivals: in flight by the end-to-end time, less than the decode
+    assert not incidents.loaded(slower, frame)
+    (paged,) = book().step(ONSET + 20, [slower], frame)
+    assert paged.pages and not paged.load
+    assert not incidents.loaded(decode(in_flight=risen * 3, stage="queue"), frame)
+
+
 def test_a_rise_its_co_movers_took_back_is_noted_not_paged(queue_rise):
     """A CPU engine's decode 91 -> 137 ms while the client, on the same host, read its streams
     92 ms late before and on time after (network 92 -> 0.7 ms, a local vLLM run): the CPUs moved
