@@ -81,6 +81,18 @@ def check_one_alert(out: str, webhook) -> None:
     assert [a["status"] for a in webhook.alerts()].count("firing") >= 1
 
 
+def finish(sink: ShardedHttpSink, watch: subprocess.Popen, webhook) -> str:
+    """Every event delivered, the watcher done by itself with one alert (``check_one_alert``):
+    its stderr."""
+    sink.set_deadline(time.monotonic() + 120)
+    sink.close()
+    assert sink.delivery_counts()["dropped_sink"] == 0
+    out, err = watch.communicate(timeout=600)
+    assert watch.returncode == 0, err[-3000:]
+    check_one_alert(out, webhook)
+    return err
+
+
 def test_one_watch_over_three_collectors_gives_one_alert_fired_and_resolved_once(tmp_path, events):
     offline = find_shifts(timelines(events.lazy()).collect(), 10.0, ("replica", "model", "service"))
     assert (offline[0].stage, offline[0].scope, offline[0].at) == ("queue", {"replica": "r2"}, 1767607380.0)
@@ -95,12 +107,7 @@ def test_one_watch_over_three_collectors_gives_one_alert_fired_and_resolved_once
         for batch in rows_of(events):
             sink.write(batch)
             time.sleep(0.5)
-        sink.set_deadline(time.monotonic() + 120)
-        sink.close()
-        assert sink.delivery_counts()["dropped_sink"] == 0
-        out, err = watch.communicate(timeout=600)
-        assert watch.returncode == 0, err[-3000:]
-        check_one_alert(out, webhook)
+        err = finish(sink, watch, webhook)
         assert "not read" not in err, err[-2000:]  # every collector answered every poll
 
 
@@ -173,12 +180,7 @@ def test_a_collector_paused_while_the_rise_is_sent_is_waited_for(tmp_path, event
                 procs[1].send_signal(signal.SIGCONT)
             sink.write(batch)
             time.sleep(0.5)
-        sink.set_deadline(time.monotonic() + 120)
-        sink.close()
-        assert sink.delivery_counts()["dropped_sink"] == 0
-        out, err = watch.communicate(timeout=600)
-        assert watch.returncode == 0, err[-3000:]
-        check_one_alert(out, webhook)
+        finish(sink, watch, webhook)
 
 
 def test_the_watcher_steps_on_windows_every_collector_served_and_waits_for_no_idle_one():
