@@ -66,10 +66,10 @@ Each step (``IncidentBook.step``) reads the findings on the horizon at event tim
   critical, a shift under ``FELT_MS`` or one whose co-movers took it back (``taken_back``: a
   stage that rose while another of the same requests fell as much), a prefill or decode rise
   the requests in flight outgrew (``loaded``: the load's doing; what brought the load leads it).
-  A noted shift that grows
-  into one that could page pages once it could for the hold, and not while a larger one in its
-  place is on hold, as one that opens (``_noted_pages_now``): a host's hiccup noted just before
-  a flood, whose network time then grows with the flood's, waits for the flood's queue to lead;
+  A noted shift that grows into one that could page pages once it could for the hold, and not
+  while a larger one in its place is on hold, as one that opens (``_noted_pages_now``): a host's
+  hiccup noted just before a flood, whose network time then grows with the flood's, waits for
+  the flood's queue to lead;
 - a firing incident whose finding is gone for ``absent_steps`` steps resolves when its stage, in
   its scope, over the last ``recent_check_s``, is nearer its level before than after (a shift
   whose onset left the horizon is gone from the findings but may still hold: it keeps firing),
@@ -446,10 +446,10 @@ def loaded(finding: Finding, frame: pl.DataFrame) -> bool:
     if rise is None or finding.stage not in frame.columns or finding.at is None:
         return False
     values = frame.filter(in_scope(finding.scope).fill_null(False)) if finding.scope else frame
-    start = pl.col("start")
-    before, after = (
-        values.select(pl.col(finding.stage).filter(side).mean()).item() for side in (start < finding.at, start >= finding.at)
-    )
+    stage, start = pl.col(finding.stage), pl.col("start")
+    before, after = values.select(
+        stage.filter(start < finding.at).mean().alias("before"), stage.filter(start >= finding.at).mean().alias("after")
+    ).row(0)
     if not before or not after or after <= before:
         return False
     return 1.0 + rise > LOADED * after / before

@@ -13,7 +13,8 @@ Cost follows windows × scope values × stages, never requests.
 ``WindowDetector`` steps on event time (a step at each window's end, once every collector served
 the window or a newer one: ``CollectorFeed.ready_start``) and runs the shift detector's method on
 the window bins: ``find_window_shifts`` (``findings/shifts/windows.py``, whose doc says what it
-does and does not do), reached through ``findings.registry``. The alerts carry no example request IDs and no ``common`` labels.
+does and does not do), reached through ``findings.registry``. The alerts carry no example
+request IDs and no ``common`` labels.
 
 The incident book (``live.incidents``) reads a per-request frame; here it gets a frame
 of pseudo-requests made from the windows of the last ``recent_s`` (``pseudo_frame``): per window,
@@ -78,7 +79,6 @@ class CollectorFeed:
     taken: dict[str, set[tuple]] = field(default_factory=dict)  # url -> parts merged
     failures: int = 0
     down: set[str] = field(default_factory=set)
-    newest_start: float | None = None  # the newest window any collector served
     newest: dict[str, float] = field(default_factory=dict)  # url -> the newest window it served
     moved: dict[str, float] = field(default_factory=dict)  # url -> when (monotonic) that last moved
     warn: Callable[[str], None] | None = None
@@ -143,7 +143,6 @@ class CollectorFeed:
                 taken.add(identity)
                 series.add_part(start, part)
                 merged += 1
-            self.newest_start = start if self.newest_start is None else max(self.newest_start, start)
             if start > self.newest.get(url, -math.inf):
                 self.newest[url], self.moved[url] = start, time.monotonic()
                 if self._first_window is None:
@@ -152,6 +151,11 @@ class CollectorFeed:
             oldest = self.newest_start - 2 * LOOKBACK_S
             self.taken[url] = {p for p in taken if p[0] >= oldest}
         return merged
+
+    @property
+    def newest_start(self) -> float | None:
+        """The newest window any collector served."""
+        return max(self.newest.values(), default=None)
 
     def ready_start(self) -> float | None:
         """The newest window every collector served (so the steps up to its end read every
