@@ -66,7 +66,11 @@ Each step (``IncidentBook.step``) reads the findings on the horizon at event tim
   critical, a shift under ``FELT_MS`` or one whose co-movers took it back (``taken_back``: a
   stage that rose while another of the same requests fell as much), a prefill or decode rise
   the requests in flight outgrew (``loaded``: the load's doing; what brought the load leads it).
-  A noted shift that grows into one that could page pages once it could for the hold, and not
+  The kinds of finding among these (all but the lateness) are one predicate, ``noted_kind``,
+  wherever a finding could come to lead: a noted incident it moved with (``_join``), one it
+  outranks, its own incident's update (an incident that opens is noted by ``Incident.pages``,
+  from the same kinds); a standing pitfall that moved with a noted shift does not page in its
+  place. A noted shift that grows into one that could page pages once it could for the hold, and not
   while a larger one in its place is on hold, as one that opens (``_noted_pages_now``): a host's
   hiccup noted just before a flood, whose network time then grows with the flood's, waits for
   the flood's queue to lead;
@@ -455,6 +459,25 @@ def loaded(finding: Finding, frame: pl.DataFrame) -> bool:
     return 1.0 + rise > LOADED * after / before
 
 
+def is_standing(finding: Finding) -> bool:
+    """A pitfall that names no onset: a condition, not a change (measured over the horizon, it
+    cannot say when it began)."""
+    return isinstance(finding, Pitfall) and finding.at is None
+
+
+def noted_kind(finding: Finding, frame: pl.DataFrame) -> bool:
+    """Whether ``finding`` is noted, never paged, for what it is, wherever it comes in (opening an
+    incident, leading a noted one, outranking another, an update): a change of the traffic
+    (``MixChange``), a standing pitfall (a condition without an onset), a shift users do not feel
+    (``_unfelt``), or a shared stage's rise the requests in flight outgrew (``loaded``)."""
+    return (
+        isinstance(finding, MixChange)
+        or is_standing(finding)
+        or _unfelt(finding)
+        or loaded(finding, frame)
+    )
+
+
 def _would_page(late: str | None, severity: str) -> bool:
     """The caller's own lateness never pages; a server's late loop pages when it costs users
     enough to be critical (a host busy for a moment is noted, a saturated server pages)."""
@@ -714,9 +737,7 @@ class IncidentBook:
         share = live_share(finding, self.frame, onset)
         local = scope_share(finding, self.frame, onset, self.scope_time)
         severity = "critical" if (share or 0.0) >= CRITICAL_SHARE else "warning"
-        if not _would_page(late, severity) or _unfelt(finding) or not costs_enough(share, local):
-            return incident, False, False
-        if loaded(finding, self.frame):
+        if not _would_page(late, severity) or noted_kind(finding, self.frame) or not costs_enough(share, local):
             return incident, False, False
         incident.co_movers = [f for f in incident.co_movers if f is not finding] + [incident.finding]
         incident.key, incident.finding, incident.onset = fingerprint(finding), finding, onset
@@ -725,11 +746,6 @@ class IncidentBook:
         incident.load = False
         incident.examples = examples(finding, self.frame, onset)
         return incident, True, True
-
-    def _standing(self, finding: Finding) -> bool:
-        """A pitfall that names no onset: a condition, not a change (measured over the horizon,
-        it cannot say when it began)."""
-        return isinstance(finding, Pitfall) and finding.at is None
 
     def _open(self, now: float, key: tuple, finding: Finding, frame: pl.DataFrame, late: str | None) -> Incident | None:
         """A new incident for this finding, in the broadest sibling scope named during its hold,
@@ -749,7 +765,7 @@ class IncidentBook:
         if len(self.firing()) >= self.max_firing:
             self.suppressed += 1
             return None
-        standing = self._standing(finding)
+        standing = is_standing(finding)
         severity = "critical" if (share or 0.0) >= CRITICAL_SHARE and not standing and late not in CALLERS else "warning"
         incident = Incident(
             key, finding, onset, now, now, severity, share, examples(finding, frame, onset),
@@ -767,9 +783,7 @@ class IncidentBook:
             other_key = fingerprint(other)
             if other_key == key or abs(other.cost_s) <= abs(finding.cost_s) or other_key[3] != key[3]:
                 continue
-            if isinstance(other, MixChange) or self._standing(other) or late in CALLERS or _unfelt(other):
-                continue
-            if loaded(other, frame):
+            if late in CALLERS or noted_kind(other, frame):
                 continue
             other_onset = onset_of(other, self.latest)
             if abs(other_onset - onset) > self.merge_s or now - self.held.get(other_key, now) >= self.hold_s:
@@ -857,9 +871,7 @@ class IncidentBook:
         pageable = (
             not incident.pages
             and _would_page(late, severity)
-            and not _unfelt(finding)
-            and not isinstance(finding, MixChange)  # a change in the traffic pages with no words
-            and not loaded(finding, frame)
+            and not noted_kind(finding, frame)
             and until is None
             and not incident.standing
             and not self._judged(incident, finding, frame)

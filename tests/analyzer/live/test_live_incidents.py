@@ -14,7 +14,7 @@ from hopline.analyzer.findings.rank import MINOR_SHARE
 from hopline.analyzer.live.alertmanager import payload
 from hopline.analyzer.live.detect import findings_now
 from hopline.analyzer.live.incidents import SCOPE_SHARE, IncidentBook, fingerprint, live_share, scope_share
-from hopline.analyzer.findings.model import iso_utc
+from hopline.analyzer.findings.model import MixChange, Pitfall, iso_utc
 from hopline.analyzer.timelines import timelines
 from hopline.middleware.contract.units import to_epoch
 from support.synth import DEFAULT_START, StageShift, generate
@@ -156,3 +156,26 @@ def test_a_scoped_change_small_for_its_own_users_too_opens_nothing(fleet):
     assert share < MINOR_SHARE and local < SCOPE_SHARE
     b = book()
     assert b.step(ONSET + 20, [small], frame) == [] and b.incidents == []
+
+
+def test_a_standing_pitfall_or_a_mix_change_found_with_a_noted_shift_does_not_lead_it(seen):
+    """What a finding is decides whether it pages, however it comes to lead (``noted_kind``): a
+    standing pitfall (a condition with no onset) or a change in the traffic, found at a noted
+    shift's moment in its place (r2's queue up 5 ms: unfelt), is that incident's co-mover. The
+    pitfall opening alone would be noted as standing; leading the noted shift it paged, critical."""
+    frame, finding = seen
+    standing = Pitfall(
+        summary="no max_tokens on r2", name="no_max_tokens", scope={"replica": "r2"},
+        affected_requests=2000, evidence={}, impact_s=400.0, spent_in="decode",
+    )  # fmt: skip
+    prefill = replace(finding, stage="prefill", before_ms=30.0, after_ms=300.0, summary="prefill x10 on r2")
+    mix = MixChange(**{**prefill.__dict__, "kind": "mix_change"}, per_unit={"unit": "computed prompt token"})
+    for other in (standing, mix):
+        b = book()
+        quiet = replace(finding, after_ms=finding.before_ms + 5.0, summary="queue up 5 ms on r2")
+        (opened,) = b.step(ONSET + 20, [quiet], frame)
+        assert not opened.pages and opened.unfelt
+        b.step(ONSET + 30, [quiet, other], frame)
+        assert b.paging() == [] and b.incidents == [opened], other.summary
+        assert opened.fired is quiet and opened.key == fingerprint(quiet), other.summary
+        assert fingerprint(other) in [fingerprint(f) for f in opened.co_movers]
