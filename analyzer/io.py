@@ -270,8 +270,17 @@ def _parquet_problem(present: pl.Schema) -> str | None:
 def _row_problem(present: pl.Schema) -> pl.Expr:
     """True on rows the storage types cannot hold (no ts / request_id / hop, ts not a time up to
     year 9999, an integer beyond its column's range)."""
-    bad = pl.any_horizontal(
-        pl.col("ts").is_null() | pl.col("request_id").is_null() | pl.col("hop").is_null(),
+    return pl.any_horizontal(_null_problem(), _value_problem(present))
+
+
+def _null_problem() -> pl.Expr:
+    """No ts, request_id or hop: what a Parquet file's null counts answer without its values."""
+    return pl.col("ts").is_null() | pl.col("request_id").is_null() | pl.col("hop").is_null()
+
+
+def _value_problem(present: pl.Schema) -> pl.Expr:
+    """ts not a time up to year 9999 (null included), an integer beyond its column's range."""
+    return pl.any_horizontal(
         ~pl.col("ts").cast(pl.Float64).is_between(0, MAX_TS, closed="right").fill_null(False),
         *(
             ~pl.col(name).is_between(*_INT_RANGES[name]).fill_null(True)
@@ -279,7 +288,6 @@ def _row_problem(present: pl.Schema) -> pl.Expr:
             if name in present and present[name].is_integer() and present[name] != SCHEMA[name]
         ),
     )
-    return bad
 
 
 def scan_parquet(path: Path, report: ScanReport) -> pl.LazyFrame:
@@ -301,11 +309,19 @@ def check_parquet(path: Path, report: ScanReport) -> pl.Schema | None:
         if problem is not None:
             report.bad_file(path, problem)
             return None
-        bad = _row_problem(present)
         stats = pl.col("hop") == EMITTER_STATS_HOP
-        rows, bad_rows, reports = lf.select(
-            pl.len(), bad.sum(), (stats & ~bad).sum()
-        ).collect().row(0)
+        # first whether any row is bad, asked so that no ID string is decoded (the null counts
+        # in the row groups' statistics say it; 0.3 CPU-s a 5.9M-event bucket when decoded);
+        # only a file with bad rows is read for their exact count
+        nulls, values = pl.collect_all(
+            [lf.filter(_null_problem()).select(pl.len()), lf.filter(_value_problem(present)).select(pl.len())]
+        )
+        if nulls.item() == 0 and values.item() == 0:
+            rows, reports = lf.select(pl.len(), stats.sum()).collect().row(0)
+            bad_rows = 0
+        else:
+            bad = _row_problem(present)
+            rows, bad_rows, reports = lf.select(pl.len(), bad.sum(), (stats & ~bad).sum()).collect().row(0)
     except (pl.exceptions.PolarsError, OSError) as exc:
         report.bad_file(path, f"not a readable Parquet file: {str(exc).splitlines()[0][:200]}")
         return None

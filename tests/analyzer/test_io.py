@@ -232,6 +232,43 @@ def test_emitter_health_reports_are_skipped_not_bad(tmp_path):
     assert report.bad_lines == 1 and report.events == 3  # the Parquet report has no request_id: bad row
 
 
+_TS = st.one_of(
+    st.just(T0), st.floats(T0, T0 + 60), st.sampled_from([None, float("nan"), float("inf"), -1.0, 0.0, 1e308])
+)
+_ROW = st.tuples(
+    _TS,
+    st.sampled_from(["a", "b", None]),
+    st.sampled_from(["client.sent", "engine.received", "emitter.stats", None]),
+    st.sampled_from([0, 1, None, 2**40, -(2**40)]),  # stored as Int64, read as Int32
+)
+
+
+@settings(max_examples=150, deadline=None, database=None)
+@given(st.lists(_ROW, min_size=1, max_size=60), st.integers(1, 25), st.booleans())
+def test_a_parquet_files_counts_are_its_rows_whatever_its_row_groups_and_statistics(tmp_path_factory, rows, group, statistics):
+    """``check_parquet`` first asks whether any row is bad so that the row groups' statistics
+    answer (no ID string decoded), then counts exactly: lines, bad rows and health reports equal
+    a plain reading of the rows, with bad rows in any row group, NaN or infinite times among good
+    ones, and files written with or without statistics."""
+    from hopline.analyzer.io import MAX_TS, ScanReport, check_parquet
+
+    path = tmp_path_factory.mktemp("groups") / "part.parquet"
+    ts, rid, hop, attempt = zip(*rows, strict=True)
+    pl.DataFrame(
+        {"ts": pl.Series(ts, dtype=pl.Float64), "request_id": list(rid), "hop": list(hop),
+         "attempt": pl.Series(attempt, dtype=pl.Int64)}
+    ).write_parquet(path, row_group_size=group, statistics=statistics)  # fmt: skip
+
+    def bad(t, r, h, a) -> bool:
+        return t is None or r is None or h is None or not 0 < t <= MAX_TS or (a is not None and abs(a) >= 2**31)
+
+    report = ScanReport()
+    assert check_parquet(path, report) is not None
+    bad_rows = sum(bad(*row) for row in rows)
+    reports = sum(row[2] == "emitter.stats" and not bad(*row) for row in rows)
+    assert (report.lines, report.bad_lines, report.events) == (len(rows), bad_rows, len(rows) - bad_rows - reports)
+
+
 def test_a_scanned_parquet_file_holds_no_frame_until_its_events_are_asked_for(tmp_path):
     """A held Polars scan keeps the file's metadata (~170 KB each: 1.6 GiB over a 50M-request
     store's 10,000 files, for the whole run); ``scan_each`` keeps the checked schema and makes the
