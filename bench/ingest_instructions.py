@@ -39,7 +39,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench_collector import batches_of, full_request
+from bench_collector import batches_of, fold_windows, full_request
 from prometheus_client import generate_latest
 from hopline.collector.app import build_collector
 from hopline.collector.config import CollectorConfig
@@ -63,10 +63,7 @@ def ingest(path: Path) -> None:
             await c.ingestor.ingest(body)
 
     asyncio.run(run())
-    # the live window summaries (GET /v1/windows), which the server folds once a second: every
-    # window's rows into its sketches, as if all were settled
-    windows = getattr(c.joiner, "windows", None)
-    folded = windows.fold(now=float("inf"), force=True) if windows is not None else None
+    folded = fold_windows(c)
     c.ingestor.close()
     assert c.joiner.counts["complete"] * 12 == len(lines), c.joiner.counts
     assert folded in (None, c.joiner.counts["complete"]), folded
