@@ -6,6 +6,7 @@ Thresholds (``ShiftConfig``) were tuned on seeds 0-9 only; the false-positive te
 
 from __future__ import annotations
 
+import math
 import re
 from datetime import UTC, datetime
 
@@ -15,8 +16,8 @@ import pytest
 from hopline.analyzer.attribution import auto_window
 from hopline.analyzer.findings.shifts.detector import READ_COLUMNS, find_shifts
 from hopline.analyzer.findings.shifts.incidents import Change
-from hopline.analyzer.findings.shifts.scopes import fold_explained
-from hopline.analyzer.findings.shifts.stats import ShiftConfig, split_z, z_threshold
+from hopline.analyzer.findings.shifts.scopes import fold_explained, key, narrowest
+from hopline.analyzer.findings.shifts.stats import Detection, ShiftConfig, moved_at, split_z, z_threshold
 from hopline.analyzer.timelines import timelines
 from support.synth import DEFAULT_START, ColdConnections, StageShift, generate
 
@@ -478,6 +479,52 @@ def test_a_change_on_every_replica_stays_a_change_of_all_traffic():
     frame = pinned_batch(r1_after_s=0.5)  # r1's queue rose too: all traffic holds the change
     r2, everyone = seen({"replica": "r2"}, 119, 6, 1000), seen({}, 123, 7, 800)
     assert fold_explained([everyone, r2], frame, ["replica", "service"], 15.0, ShiftConfig()) == [everyone]
+
+
+def scope_frames(frame: pl.DataFrame, tested: dict[str, list[str]]) -> dict[str, pl.DataFrame]:
+    frames = {key({}): frame}
+    for dim, values in tested.items():
+        frames |= {key({dim: v}): frame.filter(pl.col(dim) == v) for v in values}
+    return frames
+
+
+def rerouted_chat(seed: int = 48) -> pl.DataFrame:
+    """200 s of requests, 10 a second: chat (55%) and docs; 70% of chat's conversations live on
+    r1, so chat is most of r1's requests and a minority of r2's. From 100 s chat's network goes
+    from 3 to 33 ms (rerouted through another region), on both replicas; docs' does not move."""
+    rng = np.random.default_rng(seed)
+    n = 2000
+    start = np.sort(rng.uniform(0, 200, n))
+    service = np.where(rng.uniform(size=n) < 0.55, "chat", "docs")
+    on_r1 = rng.uniform(size=n) < np.where(service == "chat", 0.7, 0.3)
+    replica = np.where(on_r1, "r1", "r2")
+    network = np.where((service == "chat") & (start >= 100), 0.033, 0.003)
+    network = network * np.exp(0.2 * rng.standard_normal(n))
+    return pl.DataFrame({"start": start, "replica": replica, "service": service, "network": network})
+
+
+def test_of_two_attributes_that_explain_a_change_the_one_that_holds_the_other_is_named():
+    """The slow-network demo beside a CPU hog (CI, 2026-12-06): kite-chat's network rose in full on
+    both replicas, but r1 was mostly kite-chat (its p50 moved) and r2 mostly not (its p50 stayed),
+    so replica r1 explained the change as well as service kite-chat did, and r1 was named for its
+    larger z. kite-chat holds r1's change (r1's other requests did not move); r1 does not hold
+    kite-chat's (kite-chat's requests on r2 moved): kite-chat is named, whichever z is larger."""
+    frame = rerouted_chat()
+    tested = {"replica": ["r1", "r2"], "service": ["chat", "docs"]}
+    cfg = ShiftConfig()
+    chat = Detection("network", {"service": "chat"}, 100.0, "p50", 3.0, 33.0, 9.0, 550)
+    r1 = Detection("network", {"replica": "r1"}, 100.0, "p50", 3.1, 31.0, 9.5, 500)
+    # r2 stayed put, so the replica explains the change as the service does
+    assert moved_at(scope_frames(frame, tested)[key({"replica": "r2"})], r1, cfg) < math.log(10) / 2
+    assert narrowest([r1, chat], tested, scope_frames(frame, tested), cfg) == [chat]
+    assert narrowest([chat, r1], tested, scope_frames(frame, tested), cfg) == [chat]
+    # a replica's change with a service pinned to it (nothing of it outside r2): the replica holds
+    # it, since r2's other requests moved too, whichever z is larger
+    pinned = pinned_batch(r1_after_s=0.006).rename({"queue": "network"})
+    batch = Detection("network", {"service": "batch-eval"}, 110.0, "p50", 6.0, 1000.0, 14.0, 500)
+    r2 = Detection("network", {"replica": "r2"}, 110.0, "p50", 6.0, 1000.0, 12.0, 800)
+    tested = {"replica": ["r1", "r2"], "service": ["batch-eval", "kite-chat"]}
+    assert narrowest([batch, r2], tested, scope_frames(pinned, tested), cfg) == [r2]
 
 
 def new_batch(batch_queue_s: float, seed: int = 47) -> pl.DataFrame:

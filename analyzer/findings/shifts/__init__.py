@@ -25,7 +25,12 @@ Method, per scope (all traffic, each replica / service / model) and per stage:
    user: the p50 (or, for stages that are mostly zero such as ``connect``, the p90) moved by
    ``min_factor`` or more and by ``min_abs_ms`` or more.
 4. The narrowest scope wins: when some replicas (services, models) moved and the others, seen on
-   both sides of the change, did not, the finding names those; else the scope is ``{}``. A
+   both sides of the change, did not, the finding names those; else the scope is ``{}``. When
+   two attributes each explain it so (a service whose network rose on both replicas, and the
+   replica whose requests are mostly that service's: its p50 moved, the other's did not), the
+   one that holds the other's change is named, as in step 5 (the other's requests outside it did
+   not move; the service's requests on the other replica did), the more significant when each
+   holds the other or neither does. A
    single-attribute scope is then refined by the same rule along one more attribute with at most
    ``MAX_CELL_VALUES`` values: when exactly one cell of it moved (replica r2 × model m1) and the
    other cells of r2 did not, the finding names both (``{"replica": "r2", "model": "m1"}``).

@@ -36,12 +36,13 @@ def narrowest(
     """For one stage: the scopes the change lives in (see module docstring, step 4).
 
     A dimension explains the change when some of its values moved and the others, seen on both
-    sides of it, did not move even half as much (in log terms) at the same time. A change found
+    sides of it, did not move even half as much (in log terms) at the same time; of several that
+    do, the one whose values hold the others' change (``holding``). A change found
     in all traffic only is then ``confine``d along ``dims`` (default: the tested attributes).
     ``window_s``: a value that began with the change says nothing (``moved_at``).
     """
     overall = [d for d in found if not d.scope]
-    best: list[Detection] = []
+    candidates: list[list[Detection]] = []
     for dim, values in tested.items():
         hits = [d for d in found if dim in d.scope]
         hit_values = {d.scope[dim] for d in hits}
@@ -51,8 +52,8 @@ def narrowest(
         others = [moved_at(frames[key({dim: v})], hits[0], cfg, window_s) for v in values if v not in hit_values]
         if any(r is None or r > weakest / 2 for r in others):
             continue
-        if not best or max(d.z**2 for d in hits) > max(d.z**2 for d in best):
-            best = hits
+        candidates.append(hits)
+    best = holding(candidates, frames, cfg, window_s)
     if best and (not overall or all(d.up == overall[0].up for d in best)):
         return best
     if overall:
@@ -80,7 +81,7 @@ def confine(
     values = {dim: _seen_on_both_sides(frame, dim, before, after) for dim in dims if dim in frame.columns}
     z_crit = z_threshold(cfg.alpha, max(sum(len(v) for v in values.values()), 1))
     half = abs(math.log(det.factor_estimate)) / 2
-    best: tuple[Detection, float] = (det, 0.0)
+    passed: list[Detection] = []
     for dim, vals in values.items():
         subs = {v: frame.filter(pl.col(dim).cast(pl.String) == v) for v in vals}
         moved = {v: moved_at(f, det, cfg, window_s) for v, f in subs.items()}
@@ -91,7 +92,7 @@ def confine(
         x = np.round(sub[det.stage].to_numpy() / RANK_RESOLUTION_S)
         k = sub.filter(before).height
         z = float(split_z(x[: sub.filter(before | after).height], np.array([k]))[0])
-        if abs(z) < z_crit or (z > 0) != det.up or abs(z) <= abs(best[1]):
+        if abs(z) < z_crit or (z > 0) != det.up:
             continue
         q = STATISTICS[det.statistic]
         b, a = sub.filter(before)[det.stage].to_numpy(), sub.filter(after)[det.stage].to_numpy()
@@ -101,8 +102,48 @@ def confine(
             det.stage, scope, det.at, det.statistic, float(np.percentile(b, q) * 1e3),
             float(np.percentile(a, q) * 1e3), z, len(a), det.until, since=det.since,
         )  # fmt: skip
-        best = (found, z)
-    return best
+        passed.append(found)
+    best = holding([[d] for d in passed], frames, cfg, window_s)
+    return (best[0], best[0].z) if best else (det, 0.0)
+
+
+def holding(
+    candidates: list[list[Detection]],
+    frames: dict[str, pl.DataFrame],
+    cfg: ShiftConfig,
+    window_s: float = 0.0,
+) -> list[Detection]:
+    """Of several attributes' scopes that each explain one change, the one that holds the others'
+    (``holds``): a service's network rising in full on both replicas is not a replica's change
+    because most of one replica's requests are that service's (its p50 moved, the other's did not).
+    Among those no other holds (each holds the other: both), the most significant; ``[]`` for none."""
+    if len(candidates) < 2:
+        return candidates[0] if candidates else []
+    frame = frames[key({})]
+    kept = [
+        c for c in candidates
+        if not any(holds(o, c, frame, cfg, window_s) and not holds(c, o, frame, cfg, window_s)
+                   for o in candidates if o is not c)
+    ]  # fmt: skip
+    return max(kept or candidates, key=lambda c: max(d.z**2 for d in c))  # none kept: a cycle, by z
+
+
+def holds(
+    a: list[Detection], b: list[Detection], frame: pl.DataFrame, cfg: ShiftConfig, window_s: float = 0.0
+) -> bool:
+    """Whether ``a``'s scopes hold ``b``'s change: ``b``'s requests outside them (the residual)
+    did not move even half as much (in log terms) at ``b``'s time, or there are none (``b`` lies
+    inside ``a``). A residual with fewer than ``CONFINE_MIN_SIDE`` requests a side cannot tell."""
+    lead = max(b, key=lambda d: d.z**2)
+    inside_a = pl.any_horizontal([in_scope(d.scope) for d in a]).fill_null(False)
+    rest = frame.filter(pl.any_horizontal([in_scope(d.scope) for d in b]).fill_null(False) & ~inside_a)
+    if rest.height == 0:
+        return True
+    sides = rest.select(b=(pl.col("start") < lead.at).sum(), a=after_change(lead).sum()).row(0)
+    if min(sides) < CONFINE_MIN_SIDE:
+        return False
+    moved = moved_at(rest, lead, cfg, window_s)
+    return moved is not None and _within(moved, abs(math.log(lead.factor_estimate)) / 2)
 
 
 def _seen_on_both_sides(frame: pl.DataFrame, dim: str, before: pl.Expr, after: pl.Expr) -> list[str]:

@@ -25,7 +25,9 @@ of the horizon into findings. Cost follows windows × scope values × stages, ne
 What it does not do, for want of single requests in the windows: no two-attribute cell (the
 windows hold one attribute at a time), no ``connect`` part (pool wait vs new connections), no
 new traffic named in a mix change (which service's requests a replica's windows hold is not kept),
-no step-5 folding of one change seen from correlated scopes, no pitfall. A change of the traffic
+no step-5 folding of one change seen from correlated scopes, nor step 4's choice of the attribute
+that holds another's change (``scopes.holding``: of two that explain it, the more significant
+here), no pitfall. A change of the traffic
 is judged as on requests (``mix``): the requests' size p50 (prompt or output tokens, from the
 sketches) grew and the stage per unit of work held; per unit is the ratio of the exact sums' means
 (the stage's mean over the mean computed prompt tokens, or output tokens less the first), the
