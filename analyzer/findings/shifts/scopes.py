@@ -120,11 +120,9 @@ def holding(
     if len(candidates) < 2:
         return candidates[0] if candidates else []
     frame = frames[key({})]
-    kept = [
-        c for c in candidates
-        if not any(holds(o, c, frame, cfg, window_s) and not holds(c, o, frame, cfg, window_s)
-                   for o in candidates if o is not c)
-    ]  # fmt: skip
+    n = len(candidates)
+    held = {(i, j): holds(candidates[i], candidates[j], frame, cfg, window_s) for i in range(n) for j in range(n) if i != j}
+    kept = [c for i, c in enumerate(candidates) if not any(held[j, i] and not held[i, j] for j in range(n) if j != i)]
     return max(kept or candidates, key=lambda c: max(d.z**2 for d in c))  # none kept: a cycle, by z
 
 
@@ -132,18 +130,31 @@ def holds(
     a: list[Detection], b: list[Detection], frame: pl.DataFrame, cfg: ShiftConfig, window_s: float = 0.0
 ) -> bool:
     """Whether ``a``'s scopes hold ``b``'s change: ``b``'s requests outside them (the residual)
-    did not move even half as much (in log terms) at ``b``'s time, or there are none (``b`` lies
-    inside ``a``). A residual with fewer than ``CONFINE_MIN_SIDE`` requests a side cannot tell."""
+    did not move even half as much (in log terms) at ``b``'s time (``stayed``), or there are none
+    (``b`` lies inside ``a``). A residual with fewer than ``CONFINE_MIN_SIDE`` requests a side
+    cannot tell."""
     lead = max(b, key=lambda d: d.z**2)
-    inside_a = pl.any_horizontal([in_scope(d.scope) for d in a]).fill_null(False)
-    rest = frame.filter(pl.any_horizontal([in_scope(d.scope) for d in b]).fill_null(False) & ~inside_a)
+    rest = residual(frame, [d.scope for d in b], [d.scope for d in a])
     if rest.height == 0:
         return True
     sides = rest.select(b=(pl.col("start") < lead.at).sum(), a=after_change(lead).sum()).row(0)
-    if min(sides) < CONFINE_MIN_SIDE:
-        return False
-    moved = moved_at(rest, lead, cfg, window_s)
-    return moved is not None and _within(moved, abs(math.log(lead.factor_estimate)) / 2)
+    return min(sides) >= CONFINE_MIN_SIDE and stayed(rest, lead, lead.factor_estimate, cfg, window_s)
+
+
+def residual(frame: pl.DataFrame, inside: list[dict[str, str]], outside: list[dict[str, str]]) -> pl.DataFrame:
+    """The requests in any of the ``inside`` scopes and in none of the ``outside`` ones."""
+    either = lambda scopes: pl.any_horizontal([in_scope(s) for s in scopes]).fill_null(False)  # noqa: E731
+    return frame.filter(either(inside) & ~either(outside))
+
+
+def stayed(
+    rest: pl.DataFrame, change: Detection | Change, factor: float, cfg: ShiftConfig, window_s: float = 0.0
+) -> bool:
+    """Whether a residual's requests (``residual``) moved less than half as much (in log terms) as
+    a change of ``factor`` did, at its time (``moved_at``): the test behind ``holds`` and
+    ``explains``. A residual that began with the change cannot say (False)."""
+    moved = moved_at(rest, change, cfg, window_s)  # type: ignore[arg-type]  # a Change has what it reads
+    return moved is not None and _within(moved, abs(math.log(max(factor, 1e-9))) / 2)
 
 
 def _seen_on_both_sides(frame: pl.DataFrame, dim: str, before: pl.Expr, after: pl.Expr) -> list[str]:
@@ -221,18 +232,17 @@ def explains(
         return False
     if a.until is not None and b.at >= a.until:
         return False
-    rest = frame.filter(in_scope(b.scope) & ~in_scope(a.scope).fill_null(False))
+    rest = residual(frame, [b.scope], [a.scope])
     after = rest.filter(after_change(b))  # type: ignore[arg-type]  # a Change has what after reads
-    half = abs(math.log(max(b.factor, 1e-9))) / 2
     if after.height >= cfg.min_side and rest.filter(pl.col("start") < b.at - window_s).height < cfg.min_side:
         # requests outside ``a`` that came with the change (a batch job that began it): measured
         # against ``b``'s level before it, they show whether the change reached them too
         level = after[b.stage].quantile(STATISTICS[b.statistic] / 100, "linear")
+        half = abs(math.log(max(b.factor, 1e-9))) / 2
         return level is None or _within(log_move(b.before_ms / 1e3, level, cfg), half)
     if min(rest.height - after.height, after.height) < cfg.min_side:
         return abs(a.at - b.at) <= spread_s  # too few to tell: held only when they began together
-    moved = moved_at(rest, b, cfg, window_s)  # type: ignore[arg-type]
-    return moved is not None and _within(moved, half)
+    return stayed(rest, b, b.factor, cfg, window_s)
 
 
 def _within(moved: float, half: float) -> bool:
