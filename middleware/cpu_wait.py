@@ -7,9 +7,10 @@ engine's decode slows although nothing in the engine changed. Linux counts that 
 but waited for a CPU (the scheduler's ``run_delay``), in nanoseconds.
 
 ``CpuWait`` is one daemon thread per process (``cpu_wait_probe``; a forked child starts its own)
-that every ``INTERVAL`` s adds up, over this process's threads and those of its child processes
-(vLLM's engine core runs in a child of its API server) the time they ran and the time they
-waited, and keeps the last ``SPAN`` s of those sums; not its own thread's (on a busy host each of
+that every ``INTERVAL`` s adds up, over this process's threads and those of every process below
+it (vLLM's engine core runs in a child of its API server, and its forward passes in a worker
+process, the engine core's child: the grandchild does the compute) the time they ran and the time
+they waited, and keeps the last ``SPAN`` s of those sums; not its own thread's (on a busy host each of
 its wakes waits too, and a sampler must not make an idle engine look starved). ``share()`` is the share of the time those
 threads wanted a CPU that they spent waiting for one, over that span: 0.0 on an idle host, 0.5
 when the engine got half the CPU it asked for (a compute-bound step then takes twice as long).
@@ -17,13 +18,16 @@ The engine middleware puts it on ``engine.last`` as ``cpu_wait``; the analyzer t
 prefill rise that it accounts for as the host's (``findings.lateness``).
 
 A read is one attribute (the share is computed with each sample); the sampling thread reads a few
-small files per thread every ``INTERVAL`` s (~40 threads for vLLM's two processes: well under 1 ms).
+small files per thread every ``INTERVAL`` s (~100 threads for vLLM's three processes: about a
+millisecond), and walks the process tree again every ``TREE_S`` s (a worker that starts later is
+counted from then).
 Where there is no ``/proc`` (not Linux) or schedstat is off, ``share()`` is None and nothing is
 stamped.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -34,6 +38,7 @@ from hopline.middleware.loop import PerProcess
 INTERVAL = 0.5  # seconds between samples
 SPAN = 2.0  # seconds the share is taken over
 MIN_BUSY_S = 0.02  # less run + wait than this over the span: nothing ran, no share
+TREE_S = 5.0  # seconds between walks of the process tree (the processes below this one)
 
 
 def _read(path: str) -> tuple[int, int] | None:
@@ -43,6 +48,18 @@ def _read(path: str) -> tuple[int, int] | None:
         return int(ran), int(waited)
     except (OSError, ValueError):
         return None
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes below ``pid``: its children, theirs, and so on."""
+    found: list[int] = []
+    queue = _children(pid)
+    while queue:
+        child = queue.pop()
+        if child not in found:
+            found.append(child)
+            queue.extend(_children(child))
+    return found
 
 
 def _children(pid: int) -> list[int]:
@@ -73,6 +90,8 @@ class CpuWait:
         self._samples: deque[tuple[float, int, int]] = deque(maxlen=max(2, int(span / interval) + 1))
         self._own = ""  # the sampler's thread ID: its own waits to wake are not the engine's
         self._share: float | None = None  # share() over the samples kept, set with each sample
+        self._tree: list[int] = []  # this process and those below it, as last walked
+        self._walked = -math.inf  # when (monotonic)
         self.available = _read(f"/proc/{self.pid}/schedstat") is not None
         if self.available:
             self._sample()
@@ -89,10 +108,10 @@ class CpuWait:
 
     def _sample(self) -> None:
         seen: dict[tuple[int, str], tuple[int, int]] = {}
-        pids = [self.pid]
-        pids.extend(_children(self.pid))
+        if time.monotonic() - self._walked >= TREE_S:
+            self._tree, self._walked = [self.pid, *_descendants(self.pid)], time.monotonic()
         ran = waited = 0
-        for pid in pids:
+        for pid in self._tree:
             try:
                 tasks = os.listdir(f"/proc/{pid}/task")
             except OSError:
@@ -127,7 +146,7 @@ class CpuWait:
         return round(waited / (ran + waited), 3)
 
     def share(self) -> float | None:
-        """The share of their runnable time this process's and its children's threads waited for
+        """The share of their runnable time the threads of this process and those below it waited for
         a CPU over the last ``SPAN`` s (None: no schedstat, or nothing ran).
 
         Computed once per sample (``_sample``), so a read is one attribute, no lock: it is read

@@ -1,6 +1,7 @@
 """The engine's CPU wait (middleware/cpu_wait.py) on real processes: a busy child process that
 shares its CPU with two others waits for it about two thirds of the time, and the share says so;
-the same child alone on a CPU waits far less; a process where nothing ran has no share."""
+so does a busy grandchild (vLLM's forward passes run in the engine core's child); the same child
+alone on a CPU waits far less; a process where nothing ran has no share."""
 
 from __future__ import annotations
 
@@ -13,27 +14,32 @@ import time
 import pytest
 
 BURN = "while True: pass"
-# A process that measures itself and its one busy child, both pinned to CPU ``cpu``; prints the
-# share over the last 2 s, after ``settle`` s.
+# A process that measures itself and the processes below it, all pinned to CPU ``cpu``: one busy
+# process ``depth`` levels down (1: its child; 2: a child of an idle child); prints the share over
+# the last 2 s, after ``settle`` s.
 MEASURE = """
 import json, os, subprocess, sys, time
 from hopline.middleware.cpu_wait import CpuWait
-cpu, settle, nice = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
+cpu, settle, nice, depth = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 os.sched_setaffinity(0, {cpu})
-child = subprocess.Popen(["nice", "-n", str(nice), sys.executable, "-c", "while True: pass"])
+burn = [sys.executable, "-c", "while True: pass"]
+for _ in range(depth - 1):  # an idle parent that waits on the rest
+    burn = [sys.executable, "-c", f"import subprocess; subprocess.run({burn!r})"]
+child = subprocess.Popen(["nice", "-n", str(nice), *burn], process_group=0)  # same session: one autogroup
+time.sleep(0.5)  # the processes below have started before the probe first walks them
 probe = CpuWait(interval=0.25, span=2.0)
 time.sleep(settle)
 print(json.dumps({"share": probe.share()}))
-child.kill()
+os.killpg(child.pid, 9)
 """
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/schedstat"), reason="Linux schedstat only")
 
 
-def measured(cpu: int, burners: int, nice: int = 0, burners_nice: int = 0) -> float:
-    """The share a busy child pinned to ``cpu`` (at ``nice``) waits, with ``burners`` other busy
-    processes pinned there (at ``burners_nice``; not the measured process's children: they are
-    not counted)."""
+def measured(cpu: int, burners: int, nice: int = 0, burners_nice: int = 0, depth: int = 1) -> float:
+    """The share a busy child (``depth`` 2: grandchild) pinned to ``cpu`` (at ``nice``) waits, with
+    ``burners`` other busy processes pinned there (at ``burners_nice``; not the measured process's
+    children: they are not counted)."""
     others = [
         subprocess.Popen(
             ["nice", "-n", str(burners_nice), sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}})\n{BURN}"],
@@ -44,7 +50,7 @@ def measured(cpu: int, burners: int, nice: int = 0, burners_nice: int = 0) -> fl
     try:
         time.sleep(0.3)
         out = subprocess.run(
-            [sys.executable, "-c", MEASURE, str(cpu), "3.0", str(nice)], capture_output=True, text=True, timeout=60, check=True
+            [sys.executable, "-c", MEASURE, str(cpu), "3.0", str(nice), str(depth)], capture_output=True, text=True, timeout=60, check=True
         )
     finally:
         for proc in others:
@@ -64,6 +70,12 @@ def test_a_busy_child_sharing_its_cpu_with_two_others_waits_most_of_the_time():
     behind = measured(cpu, burners=2, nice=19)
     ahead = measured(cpu, burners=2, burners_nice=19)
     assert behind >= 0.9 and ahead < behind, (ahead, behind)
+
+
+def test_a_busy_grandchild_is_measured_as_the_child_is():
+    # vLLM's API server -> engine core -> worker: the worker, two levels down, runs the forward passes
+    cpu = max(os.sched_getaffinity(0))
+    assert measured(cpu, burners=2, depth=2) >= 0.5
 
 
 IDLE = """
