@@ -50,6 +50,13 @@ QUEUED_MODEL_LEN = 2048
 # pinned, one OpenMP thread: 18 of 18 runs with two CPU burners beside them passed (6 of 9 pinned).
 UNPINNED = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
 SOLO = ("vllm-solo-1", 24)
+# vLLM's API server closes a connection idle for VLLM_HTTP_TIMEOUT_KEEP_ALIVE (5 s by default). A
+# test client on a loaded machine can stall longer than that (its event loop or threads seen not
+# to run for 5-7 s at load 9 on 2 cores) between taking an idle connection from its pool and
+# writing its request on it: the server has closed it meanwhile, and the request fails with
+# ReadError or "Server disconnected without sending a response" before vLLM sees it. Nothing here
+# is about keep-alive, so the test servers keep idle connections for the length of a test.
+KEEP_ALIVE_S = "3600"
 QUEUE_ROUNDS = 4
 STAGES_STREAMED = ("queue", "prefill", "frontend", "decode", "engine_ttft")
 STAGES_UNSTREAMED = ("queue", "prefill", "decode", "engine_e2e")  # no first token: no TTFT, no frontend
@@ -109,6 +116,7 @@ def start_server(
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
         VLLM_NO_USAGE_STATS="1",
+        VLLM_HTTP_TIMEOUT_KEEP_ALIVE=KEEP_ALIVE_S,
         DO_NOT_TRACK="1",
         VLLM_CACHE_ROOT=str(root / "cache" / "vllm"),
         HF_HOME=str(root / "cache" / "hf"),

@@ -32,7 +32,7 @@ from hopline.middleware.client import instrument
 from hopline.middleware.contract import TTFT_STAGES
 from hopline.middleware.emit import Emitter
 from hopline.middleware.sinks import HttpSink
-from test_vllm import MODEL, free_port, stop_server, tail, vllm_dir, wait_ready
+from test_vllm import KEEP_ALIVE_S, MODEL, free_port, stop_server, tail, vllm_dir, wait_ready
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(420)]
 
@@ -73,6 +73,7 @@ def start_vllm(venv: Path, root: Path, port: int, traces_url: str, log: Path, **
         OTEL_SERVICE_NAME="vllm",
         OTEL_RESOURCE_ATTRIBUTES="service.instance.id=r1",
         HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1",
+        VLLM_HTTP_TIMEOUT_KEEP_ALIVE=KEEP_ALIVE_S,
         VLLM_CACHE_ROOT=str(root / "cache" / "vllm"), HF_HOME=str(root / "cache" / "hf"),
         XDG_CACHE_HOME=str(root / "cache"),
         **env_extra,
