@@ -19,14 +19,16 @@ BURN = "while True: pass"
 # the last 2 s, after ``settle`` s.
 MEASURE = """
 import json, os, subprocess, sys, time
-from hopline.middleware.cpu_wait import CpuWait
+from hopline.middleware.cpu_wait import CpuWait, _descendants
 cpu, settle, nice, depth = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 os.sched_setaffinity(0, {cpu})
 burn = [sys.executable, "-c", "while True: pass"]
 for _ in range(depth - 1):  # an idle parent that waits on the rest
     burn = [sys.executable, "-c", f"import subprocess; subprocess.run({burn!r})"]
 child = subprocess.Popen(["nice", "-n", str(nice), *burn], process_group=0)  # same session: one autogroup
-time.sleep(0.5)  # the processes below have started before the probe first walks them
+deadline = time.monotonic() + 60
+while len(_descendants(os.getpid())) < depth and time.monotonic() < deadline:
+    time.sleep(0.05)  # the processes below have started before the probe first walks them
 probe = CpuWait(interval=0.25, span=2.0)
 time.sleep(settle)
 print(json.dumps({"share": probe.share()}))
