@@ -51,8 +51,8 @@ CLIENT_SENT_MEANINGS = {
     "lateness (a thread due every 50 ms: a busy host, the GIL held). `engine.received` and "
     "`gateway.received` carry their server's (below)",
     "cpu_wait": "on `engine.last_token`: the share (0-1) of the time the engine's processes (its API server "
-    "and their children, e.g. vLLM's engine core) were runnable over the last 2 s that they waited for a "
-    "CPU (Linux schedstat; absent elsewhere)",
+    "and every process below it: vLLM's engine core and the worker that runs its forward passes) were "
+    "runnable over the last 2 s that they waited for a CPU (Linux schedstat; absent elsewhere)",
 }
 # Per-request columns of event loop lateness: inputs (contract.INPUTS) that are no stage's terms.
 LOOP_LAG_MEANINGS = {
