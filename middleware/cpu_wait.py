@@ -39,6 +39,7 @@ INTERVAL = 0.5  # seconds between samples
 SPAN = 2.0  # seconds the share is taken over
 MIN_BUSY_S = 0.02  # less run + wait than this over the span: nothing ran, no share
 TREE_S = 5.0  # seconds between walks of the process tree (the processes below this one)
+MAX_THREADS = 512  # threads sampled at most (a descriptor each): beyond, the share is over the first found
 
 
 def _read(path: str) -> tuple[int, int] | None:
@@ -121,6 +122,8 @@ class CpuWait:
                 if (pid == self.pid and tid == self._own) or key in found:
                     continue
                 if key not in self._fds:
+                    if len(self._fds) >= MAX_THREADS:
+                        continue
                     try:
                         self._fds[key] = os.open(f"/proc/{pid}/task/{tid}/schedstat", os.O_RDONLY)
                     except OSError:
