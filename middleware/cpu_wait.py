@@ -19,7 +19,7 @@ prefill rise that it accounts for as the host's (``findings.lateness``).
 
 A read is one attribute (the share is computed with each sample). The sampling thread keeps each
 thread's ``schedstat`` open and re-reads it every ``INTERVAL`` s (~70 threads for vLLM's three
-processes: ~0.2 ms), and walks the process tree again every ``TREE_S`` s (a thread or worker that
+processes: ~0.1 ms), and walks the process tree again every ``TREE_S`` s (a thread or worker that
 starts later is counted from then).
 Where there is no ``/proc`` (not Linux) or schedstat is off, ``share()`` is None and nothing is
 stamped.
@@ -119,7 +119,7 @@ class CpuWait:
                 continue
             for tid in tasks:
                 key = (pid, tid)
-                if (pid == self.pid and tid == self._own) or key in found:
+                if pid == self.pid and tid == self._own:
                     continue
                 if key not in self._fds:
                     if len(self._fds) >= MAX_THREADS:

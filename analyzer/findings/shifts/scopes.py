@@ -120,9 +120,11 @@ def holding(
     if len(candidates) < 2:
         return candidates[0] if candidates else []
     frame = frames[key({})]
-    n = len(candidates)
-    held = {(i, j): holds(candidates[i], candidates[j], frame, cfg, window_s) for i in range(n) for j in range(n) if i != j}
-    kept = [c for i, c in enumerate(candidates) if not any(held[j, i] and not held[i, j] for j in range(n) if j != i)]
+    pairs = [(i, j) for i in range(len(candidates)) for j in range(len(candidates)) if i != j]
+    held = {(i, j): holds(candidates[i], candidates[j], frame, cfg, window_s) for i, j in pairs}
+    kept = [
+        c for i, c in enumerate(candidates) if not any(held[j, k] and not held[k, j] for j, k in pairs if k == i)
+    ]
     return max(kept or candidates, key=lambda c: max(d.z**2 for d in c))  # none kept: a cycle, by z
 
 
@@ -141,7 +143,9 @@ def holds(
     return min(sides) >= CONFINE_MIN_SIDE and stayed(rest, lead, lead.factor_estimate, cfg, window_s)
 
 
-def residual(frame: pl.DataFrame, inside: list[dict[str, str]], outside: list[dict[str, str]]) -> pl.DataFrame:
+def residual(
+    frame: pl.DataFrame, inside: list[dict[str, str]], outside: list[dict[str, str]]
+) -> pl.DataFrame:
     """The requests in any of the ``inside`` scopes and in none of the ``outside`` ones."""
     either = lambda scopes: pl.any_horizontal([in_scope(s) for s in scopes]).fill_null(False)  # noqa: E731
     return frame.filter(either(inside) & ~either(outside))
