@@ -50,9 +50,44 @@ class Groups:
 
 def request_groups(request_id: pl.Series) -> Groups:
     """The requests of ``request_id``'s rows (rows without an ID: one request, as a ``group_by``
-    makes them): each row's request is its ID's code in a ``Categorical`` of its own (a string's
-    code is the same string's, exactly, and the IDs are looked up once in a hash table: 5.9M
-    events, 0.35 CPU-s against 0.75 for a 64-bit hash's ``np.sort`` and the strings' check)."""
+    makes them), numbered by their first row.
+
+    Rows are sorted by their ID's 64-bit hash, with the row number in the hash's low bits (one
+    ``np.sort`` of integers: a request's rows end up together, smallest row first), and every
+    row's ID is then checked against its request's first row's. A hash prefix shared by two IDs
+    fails that check, and ``by_categorical`` numbers the rows instead, so the result is exact
+    either way. A 5.9M-event bucket: 0.8-0.9 CPU-s, against 1.3-1.4 for the ``Categorical`` (its hash
+    table of 500k IDs does not stay in the cache)."""
+    size = len(request_id)
+    if size == 0:
+        return Groups(np.zeros(0, dtype=np.int64), 0, np.zeros(0, dtype=np.int64))
+    request_id = request_id.rechunk()  # a gather from one chunk: 60 chunks (a bucket's files) cost 18x
+    bits = size.bit_length()
+    low = np.uint64((1 << bits) - 1)
+    key = request_id.hash().to_numpy() & ~low  # a new array: the hash's high bits
+    key |= np.arange(size, dtype=np.uint64)
+    key.sort()
+    rows = (key & low).astype(np.int64)
+    key >>= np.uint64(bits)
+    starts = np.empty(size, dtype=bool)
+    starts[0] = True
+    np.not_equal(key[1:], key[:-1], out=starts[1:])
+    del key
+    firsts = rows[starts]  # each request's first row, the requests in the order of their hash
+    in_log = np.empty(len(firsts), dtype=np.int64)
+    in_log[np.argsort(firsts)] = np.arange(len(firsts))
+    of_row = np.empty(size, dtype=np.int64)
+    of_row[rows] = in_log[np.cumsum(starts) - 1]
+    first_row = np.sort(firsts)
+    # exact: every row's ID is its request's first row's (null with null)
+    if not request_id.gather(pl.Series(first_row[of_row], dtype=pl.UInt32)).eq_missing(request_id).all():
+        return by_categorical(request_id)
+    return Groups(of_row, len(first_row), first_row)
+
+
+def by_categorical(request_id: pl.Series) -> Groups:
+    """``request_groups`` by each row's ID's code in a ``Categorical`` of its own (a string's code
+    is the same string's, exactly)."""
     codes = request_id.cast(pl.Categorical(pl.Categories.random())).to_physical()
     size = len(codes)
     if codes.has_nulls():

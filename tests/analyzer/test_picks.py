@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from hopline.analyzer import picks
 from hopline.analyzer import timelines as tl
 from hopline.middleware.contract import request_inputs
@@ -137,32 +139,61 @@ def test_a_missing_attempt_falls_back_to_the_group_by():
     assert picks.per_request(read.with_columns(attempt=pl.lit(None, pl.Int32)), plan, schema) is None
 
 
+def plain_groups(ids: list[str | None]) -> tuple[list[int], list[int]]:
+    """The rule written plainly: each row's request numbered by the first row its ID is seen at
+    (rows without an ID: one request), and each request's first row."""
+    order = list(dict.fromkeys(ids))
+    return [order.index(i) for i in ids], [ids.index(i) for i in order]
+
+
 @pytest.mark.parametrize("ids", [
     ["r3", "r1", "r4", "r1", "r5", "r9", "r2", "r6", "r5", "r3", "r5", "r8", "r9", "r7", "r9"],
     ["b", None, "a", "b", None, "c"],
     [None, None],
     [],
 ])  # fmt: skip
-def test_requests_are_numbered_as_the_ids_are_first_seen(ids):
+@pytest.mark.parametrize("numbering", [picks.request_groups, picks.by_categorical])
+def test_requests_are_numbered_as_the_ids_are_first_seen(ids, numbering):
     """Each row's request is its ID's (rows without one: one request), numbered by the first row
     it is seen at; ``first_row`` is that row. Held against the plain reading of the rule."""
-    found = picks.request_groups(pl.Series("request_id", ids, dtype=pl.String))
+    found = numbering(pl.Series("request_id", ids, dtype=pl.String))
     groups = found.in_log_order()
-    order = list(dict.fromkeys(ids))
-    assert groups.count == len(order)
-    assert groups.of_row.tolist() == [order.index(i) for i in ids]
-    assert groups.first_row.tolist() == [ids.index(i) for i in order]
-    if None not in ids:
-        assert groups is found  # the codes come in order of first sight: nothing to renumber
+    of_row, first_row = plain_groups(ids)
+    assert groups.count == len(first_row)
+    assert groups.of_row.tolist() == of_row
+    assert groups.first_row.tolist() == first_row
+    if None not in ids or numbering is picks.request_groups:
+        assert groups is found  # numbered in order of first sight already: nothing to renumber
+
+
+@given(
+    ids=st.lists(st.one_of(st.none(), st.sampled_from(["a", "b", "c", "ab", "chatcmpl-a", "", "é"])), max_size=40),
+    buckets=st.integers(1, 4),
+)
+@settings(max_examples=300, deadline=None)
+def test_ids_sharing_a_hash_are_still_told_apart(ids, buckets):
+    """``request_groups`` sorts rows by their ID's hash: IDs whose hashes share the high bits
+    (here, a hash of a few values) must still be numbered apart, by the check against each
+    request's first row (without it, ``a`` and ``b`` in one bucket would be one request)."""
+    real_hash = pl.Series.hash
+
+    def weak_hash(self, *args, **kwargs):
+        return (real_hash(self, *args, **kwargs) % buckets) * 2**60  # high bits: all the sort looks at
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(pl.Series, "hash", weak_hash)
+        groups = picks.request_groups(pl.Series("request_id", ids, dtype=pl.String)).in_log_order()
+    of_row, first_row = plain_groups(ids)
+    assert groups.of_row.tolist() == of_row and groups.first_row.tolist() == first_row
 
 
 def test_request_numbers_not_in_first_sight_order_are_put_in_it(monkeypatch):
-    """Should the codes not come in order of first sight, each request's first row is still its
-    smallest, and ``in_log_order`` numbers them by it."""
+    """Should the ``Categorical``'s codes not come in order of first sight, each request's first
+    row is still its smallest, and ``in_log_order`` numbers them by it."""
     ids = pl.Series("request_id", ["x", "y", "x", "z", "y"])
     codes = pl.Series([2, 0, 2, 1, 0], dtype=pl.UInt32)
     monkeypatch.setattr(pl.Series, "to_physical", lambda self: codes)
-    groups = picks.request_groups(ids)
+    groups = picks.by_categorical(ids)
     assert groups.count == 3 and groups.first_row.tolist() == [1, 3, 0]
     assert groups.in_log_order().of_row.tolist() == [0, 1, 0, 2, 1]
 
