@@ -4,6 +4,8 @@
 the files to read; the analysis itself is ``pipeline``'s (``analyze_files``, ``analysis``).
 """
 
+# ruff: noqa: E402 - the allocator is set before the imports below load Polars
+
 from __future__ import annotations
 
 import math
@@ -15,6 +17,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
+
+from hopline.analyzer import allocator
+
+allocator.keep_freed()  # before Polars is imported: its allocator reads the setting once
 
 import orjson
 import polars as pl

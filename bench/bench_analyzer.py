@@ -312,11 +312,11 @@ def worker(engine: str, path: Path, result: Path) -> None:
     print(json.dumps({"seconds": seconds, **EXTRA}))
 
 
-def run_worker(argv: list[str], max_gib: float) -> tuple[bytes, int, float, float, bool]:
+def run_worker(argv: list[str], max_gib: float, env: dict[str, str] | None = None) -> tuple[bytes, int, float, float, bool]:
     """Run ``argv`` (a bench worker) in a fresh process: its stdout, exit code, CPU seconds (user +
     system, the whole process: on a shared machine less noisy than wall time), peak RSS in GiB
     (``ru_maxrss`` from ``wait4``, or the sampled peak of its process tree when larger) and whether
-    it was killed.
+    it was killed. ``env``: the worker's environment (default: this one's).
 
     A process whose tree's RSS passes ``max_gib`` is killed (the machine is shared: an engine that
     outgrows it must not take other processes down with it). Children are sampled every 0.2 s:
@@ -325,7 +325,7 @@ def run_worker(argv: list[str], max_gib: float) -> tuple[bytes, int, float, floa
     """
     import psutil
 
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, env=env)
     watched, killed = psutil.Process(proc.pid), False
     tree_peak, child_cpu = 0, {}
     while True:  # not proc.poll(): it would reap the child before wait4 reads its rusage

@@ -42,6 +42,7 @@ from pathlib import Path
 
 import polars as pl
 from bench_analyzer import QUANTILES, RESULT_COLUMNS, SEVEN, run_worker, same
+from hopline.analyzer import allocator
 from hopline.analyzer.sql import formula_sql
 from hopline.middleware.contract import INPUTS, STAGES
 
@@ -258,10 +259,12 @@ def worker(engine: str, files: list[Path], result: Path) -> None:
 
 def measured(engine: str, store: Path, requests: int, chunk: int, result: Path, max_gib: float) -> dict:
     """One engine in a fresh, niced process (``bench_analyzer.run_worker``): its seconds (inside),
-    CPU (user + system) and peak RSS; killed past ``max_gib``."""
+    CPU (user + system) and peak RSS; killed past ``max_gib``. Polars' allocator is set as
+    ``hopline analyze`` sets it (``allocator``: freed memory kept 5 s; the anchor's DuckDB has
+    its own)."""
     argv = ["nice", "-n", "10", sys.executable, str(HERE), "--worker", engine, "--store", str(store), "--requests", str(requests),
             "--chunk", str(chunk), "--result", str(result)]  # fmt: skip
-    output, code, cpu, peak, killed = run_worker(argv, max_gib)
+    output, code, cpu, peak, killed = run_worker(argv, max_gib, allocator.environ())
     if not killed and code != 0:
         raise SystemExit(f"{engine} failed with exit code {code}")
     return {"seconds": float("nan") if killed else json.loads(output)["seconds"], "cpu_s": cpu, "peak_gib": peak, "killed": killed}
