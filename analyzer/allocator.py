@@ -8,6 +8,11 @@ faulted in again by the next step: 270k page faults and 1.3 of 4.3 CPU-s in the 
 Kept for 5 s, the pages are reused instead (the same bucket: 60-180k faults, 0.5-0.8 CPU-s in
 the kernel), for a higher peak (1.9 -> 2.6 GB there; bench/README.md, "the allocator").
 
+The budget's per-event figure (``bounded.EVENT_BYTES``) does not count those kept pages: at
+``--max-memory 2GiB`` the peak went 1.93 -> 2.26 GB with them, past the budget, while at the
+default 6 GiB it was 2.8 -> 3.4-3.5 GiB (``--json``) and 4.4 GiB for the whole table. So the
+pages are kept only at a budget of at least the default; a smaller one keeps Polars' setting.
+
 jemalloc reads the setting once, when Polars is first imported: ``keep_freed`` sets it for this
 process, ``environ`` for one to be started. A decay the user set in ``_RJEM_MALLOC_CONF`` is kept.
 """
@@ -16,9 +21,12 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+
+from hopline.middleware.contract.units import parse_size
 
 DECAY_MS = 5000
+MIN_BUDGET = 6 * 1024**3  # the default --max-memory (bounded.DEFAULT_MAX_MEMORY)
 SETTING = f"dirty_decay_ms:{DECAY_MS},muzzy_decay_ms:{DECAY_MS}"
 VARIABLE = "_RJEM_MALLOC_CONF"  # read by Polars' __init__, appended to its own defaults
 POLARS_DEFAULT = "dirty_decay_ms:500,muzzy_decay_ms:1000"  # what Polars writes there (inherited by its children)
@@ -32,14 +40,32 @@ def with_setting(value: str | None) -> str | None:
     return f"{value},{SETTING}" if value else SETTING
 
 
-def keep_freed() -> bool:
-    """Set ``SETTING`` for this process; False when it cannot take effect (Polars is imported
-    already) or the user chose their own decay."""
+def keep_freed(argv: Sequence[str] = ()) -> bool:
+    """Set ``SETTING`` for this process, unless ``argv`` asks for a ``--max-memory`` below
+    ``MIN_BUDGET``; False when it is not set, or cannot take effect (Polars is imported already),
+    or the user chose their own decay."""
     value = with_setting(os.environ.get(VARIABLE))
-    if "polars" in sys.modules or value is None:
+    if "polars" in sys.modules or value is None or _budget(argv) < MIN_BUDGET:
         return False
     os.environ[VARIABLE] = value
     return True
+
+
+def _budget(argv: Sequence[str]) -> float:
+    """The ``--max-memory`` of a command line (the last one given), in bytes: infinite when not
+    given, 0 when it is not a size (the command then reports it)."""
+    given = None
+    for number, arg in enumerate(argv):
+        if arg == "--max-memory":
+            given = argv[number + 1] if number + 1 < len(argv) else ""
+        elif arg.startswith("--max-memory="):
+            given = arg.partition("=")[2]
+    if given is None:
+        return float("inf")
+    try:
+        return parse_size(given)
+    except ValueError:
+        return 0
 
 
 def environ(base: Mapping[str, str] = os.environ) -> dict[str, str]:

@@ -20,7 +20,7 @@ from typing import Annotated, Any
 
 from hopline.analyzer import allocator
 
-allocator.keep_freed()  # before Polars is imported: its allocator reads the setting once
+allocator.keep_freed(sys.argv)  # before Polars is imported: its allocator reads the setting once
 
 import orjson
 import polars as pl
