@@ -29,7 +29,8 @@ DECAY_MS = 5000
 MIN_BUDGET = 6 * 1024**3  # the default --max-memory (bounded.DEFAULT_MAX_MEMORY)
 SETTING = f"dirty_decay_ms:{DECAY_MS},muzzy_decay_ms:{DECAY_MS}"
 VARIABLE = "_RJEM_MALLOC_CONF"  # read by Polars' __init__, appended to its own defaults
-POLARS_DEFAULT = "dirty_decay_ms:500,muzzy_decay_ms:1000"  # what Polars writes there (inherited by its children)
+# what Polars writes there (and a child of a process that imported Polars inherits)
+POLARS_DEFAULT = "dirty_decay_ms:500,muzzy_decay_ms:1000"
 
 
 def with_setting(value: str | None) -> str | None:

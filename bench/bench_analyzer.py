@@ -312,7 +312,9 @@ def worker(engine: str, path: Path, result: Path) -> None:
     print(json.dumps({"seconds": seconds, **EXTRA}))
 
 
-def run_worker(argv: list[str], max_gib: float, env: dict[str, str] | None = None) -> tuple[bytes, int, float, float, bool]:
+def run_worker(
+    argv: list[str], max_gib: float, env: dict[str, str] | None = None
+) -> tuple[bytes, int, float, float, bool]:
     """Run ``argv`` (a bench worker) in a fresh process: its stdout, exit code, CPU seconds (user +
     system, the whole process: on a shared machine less noisy than wall time), peak RSS in GiB
     (``ru_maxrss`` from ``wait4``, or the sampled peak of its process tree when larger) and whether
