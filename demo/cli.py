@@ -89,7 +89,7 @@ def demo(
     if json:
         run_facts = {
             "scenario": chosen.name,
-            "loop_lag_p99_ms": round(run.loop_lag_p99_ms, 1),
+            "loop_lag_p99_ms": run.reported_lag_ms,
             "trusted": run.trusted,  # False: the machine was too busy for its timings (see closing_lines)
         }
         typer.echo(orjson.dumps({**report, "demo": run_facts}).decode())
@@ -129,7 +129,7 @@ def closing_lines(run: DemoRun, html: Path | None, expect: dict[str, Any] | None
     if not run.trusted:
         lines.append(
             f"[yellow]warning: this machine was too busy to trust the timings: the load generator's event "
-            f"loop ran up to {run.loop_lag_p99_ms:,.0f} ms late (p99; over {TRUSTED_LAG_MS:g} ms). Rerun on a "
+            f"loop ran up to {run.reported_lag_ms:,.1f} ms late (p99; over {TRUSTED_LAG_MS:g} ms). Rerun on a "
             "quieter machine.[/yellow]"
         )
     firing = [a for a in run.live_alerts if not a["alert"].get("endsAt")]

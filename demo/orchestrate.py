@@ -323,8 +323,14 @@ class DemoRun:
     live_alerts: tuple[dict[str, Any], ...] = ()  # the live watch's alerts (``live.LiveWatch``)
 
     @property
+    def reported_lag_ms(self) -> float:
+        """The loop lag as the demo shows it, to 0.1 ms."""
+        return round(self.loop_lag_p99_ms, 1)
+
+    @property
     def trusted(self) -> bool:
-        return self.loop_lag_p99_ms <= TRUSTED_LAG_MS
+        # decided on the shown figure: a run is never shown "50.0 ms" and called over 50 ms
+        return self.reported_lag_ms <= TRUSTED_LAG_MS
 
 
 def run_demo(

@@ -29,6 +29,18 @@ def test_a_busy_machine_is_said_so() -> None:
     assert "too busy to trust the timings" in closing_lines(run, html=None)[0]
 
 
+def test_trust_is_decided_on_the_lag_as_shown() -> None:
+    """CI, 2026-12-07: a run shown as ``"loop_lag_p99_ms": 50.0`` was called untrusted (its lag
+    was 50.0x ms, over the 50 ms). The figure shown and the verdict agree at the threshold."""
+    for lag in (TRUSTED_LAG_MS - 0.04, TRUSTED_LAG_MS, TRUSTED_LAG_MS + 0.04, TRUSTED_LAG_MS + 0.06):
+        run = DemoRun({}, None, lag, None)
+        assert run.trusted == (run.reported_lag_ms <= TRUSTED_LAG_MS), lag
+        if not run.trusted:
+            assert f"{run.reported_lag_ms:,.1f} ms late" in closing_lines(run, html=None)[0]
+    assert DemoRun({}, None, TRUSTED_LAG_MS + 0.04, None).trusted
+    assert not DemoRun({}, None, TRUSTED_LAG_MS + 0.06, None).trusted
+
+
 def test_the_live_panel_ends_its_line_when_stderr_is_not_a_terminal() -> None:
     """Issue 24: ``demo --json 2> log``: the panel's last row and the closing line ("events,
     report.json, …") came out as one line, rich's Live ending its last frame with a newline only
