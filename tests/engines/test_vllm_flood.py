@@ -57,11 +57,20 @@ SERVE_ARGS = ("--load-format", "dummy", "--hf-overrides", json.dumps(BIGGER), "-
 
 
 class Answers:
-    """Answers finished so far, counted across the users' threads."""
+    """Answers finished so far, counted across the users' threads, and when the first call of
+    any of them was sent (wall clock)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.count = 0
+        self.sent = threading.Event()
+        self.first_sent: float | None = None
+
+    def sending(self) -> None:
+        with self._lock:
+            if self.first_sent is None:
+                self.first_sent = time.time()
+                self.sent.set()
 
     def add(self) -> None:
         with self._lock:
@@ -99,6 +108,7 @@ def user(
     }
     done = 0
     while not stop.is_set():
+        answers.sending()
         with client.stream("POST", f"http://127.0.0.1:{port}/v1/chat/completions", json=body) as r:
             assert r.status_code == 200, r.read()
             usage = [orjson.loads(line[6:])["usage"] for line in r.iter_lines() if '"usage":{' in line]
@@ -136,11 +146,16 @@ def scenario(port: int, emitter: Emitter) -> dict[str, float]:
             for i in range(STEADY_USERS)
         ]
         wait_for(chat, MIN_SIDE, STEADY_S)
-        flood_start = time.time()
+        batch, flood_asked = Answers(), time.time()
         flood = [
-            pool.submit(user, batch_c, port, flood_over, MAX_TOKENS, 0.0, i, Answers())
-            for i in range(FLOOD_USERS)
+            pool.submit(user, batch_c, port, flood_over, MAX_TOKENS, 0.0, i, batch) for i in range(FLOOD_USERS)
         ]
+        # The flood starts when its first call is sent, not when it was asked for. In CI on
+        # 2026-12-07, 78 s of wall clock passed from the ask to the flood's stop (40 s of sleep):
+        # the test stalled 38 s in between, and the queue rose 40 s before the stop, when the
+        # batch's calls reached the engine; against the ask, that read as an onset 38 s late.
+        assert batch.sent.wait(MAX_PHASE_S), "no batch call was sent"
+        flood_start = batch.first_sent
         time.sleep(FLOOD_S)
         flood_over.set()
         flood_stop = time.time()  # no batch call starts after this
@@ -150,6 +165,7 @@ def scenario(port: int, emitter: Emitter) -> dict[str, float]:
         steady_over.set()
         answered = sum(f.result() for f in steady)
     return {
+        "flood_asked": flood_asked,
         "flood_start": flood_start,
         "flood_stop": flood_stop,
         "flood_end": flood_end,

@@ -44,7 +44,7 @@ import pytest
 from hopline.middleware.emit import Emitter
 from support.alertmanager import Webhook, alertmanager_with_webhook
 from test_vllm import UNPINNED, free_port, start_server, stop_server, tail, vllm_dir, wait_ready
-from test_vllm_flood import FLOOD_USERS, STEADY_USERS, Answers, chat_and_batch, user, wait_for
+from test_vllm_flood import FLOOD_USERS, MAX_PHASE_S, STEADY_USERS, Answers, chat_and_batch, user, wait_for
 
 # On this 2-core host a CPU-only engine's own decode speed moves with the host (p50 143 -> 236 ms
 # on the chat 20 s before a flood in one run, other suites taking the CPUs): the engine
@@ -111,11 +111,14 @@ def scenario(port: int, emitter: Emitter, times: dict[str, Any]) -> None:
         try:
             wait_for(chat, MIN_SIDE, STEADY_S)
             times["chat_before_flood"] = chat.count
-            times["flood_start"] = time.time()
+            batch, times["flood_asked"] = Answers(), time.time()
             flood = [
-                pool.submit(user, batch_c, port, flood_over, BATCH_TOKENS, 0.0, 200 + i, Answers())
+                pool.submit(user, batch_c, port, flood_over, BATCH_TOKENS, 0.0, 200 + i, batch)
                 for i in range(FLOOD_USERS)
             ]
+            # when its first call is sent, not when it was asked for (see test_vllm_flood.scenario)
+            assert batch.sent.wait(MAX_PHASE_S), "no batch call was sent"
+            times["flood_start"] = batch.first_sent
             time.sleep(FLOOD_S)
             flood_over.set()
             times["flood_stop"] = time.time()
