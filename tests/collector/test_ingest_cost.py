@@ -5,7 +5,8 @@ event", has them and their history):
 
 * validating one: bench/ingest_instructions.py --validate-per-event runs valgrind on 12,000 of the
   ingest bench's events, decoded only and decoded then validated (``contract.validate_event``,
-  owned, as ``Ingestor.parse`` does). It was 22.9k before issue 39 and 16.6-17.1k since; the bound
+  owned, as ``Ingestor.parse`` does). It was 22.9k before issue 39, 16.6-17.1k since and 15.2k since the run imports no collector module
+  (2026-12-07); the bound
   leaves a fifth of margin and fails on the code before.
 * the whole ingest (parse, validate, store, join, the finished requests' stages, rule book,
   metrics, summaries and windows): bench/ingest_instructions.py --ingest-per-event runs the
@@ -14,7 +15,8 @@ event", has them and their history):
   sitting), 81.5k since the generated per-shape test of ``validate_event`` (84.8k at fff2ed0, the
   same sitting), 76.2k since the histograms count a finished request's observations in bulk
   (``histogram.Rows``; 79.1k at 55e0c69, the same sitting, both with the bench's one scrape at
-  the end); the bound is that figure plus a tenth (two valgrind runs of the collector: ~2-5 min).
+  the end); the bound is that figure plus a tenth (two valgrind runs of the collector side by side:
+  ~1-2 min).
 """
 
 from __future__ import annotations
