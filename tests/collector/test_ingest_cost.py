@@ -5,9 +5,9 @@ event", has them and their history):
 
 * validating one: bench/ingest_instructions.py --validate-per-event runs valgrind on 12,000 of the
   ingest bench's events, decoded only and decoded then validated (``contract.validate_event``,
-  owned, as ``Ingestor.parse`` does). It was 22.9k before issue 39, 16.6-17.1k since and 15.2k since the run imports no collector module
-  (2026-12-07); the bound
-  leaves a fifth of margin and fails on the code before.
+  owned, as ``Ingestor.parse`` does). It was 22.9k before issue 39, 16.6-17.1k since, and 15.2k
+  since the run imports no collector module (2026-12-07); the bound leaves a fifth of margin and
+  fails on the code before.
 * the whole ingest (parse, validate, store, join, the finished requests' stages, rule book,
   metrics, summaries and windows): bench/ingest_instructions.py --ingest-per-event runs the
   bench's ``ingest`` under valgrind on 500 and on 1,500 requests' events and divides the difference
