@@ -65,6 +65,21 @@ def split_z(values: np.ndarray, splits: np.ndarray) -> np.ndarray:
     return (mean - u_before) / sd
 
 
+def stretch_z(values: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
+    """Mann-Whitney z of "the stretch is lower than the rest" for each stretch values[start:stop]
+    against the other values, with the variance corrected for ties."""
+    n = len(values)
+    ranks, counts = _average_ranks(values)
+    cum = np.concatenate(([0.0], np.cumsum(ranks)))
+    m = (stops - starts).astype(np.float64)
+    u_stretch = cum[stops] - cum[starts] - m * (m + 1) / 2
+    mean = m * (n - m) / 2
+    tied = counts.astype(np.float64)
+    ties = float(np.sum(tied**3 - tied)) / (n * (n - 1)) if n > 1 else 0.0
+    sd = np.sqrt(np.maximum(m * (n - m) / 12.0 * ((n + 1) - ties), 1e-300))
+    return (mean - u_stretch) / sd
+
+
 def z_threshold(alpha: float, tests: int) -> float:
     """Two-sided normal critical value for ``alpha / tests`` (bisection on erfc)."""
     target = alpha / max(tests, 1)

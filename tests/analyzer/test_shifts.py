@@ -680,3 +680,67 @@ def test_quantiles_from_one_sort_are_numpys_to_the_bit(kind):
         after = rng.lognormal(0, 1, m)
         want = np.float64(np.sum(np.sort(after) - np.quantile(values, q)))
         assert np.float64(excess_s(values.copy(), after)).tobytes() == want.tobytes()
+
+
+def _frontend(levels_ms: list[tuple[float, float]], seed: int = 12) -> tuple[np.ndarray, np.ndarray]:
+    """Requests 3 a second through stretches of (seconds, level in ms), ±20% lognormal noise."""
+    rng = np.random.default_rng(seed)
+    t, x, start = [], [], 0.0
+    for seconds, level in levels_ms:
+        n = round(3 * seconds)
+        t.append(start + np.sort(rng.random(n)) * seconds)
+        x.append(level / 1e3 * rng.lognormal(0.0, 0.2, n))
+        start += seconds
+    return np.concatenate(t), np.concatenate(x)
+
+
+def _steps(t: np.ndarray, x: np.ndarray) -> list[tuple[float, float, float]]:
+    """(onset, before ms, after ms) of each change ``stats.detect`` finds in requests (t, x), 2 s windows."""
+    from hopline.analyzer.findings.shifts.stats import detect
+
+    boundaries = np.arange(0.0, t[-1] + 2.0, 2.0)
+    cfg = ShiftConfig()
+    found = detect(t, x, boundaries, z_threshold(cfg.alpha, len(boundaries)), cfg, "frontend", {})
+    return [(d.at, round(d.before_ms), round(d.after_ms)) for d in found]
+
+
+def _window_steps(t: np.ndarray, x: np.ndarray, accuracy: float = 0.01) -> list[tuple[float, float, float]]:
+    """The same from 2 s windows' DDSketch bins (``windows.detect_windows``, hopline watch --collector)."""
+    from hopline.analyzer.findings.shifts.windows import Bins, Matrix, detect_windows
+
+    gamma = (1 + accuracy) / (1 - accuracy)
+    keys = np.ceil(np.log(x) / np.log(gamma)).astype(np.int64)
+    index = (t // 2.0).astype(np.int64)
+    rows: list[Bins | None] = []
+    for w in range(int(index.max()) + 1):
+        k = keys[index == w]
+        first = int(k.min()) if len(k) else 0
+        counts = np.bincount(k - first).astype(np.float64)
+        rows.append(Bins(first, counts, 0.0, len(k), float(x[index == w].sum())) if len(k) else None)
+    mx = Matrix(np.arange(len(rows)) * 2.0, rows, gamma)
+    cfg = ShiftConfig()
+    found = detect_windows(mx, z_threshold(cfg.alpha, len(rows)), cfg, "frontend", {})
+    return [(float(mx.starts[d.at]), round(d.before_ms), round(d.after_ms)) for d in found]
+
+
+@pytest.mark.parametrize("steps", [_steps, _window_steps], ids=["requests", "windows"])
+def test_a_short_transient_and_its_return_are_no_onset_of_a_later_rise(steps):
+    """``vllm-flood-ci-12`` (tests/data/repro): the API server's frontend went 13 -> 110 ms for 10 s
+    (a host hiccup: 30 requests, fewer than ``min_side``), back to 11 ms for 10 s, then rose to
+    40 ms with a flood. Neither stretch is a change point of its own, so the rise was found from
+    the hiccup's start, 20 s early, and paged so. Past the return, the rise is found at the
+    flood's start once it has ``min_side`` requests of its own, and not before; from requests and
+    from windows alike."""
+    stretches = [(60.0, 13.0), (10.0, 110.0), (10.0, 11.0)]
+    assert steps(*_frontend([*stretches, (8.0, 40.0)])) == []  # 24 requests into the flood
+    (step,) = steps(*_frontend([*stretches, (30.0, 40.0)]))
+    assert step[0] == 80.0 and step[2] > 30, step
+
+
+@pytest.mark.parametrize("steps", [_steps, _window_steps], ids=["requests", "windows"])
+def test_a_rise_that_goes_back_for_a_while_after_min_side_requests_keeps_its_onset(steps):
+    """An intermittent rise (a real flood's queue came back to 0 for ~25 requests twice, each after
+    more than ``min_side`` requests of it, the shared repro's vllm-flood-live-2026-12-04): the
+    change began at its first rise, and a return after it does not move that."""
+    found = steps(*_frontend([(60.0, 13.0), (20.0, 80.0), (8.0, 13.0), (20.0, 80.0), (8.0, 13.0), (20.0, 80.0)]))
+    assert [at for at, _, _ in found] == [60.0], found

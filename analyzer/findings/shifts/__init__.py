@@ -19,7 +19,9 @@ Method, per scope (all traffic, each replica / service / model) and per stage:
    them where the stage had not moved yet. Values are ranked to the millisecond. The log's
    first window alone (or the first ``min_side`` requests of a scope) is no baseline: a change
    from there, or a "burst" from there until the real onset, would frame the healthy part of the
-   log as the incident; the burst's end is then the change.
+   log as the incident; the burst's end is then the change. A step whose first ``min_side``
+   requests hold a significant return to its level before (a host's hiccup, then a flood: neither
+   stretch long enough to be split off) starts after that return.
 3. It is reported only when it is significant after a Bonferroni correction for every scope ×
    stage × candidate tested, has at least ``min_side`` requests on each side, and is large for a
    user: the p50 (or, for stages that are mostly zero such as ``connect``, the p90) moved by

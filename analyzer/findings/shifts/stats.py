@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 from hopline.analyzer.attribution import TTFT_PARTS
-from hopline.analyzer.findings.stats import STATISTICS, split_z, z_threshold  # noqa: F401 (the shift's own too)
+from hopline.analyzer.findings.stats import STATISTICS, split_z, stretch_z, z_threshold  # noqa: F401 (the shift's own too)
 
 SHIFT_STAGES = TTFT_PARTS + ("decode", "reasoning")  # reasoning: a thinking model's time to first content
 
@@ -175,18 +175,20 @@ def detect(
             i = end  # its end is the change
             continue
         i = end + 1
-    settled = [det for det in out if _settled(t, x, boundaries, det, cfg)]
+    settled = [det for det in out if _settled(t, x, boundaries, det, z_crit, cfg)]
     for det in settled:
         det.since = float(t[det.before_index])
     return settled
 
 
-def _settled(t: np.ndarray, x: np.ndarray, boundaries: np.ndarray, det: Detection, cfg: ShiftConfig) -> bool:
-    """A step placed where its requests say (``_settle_step``); a burst (placed by
-    ``_settle_burst``) and a ramp as found."""
+def _settled(
+    t: np.ndarray, x: np.ndarray, boundaries: np.ndarray, det: Detection, z_crit: float, cfg: ShiftConfig
+) -> bool:
+    """A step placed where its requests say (``_settle_step``, then past a return inside it:
+    ``_past_return``); a burst (placed by ``_settle_burst``) and a ramp as found."""
     if det.until is not None or det.steps > 1:
         return True
-    return _settle_step(t, x, boundaries, det, cfg)
+    return _settle_step(t, x, boundaries, det, cfg) and _past_return(t, x, boundaries, det, z_crit, cfg)
 
 
 def _settle_step(t: np.ndarray, x: np.ndarray, boundaries: np.ndarray, det: Detection, cfg: ShiftConfig) -> bool:
@@ -221,6 +223,71 @@ def _settle_step(t: np.ndarray, x: np.ndarray, boundaries: np.ndarray, det: Dete
             det.at, det.index, det.before_ms, det.after_ms, det.after_n = at, index, before_ms, after_ms, hi - index
     return min(det.index - lo, det.after_n) >= cfg.min_side
 
+
+def _past_return(
+    t: np.ndarray, x: np.ndarray, boundaries: np.ndarray, det: Detection, z_crit: float, cfg: ShiftConfig
+) -> bool:
+    """Move a step's onset past a return right after it, and whether the step still holds from there.
+
+    A stretch of fewer than ``min_side`` requests is no change point of its own. So a transient
+    (the host's hiccup: the API server's frontend 13 -> 110 ms for 12 s, ~35 requests), its return
+    (11 ms for 10 s) and a later rise (a flood: 40 ms) were found as one step from the transient's
+    start, 20 s early, its after side the three of them. The return is the stretch between two
+    window boundaries after the onset, of ``RETURN_MIN`` to ``min_side`` requests, that is the most
+    significantly lower than the rest of the after side (the rank test, at the detection's
+    ``z_crit``), and nearer the before level than the after level. When fewer than ``min_side``
+    requests came between the onset and it (a transient too short to be judged on its own), the
+    change that holds began after it: the onset is its end, the before side everything up to
+    there, and the step must again be large with ``min_side`` requests after it (until then it is
+    not reported: a rise after it is found once it has them). A return after a longer rise is part
+    of the change (it goes and comes back), which keeps its onset."""
+    lo, hi = det.index, det.index + det.after_n
+    inside = boundaries[(boundaries > det.at) & (boundaries <= t[hi - 1])]
+    if len(inside) < 2 or hi - lo < 2 * RETURN_MIN:
+        return True
+    ks = np.searchsorted(t[lo:hi], inside)
+    starts, stops = _stretches(ks, RETURN_MIN, min(cfg.min_side, hi - lo - RETURN_MIN + 1))
+    if len(starts) == 0:
+        return True
+    sign = 1 if det.up else -1
+    z = stretch_z(sign * np.round(x[lo:hi] / RANK_RESOLUTION_S), starts, stops)
+    q = STATISTICS[det.statistic]
+    ms = x[lo:hi] * 1e3
+    floor = cfg.min_abs_ms
+    mid = math.sqrt(max(det.before_ms, floor) * max(det.after_ms, floor))  # the levels' midpoint, in log terms
+    for i in np.argsort(-z, kind="stable"):
+        if z[i] < z_crit:
+            return True
+        if (_level(ms[starts[i] : stops[i]], q) < mid) == det.up:
+            break  # the return
+    else:
+        return True
+    if starts[i] >= cfg.min_side:
+        return True
+    index = lo + int(stops[i])
+    before_ms, after_ms = _level(x[det.before_index : index] * 1e3, q), _level(x[index:hi] * 1e3, q)
+    det.at = float(inside[np.searchsorted(ks, stops[i])])
+    det.index, det.before_ms, det.after_ms, det.after_n = index, before_ms, after_ms, hi - index
+    return _large(before_ms, after_ms, det.up, cfg) and det.after_n >= cfg.min_side
+
+
+def _stretches(ks: np.ndarray, shortest: int, longer_than: int) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, stops) of every stretch between two of the sorted indices ``ks`` with at least
+    ``shortest`` and fewer than ``longer_than`` items: the pairs a few boundaries apart, not all."""
+    starts, stops = [], []
+    for d in range(1, len(ks)):
+        m = ks[d:] - ks[:-d]
+        ok = (m >= shortest) & (m < longer_than)
+        starts.append(ks[:-d][ok])
+        stops.append(ks[d:][ok])
+        if m.min() >= longer_than:
+            break  # a stretch only grows with the boundaries it spans
+    if not starts:
+        return np.empty(0, dtype=ks.dtype), np.empty(0, dtype=ks.dtype)
+    return np.concatenate(starts), np.concatenate(stops)
+
+
+RETURN_MIN = 20  # requests of a stretch back at the before level that a step's onset is moved past
 
 SETTLE_MIN_AFTER = 10  # requests after a settled onset the rank test weighs it on (min_side is then asked of it)
 

@@ -13,7 +13,8 @@ of the horizon into findings. Cost follows windows × scope values × stages, ne
   stages × boundaries (``z_threshold``), the effect on the p50 else p90 (``min_factor``,
   ``min_abs_ms``), a ramp as one change, a burst ended by a return (``until``), the log's first
   window no baseline, a fresh step placed where the rank test puts it with ``SETTLE_MIN_AFTER``
-  requests after and waiting for ``min_side`` (``stats._settle_step``);
+  requests after and waiting for ``min_side`` (``stats._settle_step``), then moved past a return
+  in its first ``min_side`` requests (``stats._past_return``);
 - the narrowest scope: the values of an attribute that moved while the others seen on both sides
   did not move half as much (``scopes.narrowest``), or a change of all traffic confined to its one
   value that moved (``scopes.confine``, ``CONFINE_MIN_SIDE``);
@@ -57,12 +58,14 @@ from hopline.analyzer.findings.shifts.mix import MIN_UNITS, per_unit_if_mix
 from hopline.analyzer.findings.shifts.scopes import CONFINE_MIN_SIDE
 from hopline.analyzer.findings.shifts.stats import (
     RANK_RESOLUTION_S,
+    RETURN_MIN,
     SETTLE_MIN_AFTER,
     SHIFT_STAGES,
     STATISTICS,
     ShiftConfig,
     _large,
     _returns,
+    _stretches,
     log_move,
     z_threshold,
 )
@@ -194,9 +197,9 @@ class Matrix:
         cum = np.cumsum(counts)
         return float(self.values[int(np.searchsorted(cum, q * (n - 1), side="right"))])
 
-    def z(self, lo: int, hi: int, splits: np.ndarray) -> np.ndarray:
-        """Mann-Whitney z of "after > before" at each split window index in (lo, hi), as ``split_z``:
-        average ranks by millisecond, variance corrected for ties."""
+    def _ranks(self, lo: int, hi: int) -> tuple[np.ndarray, float, float]:
+        """Cumulative rank sums of windows [lo, hi) (average ranks by millisecond), their count,
+        and the variance's tie correction."""
         pooled = self.pooled(lo, hi)
         n = pooled.sum()
         _, inverse = np.unique(self.groups, return_inverse=True)
@@ -204,14 +207,30 @@ class Matrix:
         below = np.cumsum(per_group) - per_group
         avg = (below + (per_group + 1) / 2.0)[inverse]
         rank_sums = np.concatenate(([0.0], np.cumsum(self.m[lo:hi] @ avg)))
+        tied = per_group[per_group > 0]
+        ties = float(np.sum(tied**3 - tied)) / (n * (n - 1)) if n > 1 else 0.0
+        return rank_sums, n, ties
+
+    def z(self, lo: int, hi: int, splits: np.ndarray) -> np.ndarray:
+        """Mann-Whitney z of "after > before" at each split window index in (lo, hi), as ``split_z``:
+        average ranks by millisecond, variance corrected for ties."""
+        rank_sums, n, ties = self._ranks(lo, hi)
         k = self.cum[splits] - self.cum[lo]
         r = rank_sums[splits - lo]
         u_before = r - k * (k + 1) / 2
         mean = k * (n - k) / 2
-        tied = per_group[per_group > 0]
-        ties = float(np.sum(tied**3 - tied)) / (n * (n - 1)) if n > 1 else 0.0
         sd = np.sqrt(np.maximum(k * (n - k) / 12.0 * ((n + 1) - ties), 1e-300))
         return (mean - u_before) / sd
+
+    def stretch_z(self, lo: int, hi: int, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
+        """Mann-Whitney z of "windows [start, stop) are lower than the rest of [lo, hi)", as
+        ``findings.stats.stretch_z``."""
+        rank_sums, n, ties = self._ranks(lo, hi)
+        m = self.cum[stops] - self.cum[starts]
+        u = rank_sums[stops - lo] - rank_sums[starts - lo] - m * (m + 1) / 2
+        mean = m * (n - m) / 2
+        sd = np.sqrt(np.maximum(m * (n - m) / 12.0 * ((n + 1) - ties), 1e-300))
+        return (mean - u) / sd
 
 
 @dataclass
@@ -322,12 +341,13 @@ def detect_windows(mx: Matrix, z_crit: float, cfg: ShiftConfig, stage: str, scop
         q = STATISTICS[det.statistic] / 100
         det.after_ms = (mx.quantile(det.at, det.until, q) or 0.0) * 1e3
         i = end + 1
-    return [d for d in out if _settled(mx, d, cfg)]
+    return [d for d in out if _settled(mx, d, z_crit, cfg)]
 
 
-def _settled(mx: Matrix, det: Found, cfg: ShiftConfig) -> bool:
+def _settled(mx: Matrix, det: Found, z_crit: float, cfg: ShiftConfig) -> bool:
     """``stats._settle_step`` on windows: a fresh step's onset where the rank test puts it once
-    ``SETTLE_MIN_AFTER`` requests follow, and ``min_side`` requests after it asked for."""
+    ``SETTLE_MIN_AFTER`` requests follow, and ``min_side`` requests after it asked for; then
+    ``stats._past_return``."""
     if det.until is not None or det.steps > 1:
         return True
     lo, hi = det.before_at, det.end
@@ -342,7 +362,43 @@ def _settled(mx: Matrix, det: Found, cfg: ShiftConfig) -> bool:
             b, a = mx.quantile(lo, best, q), mx.quantile(best, hi, q)
             if b is not None and a is not None and _large(b * 1e3, a * 1e3, det.up, cfg):
                 det.at, det.before_ms, det.after_ms = best, b * 1e3, a * 1e3
-    return min(mx.cum[det.at] - mx.cum[lo], mx.cum[hi] - mx.cum[det.at]) >= cfg.min_side
+    if min(mx.cum[det.at] - mx.cum[lo], mx.cum[hi] - mx.cum[det.at]) < cfg.min_side:
+        return False
+    return _past_return(mx, det, z_crit, cfg)
+
+
+def _past_return(mx: Matrix, det: Found, z_crit: float, cfg: ShiftConfig) -> bool:
+    """``stats._past_return`` on windows: a step's onset moved past a return in its first
+    ``min_side`` requests, and whether it still holds from there."""
+    lo, hi = det.at, det.end
+    if hi - lo < 3 or mx.cum[hi] - mx.cum[lo] < 2 * RETURN_MIN:
+        return True
+    ks = mx.cum[lo + 1 : hi] - mx.cum[lo]  # requests before each boundary inside the after side
+    starts, stops = _stretches(ks, RETURN_MIN, min(cfg.min_side, mx.cum[hi] - mx.cum[lo] - RETURN_MIN + 1))
+    if len(starts) == 0:
+        return True
+    # back to window indices: the boundary of each count (the first, where windows are empty)
+    w_starts, w_stops = lo + 1 + np.searchsorted(ks, starts), lo + 1 + np.searchsorted(ks, stops)
+    z = mx.stretch_z(lo, hi, w_starts, w_stops) * (1 if det.up else -1)
+    q = STATISTICS[det.statistic] / 100
+    floor = cfg.min_abs_ms
+    mid = math.sqrt(max(det.before_ms, floor) * max(det.after_ms, floor))
+    for i in np.argsort(-z, kind="stable"):
+        if z[i] < z_crit:
+            return True
+        level = mx.quantile(int(w_starts[i]), int(w_stops[i]), q)
+        if level is not None and (level * 1e3 < mid) == det.up:
+            break
+    else:
+        return True
+    if starts[i] >= cfg.min_side:
+        return True
+    at = int(w_stops[i])
+    b, a = mx.quantile(det.before_at, at, q), mx.quantile(at, hi, q)
+    if b is None or a is None:
+        return False
+    det.at, det.before_ms, det.after_ms = at, b * 1e3, a * 1e3
+    return _large(det.before_ms, det.after_ms, det.up, cfg) and mx.cum[hi] - mx.cum[at] >= cfg.min_side
 
 
 # -- the search ------------------------------------------------------------------------------------

@@ -542,6 +542,19 @@ def test_a_flood_seen_first_by_its_decode_pages_once_for_the_queue():
     assert any(getattr(f, "stage", None) == "decode" for f in paged.co_movers), paged.co_movers
 
 
+def test_a_host_hiccup_and_its_return_before_a_flood_are_no_onset_of_its_frontend():
+    """``vllm-flood-ci-12`` (a local CI run): a host hiccup from 20 s to 8 s before the flood took
+    the API server's frontend 13 -> 110 ms, then back to 11 ms; the flood raised it to 40 ms. With
+    fewer than ``min_side`` requests in the hiccup and in its return, the frontend was found 4 s
+    into the flood as one step from the hiccup's start and paged so, 21.9 s early, ahead of the
+    queue. Past the return, the frontend's rise is the flood's: one page, the queue, with its onset
+    at the flood, the frontend moving with it."""
+    detector, paged = one_queue_page("vllm-flood-ci-12")
+    assert paged.fired_onset >= flood_start("vllm-flood-ci-12") - 10.0  # test_vllm_flood_live's slack
+    assert "engine frontend" in paged.finding.sentence, paged.finding.sentence
+    assert all(not i.pages for i in detector.book.incidents if i is not paged)
+
+
 def test_a_shared_stage_the_requests_in_flight_outgrew_is_the_loads(queue_rise):
     """A decode (or prefill) rise whose requests in flight (the analysis' ``concurrency``) rose
     more than the stage's own mean did is the load's doing: noted, not paged (a stage that slows
