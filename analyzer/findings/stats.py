@@ -52,17 +52,8 @@ def _counted_ranks(values: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
 
 def split_z(values: np.ndarray, splits: np.ndarray) -> np.ndarray:
     """Mann-Whitney z of "after > before" for each split index k (before = values[:k]), with the
-    variance corrected for ties."""
-    n = len(values)
-    ranks, counts = _average_ranks(values)
-    cum = np.concatenate(([0.0], np.cumsum(ranks)))
-    k = splits.astype(np.float64)
-    u_before = cum[splits] - k * (k + 1) / 2
-    mean = k * (n - k) / 2
-    tied = counts.astype(np.float64)
-    ties = float(np.sum(tied**3 - tied)) / (n * (n - 1)) if n > 1 else 0.0
-    sd = np.sqrt(np.maximum(k * (n - k) / 12.0 * ((n + 1) - ties), 1e-300))
-    return (mean - u_before) / sd
+    variance corrected for ties: the z of values[:k] as a stretch lower than the rest."""
+    return stretch_z(values, np.zeros_like(splits), splits)
 
 
 def stretch_z(values: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:

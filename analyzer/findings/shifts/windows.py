@@ -213,14 +213,8 @@ class Matrix:
 
     def z(self, lo: int, hi: int, splits: np.ndarray) -> np.ndarray:
         """Mann-Whitney z of "after > before" at each split window index in (lo, hi), as ``split_z``:
-        average ranks by millisecond, variance corrected for ties."""
-        rank_sums, n, ties = self._ranks(lo, hi)
-        k = self.cum[splits] - self.cum[lo]
-        r = rank_sums[splits - lo]
-        u_before = r - k * (k + 1) / 2
-        mean = k * (n - k) / 2
-        sd = np.sqrt(np.maximum(k * (n - k) / 12.0 * ((n + 1) - ties), 1e-300))
-        return (mean - u_before) / sd
+        the windows before the split as a stretch lower than the rest."""
+        return self.stretch_z(lo, hi, np.full_like(splits, lo), splits)
 
     def stretch_z(self, lo: int, hi: int, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
         """Mann-Whitney z of "windows [start, stop) are lower than the rest of [lo, hi)", as
